@@ -1,0 +1,107 @@
+"""Checks that stop a bad job before any work, each with one line naming the culprit."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.options import SpecDecOptions
+from transforms.results import result_schema
+
+
+class JobConfigError(ValueError):
+    pass
+
+
+def input_schema(pattern: str) -> pa.Schema:
+    try:
+        files = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+    except Exception as e:  # Beam raises BeamIOError for unreachable locations
+        raise JobConfigError(f"--input {pattern!r}: cannot list files ({e})") from e
+    if not files:
+        raise JobConfigError(f"--input {pattern!r} matches no files")
+    try:
+        with FileSystems.open(files[0]) as f:
+            return pq.read_schema(f)
+    except Exception as e:
+        raise JobConfigError(f"--input: {files[0]} is not a readable Parquet file ({e})") from e
+
+
+def _check_columns(opts: SpecDecOptions, schema: pa.Schema) -> None:
+    names = schema.names
+    for flag, col in [("--prompt_column", opts.prompt_column), ("--id_column", opts.id_column)] + [
+        ("--passthrough_columns", c) for c in opts.passthrough()
+    ]:
+        if col not in names:
+            raise JobConfigError(f"{flag} {col!r} is not a column of the input (columns: {', '.join(names)})")
+    taken = set(result_schema(schema, opts.id_column, []).names)
+    clash = [c for c in opts.passthrough() if c in taken]
+    if clash:
+        raise JobConfigError(f"--passthrough_columns {clash[0]!r} clashes with an output column of that name")
+
+
+def _check_model_path(flag: str, path: str) -> None:
+    if path.startswith("gs://"):
+        if not FileSystems.exists(path.rstrip("/") + "/config.json"):
+            raise JobConfigError(f"{flag} {path!r}: no config.json there")
+    elif os.path.exists(path) or path.startswith((".", "/", "~")):
+        if not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+            raise JobConfigError(f"{flag} {path!r}: not a model directory (no config.json)")
+    else:  # a hub id: transformers resolves it (from the local cache when offline)
+        from transformers import AutoConfig
+
+        try:
+            AutoConfig.from_pretrained(path)
+        except Exception as e:
+            raise JobConfigError(f"{flag} {path!r}: cannot load the model config ({type(e).__name__})") from e
+
+
+def _check_pair(opts: SpecDecOptions) -> None:
+    """Kind and vocabulary checks, where both models are local (gs:// pairs are checked on load)."""
+    paths = [opts.target_model, opts.draft_model]
+    if any(p.startswith("gs://") for p in paths):
+        return
+    from transformers import AutoConfig
+
+    from specdec_core.loading import load_tokenizer
+
+    kinds = ["encoder-decoder" if AutoConfig.from_pretrained(p).is_encoder_decoder else "causal" for p in paths]
+    if kinds[0] != kinds[1]:
+        raise JobConfigError(f"--draft_model is {kinds[1]} but --target_model is {kinds[0]}; they must match")
+    try:
+        target_vocab = load_tokenizer(opts.tokenizer or opts.target_model).get_vocab()
+    except Exception as e:
+        raise JobConfigError(f"--tokenizer/--target_model: cannot load a tokenizer ({type(e).__name__}: {e})") from e
+    try:
+        draft_vocab = load_tokenizer(opts.draft_model).get_vocab()
+    except (OSError, ValueError):
+        return  # no tokenizer files beside the draft: it uses the target's
+    if draft_vocab != target_vocab:
+        raise JobConfigError(
+            f"--draft_model {opts.draft_model!r}: its vocabulary ({len(draft_vocab)} tokens) differs from the "
+            f"target's ({len(target_vocab)} tokens)"
+        )
+
+
+def preflight(opts: SpecDecOptions) -> pa.Schema:
+    """Validate settings, input and models; return the input's Parquet schema."""
+    try:
+        opts.generator_spec()
+    except ValueError as e:
+        raise JobConfigError(str(e)) from e
+    for flag, value in [("--num_speculative_tokens", opts.num_speculative_tokens),
+                        ("--max_new_tokens", opts.max_new_tokens)]:
+        if value < 1:
+            raise JobConfigError(f"{flag} must be >= 1, got {value}")
+    schema = input_schema(opts.input)
+    _check_columns(opts, schema)
+    _check_model_path("--target_model", opts.target_model)
+    if opts.tokenizer and opts.tokenizer.startswith((".", "/", "~")) and not os.path.isdir(opts.tokenizer):
+        raise JobConfigError(f"--tokenizer {opts.tokenizer!r}: no such directory")
+    if opts.drafter == "model":
+        _check_model_path("--draft_model", opts.draft_model)
+        _check_pair(opts)
+    return schema

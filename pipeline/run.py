@@ -1,0 +1,74 @@
+"""`python -m pipeline.run`: Parquet prompts -> speculative decoding -> Parquet results."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.options.pipeline_options import StandardOptions
+
+from pipeline.options import SpecDecOptions
+from pipeline.preflight import JobConfigError, preflight
+from transforms.generate import GenerateRows
+from transforms.model_handler import SpecDecModelHandler
+from transforms.prompts import ReadPrompts
+from transforms.results import WriteResults, failed_schema, result_schema
+
+# The plain DirectRunner first tries to download a Prism binary (impossible offline); the
+# FnApiRunner is what it falls back to for batch jobs, so we go there directly.
+LOCAL_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
+
+
+def build_pipeline(p: beam.Pipeline, opts: SpecDecOptions, schema: pa.Schema) -> None:
+    """The job graph. Touches neither the input nor the models: those are read by workers."""
+    passthrough = opts.passthrough()
+    handler = SpecDecModelHandler(opts.generator_spec(), opts.prompt_column, large_model=opts.large_model)
+    columns = list(dict.fromkeys([opts.id_column, opts.prompt_column, *passthrough]))
+    rows = p | "ReadPrompts" >> ReadPrompts(opts.input, columns)
+    results, failed = rows | "Generate" >> GenerateRows(
+        handler,
+        id_column=opts.id_column,
+        prompt_column=opts.prompt_column,
+        passthrough=passthrough,
+        seed=opts.seed,
+        accelerator=opts.accelerator,
+    )
+    _ = (results, failed) | "Write" >> WriteResults(
+        opts.output, result_schema(schema, opts.id_column, passthrough), failed_schema(schema, opts.id_column)
+    )
+
+
+def parse_options(argv: list[str]) -> SpecDecOptions:
+    opts = SpecDecOptions(argv)
+    if opts.view_as(StandardOptions).runner is None:
+        opts.view_as(StandardOptions).runner = LOCAL_RUNNER
+    return opts
+
+
+def main(argv: list[str] | None = None, wait: bool = True) -> int:
+    """Run the job; 0 on success, 2 (with one line on stderr) for a bad job setting.
+
+    wait=False returns as soon as the job is submitted (Flex Template launchers must).
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        opts = parse_options(argv)
+        schema = preflight(opts)
+    except JobConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    p = beam.Pipeline(options=opts)
+    build_pipeline(p, opts, schema)
+    result = p.run()
+    if wait:
+        result.wait_until_finish()
+        logging.info("done: results in %s-*-of-*.parquet, failed rows in %s-failed-*.parquet",
+                     opts.output, opts.output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The accept/reject step of Leviathan et al. (2023), on already-processed distributions.
+
+Both functions return (n, next_token): the first n drafted tokens are kept, then
+next_token (the correction at the first rejection, or the bonus token after all were
+accepted) is appended. Each call costs one device-to-host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec_core.processing import residual
+
+
+def verify_greedy(drafts: list[int], target_choice: torch.Tensor) -> tuple[int, int]:
+    """Keep drafts while they equal the target's argmax; `target_choice` has len(drafts)+1 entries."""
+    choice = target_choice.tolist()
+    n = 0
+    while n < len(drafts) and drafts[n] == choice[n]:
+        n += 1
+    return n, choice[n]
+
+
+def verify_sampled(
+    drafts: list[int],
+    p: torch.Tensor,
+    q: torch.Tensor | None,
+    generator: torch.Generator,
+) -> tuple[int, int]:
+    """Speculative sampling.
+
+    p: (k+1, V) target probabilities at each drafted position plus the bonus position.
+    q: (k, V) draft probabilities the drafts were sampled from, or None for a deterministic
+       drafter (q one-hot on the draft, so a draft x is accepted with probability p(x)).
+    Draft i is accepted iff u_i * q_i(x_i) <= p_i(x_i), u_i ~ U[0,1): that is, with
+    probability min(1, p/q). One uniform is drawn per draft, none when there are no drafts.
+    """
+    k = len(drafts)
+    n = k
+    if k:
+        idx = torch.tensor(drafts, device=p.device)
+        rows = torch.arange(k, device=p.device)
+        p_x = p[rows, idx]
+        q_x = torch.ones_like(p_x) if q is None else q[rows, idx]
+        u = torch.rand(k, generator=generator, device=p.device)
+        rejected = (u * q_x > p_x).tolist()
+        n = rejected.index(True) if True in rejected else k
+    if n < k:
+        dist = residual(p[n], None if q is None else q[n], drafts[n])
+    else:
+        dist = p[k]
+    token = torch.multinomial(dist, 1, generator=generator)
+    return n, int(token.item())

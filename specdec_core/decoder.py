@@ -1,0 +1,80 @@
+"""One model's decoder with its KV cache, for causal and encoder-decoder models alike.
+
+The engine sees every model through this class: feed the tokens the cache has not seen yet
+(plus optional extra tokens), get logits for the last positions, and roll the cache back
+to a shorter length. Positions come from the cache length, so nothing here is specific
+to one architecture.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import cache
+
+import torch
+from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+
+
+@cache
+def _accepts_logits_to_keep(model_cls: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_cls.forward).parameters
+
+
+def initial_decoder_ids(model: PreTrainedModel, prompt_ids: list[int]) -> list[int]:
+    """The token sequence the decoder starts from: the prompt, or the decoder start token."""
+    if not model.config.is_encoder_decoder:
+        return list(prompt_ids)
+    start = model.generation_config.decoder_start_token_id
+    if start is None:
+        start = model.config.decoder_start_token_id
+    if isinstance(start, list):
+        start = start[0]
+    if start is None:
+        raise ValueError(f"{type(model).__name__} has no decoder_start_token_id in its config")
+    return [int(start)]
+
+
+class CachedDecoder:
+    """A model plus the KV cache of the decoder tokens it has already processed."""
+
+    def __init__(self, model: PreTrainedModel, prompt_ids: list[int]):
+        self.model = model
+        self.device = model.device
+        self.length = 0  # decoder tokens held in the cache
+        self._logits_kwarg = _accepts_logits_to_keep(type(model))
+        self._fixed: dict = {}
+        if model.config.is_encoder_decoder:
+            ids = torch.tensor([prompt_ids], device=self.device)
+            mask = torch.ones_like(ids)
+            # Encode once per item; every decoder step reuses the encoder outputs.
+            self._fixed = {
+                "encoder_outputs": model.get_encoder()(input_ids=ids, attention_mask=mask),
+                "attention_mask": mask,
+            }
+            self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+        else:
+            self.cache = DynamicCache()
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[int], num_logits: int) -> torch.Tensor:
+        """Feed tokens[self.length:], return float32 logits of the last `num_logits` positions."""
+        new = tokens[self.length :]
+        if not new:
+            raise ValueError("forward() needs at least one token the cache has not seen")
+        ids = torch.tensor([new], device=self.device)
+        key = "decoder_input_ids" if self.model.config.is_encoder_decoder else "input_ids"
+        kwargs = {key: ids, "past_key_values": self.cache, "use_cache": True, **self._fixed}
+        if self._logits_kwarg:
+            kwargs["logits_to_keep"] = max(num_logits, 1)
+        out = self.model(**kwargs)
+        self.length = len(tokens)
+        if num_logits == 0:
+            return out.logits[0, :0].float()
+        return out.logits[0, -num_logits:].float()
+
+    def rollback(self, length: int) -> None:
+        """Drop cached positions >= length (only the decoder self-attention cache)."""
+        if length < self.length:
+            # transformers 5 caches take a negative count of tokens to remove.
+            self.cache.crop(length - self.length)
+            self.length = length

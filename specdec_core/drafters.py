@@ -1,0 +1,133 @@
+"""Drafters: who proposes the tokens the target verifies.
+
+A drafter starts one session per item; a session proposes up to k tokens after a given
+decoder sequence and rolls back when the target rejects some. `Picker` is the engine's
+choice rule (argmax, or sampling from the processed distribution with the item's RNG),
+so a model drafter draws its tokens exactly from the q the accept/reject step uses.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import PreTrainedModel
+
+from specdec_core.decoder import CachedDecoder
+
+# (sequence so far, logits row (1, V)) -> (chosen token, its distribution (1, V) or None when greedy)
+Picker = Callable[[list[int], torch.Tensor], tuple[int, torch.Tensor | None]]
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    q: torch.Tensor | None  # (k, V) probabilities the tokens were sampled from; None = one-hot / greedy
+
+
+class DraftSession(ABC):
+    steps = 0  # draft model forward passes, for statistics
+
+    @abstractmethod
+    def propose(self, seq: list[int], k: int) -> Draft: ...
+
+    def rollback(self, valid_len: int) -> None:
+        """The first `valid_len` tokens of the decoder sequence are now final."""
+
+
+class Drafter(ABC):
+    name: str
+
+    @abstractmethod
+    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession: ...
+
+
+class NoDrafter(Drafter):
+    """Target-only decoding through the same loop: the baseline."""
+
+    name = "none"
+
+    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession:
+        return _EmptySession()
+
+
+class _EmptySession(DraftSession):
+    def propose(self, seq: list[int], k: int) -> Draft:
+        return Draft([], None)
+
+
+class ModelDrafter(Drafter):
+    """A small language model sharing the target's vocabulary, with its own KV cache."""
+
+    name = "model"
+
+    def __init__(self, model: PreTrainedModel):
+        self.model = model
+
+    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession:
+        return _ModelSession(CachedDecoder(self.model, prompt_ids), decoder_ids, pick)
+
+
+class _ModelSession(DraftSession):
+    def __init__(self, decoder: CachedDecoder, decoder_ids: list[int], pick: Picker):
+        self.decoder = decoder
+        self.pick = pick
+        if len(decoder_ids) > 1:  # prefill all but the last token, as the target does
+            decoder.forward(decoder_ids[:-1], 0)
+
+    def propose(self, seq: list[int], k: int) -> Draft:
+        cur = list(seq)
+        qs = []
+        for _ in range(k):
+            token, q = self.pick(cur, self.decoder.forward(cur, 1))
+            cur.append(token)
+            qs.append(q)
+        self.steps += k
+        q = torch.cat(qs) if qs and qs[0] is not None else None
+        return Draft(cur[len(seq) :], q)
+
+    def rollback(self, valid_len: int) -> None:
+        self.decoder.rollback(valid_len)
+
+
+class NgramDrafter(Drafter):
+    """Prompt lookup: find the sequence's last n tokens earlier in the prompt or the output,
+    and propose what followed them. Longest n first; the most recent occurrence wins."""
+
+    name = "ngram"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= ngram_min_size <= ngram_max_size, got {min_ngram}, {max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+
+    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession:
+        # For encoder-decoder models the prompt is not in the decoder sequence: search it too.
+        prefix = [] if decoder_ids[: len(prompt_ids)] == prompt_ids else list(prompt_ids)
+        return _NgramSession(prefix, self.max_ngram, self.min_ngram)
+
+
+class _NgramSession(DraftSession):
+    def __init__(self, prefix: list[int], max_ngram: int, min_ngram: int):
+        self.prefix = prefix
+        self.sizes = range(max_ngram, min_ngram - 1, -1)
+
+    def propose(self, seq: list[int], k: int) -> Draft:
+        return Draft(lookup(np.asarray(self.prefix + seq), self.sizes, k) if k else [], None)
+
+
+def lookup(hay: np.ndarray, sizes: range, k: int) -> list[int]:
+    """Continuation (up to k tokens) of the latest earlier occurrence of hay's last n tokens."""
+    for n in sizes:
+        if len(hay) <= n:
+            continue
+        windows = np.lib.stride_tricks.sliding_window_view(hay[:-1], n)  # excludes the suffix itself
+        hits = np.flatnonzero((windows == hay[-n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return hay[start : start + k].tolist()
+    return []

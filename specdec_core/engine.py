@@ -1,0 +1,161 @@
+"""The speculative decoding loop, batch size 1 (Leviathan, Kalman, Matias 2023).
+
+Per round: the drafter proposes k tokens; the target scores [last token, drafts] in ONE
+forward pass over its cached prefix; the accept/reject rule keeps a prefix of the drafts
+plus one target token; both caches roll back to the kept length. Invariant between
+rounds: each cache holds every committed decoder token except the newest one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec_core.acceptance import verify_greedy, verify_sampled
+from specdec_core.decoder import CachedDecoder, initial_decoder_ids
+from specdec_core.drafters import Drafter, NoDrafter
+from specdec_core.gamma import GammaPolicy, fixed_gamma
+from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
+
+
+@dataclass
+class ItemStats:
+    """Per-item statistics; DESIGN.md defines each column."""
+
+    new_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_steps: int = 0
+    draft_steps: int = 0
+    prompt_tokens: int = 0
+    latency_s: float = 0.0
+    ttft_s: float = 0.0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    finish_reason: str = ""
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.latency_s if self.latency_s > 0 else 0.0
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # new tokens only, EOS included if produced
+    stats: ItemStats = field(default_factory=ItemStats)
+
+
+def eos_ids(model: PreTrainedModel) -> set[int]:
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = model.config.eos_token_id
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, list) else [eos])}
+
+
+class SpeculativeGenerator:
+    """Exact speculative decoding of one prompt at a time with a target and a drafter."""
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        drafter: Drafter | None = None,
+        *,
+        num_speculative_tokens: int = 4,
+        max_new_tokens: int = 128,
+        sampling: SamplingSettings = SamplingSettings(),
+        gamma_policy: GammaPolicy | None = None,
+    ):
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+        self.target = target
+        self.drafter = drafter or NoDrafter()
+        self.gamma = num_speculative_tokens
+        self.max_new_tokens = max_new_tokens
+        self.sampling = sampling
+        self.gamma_policy = gamma_policy or fixed_gamma
+        self.eos = eos_ids(target)
+
+    def generate(self, prompt_ids: list[int], seed: int = 0) -> Generation:
+        start = time.perf_counter()
+        target, sampling = self.target, self.sampling
+        device = target.device
+        seq = initial_decoder_ids(target, prompt_ids)
+        max_len = len(seq) + self.max_new_tokens
+        transform = LogitsTransform(build_processors(sampling, target.generation_config, max_len, device))
+        generator = torch.Generator(device=device).manual_seed(seed)
+        stats = ItemStats(prompt_tokens=len(prompt_ids))
+
+        def pick(cur: list[int], logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+            scores = transform(cur, logits)
+            if sampling.greedy:
+                return int(scores.argmax(-1).item()), None
+            probs = scores.softmax(-1)
+            return int(torch.multinomial(probs[0], 1, generator=generator).item()), probs
+
+        verifier = CachedDecoder(target, prompt_ids)
+        if len(seq) > 1:
+            verifier.forward(seq[:-1], 0)
+        session = self.drafter.start(prompt_ids, seq, pick)
+        gamma_state = self.gamma_policy.start(self.gamma)
+        stats.prefill_s = time.perf_counter() - start
+
+        new: list[int] = []
+        while True:
+            remaining = self.max_new_tokens - len(new)
+            # Never draft past the budget: the round's extra target token needs one slot.
+            k = min(gamma_state.next(), remaining - 1)
+            t0 = time.perf_counter()
+            draft = session.propose(seq, k) if k > 0 else None
+            drafts = draft.tokens if draft else []
+            t1 = time.perf_counter()
+            logits = verifier.forward(seq + drafts, len(drafts) + 1)
+            scores = transform(seq + drafts, logits)
+            if sampling.greedy:
+                n, token = verify_greedy(drafts, scores.argmax(-1))
+            else:
+                n, token = verify_sampled(drafts, scores.softmax(-1), draft.q if draft else None, generator)
+            t2 = time.perf_counter()
+            stats.draft_s += t1 - t0
+            stats.verify_s += t2 - t1
+            stats.verify_steps += 1
+            stats.draft_tokens += len(drafts)
+            gamma_state.update(len(drafts), n)
+
+            emitted = drafts[:n] + [token]
+            emitted, finish = self._truncate(emitted, remaining)
+            stats.accepted_tokens += min(n, len(emitted))
+            if not new:
+                stats.ttft_s = time.perf_counter() - start
+            new += emitted
+            if finish:
+                stats.finish_reason = finish
+                break
+            valid = len(seq) + n  # cached tokens that are still on the committed path
+            seq += emitted
+            verifier.rollback(valid)
+            session.rollback(valid)
+
+        stats.draft_steps = session.steps
+        stats.new_tokens = len(new)
+        stats.latency_s = time.perf_counter() - start
+        return Generation(new, stats)
+
+    def _truncate(self, emitted: list[int], remaining: int) -> tuple[list[int], str]:
+        for i, tok in enumerate(emitted[:remaining]):
+            if tok in self.eos:
+                return emitted[: i + 1], "eos"
+        if len(emitted) >= remaining:
+            return emitted[:remaining], "length"
+        return emitted, ""

@@ -1,0 +1,99 @@
+"""Loading a target/draft pair with Hugging Face, and checking that the two can work together."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class IncompatiblePairError(ValueError):
+    """The draft cannot draft for the target (different kind of model or vocabulary)."""
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto` is float32 on CPU (exact, and this CPU has no fast bf16) and bfloat16 on CUDA."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in _DTYPES:
+        raise ValueError(f"--dtype {name}: expected auto or one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def load_model(path: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
+    """A causal or encoder-decoder LM, whichever the config says, in eval mode on `device`."""
+    config = AutoConfig.from_pretrained(path)
+    auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    return auto.from_pretrained(path, dtype=dtype).to(device).eval()
+
+
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(path)
+
+
+def check_pair(
+    target: PreTrainedModel,
+    draft: PreTrainedModel,
+    target_tokenizer: PreTrainedTokenizerBase,
+    draft_tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    """Raise IncompatiblePairError unless the draft can propose tokens for the target.
+
+    Vocabularies are compared through the tokenizers, not embedding sizes: checkpoints pad
+    their embedding matrices (T5's has 32128 rows for a 32100-token vocabulary).
+    """
+    kinds = [("encoder-decoder" if m.config.is_encoder_decoder else "causal") for m in (target, draft)]
+    if kinds[0] != kinds[1]:
+        raise IncompatiblePairError(f"the target is {kinds[0]} but the draft is {kinds[1]}; they must match")
+    if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+        raise IncompatiblePairError(
+            f"the draft's vocabulary ({len(draft_tokenizer)} tokens) differs from the target's "
+            f"({len(target_tokenizer)} tokens); the pair must share one tokenizer"
+        )
+    vocab = len(target_tokenizer)
+    for role, model in (("target", target), ("draft", draft)):
+        rows = model.get_output_embeddings().weight.shape[0]
+        if rows < vocab:
+            raise IncompatiblePairError(f"the {role}'s output layer has {rows} rows for a {vocab}-token vocabulary")
+    if target.config.is_encoder_decoder:
+        starts = [m.generation_config.decoder_start_token_id or m.config.decoder_start_token_id
+                  for m in (target, draft)]
+        if starts[0] != starts[1]:
+            raise IncompatiblePairError(f"decoder start tokens differ: target {starts[0]}, draft {starts[1]}")
+
+
+def context_limit(*models: PreTrainedModel) -> int | None:
+    """The longest decoder sequence every model can position (None for relative positions, like T5)."""
+    limits = []
+    for model in models:
+        for attr in ("max_position_embeddings", "n_positions", "max_target_positions"):
+            value = getattr(model.config, attr, None)
+            if isinstance(value, int) and value > 0:
+                limits.append(value)
+                break
+    return min(limits) if limits else None
+
+
+def item_seed(base_seed: int, item_id: object) -> int:
+    """A 63-bit seed from the job's seed and the item's id, independent of order and sharding."""
+    digest = hashlib.sha256(f"{base_seed}\x1f{item_id!r}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1

@@ -1,0 +1,114 @@
+"""Turning logits into the distributions p and q, the same way for target and draft.
+
+The accept/reject rule is exact only if p and q are the distributions the target and the
+draft would actually sample from, after the same processing. We use Hugging Face's own
+logits processors, built from our settings plus the target's generation config (forced
+BOS/EOS, repetition rules), so that greedy output equals `target.generate()` exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+from transformers.generation.logits_process import (
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    LogitsProcessorList,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+# Processors whose output for a row does not depend on the tokens before it: these can run
+# on a whole verify block at once instead of once per position.
+_ROW_WISE = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, SuppressTokensLogitsProcessor)
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def build_processors(
+    sampling: SamplingSettings, generation_config: GenerationConfig, max_length: int, device: torch.device
+) -> LogitsProcessorList:
+    """The processors `generate()` would apply for these settings (greedy or sampling, batch 1).
+
+    `max_length` is the decoder length at which generation must stop (initial decoder
+    tokens + max_new_tokens), as in `generate()`.
+    """
+    gc = generation_config
+    procs = LogitsProcessorList()
+    if gc.repetition_penalty is not None and gc.repetition_penalty != 1.0:
+        procs.append(RepetitionPenaltyLogitsProcessor(gc.repetition_penalty))
+    if gc.no_repeat_ngram_size:
+        procs.append(NoRepeatNGramLogitsProcessor(gc.no_repeat_ngram_size))
+    if gc.forced_bos_token_id is not None:
+        procs.append(ForcedBOSTokenLogitsProcessor(gc.forced_bos_token_id))
+    if gc.forced_eos_token_id is not None:
+        procs.append(ForcedEOSTokenLogitsProcessor(max_length, gc.forced_eos_token_id, device=device))
+    if gc.suppress_tokens:
+        procs.append(SuppressTokensLogitsProcessor(gc.suppress_tokens, device=device))
+    if not sampling.greedy:
+        if sampling.temperature != 1.0:
+            procs.append(TemperatureLogitsWarper(sampling.temperature))
+        if sampling.top_k is not None:
+            procs.append(TopKLogitsWarper(sampling.top_k))
+        if sampling.top_p is not None and sampling.top_p < 1.0:
+            procs.append(TopPLogitsWarper(sampling.top_p))
+    return procs
+
+
+class LogitsTransform:
+    """Applies the processors to the last rows of a sequence's logits."""
+
+    def __init__(self, processors: LogitsProcessorList):
+        self.processors = processors
+        self.row_wise = all(isinstance(p, _ROW_WISE) for p in processors)
+
+    def __call__(self, seq: list[int], scores: torch.Tensor) -> torch.Tensor:
+        """Row j of `scores` (m, V) predicts the token after seq[:len(seq)-m+1+j]."""
+        if not self.processors:
+            return scores
+        m = scores.shape[0]
+        if self.row_wise:  # these processors ignore the ids: skip building them
+            return self.processors(torch.zeros((m, 1), dtype=torch.long, device=scores.device), scores)
+        ids = torch.tensor([seq], device=scores.device)
+        rows = [self.processors(ids[:, : len(seq) - m + 1 + j], scores[j : j + 1]) for j in range(m)]
+        return torch.cat(rows)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor | None, drafted: int) -> torch.Tensor:
+    """norm(max(0, p - q)): where to sample after a rejection.
+
+    q=None means a deterministic drafter (q is one-hot on `drafted`). If the residual has no
+    mass (p == q up to rounding, so a rejection was a rounding artefact) we fall back to p.
+    """
+    r = p.clone()
+    if q is None:
+        r[drafted] = 0.0
+    else:
+        r = (r - q).clamp_min_(0.0)
+    total = r.sum()
+    if total.item() <= 1e-12:
+        return p
+    return r / total

@@ -1,0 +1,195 @@
+"""Text in, text and statistics out: the engine behind a tokenizer, usable from a notebook.
+
+`TextGenerator.generate` returns a plain dict so it can cross a process boundary (Beam's
+large-model proxy exposes methods only), and raises a `PromptError` subclass, whose class
+name becomes the failed row's `error_type`, for prompts that cannot be generated.
+"""
+
+from __future__ import annotations
+
+import threading
+import unicodedata
+from dataclasses import dataclass
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from specdec_core.engine import SpeculativeGenerator
+from specdec_core.gamma import GammaPolicy
+from specdec_core.loading import (
+    check_pair,
+    context_limit,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+    resolve_dtype,
+)
+from specdec_core.processing import SamplingSettings
+
+DRAFTERS = ("model", "ngram", "none")
+
+
+class PromptError(ValueError):
+    """A row whose prompt cannot be generated; the job goes on."""
+
+
+class NullPrompt(PromptError):
+    pass
+
+
+class InvalidPromptType(PromptError):
+    pass
+
+
+class EmptyPrompt(PromptError):
+    pass
+
+
+class InvalidCharacters(PromptError):
+    pass
+
+
+class PromptTooLong(PromptError):
+    pass
+
+
+def check_prompt(value: object) -> str:
+    """The prompt as a string, or a PromptError saying why it is not usable."""
+    if value is None:
+        raise NullPrompt("prompt is null")
+    if not isinstance(value, str):
+        raise InvalidPromptType(f"prompt is {type(value).__name__}, expected a string")
+    if not value.strip():
+        raise EmptyPrompt("prompt is empty or whitespace only")
+    bad = sorted({c for c in value if unicodedata.category(c) in ("Cc", "Cs") and c not in "\t\n\r"})
+    if bad:
+        raise InvalidCharacters(f"prompt contains control characters {', '.join(repr(c) for c in bad[:5])}")
+    return value
+
+
+@dataclass(frozen=True)
+class GeneratorSpec:
+    """Everything needed to build a TextGenerator in a worker; plain data, so it pickles."""
+
+    target_model: str
+    draft_model: str | None = None
+    tokenizer: str | None = None
+    drafter: str = "model"
+    num_speculative_tokens: int = 4
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    ngram_max_size: int = 3
+    ngram_min_size: int = 1
+    device: str = "auto"
+    dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"--drafter {self.drafter!r}: expected one of {', '.join(DRAFTERS)}")
+        if self.drafter == "model" and not self.draft_model:
+            raise ValueError("--drafter model needs --draft_model")
+        SamplingSettings(self.temperature, self.top_k, self.top_p)  # validates
+
+
+class TextGenerator:
+    """A loaded target (+ drafter) and tokenizer; thread-safe, one item at a time."""
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        drafter: Drafter,
+        *,
+        num_speculative_tokens: int = 4,
+        max_new_tokens: int = 128,
+        sampling: SamplingSettings = SamplingSettings(),
+        gamma_policy: GammaPolicy | None = None,
+        context: int | None = None,
+    ):
+        self.tokenizer = tokenizer
+        self.engine = SpeculativeGenerator(
+            target,
+            drafter,
+            num_speculative_tokens=num_speculative_tokens,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            gamma_policy=gamma_policy,
+        )
+        self.context = context
+        # Beam threads share one generator per process; items run one at a time so that
+        # each item's latency is its own.
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, spec: GeneratorSpec, gamma_policy: GammaPolicy | None = None) -> TextGenerator:
+        device = resolve_device(spec.device)
+        dtype = resolve_dtype(spec.dtype, device)
+        target = load_model(spec.target_model, device, dtype)
+        tokenizer = load_tokenizer(spec.tokenizer or spec.target_model)
+        models = [target]
+        if spec.drafter == "model":
+            draft = load_model(spec.draft_model, device, dtype)
+            try:
+                draft_tokenizer = load_tokenizer(spec.draft_model)
+            except (OSError, ValueError):  # a draft directory without tokenizer files
+                draft_tokenizer = tokenizer
+            check_pair(target, draft, tokenizer, draft_tokenizer)
+            drafter: Drafter = ModelDrafter(draft)
+            models.append(draft)
+        elif spec.drafter == "ngram":
+            drafter = NgramDrafter(spec.ngram_max_size, spec.ngram_min_size)
+        else:
+            drafter = NoDrafter()
+        return cls(
+            target,
+            tokenizer,
+            drafter,
+            num_speculative_tokens=spec.num_speculative_tokens,
+            max_new_tokens=spec.max_new_tokens,
+            sampling=SamplingSettings(spec.temperature, spec.top_k, spec.top_p),
+            gamma_policy=gamma_policy,
+            context=context_limit(*models),
+        )
+
+    def encode(self, prompt: object) -> list[int]:
+        text = check_prompt(prompt)
+        ids = self.tokenizer(text)["input_ids"]
+        if not ids:
+            raise EmptyPrompt("prompt tokenizes to no tokens")
+        budget = self.context
+        if budget is not None:
+            # A causal decoder holds prompt + output; an encoder-decoder's decoder holds the output.
+            used = self.engine.max_new_tokens + (0 if self.engine.target.config.is_encoder_decoder else len(ids))
+            if len(ids) > budget or used > budget:
+                raise PromptTooLong(
+                    f"prompt has {len(ids)} tokens; with max_new_tokens={self.engine.max_new_tokens} "
+                    f"it exceeds the model's {budget}-position context"
+                )
+        return ids
+
+    def generate(self, prompt: object, seed: int = 0) -> dict:
+        ids = self.encode(prompt)
+        with self._lock:
+            out = self.engine.generate(ids, seed)
+        s = out.stats
+        return {
+            "generation": self.tokenizer.decode(out.tokens, skip_special_tokens=True),
+            "token_ids": out.tokens,
+            "new_tokens": s.new_tokens,
+            "prompt_tokens": s.prompt_tokens,
+            "draft_tokens": s.draft_tokens,
+            "accepted_tokens": s.accepted_tokens,
+            "acceptance_rate": s.acceptance_rate,
+            "verify_steps": s.verify_steps,
+            "draft_steps": s.draft_steps,
+            "latency_s": s.latency_s,
+            "ttft_s": s.ttft_s,
+            "prefill_s": s.prefill_s,
+            "draft_s": s.draft_s,
+            "verify_s": s.verify_s,
+            "tokens_per_s": s.tokens_per_s,
+            "finish_reason": s.finish_reason,
+            "seed": seed,
+        }

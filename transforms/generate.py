@@ -1,0 +1,52 @@
+"""Prompt rows -> (result rows, failed rows), through RunInference with a dead-letter queue."""
+
+from __future__ import annotations
+
+import apache_beam as beam
+from apache_beam.ml.inference.base import RunInference
+
+from specdec_core.loading import item_seed
+from transforms.model_handler import SpecDecModelHandler
+from transforms.results import failed_rows, result_row
+
+
+def _with_seed(row: dict, id_column: str, base_seed: int) -> dict:
+    return {**row, "seed": item_seed(base_seed, row.get(id_column))}
+
+
+class GenerateRows(beam.PTransform):
+    """Every input row comes out exactly once: as a result row or as a failed row.
+
+    Bad prompts (null, empty, wrong type, too long...) raise inside the handler and land in
+    RunInference's dead letter with their reason; so does any other per-row error.
+    """
+
+    def __init__(
+        self,
+        handler: SpecDecModelHandler,
+        *,
+        id_column: str,
+        prompt_column: str,
+        passthrough: list[str],
+        seed: int,
+        accelerator: str | None = None,
+    ):
+        super().__init__()
+        self.handler = handler
+        self.id_column, self.prompt_column = id_column, prompt_column
+        self.passthrough, self.seed, self.accelerator = passthrough, seed, accelerator
+
+    def expand(self, rows: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
+        inference = RunInference(self.handler).with_exception_handling()
+        if self.accelerator:
+            inference = inference.with_resource_hints(accelerator=self.accelerator)
+        generated, dead = (
+            rows
+            | "Seed" >> beam.Map(_with_seed, self.id_column, self.seed)
+            | "RunInference" >> inference
+        )
+        results = generated | "ResultRows" >> beam.Map(result_row, self.id_column, self.passthrough)
+        failed = dead.failed_inferences | "FailedRows" >> beam.FlatMap(
+            failed_rows, self.id_column, self.prompt_column
+        )
+        return results, failed

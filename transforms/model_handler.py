@@ -1,0 +1,90 @@
+"""A RunInference ModelHandler that holds the draft/target pair for one worker process.
+
+RunInference loads the pair once per process (Beam's `Shared`) and every thread of the
+process uses it, or once per machine with `large_model=True`, where other processes reach
+it through a proxy that exposes methods only: so all work goes through
+`TextGenerator.generate`, which takes and returns plain data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from apache_beam.metrics import Metrics
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult
+
+from specdec_core.text import GeneratorSpec, TextGenerator
+
+NAMESPACE = "specdec"
+_LOG = logging.getLogger(__name__)
+
+
+class _Progress:
+    """Beam metrics per item, plus a log line at most every `every_s` seconds."""
+
+    def __init__(self, every_s: float = 30.0):
+        self.prompts = Metrics.counter(NAMESPACE, "prompts_generated")
+        self.new_tokens = Metrics.counter(NAMESPACE, "new_tokens")
+        self.draft_tokens = Metrics.counter(NAMESPACE, "draft_tokens")
+        self.accepted = Metrics.counter(NAMESPACE, "accepted_tokens")
+        self.verify_steps = Metrics.counter(NAMESPACE, "verify_steps")
+        self.latency_ms = Metrics.distribution(NAMESPACE, "item_latency_ms")
+        self.every_s = every_s
+        self.totals = {"prompts": 0, "new": 0, "drafted": 0, "accepted": 0, "seconds": 0.0}
+        self.last_log = time.monotonic()
+
+    def record(self, out: dict) -> None:
+        self.prompts.inc()
+        self.new_tokens.inc(out["new_tokens"])
+        self.draft_tokens.inc(out["draft_tokens"])
+        self.accepted.inc(out["accepted_tokens"])
+        self.verify_steps.inc(out["verify_steps"])
+        self.latency_ms.update(int(out["latency_s"] * 1000))
+        t = self.totals
+        t["prompts"] += 1
+        t["new"] += out["new_tokens"]
+        t["drafted"] += out["draft_tokens"]
+        t["accepted"] += out["accepted_tokens"]
+        t["seconds"] += out["latency_s"]
+        if time.monotonic() - self.last_log >= self.every_s:
+            self.last_log = time.monotonic()
+            acc = f"{t['accepted'] / t['drafted']:.2f}" if t["drafted"] else "n/a"
+            _LOG.info("specdec: %d prompts, %d new tokens, acceptance %s, %.1f tokens/s in generation",
+                      t["prompts"], t["new"], acc, t["new"] / max(t["seconds"], 1e-9))
+
+
+class SpecDecModelHandler(ModelHandler[dict, PredictionResult, TextGenerator]):
+    """Batch-1 speculative decoding of input rows (dicts) with a shared TextGenerator."""
+
+    def __init__(self, spec: GeneratorSpec, prompt_column: str = "prompt", *, large_model: bool = False):
+        # Speculative decoding is batch-1 by construction: never batch rows together.
+        super().__init__(min_batch_size=1, max_batch_size=1, large_model=large_model)
+        self.spec = spec
+        self.prompt_column = prompt_column
+        self._progress: _Progress | None = None
+
+    def load_model(self) -> TextGenerator:
+        from transforms.model_cache import localize
+
+        local = {f: localize(getattr(self.spec, f)) for f in ("target_model", "draft_model", "tokenizer")
+                 if getattr(self.spec, f)}
+        return TextGenerator.load(dataclasses.replace(self.spec, **local))
+
+    def run_inference(
+        self, batch: Sequence[dict], model: TextGenerator, inference_args: dict[str, Any] | None = None
+    ) -> Iterable[PredictionResult]:
+        if self._progress is None:
+            self._progress = _Progress()
+        results = []  # a list, not a generator: RunInference counts failures only then
+        for row in batch:
+            out = model.generate(row[self.prompt_column], row["seed"])
+            self._progress.record(out)
+            results.append(PredictionResult(row, out))
+        return results
+
+    def get_metrics_namespace(self) -> str:
+        return NAMESPACE

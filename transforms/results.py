@@ -1,0 +1,89 @@
+"""Output rows and their Parquet schemas: one result row per generated prompt, one failed
+row per prompt that could not be generated (DESIGN.md, "Output")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.io.parquetio import WriteToParquet
+from apache_beam.ml.inference.base import PredictionResult
+
+# The contract's columns, then the engine's timing split (so the draft/target cost ratio
+# can be computed from the files), then passthrough columns.
+_STATS = [
+    ("generation", pa.string()),
+    ("new_tokens", pa.int32()),
+    ("draft_tokens", pa.int32()),
+    ("accepted_tokens", pa.int32()),
+    ("acceptance_rate", pa.float64()),
+    ("verify_steps", pa.int32()),
+    ("latency_s", pa.float64()),
+    ("ttft_s", pa.float64()),
+    ("tokens_per_s", pa.float64()),
+    ("finish_reason", pa.string()),
+    ("seed", pa.int64()),
+    ("prompt_tokens", pa.int32()),
+    ("draft_steps", pa.int32()),
+    ("prefill_s", pa.float64()),
+    ("draft_s", pa.float64()),
+    ("verify_s", pa.float64()),
+]
+_FAILED = [("prompt", pa.string()), ("error_type", pa.string()), ("error_message", pa.string())]
+
+
+def result_schema(input_schema: pa.Schema, id_column: str, passthrough: list[str]) -> pa.Schema:
+    fields = [pa.field("id", input_schema.field(id_column).type)]
+    fields += [pa.field(name, typ) for name, typ in _STATS]
+    fields += [input_schema.field(c) for c in passthrough]
+    return pa.schema(fields)
+
+
+def failed_schema(input_schema: pa.Schema, id_column: str) -> pa.Schema:
+    return pa.schema([pa.field("id", input_schema.field(id_column).type)] + [pa.field(n, t) for n, t in _FAILED])
+
+
+def result_row(pred: PredictionResult, id_column: str, passthrough: list[str]) -> dict[str, Any]:
+    row, out = pred.example, pred.inference
+    return {"id": row[id_column], **{name: out[name] for name, _ in _STATS}, **{c: row[c] for c in passthrough}}
+
+
+def failed_rows(dead_letter: tuple, id_column: str, prompt_column: str) -> list[dict[str, Any]]:
+    """RunInference's dead letter (batch, (exception type, repr, traceback lines)) as failed rows."""
+    batch, (exc_type, exc_repr, trace) = dead_letter
+    # The traceback's last line is "Type: message", the message as str() gives it.
+    last = trace[-1].strip() if trace else exc_repr
+    message = last.split(": ", 1)[1] if ": " in last else last
+    rows = []
+    for row in batch:
+        prompt = row.get(prompt_column)
+        rows.append({
+            "id": row.get(id_column),
+            "prompt": prompt if prompt is None or isinstance(prompt, str) else repr(prompt),
+            "error_type": exc_type.__name__,
+            "error_message": message,
+        })
+    return rows
+
+
+class WriteResults(beam.PTransform):
+    """Writes PREFIX-SSSSS-of-NNNNN.parquet, then PREFIX-failed-SSSSS-of-NNNNN.parquet.
+
+    The failed rows are written only after the results are committed: Beam's finalize step
+    deletes every file matching PREFIX-*-of-NNNNN.parquet, which would include failed files
+    already written under the same prefix.
+    """
+
+    def __init__(self, prefix: str, schema: pa.Schema, failed: pa.Schema):
+        super().__init__()
+        self.prefix, self.schema, self.failed = prefix, schema, failed
+
+    def expand(self, pcolls: tuple[beam.PCollection, beam.PCollection]) -> beam.PCollection:
+        results, failed = pcolls
+        written = results | "WriteResults" >> WriteToParquet(self.prefix, self.schema, file_name_suffix=".parquet")
+        return (
+            failed
+            | "AfterResults" >> beam.Map(lambda row, _: row, beam.pvalue.AsList(written))
+            | "WriteFailed" >> WriteToParquet(f"{self.prefix}-failed", self.failed, file_name_suffix=".parquet")
+        )
