@@ -38,7 +38,8 @@ class SpecDecOptions(PipelineOptions):
         a("--large_model", action="store_true", default=False,
           help="load one copy of the pair per machine, shared by all SDK processes (GPU workers)")
         a("--accelerator", default=None,
-          help="Beam accelerator resource hint for the generate step, e.g. type:nvidia-l4;count:1;install-nvidia-driver")
+          help="accelerator resource hint for the generate step only, "
+          "e.g. type:nvidia-l4;count:1;install-nvidia-driver")
 
     def passthrough(self) -> list[str]:
         return [c.strip() for c in (self.passthrough_columns or "").split(",") if c.strip()]

@@ -66,7 +66,7 @@ def _check_pair(opts: SpecDecOptions) -> None:
         return
     from transformers import AutoConfig
 
-    from specdec_core.loading import load_tokenizer
+    from specdec_core.loading import has_tokenizer, load_tokenizer
 
     kinds = ["encoder-decoder" if AutoConfig.from_pretrained(p).is_encoder_decoder else "causal" for p in paths]
     if kinds[0] != kinds[1]:
@@ -75,10 +75,9 @@ def _check_pair(opts: SpecDecOptions) -> None:
         target_vocab = load_tokenizer(opts.tokenizer or opts.target_model).get_vocab()
     except Exception as e:
         raise JobConfigError(f"--tokenizer/--target_model: cannot load a tokenizer ({type(e).__name__}: {e})") from e
-    try:
-        draft_vocab = load_tokenizer(opts.draft_model).get_vocab()
-    except (OSError, ValueError):
+    if not has_tokenizer(opts.draft_model):
         return  # no tokenizer files beside the draft: it uses the target's
+    draft_vocab = load_tokenizer(opts.draft_model).get_vocab()
     if draft_vocab != target_vocab:
         raise JobConfigError(
             f"--draft_model {opts.draft_model!r}: its vocabulary ({len(draft_vocab)} tokens) differs from the "

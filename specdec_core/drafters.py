@@ -34,7 +34,7 @@ class DraftSession(ABC):
     @abstractmethod
     def propose(self, seq: list[int], k: int) -> Draft: ...
 
-    def rollback(self, valid_len: int) -> None:
+    def rollback(self, valid_len: int) -> None:  # noqa: B027 (an optional hook: stateless drafters keep nothing)
         """The first `valid_len` tokens of the decoder sequence are now final."""
 
 

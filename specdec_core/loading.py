@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 
 import torch
 from transformers import (
@@ -14,6 +15,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -48,6 +50,13 @@ def load_model(path: str, device: torch.device, dtype: torch.dtype) -> PreTraine
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(path)
+
+
+def has_tokenizer(path: str) -> bool:
+    """Whether a model directory carries its own tokenizer (hub ids are assumed to)."""
+    if not os.path.isdir(path):
+        return True
+    return any(os.path.exists(os.path.join(path, f)) for f in _TOKENIZER_FILES)
 
 
 def check_pair(

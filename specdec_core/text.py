@@ -19,6 +19,7 @@ from specdec_core.gamma import GammaPolicy
 from specdec_core.loading import (
     check_pair,
     context_limit,
+    has_tokenizer,
     load_model,
     load_tokenizer,
     resolve_device,
@@ -131,10 +132,8 @@ class TextGenerator:
         models = [target]
         if spec.drafter == "model":
             draft = load_model(spec.draft_model, device, dtype)
-            try:
-                draft_tokenizer = load_tokenizer(spec.draft_model)
-            except (OSError, ValueError):  # a draft directory without tokenizer files
-                draft_tokenizer = tokenizer
+            # A draft saved without tokenizer files uses the target's.
+            draft_tokenizer = load_tokenizer(spec.draft_model) if has_tokenizer(spec.draft_model) else tokenizer
             check_pair(target, draft, tokenizer, draft_tokenizer)
             drafter: Drafter = ModelDrafter(draft)
             models.append(draft)

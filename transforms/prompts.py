@@ -21,6 +21,6 @@ class ReadPrompts(beam.PTransform):
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection:
         return (
             pbegin
-            | "ReadParquet" >> ReadFromParquet(self.pattern, columns=self.columns)
+            | "ReadParquet" >> ReadFromParquet(self.pattern, columns=self.columns, validate=False)
             | "Spread" >> beam.Reshuffle()
         )

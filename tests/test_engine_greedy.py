@@ -1,0 +1,111 @@
+"""Greedy speculative output equals the target alone, token for token."""
+
+import pytest
+import torch
+
+from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from specdec_core.engine import SpeculativeGenerator
+
+PROMPTS = ["The quick brown", "def add(a, b):\n    return", "Summarize: the committee met on Tuesday", "Hi"]
+KINDS = ["llama", "gpt2", "t5", "bart"]
+
+
+def reference(target, ids, max_new_tokens):
+    out = target.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens)[0].tolist()
+    return out[1:] if target.config.is_encoder_decoder else out[len(ids):]
+
+
+def drafters(target, draft):
+    return {"model": ModelDrafter(draft), "self": ModelDrafter(target), "ngram": NgramDrafter(), "none": NoDrafter()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_equals_target_generate(kind, models, tokenizer):
+    target, draft = models[kind]
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt).input_ids
+        ref = reference(target, ids, 24)
+        for name, drafter in drafters(target, draft).items():
+            for gamma in (1, 3, 5):
+                gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=gamma, max_new_tokens=24)
+                assert gen.generate(ids).tokens == ref, (kind, name, gamma, prompt)
+
+
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+@pytest.mark.parametrize("max_new", [1, 2, 3, 4, 5, 6, 7, 13])
+def test_exact_lengths_at_every_budget(kind, max_new, models, tokenizer):
+    target, draft = models[kind]
+    ids = tokenizer(PROMPTS[0]).input_ids
+    ref = reference(target, ids, max_new)
+    for drafter in (ModelDrafter(target), ModelDrafter(draft), NgramDrafter()):
+        out = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=max_new).generate(ids)
+        assert out.tokens == ref
+        assert out.stats.new_tokens == len(ref) <= max_new
+
+
+def test_self_draft_accepts_everything_in_ceil_n_over_gamma_plus_one_steps(models, tokenizer):
+    target, _ = models["llama"]
+    ids = tokenizer(PROMPTS[1]).input_ids
+    out = SpeculativeGenerator(target, ModelDrafter(target), num_speculative_tokens=4, max_new_tokens=23).generate(ids)
+    s = out.stats
+    assert s.new_tokens == 23 and s.verify_steps == 5  # ceil(23 / 5)
+    assert s.accepted_tokens == s.draft_tokens == 18 and s.acceptance_rate == 1.0
+    assert s.finish_reason == "length"
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "bart"])
+def test_eos_inside_an_accepted_block_stops_there(kind, models, tokenizer):
+    """Make a token that greedy emits mid-way the EOS: output must stop exactly there."""
+    target, draft = models[kind]
+    found = [(ids, ref, i) for ids, ref in ((tokenizer(p).input_ids, None) for p in PROMPTS)
+             for ref in [reference(target, ids, 20)] for i in range(2, 12) if ref[i] not in ref[:i]]
+    assert found, "no prompt emits a fresh token mid-way"
+    ids, ref, stop_at = found[0]
+    eos = ref[stop_at]
+    old = target.generation_config.eos_token_id
+    target.generation_config.eos_token_id = eos
+    try:
+        expected = reference(target, ids, 20)
+        assert expected == ref[: stop_at + 1]
+        for drafter in (ModelDrafter(target), ModelDrafter(draft), NgramDrafter(), NoDrafter()):
+            out = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=20).generate(ids)
+            assert out.tokens == expected and out.stats.finish_reason == "eos"
+    finally:
+        target.generation_config.eos_token_id = old
+
+
+def test_caches_hold_all_committed_tokens_but_the_last(models, tokenizer, monkeypatch):
+    """After every round both caches are rolled back to exactly the committed length - 1."""
+    from specdec_core import decoder as decoder_mod
+
+    target, draft = models["llama"]
+    lengths = []
+    original = decoder_mod.CachedDecoder.rollback
+
+    def spy(self, length):
+        original(self, length)
+        lengths.append((self.length, self.cache.get_seq_length()))
+
+    monkeypatch.setattr(decoder_mod.CachedDecoder, "rollback", spy)
+    ids = tokenizer(PROMPTS[0]).input_ids
+    SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=4, max_new_tokens=30).generate(ids)
+    assert lengths and all(ours == real for ours, real in lengths)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_block_logits_match_single_steps(kind, models, tokenizer):
+    """One forward over k tokens on a cache gives the logits of k single steps (fp32)."""
+    from specdec_core.decoder import CachedDecoder, initial_decoder_ids
+
+    target, _ = models[kind]
+    ids = tokenizer(PROMPTS[0]).input_ids
+    seq = initial_decoder_ids(target, ids) + [5, 17, 42, 8]
+    block = CachedDecoder(target, ids)
+    block.forward(seq[:-4], 0) if len(seq) > 5 else None
+    many = block.forward(seq, 4)
+    steps = CachedDecoder(target, ids)
+    singles = [steps.forward(seq[: len(seq) - 4 + j + 1], 1)[0] for j in range(4)]
+    assert torch.allclose(many, torch.stack(singles), atol=1e-4)
+    # Rolling back and recomputing gives the same logits as before.
+    block.rollback(len(seq) - 2)
+    assert torch.allclose(block.forward(seq, 2), many[-2:], atol=1e-4)

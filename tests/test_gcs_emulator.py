@@ -1,0 +1,116 @@
+"""The whole job with every location on gs://, against a local GCS emulator: no network, no credentials.
+
+Input prompts, output prefix, target and draft are all gs:// paths; the models reach the workers
+through transforms.model_cache.localize. The outputs must equal a run on local paths.
+
+Runs in one process (in_memory FnApiRunner): the emulator settings and the credential short-circuit
+in tests/gcs_emulator.py (without it Beam spends ~25 s looking for Application Default Credentials
+before it connects anonymously) only reach this process.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.run import main
+from tests import gcs_emulator
+
+pytestmark = pytest.mark.slow
+
+BUCKET = "specdec-e2e"
+PROMPTS = ["The quick brown fox", "def add(a, b):", "Hello world! How are", "Speculative decoding drafts",
+           "for i in range(10):", "Summarize: the committee"]
+# columns that must be identical between two runs (timings differ)
+SAME = ["id", "generation", "new_tokens", "draft_tokens", "accepted_tokens", "verify_steps", "finish_reason",
+        "seed", "source"]
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    with gcs_emulator.running() as emu:
+        emu.bucket(BUCKET)
+        yield emu
+
+
+def _prompts(path: Path) -> Path:
+    table = pa.table({
+        "id": [f"p{i}" for i in range(len(PROMPTS))] + ["empty"],
+        "prompt": PROMPTS + [""],
+        "source": ["test"] * (len(PROMPTS) + 1),
+    })
+    pq.write_table(table, path, row_group_size=3)
+    return path
+
+
+def _read_local(prefix: Path, failed: bool = False) -> pa.Table:
+    pattern = f"{prefix.name}-failed-*-of-*.parquet" if failed else f"{prefix.name}-[0-9]*-of-*.parquet"
+    files = sorted(prefix.parent.glob(pattern))
+    assert files, pattern
+    return pa.concat_tables(pq.read_table(f) for f in files)
+
+
+def _read_gcs(gcs, prefix: str, failed: bool = False) -> pa.Table:
+    names = [n for n in gcs.list(prefix) if n.endswith(".parquet") and ("-failed-" in n) == failed]
+    assert names, prefix
+    return pa.concat_tables(pq.read_table(io.BytesIO(gcs.download(n))) for n in names)
+
+
+def _rows(table: pa.Table) -> list[dict]:
+    rows = table.select([c for c in SAME if c in table.column_names]).to_pylist()
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def test_job_on_gcs_equals_local_run(gcs, saved_pairs, tmp_path, monkeypatch):
+    target, draft = saved_pairs["llama"]
+    prompts = _prompts(tmp_path / "prompts.parquet")
+    gcs.upload_file(prompts, f"gs://{BUCKET}/in/prompts-00000.parquet")
+    gcs.upload_dir(target, f"gs://{BUCKET}/models/target")
+    gcs.upload_dir(draft, f"gs://{BUCKET}/models/draft")
+    cache = tmp_path / "model-cache"
+    monkeypatch.setenv("SPECDEC_MODEL_CACHE", str(cache))
+
+    common = ["--max_new_tokens=8", "--num_speculative_tokens=3", "--passthrough_columns=source"]
+    assert main([
+        f"--input=gs://{BUCKET}/in/prompts-*.parquet",
+        f"--output=gs://{BUCKET}/out/gens",
+        f"--target_model=gs://{BUCKET}/models/target",
+        f"--draft_model=gs://{BUCKET}/models/draft",
+        *common,
+    ]) == 0
+    local_prefix = tmp_path / "local" / "gens"
+    local_prefix.parent.mkdir()
+    assert main([f"--input={prompts}", f"--output={local_prefix}", f"--target_model={target}",
+                 f"--draft_model={draft}", *common]) == 0
+
+    remote, local = _read_gcs(gcs, f"gs://{BUCKET}/out/gens"), _read_local(local_prefix)
+    assert remote.num_rows == len(PROMPTS)
+    assert _rows(remote) == _rows(local)
+    assert sum(remote.column("accepted_tokens").to_pylist()) > 0  # the draft really drafted
+    assert remote.schema.field("new_tokens").type == pa.int32()
+    failed = _read_gcs(gcs, f"gs://{BUCKET}/out/gens", failed=True)
+    assert failed.column("id").to_pylist() == ["empty"]
+    assert failed.to_pylist() == _read_local(local_prefix, failed=True).to_pylist()
+    # only the committed outputs are left: no beam-temp-* leftovers
+    assert all("beam-temp" not in n for n in gcs.list(f"gs://{BUCKET}/out/"))
+    # both models came through the per-machine cache, complete
+    cached = sorted(p.name.rsplit("-", 1)[0] for p in cache.iterdir() if p.is_dir())
+    assert cached == ["draft", "target"]
+    for d in (p for p in cache.iterdir() if p.is_dir()):
+        assert (d / "config.json").exists() and (d / ".specdec-cache-complete.json").exists()
+
+
+def test_bad_gcs_locations_fail_fast_with_one_line(gcs, capsys):
+    code = main([
+        f"--input=gs://{BUCKET}/nothing-here/*.parquet",
+        f"--output=gs://{BUCKET}/out2/gens",
+        f"--target_model=gs://{BUCKET}/models/target",
+        "--drafter=none",
+    ])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert err.startswith("error: --input") and "matches no files" in err and "\n" not in err

@@ -1,0 +1,143 @@
+"""End-to-end DirectRunner jobs from Parquet to Parquet."""
+
+import glob
+import logging
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from pipeline.run import main
+from tests.tiny_models import build_tokenizer, make_model
+
+GOOD = ["The quick brown fox", "def add(a, b):\n", "Summarize: the committee met", "Hello world!", "for i in",
+        "Translate English to German: the house"]
+BAD = {"null": None, "empty": "", "blank": "   \n", "control": "abc\x00def", "long": "word " * 400}
+
+
+def write_prompts(path, rows):
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return str(path)
+
+
+def read(pattern):
+    files = sorted(glob.glob(pattern))
+    assert files, pattern
+    return pa.concat_tables([pq.read_table(f) for f in files])
+
+
+def run_job(tmp_path, target, draft, *extra, prompts=None, name="run"):
+    src = prompts or write_prompts(tmp_path / "prompts.parquet",
+                                   [{"id": f"g{i}", "prompt": p, "topic": "x"} for i, p in enumerate(GOOD)])
+    out = tmp_path / name / "gens"
+    args = ["--input", src, "--output", str(out), "--target_model", str(target), "--max_new_tokens", "12"]
+    args += ["--draft_model", str(draft)] if draft else []
+    assert main(args + list(extra)) == 0
+    return read(f"{out}-0*.parquet"), read(f"{out}-failed-*.parquet")
+
+
+def greedy_reference(target_dir, prompt, n):
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    from specdec_core.loading import load_model, resolve_device
+
+    model = load_model(str(target_dir), resolve_device("cpu"), torch.float32)
+    ids = tok(prompt).input_ids
+    out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n)[0].tolist()
+    new = out[1:] if model.config.is_encoder_decoder else out[len(ids):]
+    return tok.decode(new, skip_special_tokens=True)
+
+
+def test_every_row_ends_as_one_result_or_one_failed_row(tmp_path, saved_pairs):
+    target, draft = saved_pairs["llama"]
+    rows = [{"id": f"g{i}", "prompt": p, "topic": "t"} for i, p in enumerate(GOOD)]
+    rows += [{"id": name, "prompt": value, "topic": "t"} for name, value in BAD.items()]
+    src = write_prompts(tmp_path / "a.parquet", rows)
+    # A second shard whose prompt column has the wrong type.
+    write_prompts(tmp_path / "b.parquet", [{"id": "int", "prompt": 42, "topic": "t"}])
+    results, failed = run_job(tmp_path, target, draft, "--passthrough_columns", "topic",
+                              prompts=str(tmp_path / "*.parquet"))
+    assert src
+    assert results.num_rows + failed.num_rows == len(rows) + 1
+    assert sorted(results["id"].to_pylist()) == sorted(f"g{i}" for i in range(len(GOOD)))
+    errors = dict(zip(failed["id"].to_pylist(), failed["error_type"].to_pylist(), strict=True))
+    assert errors == {"null": "NullPrompt", "empty": "EmptyPrompt", "blank": "EmptyPrompt",
+                      "control": "InvalidCharacters", "long": "PromptTooLong", "int": "InvalidPromptType"}
+    assert all(failed["error_message"].to_pylist())
+    assert failed.schema.names == ["id", "prompt", "error_type", "error_message"]
+    expected = ["id", "generation", "new_tokens", "draft_tokens", "accepted_tokens", "acceptance_rate",
+                "verify_steps", "latency_s", "ttft_s", "tokens_per_s", "finish_reason", "seed", "prompt_tokens",
+                "draft_steps", "prefill_s", "draft_s", "verify_s", "topic"]
+    assert results.schema.names == expected
+    assert results.schema.field("new_tokens").type == pa.int32()
+    assert results["topic"].to_pylist() == ["t"] * len(GOOD)
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "bart"])
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_greedy_job_output_equals_target_generate(tmp_path, saved_pairs, kind, drafter):
+    target, draft = saved_pairs[kind]
+    results, failed = run_job(tmp_path, target, draft if drafter == "model" else None, "--drafter", drafter)
+    assert failed.num_rows == 0
+    by_id = dict(zip(results["id"].to_pylist(), results.to_pylist(), strict=True))
+    for i, prompt in enumerate(GOOD):
+        row = by_id[f"g{i}"]
+        assert row["generation"] == greedy_reference(target, prompt, 12)
+        assert 1 <= row["new_tokens"] <= 12 and row["accepted_tokens"] <= row["draft_tokens"]
+        assert row["verify_steps"] <= row["new_tokens"]
+        assert row["tokens_per_s"] == pytest.approx(row["new_tokens"] / row["latency_s"])
+
+
+def test_baseline_runs_target_alone_with_no_drafts(tmp_path, saved_pairs):
+    target, _ = saved_pairs["llama"]
+    results, _ = run_job(tmp_path, target, None, "--drafter", "none")
+    assert set(results["draft_tokens"].to_pylist()) == {0}
+    assert results["acceptance_rate"].null_count == results.num_rows
+    assert results["verify_steps"].to_pylist() == results["new_tokens"].to_pylist()
+
+
+def test_sampling_is_reproducible_from_seed_and_id(tmp_path, saved_pairs):
+    target, draft = saved_pairs["llama"]
+    sample = ["--temperature", "1.0", "--top_k", "50"]
+    a, _ = run_job(tmp_path, target, draft, *sample, name="a")
+    b, _ = run_job(tmp_path, target, draft, *sample, name="b")
+    c, _ = run_job(tmp_path, target, draft, *sample, "--seed", "1", name="c")
+
+    def gens(t):
+        return dict(zip(t["id"].to_pylist(), t["generation"].to_pylist(), strict=True))
+
+    assert gens(a) == gens(b)
+    assert gens(a) != gens(c)
+
+
+def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, capsys):
+    target, draft = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": "hi"}])
+    other_tok = build_tokenizer(vocab_size=300)
+    make_model("llama", other_tok, seed=3).save_pretrained(tmp_path / "other")
+    other_tok.save_pretrained(tmp_path / "other")
+    base = ["--input", src, "--output", str(tmp_path / "out/gens"), "--target_model", str(target)]
+    cases = {
+        "--prompt_column 'text'": base + ["--draft_model", str(draft), "--prompt_column", "text"],
+        "--id_column 'key'": base + ["--draft_model", str(draft), "--id_column", "key"],
+        "matches no files": ["--input", str(tmp_path / "nope-*.parquet")] + base[2:] + ["--draft_model", str(draft)],
+        "--draft_model '/does/not/exist'": base + ["--draft_model", "/does/not/exist"],
+        "needs --draft_model": base,
+        "vocabulary": base + ["--draft_model", str(tmp_path / "other")],
+        "--max_new_tokens must be >= 1": base + ["--draft_model", str(draft), "--max_new_tokens", "0"],
+    }
+    capsys.readouterr()
+    for needle, args in cases.items():
+        assert main(args) == 2, needle
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and needle in err and "\n" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_plain_direct_runner_does_not_try_to_download_prism(tmp_path, saved_pairs, caplog):
+    target, draft = saved_pairs["llama"]
+    with caplog.at_level(logging.INFO):
+        results, _ = run_job(tmp_path, target, draft, "--runner", "DirectRunner")
+    assert results.num_rows == len(GOOD)
+    assert "prism" not in caplog.text.lower()

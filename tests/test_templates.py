@@ -1,0 +1,289 @@
+"""templates/: Flex Template metadata against the pipeline's real flags, Dockerfile, Makefile, main.py.
+
+All offline: metadata.json is parsed with the Dataflow API's own proto (google-cloud-dataflow-client,
+installed by apache-beam[gcp]), which rejects unknown fields and unknown paramType values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import apache_beam
+import pytest
+from google.cloud import dataflow_v1beta3
+from google.protobuf import json_format
+
+from pipeline.options import SpecDecOptions
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = ROOT / "templates"
+METADATA = json.loads((TEMPLATES / "metadata.json").read_text())
+PARAMS = {p["name"]: p for p in METADATA["parameters"]}
+DOCKERFILE = (TEMPLATES / "Dockerfile").read_text()
+
+
+
+def load_template_main():
+    """templates/main.py (the Flex Template entry point; not a package module) as a module."""
+    import importlib.util
+
+    if "specdec_template_main" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("specdec_template_main", TEMPLATES / "main.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules["specdec_template_main"] = module
+    return sys.modules["specdec_template_main"]
+
+
+template_main = load_template_main()
+
+
+def _actions() -> dict[str, argparse.Action]:
+    parser = argparse.ArgumentParser()
+    SpecDecOptions._add_argparse_args(parser)
+    return {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
+
+
+ACTIONS = _actions()
+
+
+def _accepts(param: dict, value: str) -> bool:
+    return all(re.fullmatch(rx, value) for rx in param.get("regexes", []))
+
+
+def test_metadata_parses_as_dataflow_template_metadata():
+    msg = dataflow_v1beta3.TemplateMetadata.pb()()
+    json_format.ParseDict(METADATA, msg)  # raises on unknown fields / enum values
+    assert msg.name and msg.description
+    assert len(msg.parameters) == len(METADATA["parameters"])
+    # and as the spec `gcloud dataflow flex-template build` writes
+    spec = dataflow_v1beta3.ContainerSpec.pb()()
+    json_format.ParseDict({"image": "us-central1-docker.pkg.dev/p/r/specdec-beam:1",
+                           "sdkInfo": {"language": "PYTHON"}, "metadata": METADATA}, spec)
+    assert spec.metadata.parameters[0].name == "input"
+
+
+def test_metadata_rejects_what_the_service_would():
+    bad = json.loads(json.dumps(METADATA))
+    bad["parameters"][0]["paramType"] = "INTEGER"
+    with pytest.raises(json_format.ParseError, match="INTEGER"):
+        json_format.ParseDict(bad, dataflow_v1beta3.TemplateMetadata.pb()())
+
+
+def test_one_parameter_per_pipeline_flag():
+    names = [p["name"] for p in METADATA["parameters"]]
+    assert len(names) == len(set(names)), "duplicate parameter names"
+    assert set(names) == set(ACTIONS), {
+        "in metadata only": sorted(set(names) - set(ACTIONS)),
+        "flags missing from metadata": sorted(set(ACTIONS) - set(names)),
+    }
+    for p in METADATA["parameters"]:
+        assert p["label"] and p["helpText"], p["name"]
+
+
+@pytest.mark.parametrize("name", sorted(ACTIONS))
+def test_parameter_matches_flag(name):
+    param, action = PARAMS[name], ACTIONS[name]
+    assert param["isOptional"] == (not action.required), name
+    for rx in param.get("regexes", []):
+        re.compile(rx)
+    if action.choices:
+        assert param["paramType"] == "ENUM"
+        assert [o["value"] for o in param["enumOptions"]] == list(action.choices)
+        assert all(_accepts(param, c) for c in action.choices)
+        assert not _accepts(param, "not-a-choice")
+    if isinstance(action, argparse._StoreTrueAction):
+        assert param["paramType"] == "BOOLEAN"
+        assert _accepts(param, "true") and _accepts(param, "false")
+    if action.type in (int, float):
+        assert param["paramType"] == "NUMBER"
+    if "defaultValue" in param:
+        default = param["defaultValue"]
+        assert _accepts(param, default), (name, default)
+        if isinstance(action, argparse._StoreTrueAction):
+            assert default == str(action.default).lower()
+        else:
+            parsed = action.type(default) if callable(action.type) else default
+            assert parsed == action.default, (name, default, action.default)
+    # every value the help text gives as an example ("e.g. X") is accepted, and parses as the flag does
+    for example in re.findall(r"e\.g\. ([^\s,]+[^\s.,])", param["helpText"]):
+        assert _accepts(param, example), (name, example)
+        if callable(action.type):
+            action.type(example)
+
+
+@pytest.mark.parametrize("name,value", [
+    ("input", "/local/prompts.parquet"),
+    ("input", "gs://Bad_Bucket/x.parquet"),
+    ("output", "gs://bucket"),
+    ("target_model", "gs://b/m\nx"),
+    ("num_speculative_tokens", "0"),
+    ("max_new_tokens", "-1"),
+    ("temperature", "hot"),
+    ("top_p", "1.5"),
+    ("top_p", "0"),
+    ("top_k", "0"),
+    ("device", "tpu"),
+    ("large_model", "yes"),
+    ("accelerator", "nvidia-l4"),
+])
+def test_regexes_reject_bad_values(name, value):
+    assert not _accepts(PARAMS[name], value)
+
+
+@pytest.mark.parametrize("name,value", [
+    ("input", "gs://acme-data/prompts/part-*.parquet"),
+    ("output", "gs://acme-data/runs/2025-01-01/gens"),
+    ("target_model", "gs://acme-models/llama/8b"),
+    ("target_model", "meta-llama/Llama-3.1-8B-Instruct"),
+    ("draft_model", "gpt2"),
+    ("temperature", "0.7"),
+    ("top_p", "0.95"),
+    ("top_p", "1"),
+    ("device", "cuda:1"),
+    ("passthrough_columns", "source,category"),
+    ("accelerator", "type:nvidia-l4;count:1;install-nvidia-driver"),
+])
+def test_regexes_accept_good_values(name, value):
+    assert _accepts(PARAMS[name], value)
+
+
+# --- templates/main.py ---------------------------------------------------------------------------
+
+def test_main_rewrites_boolean_parameters_for_argparse():
+    flags = template_main.boolean_flags()
+    assert "--large_model" in flags
+    assert "--dry_run" in flags or "--save_main_session" in flags  # Beam's own store_true flags too
+    argv = ["--input=gs://b/in/*.parquet", "--large_model=true", "--prompt_column=true"]
+    assert template_main.normalize_boolean_flags(argv, flags) == [
+        "--input=gs://b/in/*.parquet", "--large_model", "--prompt_column=true"]
+    assert template_main.normalize_boolean_flags(["--large_model=False"], flags) == []
+    base = ["--input=x", "--output=y", "--target_model=z"]
+    for value, expected in [("true", True), ("false", False)]:
+        normalized = template_main.normalize_boolean_flags([*base, f"--large_model={value}"], flags)
+        assert SpecDecOptions(normalized).large_model is expected
+    with pytest.raises(SystemExit):  # what the launcher's argv would do without the rewrite
+        SpecDecOptions([*base, "--large_model=true"]).large_model  # noqa: B018
+
+
+def test_main_runs_the_pipeline_without_waiting(monkeypatch):
+    import pipeline.run
+
+    calls = []
+    monkeypatch.setattr(pipeline.run, "main", lambda argv, wait=True: calls.append((argv, wait)) or 0)
+    image = "--sdk_container_image=us-docker.pkg.dev/p/r/specdec-beam:1"
+    assert template_main.run(["--input=a", "--large_model=true", image]) == 0
+    assert calls == [(["--runner=DataflowRunner", "--input=a", "--large_model", image], False)]
+    # without the worker image a Dataflow launch stops at once, with one line
+    with pytest.raises(SystemExit, match="sdk_container_image is not set"):
+        template_main.run(["--input=a"])
+    # a runner given explicitly is kept; local runners need no image
+    template_main.run(["--runner", "FnApiRunner", "--input=a"])
+    assert calls[-1] == (["--runner", "FnApiRunner", "--input=a"], False)
+
+
+# --- Dockerfile ----------------------------------------------------------------------------------
+
+def _instructions() -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n", " ", DOCKERFILE)
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_one_image_for_launcher_and_worker():
+    ins = _instructions()
+    args = {}  # ARG defaults (a bare `ARG X` after FROM re-declares X without changing its value)
+    for word, rest in ins:
+        if word == "ARG" and "=" in rest:
+            args.setdefault(*rest.split("=", 1))
+    froms = [rest for word, rest in ins if word == "FROM"]
+    # the worker base is Beam's SDK image of exactly the installed Beam and Python versions
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert froms[-1] == f"apache/beam_python{py}_sdk:${{BEAM_VERSION}}"
+    assert args["BEAM_VERSION"] == apache_beam.__version__
+    assert f"python{py.replace('.', '')}-template-launcher-base" in args["LAUNCHER_IMAGE"]
+    copies = [rest for word, rest in ins if word == "COPY"]
+    assert any("/opt/google/dataflow/python_template_launcher" in rest for rest in copies)
+    # torch: the version the tests run with (without the local +cpu label)
+    assert args["TORCH_VERSION"] == importlib.metadata.version("torch").split("+")[0]
+    # the entry point file exists in the image at the path the launcher is told
+    env = " ".join(rest for word, rest in ins if word == "ENV")
+    py_file = re.search(r"FLEX_TEMPLATE_PYTHON_PY_FILE=(\S+)", env).group(1)
+    assert f"templates/main.py {py_file}" in copies
+    # dependencies are baked in: nothing is pip-installed when the launcher starts
+    assert "FLEX_TEMPLATE_PYTHON_REQUIREMENTS_FILE" not in env
+    assert "FLEX_TEMPLATE_PYTHON_SETUP_FILE" not in env
+    # the final instruction keeps Beam's boot as the entry point (required for SDK containers)
+    assert ins[-1] == ("ENTRYPOINT", '["/opt/apache/beam/boot"]')
+
+
+def test_dockerfile_copies_the_whole_package():
+    copied = set()
+    for word, rest in _instructions():
+        if word == "COPY" and not rest.startswith("--from"):
+            *sources, _ = rest.split()
+            for src in sources:
+                assert (ROOT / src).exists() or src == "README.md", f"COPY source {src} is not in the repo"
+                copied.add(src)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    packages = re.search(r"include\s*=\s*\[([^\]]*)\]", pyproject).group(1)
+    for pkg in re.findall(r'"(\w+)\*?"', packages):
+        assert pkg in copied, f"package {pkg} is not copied into the image"
+    assert {"pyproject.toml", "README.md", "templates/requirements.txt", "templates/main.py"} <= copied
+
+
+def test_requirements_pin_the_tested_versions():
+    for line in (TEMPLATES / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        name, _, version = line.partition("==")
+        assert version, f"{line}: pin an exact version"
+        assert importlib.metadata.version(name) == version, f"{name}: image {version}, tests run with " \
+            f"{importlib.metadata.version(name)}"
+
+
+@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint not installed")
+def test_hadolint():
+    subprocess.run(["hadolint", str(TEMPLATES / "Dockerfile")], check=True)
+
+
+# --- Makefile ------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+def test_makefile_run_passes_known_parameters():
+    out = subprocess.run(
+        ["make", "-s", "-n", "-f", "templates/Makefile", "run", "template", "PROJECT=acme-ml", "RUN_ID=r1"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout
+    assert "gcloud dataflow flex-template run specdec-r1" in out.replace('"', "")
+    assert "--metadata-file templates/metadata.json" in out
+    params = re.search(r"--parameters '\^~\^([^']*)'", out).group(1)
+    pairs = dict(kv.split("=", 1) for kv in params.split("~"))
+    gpu = "type:nvidia-l4;count:1;install-nvidia-driver"
+    assert pairs["dataflow_service_options"] == f"worker_accelerator={gpu}"
+    assert pairs["output"] == "gs://acme-ml-specdec/runs/r1/gens"
+    # every parameter is a template parameter or a Beam pipeline option, with a value its flag accepts
+    argv = template_main.normalize_boolean_flags([f"--{k}={v}" for k, v in pairs.items()],
+                                                template_main.boolean_flags())
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    known = PipelineOptions(argv).get_all_options(retain_unknown_options=False)
+    for key, value in pairs.items():
+        assert key in known, f"{key} is neither a template parameter nor a Beam option"
+        if key in PARAMS:
+            assert _accepts(PARAMS[key], value), (key, value)
+    opts = SpecDecOptions(argv)
+    assert opts.large_model is True and opts.device == "cuda"

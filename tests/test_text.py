@@ -1,0 +1,94 @@
+"""Prompt checks, pair checks and loading from saved directories."""
+
+import shutil
+
+import pytest
+import torch
+
+from specdec_core.loading import IncompatiblePairError, item_seed
+from specdec_core.text import (
+    EmptyPrompt,
+    GeneratorSpec,
+    InvalidCharacters,
+    InvalidPromptType,
+    NullPrompt,
+    PromptTooLong,
+    TextGenerator,
+    check_prompt,
+)
+from tests.tiny_models import build_tokenizer, make_model
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [(None, NullPrompt), (3, InvalidPromptType), (b"bytes", InvalidPromptType), ("", EmptyPrompt),
+     ("  \n\t", EmptyPrompt), ("a\x00b", InvalidCharacters), ("bell\x07", InvalidCharacters)],
+)
+def test_bad_prompts_raise_a_named_error(value, error):
+    with pytest.raises(error):
+        check_prompt(value)
+
+
+def test_ordinary_text_passes():
+    assert check_prompt("tabs\tand\nnewlines ok, ünïcødé too") == "tabs\tand\nnewlines ok, ünïcødé too"
+
+
+def test_item_seed_depends_on_seed_and_id_only():
+    assert item_seed(0, "a") == item_seed(0, "a")
+    assert len({item_seed(0, "a"), item_seed(1, "a"), item_seed(0, "b"), item_seed(0, 1)}) == 4
+    assert 0 <= item_seed(123, "x") < 2**63
+
+
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_text_generator_from_saved_dirs_equals_generate(kind, saved_pairs):
+    target_dir, draft_dir = saved_pairs[kind]
+    gen = TextGenerator.load(GeneratorSpec(str(target_dir), str(draft_dir), max_new_tokens=12))
+    out = gen.generate("The quick brown", seed=5)
+    ids = gen.tokenizer("The quick brown").input_ids
+    ref = gen.engine.target.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12)[0].tolist()
+    ref = ref[1:] if kind == "t5" else ref[len(ids):]
+    assert out["token_ids"] == ref
+    assert out["generation"] == gen.tokenizer.decode(ref, skip_special_tokens=True)
+    assert out["new_tokens"] == 12 and out["seed"] == 5 and out["finish_reason"] == "length"
+    assert out["verify_steps"] <= 12 and out["draft_tokens"] >= out["accepted_tokens"]
+
+
+def test_prompt_longer_than_context_fails_the_row(saved_pairs):
+    target_dir, draft_dir = saved_pairs["llama"]  # 256 positions
+    gen = TextGenerator.load(GeneratorSpec(str(target_dir), str(draft_dir), max_new_tokens=16))
+    with pytest.raises(PromptTooLong, match="256-position context"):
+        gen.generate("word " * 300)
+
+
+def test_draft_with_another_vocabulary_is_refused(saved_pairs, tmp_path):
+    target_dir, _ = saved_pairs["llama"]
+    other_tok = build_tokenizer(vocab_size=300)
+    other = make_model("llama", other_tok, seed=3)
+    other.save_pretrained(tmp_path / "other")
+    other_tok.save_pretrained(tmp_path / "other")
+    with pytest.raises(IncompatiblePairError, match="vocabulary"):
+        TextGenerator.load(GeneratorSpec(str(target_dir), str(tmp_path / "other")))
+
+
+def test_causal_draft_for_seq2seq_target_is_refused(saved_pairs):
+    with pytest.raises(IncompatiblePairError, match="encoder-decoder"):
+        TextGenerator.load(GeneratorSpec(str(saved_pairs["t5"][0]), str(saved_pairs["llama"][1])))
+
+
+def test_draft_dir_without_tokenizer_uses_the_targets(saved_pairs, tmp_path):
+    target_dir, draft_dir = saved_pairs["gpt2"]
+    bare = tmp_path / "bare-draft"
+    shutil.copytree(draft_dir, bare)
+    for f in bare.glob("tokenizer*"):
+        f.unlink()
+    gen = TextGenerator.load(GeneratorSpec(str(target_dir), str(bare), max_new_tokens=4))
+    assert gen.generate("Hello")["new_tokens"] == 4
+
+
+def test_spec_validation():
+    with pytest.raises(ValueError, match="needs --draft_model"):
+        GeneratorSpec("t", drafter="model")
+    with pytest.raises(ValueError, match="--drafter"):
+        GeneratorSpec("t", drafter="beam")
+    with pytest.raises(ValueError, match="top_p"):
+        GeneratorSpec("t", drafter="none", temperature=1.0, top_p=1.5)
