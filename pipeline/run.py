@@ -9,6 +9,7 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.options.pipeline_options import StandardOptions
 
+from pipeline.logs import setup_logging
 from pipeline.options import SpecDecOptions
 from pipeline.preflight import JobConfigError, preflight
 from transforms.generate import GenerateRows
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
 
     wait=False returns as soon as the job is submitted (Flex Template launchers must).
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     argv = sys.argv[1:] if argv is None else argv
     try:
         opts = parse_options(argv)

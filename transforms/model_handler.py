@@ -26,7 +26,7 @@ _LOG = logging.getLogger(__name__)
 class _Progress:
     """Beam metrics per item, plus a log line at most every `every_s` seconds."""
 
-    def __init__(self, every_s: float = 30.0):
+    def __init__(self, every_s: float = 15.0):
         self.prompts = Metrics.counter(NAMESPACE, "prompts_generated")
         self.new_tokens = Metrics.counter(NAMESPACE, "new_tokens")
         self.draft_tokens = Metrics.counter(NAMESPACE, "draft_tokens")
