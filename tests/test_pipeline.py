@@ -141,3 +141,48 @@ def test_plain_direct_runner_does_not_try_to_download_prism(tmp_path, saved_pair
         results, _ = run_job(tmp_path, target, draft, "--runner", "DirectRunner")
     assert results.num_rows == len(GOOD)
     assert "prism" not in caplog.text.lower()
+
+
+def test_progress_is_reported_as_beam_metrics(tmp_path, saved_pairs):
+    import apache_beam as beam
+    from apache_beam.metrics import MetricsFilter
+
+    from pipeline.preflight import preflight
+    from pipeline.run import build_pipeline, parse_options
+
+    target, draft = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": str(i), "prompt": p} for i, p in enumerate(GOOD)])
+    opts = parse_options(["--input", src, "--output", str(tmp_path / "o/gens"), "--target_model", str(target),
+                          "--draft_model", str(draft), "--max_new_tokens", "8"])
+    p = beam.Pipeline(options=opts)
+    build_pipeline(p, opts, preflight(opts))
+    result = p.run()
+    result.wait_until_finish()
+    counters = {c.key.metric.name: c.committed
+                for c in result.metrics().query(MetricsFilter().with_namespace("specdec"))["counters"]}
+    assert counters["prompts_generated"] == len(GOOD)
+    assert counters["new_tokens"] == 8 * len(GOOD)
+    assert 0 <= counters["accepted_tokens"] <= counters["draft_tokens"]
+
+
+def test_hub_ids_resolve_from_the_local_hugging_face_cache(tmp_path, saved_pairs, monkeypatch):
+    """Hub ids go through transformers' own resolution; offline, from a populated HF cache."""
+    import shutil
+
+    target, draft = saved_pairs["gpt2"]
+    cache = tmp_path / "hub"
+    for repo, src in (("acme/tiny-target", target), ("acme/tiny-draft", draft)):
+        snap = cache / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
+        shutil.copytree(src, snap)
+        (snap.parent.parent / "refs").mkdir()
+        (snap.parent.parent / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    results, failed = run_job(tmp_path, "acme/tiny-target", "acme/tiny-draft")
+    assert results.num_rows == len(GOOD) and failed.num_rows == 0
+    local, _ = run_job(tmp_path, target, draft, name="local")
+    assert sorted(results["generation"].to_pylist()) == sorted(local["generation"].to_pylist())
