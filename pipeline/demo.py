@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table({"speculative": s, "target alone": b}))
     print(f"{'speed-up (target-alone / speculative latency)':<46} {b.total_latency_s / s.total_latency_s:.2f}x"
-          f"   (job wall time {base_wall:.1f} s vs {spec_wall:.1f} s, model loading included)")
+          f"   (whole jobs, loading included: target alone {base_wall:.1f} s, speculative {spec_wall:.1f} s)")
     print(f"{'greedy outputs identical':<46} {'yes' if identical else 'NO'}: {same}/{len(gens['base'])} rows")
     print(f"files: {prompts}\n       {spec_prefix}-*.parquet\n       {base_prefix}-*.parquet\n"
           f"       models in {target.parent}")
