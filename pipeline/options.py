@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from specdec_core.text import DRAFTERS, GeneratorSpec
+from specdec_core.text import CPU_KERNELS, DRAFTERS, GAMMA_POLICIES, GeneratorSpec
 
 
 def _none_or(kind):
@@ -24,7 +24,14 @@ class SpecDecOptions(PipelineOptions):
         a("--prompt_column", default="prompt", help="input column holding the prompt text")
         a("--id_column", default="id", help="input column holding each row's id")
         a("--passthrough_columns", default="", help="comma-separated input columns copied to the output")
-        a("--num_speculative_tokens", type=int, default=4, help="gamma: tokens drafted per step")
+        a("--num_speculative_tokens", type=int, default=4,
+          help="gamma: tokens drafted per step (with --gamma_policy adaptive: the most per step)")
+        a("--gamma_policy", default="auto", choices=GAMMA_POLICIES,
+          help="fixed: always num_speculative_tokens; adaptive: per item from measured acceptance and costs, "
+          "backing off when drafts do not pay; auto: adaptive when greedy, fixed when sampling")
+        a("--cpu_kernels", default="prepacked", choices=CPU_KERNELS,
+          help="CPU fp32 only: prepacked = oneDNN-prepacked linear weights (cheaper multi-token verify); "
+          "stock = PyTorch defaults")
         a("--max_new_tokens", type=int, default=128, help="generation length cap")
         a("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
         a("--top_k", type=_none_or(int), default=None, help="top-k sampling (sampling only)")
@@ -59,4 +66,6 @@ class SpecDecOptions(PipelineOptions):
             ngram_min_size=self.ngram_min_size,
             device=self.device,
             dtype=self.dtype,
+            gamma_policy=self.gamma_policy,
+            cpu_kernels=self.cpu_kernels,
         )

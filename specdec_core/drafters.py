@@ -22,17 +22,24 @@ from specdec_core.decoder import CachedDecoder
 Picker = Callable[[list[int], torch.Tensor], tuple[int, torch.Tensor | None]]
 
 
+# (index of the token about to be proposed, the draft's confidence in it) -> propose it?
+KeepDrafting = Callable[[int, float], bool]
+
+
 @dataclass
 class Draft:
     tokens: list[int]
     q: torch.Tensor | None  # (k, V) probabilities the tokens were sampled from; None = one-hot / greedy
+    confidences: list[float] | None = None  # draft's probability of each proposed token, when asked for
 
 
 class DraftSession(ABC):
     steps = 0  # draft model forward passes, for statistics
 
     @abstractmethod
-    def propose(self, seq: list[int], k: int) -> Draft: ...
+    def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
+        """Up to k tokens after `seq`; a model drafter asks `keep` before each one (and stops
+        at the first no), other drafters ignore it."""
 
     def rollback(self, valid_len: int) -> None:  # noqa: B027 (an optional hook: stateless drafters keep nothing)
         """The first `valid_len` tokens of the decoder sequence are now final."""
@@ -55,7 +62,7 @@ class NoDrafter(Drafter):
 
 
 class _EmptySession(DraftSession):
-    def propose(self, seq: list[int], k: int) -> Draft:
+    def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
         return Draft([], None)
 
 
@@ -72,22 +79,31 @@ class ModelDrafter(Drafter):
 
 
 class _ModelSession(DraftSession):
+    """The draft's cache is filled lazily: the first proposal feeds the whole prompt in one
+    pass, so an item whose gamma policy never drafts never pays the draft's prefill, and
+    rounds without drafts leave a gap that the next proposal feeds in one pass."""
+
     def __init__(self, decoder: CachedDecoder, decoder_ids: list[int], pick: Picker):
         self.decoder = decoder
         self.pick = pick
-        if len(decoder_ids) > 1:  # prefill all but the last token, as the target does
-            decoder.forward(decoder_ids[:-1], 0)
 
-    def propose(self, seq: list[int], k: int) -> Draft:
+    def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
         cur = list(seq)
         qs = []
-        for _ in range(k):
-            token, q = self.pick(cur, self.decoder.forward(cur, 1))
+        confs: list[float] | None = [] if keep is not None else None
+        for i in range(k):
+            logits = self.decoder.forward(cur, 1)
+            self.steps += 1
+            token, q = self.pick(cur, logits)
+            if confs is not None:
+                conf = float(q[0, token]) if q is not None else float(torch.softmax(logits[0], -1)[token])
+                if not keep(i, conf):
+                    break
+                confs.append(conf)
             cur.append(token)
             qs.append(q)
-        self.steps += k
         q = torch.cat(qs) if qs and qs[0] is not None else None
-        return Draft(cur[len(seq) :], q)
+        return Draft(cur[len(seq) :], q, confs)
 
     def rollback(self, valid_len: int) -> None:
         self.decoder.rollback(valid_len)
@@ -116,7 +132,7 @@ class _NgramSession(DraftSession):
         self.prefix = prefix
         self.sizes = range(max_ngram, min_ngram - 1, -1)
 
-    def propose(self, seq: list[int], k: int) -> Draft:
+    def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
         return Draft(lookup(np.asarray(self.prefix + seq), self.sizes, k) if k else [], None)
 
 

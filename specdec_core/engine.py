@@ -16,8 +16,8 @@ from transformers import PreTrainedModel
 
 from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.decoder import CachedDecoder, initial_decoder_ids
-from specdec_core.drafters import Drafter, NoDrafter
-from specdec_core.gamma import GammaPolicy, fixed_gamma
+from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
+from specdec_core.gamma import Costs, GammaPolicy, fixed_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
 
 
@@ -37,6 +37,9 @@ class ItemStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     finish_reason: str = ""
+    rejections: int = 0  # rounds that ended at a rejected draft (for the geometric estimate of a)
+    gammas: list[int] = field(default_factory=list)  # drafts asked for in each round
+    drafts: list[int] = field(default_factory=list)  # drafts proposed in each round
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -87,7 +90,45 @@ class SpeculativeGenerator:
         self.gamma_policy = gamma_policy or fixed_gamma
         self.eos = eos_ids(target)
 
+    def measure_costs(self, prompt_ids: list[int], ks: tuple[int, ...] | None = None, reps: int = 2) -> Costs:
+        """Time this pair on this machine: target passes over k tokens and one draft step, both
+        on the prompt's cache (c and v(k) of the paper's bound, in 1-token target passes)."""
+        ks = ks or tuple(range(2, self.gamma + 2))
+        seq = initial_decoder_ids(self.target, prompt_ids)
+        verifier = CachedDecoder(self.target, prompt_ids)
+        base = len(seq) - 1
+        if base > 0:
+            verifier.forward(seq[:-1], 0)
+        vocab = self.target.get_output_embeddings().weight.shape[0]
+        extra = [int(t) % vocab for t in (list(prompt_ids) * 4)[: max(ks) + 1]]
+
+        def target_step(k: int) -> float:
+            verifier.rollback(base)
+            t0 = time.perf_counter()
+            verifier.forward(seq[:base] + [seq[-1]] + extra[: k - 1], k)
+            return time.perf_counter() - t0
+
+        draft_step = None
+        if isinstance(self.drafter, ModelDrafter):
+            drafter = CachedDecoder(self.drafter.model, prompt_ids)
+            drafter.forward(seq, 1)
+
+            def draft_step() -> float:
+                drafter.rollback(len(seq))
+                t0 = time.perf_counter()
+                drafter.forward(seq + extra[:1], 1)
+                return time.perf_counter() - t0
+
+        target_step(1)  # warm-up
+        costs = Costs.measure(target_step, draft_step, ks, reps)
+        if draft_step is None and not isinstance(self.drafter, NoDrafter):
+            costs.c = 0.001  # a lookup drafter: microseconds against a model pass
+        return costs
+
     def generate(self, prompt_ids: list[int], seed: int = 0) -> Generation:
+        if getattr(self.gamma_policy, "needs_costs", False) and not isinstance(self.drafter, NoDrafter):
+            # Once per process, before this item's clock starts.
+            self.gamma_policy.set_costs(self.measure_costs(prompt_ids))
         start = time.perf_counter()
         target, sampling = self.target, self.sampling
         device = target.device
@@ -109,6 +150,11 @@ class SpeculativeGenerator:
             verifier.forward(seq[:-1], 0)
         session = self.drafter.start(prompt_ids, seq, pick)
         gamma_state = self.gamma_policy.start(self.gamma)
+        # Stopping a round on the draft's confidence in the token it just drew changes the
+        # distribution the kept drafts come from: that is exact only for greedy drafting.
+        keep = getattr(gamma_state, "keep_drafting", None) if sampling.greedy else None
+
+        record = getattr(gamma_state, "record_confidences", None)
         stats.prefill_s = time.perf_counter() - start
 
         new: list[int] = []
@@ -117,8 +163,9 @@ class SpeculativeGenerator:
             # Never draft past the budget: the round's extra target token needs one slot.
             k = min(gamma_state.next(), remaining - 1)
             t0 = time.perf_counter()
-            draft = session.propose(seq, k) if k > 0 else None
+            draft = session.propose(seq, k, keep) if k > 0 else None
             drafts = draft.tokens if draft else []
+            stats.gammas.append(k)
             t1 = time.perf_counter()
             logits = verifier.forward(seq + drafts, len(drafts) + 1)
             scores = transform(seq + drafts, logits)
@@ -131,7 +178,11 @@ class SpeculativeGenerator:
             stats.verify_s += t2 - t1
             stats.verify_steps += 1
             stats.draft_tokens += len(drafts)
+            stats.drafts.append(len(drafts))
             gamma_state.update(len(drafts), n)
+            stats.rejections += n < len(drafts)
+            if record is not None and draft is not None and draft.confidences is not None:
+                record(draft.confidences, n)
 
             emitted = drafts[:n] + [token]
             emitted, finish = self._truncate(emitted, remaining)

@@ -1,11 +1,33 @@
 """How many tokens to draft in each round.
 
-A policy starts one state per item (so nothing leaks between Beam elements); the engine
-asks it for k before each round and reports how many drafts were accepted after it.
+A policy starts one state per item; the engine asks the state for k before each round and
+reports how many drafts were accepted after it. Gamma never changes WHAT greedy decoding
+outputs (every accepted token is the target's own argmax), only how fast; in sampling mode
+the output distribution is exact for any gamma, but which sample a seed gives depends on
+the sequence of gammas, so seed-reproducible sampling needs a deterministic policy (fixed,
+or adaptive with `Costs` given and `share_across_items=False`).
+
+`AdaptiveGamma` implements the paper's rule (Leviathan et al. 2023, section 3.3-3.5) with
+measured quantities: per item it estimates the acceptance rate a from the rounds so far
+(a prior from previous items, recent rounds weighted more), and picks
+
+    gamma* = argmax_g  E(a, g) / (g * c + v(g + 1)),   E(a, g) = (1 - a^(g+1)) / (1 - a)
+
+where c = draft step / target step and v(k) = target pass over k tokens / 1-token pass, both
+measured on this machine (`Costs.measure`). g = 0 (no drafting) has value 1, so when drafts
+do not pay the engine backs off to plain decoding, probing now and then (with exponential
+back-off) in case the text became predictable. Within a round, drafting stops early when
+the draft is unsure: the draft's confidence in each token is mapped (by online calibration)
+to a probability that the target accepts it, and a token is proposed only while the
+expected tokens it adds outweigh its marginal cost.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -38,3 +60,302 @@ class FixedGamma:
 
 
 fixed_gamma = FixedGamma()
+
+
+def expected_tokens(a: float, g: int) -> float:
+    """E(a, g): expected tokens per round with g drafts at acceptance a (paper, eq. 1)."""
+    if g <= 0:
+        return 1.0
+    if a >= 1.0:
+        return g + 1.0
+    return (1.0 - a ** (g + 1)) / (1.0 - a)
+
+
+@dataclass
+class Costs:
+    """Step costs in units of one 1-token target pass: c per draft step, v[k] per k-token verify."""
+
+    c: float
+    v: dict[int, float] = field(default_factory=dict)
+
+    def verify(self, k: int) -> float:
+        if k <= 1:
+            return 1.0
+        if k in self.v:
+            return self.v[k]
+        known = sorted(self.v)
+        if not known:  # a conservative default for CPUs: multi-token passes cost about 2x
+            return 2.0
+        if k > known[-1]:  # extrapolate from the largest measured block, linearly in tokens
+            last = known[-1]
+            return self.v[last] * (1.0 + 0.05 * (k - last))
+        lower = max(x for x in known if x < k) if any(x < k for x in known) else 1
+        upper = min(x for x in known if x > k)
+        vl, vu = self.verify(lower), self.v[upper]
+        return vl + (vu - vl) * (k - lower) / (upper - lower)
+
+    def round_cost(self, g: int) -> float:
+        return g * self.c + self.verify(g + 1)
+
+    def speedup(self, a: float, g: int) -> float:
+        """The analytic bound with measured costs: E(a, g) / (g c + v(g + 1))."""
+        return expected_tokens(a, g) / self.round_cost(g)
+
+    def best_gamma(self, a: float, max_gamma: int) -> int:
+        best, best_s = 0, 1.0
+        for g in range(1, max_gamma + 1):
+            s = self.speedup(a, g)
+            if s > best_s * (1 + 1e-9):
+                best, best_s = g, s
+        return best
+
+    @classmethod
+    def measure(
+        cls,
+        target_step: Callable[[int], float],
+        draft_step: Callable[[], float] | None,
+        ks: Sequence[int] = (2, 3, 4, 5, 6, 7, 8, 9),
+        reps: int = 3,
+    ) -> Costs:
+        """Costs from timing functions: target_step(k) and draft_step() each run one pass and
+        return its seconds. Every k-token (and draft) pass is timed right after a 1-token pass
+        and taken relative to it, so load changes on a shared machine cancel out in the ratio;
+        the median ratio over reps is used."""
+        v: dict[int, list[float]] = {k: [] for k in ks}
+        d: list[float] = []
+        for _ in range(reps):
+            for k in ks:
+                t1 = target_step(1)
+                v[k].append(target_step(k) / t1)
+            if draft_step is not None:
+                t1 = target_step(1)
+                d.append(draft_step() / t1)
+
+        def med(x: list[float]) -> float:
+            x = sorted(x)
+            return (x[(len(x) - 1) // 2] + x[len(x) // 2]) / 2
+
+        return cls(c=med(d) if d else 0.0, v={k: med(x) for k, x in v.items()})
+
+
+class _Calibration:
+    """P(target accepts a draft token | the draft's confidence in it), learnt online.
+
+    Confidence bins are log-spaced; each bin starts at a prior (the overall acceptance) with
+    a small weight, so an unseen bin says "as usual" rather than "never"."""
+
+    EDGES = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.85, 0.95)
+
+    def __init__(self) -> None:
+        self.hits = [0.0] * (len(self.EDGES) + 1)
+        self.seen = [0.0] * (len(self.EDGES) + 1)
+
+    def bin(self, conf: float) -> int:
+        for i, e in enumerate(self.EDGES):
+            if conf < e:
+                return i
+        return len(self.EDGES)
+
+    def prob(self, conf: float, prior: float, weight: float = 4.0) -> float:
+        b = self.bin(conf)
+        return (self.hits[b] + prior * weight) / (self.seen[b] + weight)
+
+    def add(self, conf: float, accepted: bool) -> None:
+        b = self.bin(conf)
+        self.seen[b] += 1
+        self.hits[b] += accepted
+
+
+class AdaptiveGamma:
+    """Per-item gamma from measured acceptance and costs (see the module docstring).
+
+    costs: measured `Costs`; None means "not known yet": the engine fills them in by timing
+        the pair once per process (`needs_costs`/`set_costs`).
+    max_gamma: upper bound on drafts per round (the engine's num_speculative_tokens also caps).
+    share_across_items: new items start from the acceptance seen on previous items of this
+        process (so a pair that never agrees stops drafting from the first round on).
+    early_stop: stop a round's drafting when the draft is unsure (needs draft confidences).
+    """
+
+    def __init__(
+        self,
+        costs: Costs | None = None,
+        *,
+        max_gamma: int = 12,
+        prior_acceptance: float = 0.6,
+        prior_weight: float = 4.0,
+        decay: float = 0.85,
+        share_across_items: bool = True,
+        early_stop: bool = True,
+        max_probe_wait: int = 32,
+    ):
+        self.costs = costs
+        self.max_gamma = max_gamma
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self.share = share_across_items
+        self.early_stop = early_stop
+        self.max_probe_wait = max_probe_wait
+        self._lock = threading.Lock()
+        # Process-wide pooled acceptance (decayed counts) and confidence calibration.
+        self._pool_hits = prior_acceptance * prior_weight
+        self._pool_trials = prior_weight
+        self._prior_acceptance = prior_acceptance
+        self.calibration = _Calibration()
+
+    @property
+    def needs_costs(self) -> bool:
+        return self.costs is None
+
+    def set_costs(self, costs: Costs) -> None:
+        with self._lock:
+            if self.costs is None:
+                self.costs = costs
+
+    def prior(self) -> float:
+        with self._lock:
+            if not self.share:
+                return self._prior_acceptance
+            return self._pool_hits / self._pool_trials
+
+    def _pool(self, hits: float, trials: float) -> None:
+        if not self.share or trials <= 0:
+            return
+        with self._lock:
+            keep = 0.5 ** (trials / 200.0)  # the pool forgets over a few hundred tested drafts
+            self._pool_hits = self._pool_hits * keep + hits
+            self._pool_trials = self._pool_trials * keep + trials
+
+    def start(self, gamma: int) -> _AdaptiveState:
+        return _AdaptiveState(self, min(gamma, self.max_gamma))
+
+
+class _AdaptiveState:
+    def __init__(self, policy: AdaptiveGamma, cap: int):
+        self.policy = policy
+        self.cap = max(cap, 1)
+        a0 = policy.prior()
+        w = policy.prior_weight
+        self.hits, self.trials = a0 * w, w  # decayed Bernoulli counts of tested drafts
+        self.item_hits = self.item_trials = 0.0
+        self.wait = 0  # rounds left without drafting (backed off)
+        self.probe_wait = 4
+        self.last_k = 0
+        self.backed_off = False
+        self._survival = 1.0  # P(all drafts of this round so far are accepted)
+        self._expected = 1.0  # expected tokens of this round if drafting stopped now
+        self.gammas: list[int] = []  # chosen k per round, for statistics
+
+    @property
+    def acceptance(self) -> float:
+        return self.hits / self.trials
+
+    def _costs(self) -> Costs:
+        return self.policy.costs or Costs(c=0.1)
+
+    def next(self) -> int:
+        costs = self._costs()
+        if self.wait > 0:
+            self.wait -= 1
+            k = 0
+        else:
+            k = min(costs.best_gamma(self.acceptance, self.cap), self.cap)
+            if k == 0:
+                if self.backed_off:  # the wait is over: probe with one draft
+                    k = 1
+                else:
+                    self.backed_off = True
+                    self.wait = self.probe_wait - 1
+        self.last_k = k
+        self.gammas.append(k)
+        return k
+
+    def keep_drafting(self, i: int, confidence: float) -> bool:
+        """Before proposing draft token i (0-based) of this round, whose draft confidence is
+        `confidence`: propose it (and maybe more) or stop the round's drafting here?
+
+        Not myopic: v(k) is not convex on CPUs (a kernel switch makes one block size jump),
+        so we compare the expected rate of stopping now, E_i / C_i, with the best rate of
+        any longer block, E_j / C_j for j up to this round's k, where C_n = n c + v(n + 1)
+        (the draft step that produced token i is already paid, in both options)."""
+        if i == 0:
+            self._survival, self._expected = 1.0, 1.0
+        p = self.policy.calibration.prob(confidence, self.acceptance)
+        if not self.policy.early_stop or i == 0:
+            self._survival *= p
+            self._expected += self._survival
+            return True
+        costs, a = self._costs(), self.acceptance
+        stop_rate = self._expected / ((i + 1) * costs.c + costs.verify(i + 1))
+        s, e, best = self._survival * p, self._expected, 0.0
+        for j in range(i + 1, max(self.last_k, i + 1) + 1):
+            e += s
+            best = max(best, e / (j * costs.c + costs.verify(j + 1)))
+            s *= a
+        if best <= stop_rate:
+            return False
+        self._survival *= p
+        self._expected += self._survival
+        return True
+
+    def record_confidences(self, confidences: Sequence[float], accepted: int) -> None:
+        """Calibrate: drafts before the first rejection were accepted, that one was not;
+        the ones after it were never tested."""
+        cal = self.policy.calibration
+        with self.policy._lock:
+            for j, conf in enumerate(confidences[: accepted + 1]):
+                cal.add(conf, j < accepted)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        # Geometric trials: `accepted` successes, plus one failure if a draft was rejected.
+        trials = accepted + (1 if accepted < drafted else 0)
+        d = self.policy.decay
+        self.hits = self.hits * d + accepted
+        self.trials = self.trials * d + trials
+        self.item_hits += accepted
+        self.item_trials += trials
+        self.policy._pool(accepted, trials)
+        if self.backed_off and self.last_k == 1 and accepted == 0:
+            self.probe_wait = min(self.probe_wait * 2, self.policy.max_probe_wait)
+            self.wait = self.probe_wait - 1
+        elif accepted > 0:
+            self.backed_off = False
+            self.probe_wait = 4
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def optimal_gamma_table(costs: Costs, alphas: Sequence[float], max_gamma: int = 12) -> list[tuple[float, int, float]]:
+    """(a, gamma*, bound) rows, for reports."""
+    rows = []
+    for a in alphas:
+        g = costs.best_gamma(a, max_gamma)
+        rows.append((a, g, costs.speedup(a, g)))
+    return rows
+
+
+def geometric_acceptance(accepted: int, rejections: int) -> float | None:
+    """MLE of the per-token acceptance a from greedy rounds (each round: n accepted, then a
+    rejection unless all drafts were kept). accepted/drafted underestimates a."""
+    total = accepted + rejections
+    return accepted / total if total else None
+
+
+__all__ = [
+    "AdaptiveGamma",
+    "Costs",
+    "FixedGamma",
+    "GammaPolicy",
+    "GammaState",
+    "expected_tokens",
+    "fixed_gamma",
+    "geometric_acceptance",
+    "optimal_gamma_table",
+    "timed",
+]

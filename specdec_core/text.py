@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specdec_core.cpu_speed import prepare_for_cpu
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
-from specdec_core.gamma import GammaPolicy
+from specdec_core.gamma import AdaptiveGamma, GammaPolicy
 from specdec_core.loading import (
     check_pair,
     context_limit,
@@ -28,6 +29,8 @@ from specdec_core.loading import (
 from specdec_core.processing import SamplingSettings
 
 DRAFTERS = ("model", "ngram", "none")
+GAMMA_POLICIES = ("auto", "fixed", "adaptive")
+CPU_KERNELS = ("prepacked", "stock")
 
 
 class PromptError(ValueError):
@@ -85,8 +88,17 @@ class GeneratorSpec:
     ngram_min_size: int = 1
     device: str = "auto"
     dtype: str = "auto"
+    gamma_policy: str = "auto"
+    cpu_kernels: str = "prepacked"
 
     def __post_init__(self) -> None:
+        if self.gamma_policy not in GAMMA_POLICIES:
+            raise ValueError(f"--gamma_policy {self.gamma_policy!r}: expected one of {', '.join(GAMMA_POLICIES)}")
+        if self.cpu_kernels not in CPU_KERNELS:
+            raise ValueError(f"--cpu_kernels {self.cpu_kernels!r}: expected one of {', '.join(CPU_KERNELS)}")
+        if self.gamma_policy == "adaptive" and self.temperature != 0:
+            raise ValueError("--gamma_policy adaptive needs --temperature 0: its timing-driven gammas would "
+                             "stop a seed from reproducing its sample (auto uses fixed when sampling)")
         if self.drafter not in DRAFTERS:
             raise ValueError(f"--drafter {self.drafter!r}: expected one of {', '.join(DRAFTERS)}")
         if self.drafter == "model" and not self.draft_model:
@@ -128,6 +140,8 @@ class TextGenerator:
         device = resolve_device(spec.device)
         dtype = resolve_dtype(spec.dtype, device)
         target = load_model(spec.target_model, device, dtype)
+        if spec.cpu_kernels == "prepacked":
+            prepare_for_cpu(target)  # no-op off CPU or outside fp32
         tokenizer = load_tokenizer(spec.tokenizer or spec.target_model)
         models = [target]
         if spec.drafter == "model":
@@ -135,12 +149,21 @@ class TextGenerator:
             # A draft saved without tokenizer files uses the target's.
             draft_tokenizer = load_tokenizer(spec.draft_model) if has_tokenizer(spec.draft_model) else tokenizer
             check_pair(target, draft, tokenizer, draft_tokenizer)
+            if spec.cpu_kernels == "prepacked":
+                prepare_for_cpu(draft)
             drafter: Drafter = ModelDrafter(draft)
             models.append(draft)
         elif spec.drafter == "ngram":
             drafter = NgramDrafter(spec.ngram_max_size, spec.ngram_min_size)
         else:
             drafter = NoDrafter()
+        # auto: adaptive for greedy (gamma never changes greedy output), fixed for sampling
+        # (a seed reproduces its sample only with a deterministic sequence of gammas).
+        policy = spec.gamma_policy
+        if policy == "auto":
+            policy = "adaptive" if spec.temperature == 0 else "fixed"
+        if gamma_policy is None and policy == "adaptive" and spec.drafter != "none":
+            gamma_policy = AdaptiveGamma(max_gamma=spec.num_speculative_tokens)
         return cls(
             target,
             tokenizer,

@@ -57,7 +57,9 @@ def test_two_worker_processes_equal_one(saved_pairs, tmp_path, monkeypatch):
 
     def argv(name: str, *extra: str) -> list[str]:
         return [f"--runner={LOCAL_RUNNER}", f"--input={prompts}", f"--output={tmp_path / name / 'gens'}",
-                f"--target_model={target}", f"--draft_model={draft}", "--max_new_tokens=6", *extra]
+                f"--target_model={target}", f"--draft_model={draft}", "--max_new_tokens=6",
+                # fixed gamma: the drafting statistics are then deterministic too, so whole rows compare
+                "--gamma_policy=fixed", *extra]
 
     multi = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 

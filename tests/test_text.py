@@ -90,5 +90,7 @@ def test_spec_validation():
         GeneratorSpec("t", drafter="model")
     with pytest.raises(ValueError, match="--drafter"):
         GeneratorSpec("t", drafter="beam")
+    with pytest.raises(ValueError, match="adaptive needs --temperature 0"):
+        GeneratorSpec("t", drafter="none", temperature=0.7, gamma_policy="adaptive")
     with pytest.raises(ValueError, match="top_p"):
         GeneratorSpec("t", drafter="none", temperature=1.0, top_p=1.5)

@@ -1,0 +1,134 @@
+"""Gamma policies: the paper's formula, back-off when drafts do not pay, and exactness."""
+
+import pytest
+import torch
+
+from specdec_core.drafters import ModelDrafter, NgramDrafter
+from specdec_core.engine import SpeculativeGenerator
+from specdec_core.gamma import AdaptiveGamma, Costs, expected_tokens, fixed_gamma, geometric_acceptance
+from specdec_core.processing import SamplingSettings
+from tests.test_engine_greedy import PROMPTS, reference
+
+
+def test_expected_tokens_and_paper_bound():
+    assert expected_tokens(0.0, 5) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    paper = Costs(c=0.05, v={k: 1.0 for k in range(2, 20)})  # v = 1: the paper's setting
+    # Leviathan et al. (2023), Thm 3.8: (1 - a^(g+1)) / ((1 - a)(g c + 1))
+    a, g = 0.8, 4
+    assert paper.speedup(a, g) == pytest.approx((1 - a ** (g + 1)) / ((1 - a) * (g * 0.05 + 1)))
+
+
+def test_best_gamma_grows_with_acceptance_and_backs_off_when_drafts_do_not_pay():
+    costs = Costs(c=0.1, v={2: 1.3, 3: 1.4, 4: 1.5, 5: 1.6, 6: 1.7, 7: 1.8, 8: 1.9, 9: 2.0})
+    gammas = [costs.best_gamma(a, 8) for a in (0.0, 0.2, 0.6, 0.8, 0.95)]
+    assert gammas[0] == gammas[1] == 0  # drafting cannot pay: plain decoding
+    assert gammas[2] >= 1 and gammas == sorted(gammas) and gammas[-1] == 8
+    # Expensive verification (v = 2 for any block) needs a higher acceptance before drafting pays.
+    flat2 = Costs(c=0.1, v={k: 2.0 for k in range(2, 10)})
+    assert flat2.best_gamma(0.6, 8) == 0 and flat2.best_gamma(0.9, 8) > 0
+
+
+def test_costs_interpolate_and_extrapolate():
+    costs = Costs(c=0.1, v={2: 1.2, 5: 1.8})
+    assert costs.verify(1) == 1.0 and costs.verify(2) == 1.2
+    assert costs.verify(3) == pytest.approx(1.4) and costs.verify(7) > 1.8
+
+
+def test_geometric_acceptance():
+    assert geometric_acceptance(0, 0) is None
+    assert geometric_acceptance(3, 1) == 0.75
+
+
+def test_adaptive_state_backs_off_and_probes():
+    costs = Costs(c=0.1, v={k: 1.5 for k in range(2, 12)})
+    policy = AdaptiveGamma(costs, max_gamma=8, share_across_items=False, prior_acceptance=0.7)
+    st = policy.start(8)
+    assert st.next() > 0
+    ks = []
+    for _ in range(60):  # nothing is ever accepted
+        k = st.next()
+        ks.append(k)
+        st.update(k, 0)
+    assert ks[-20:].count(0) >= 17  # backed off, probing rarely
+    assert 0 < sum(1 for k in ks[-40:] if k) <= 4
+    # Acceptance comes back: probes succeed and drafting resumes.
+    for _ in range(40):
+        k = st.next()
+        st.update(k, k)
+    assert st.next() == 8
+
+
+def test_shared_prior_starts_new_items_backed_off():
+    costs = Costs(c=0.1, v={k: 1.5 for k in range(2, 12)})
+    policy = AdaptiveGamma(costs, max_gamma=8)
+    for _ in range(3):
+        st = policy.start(8)
+        for _ in range(20):
+            k = st.next()
+            st.update(k, 0)
+    assert policy.prior() < 0.3
+    assert policy.start(8).next() == 0
+
+
+def test_fixed_gamma_unchanged():
+    st = fixed_gamma.start(5)
+    st.update(5, 2)
+    assert st.next() == 5
+
+
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_adaptive_greedy_equals_target(kind, models, tokenizer):
+    target, draft = models[kind]
+    for drafter in (ModelDrafter(draft), ModelDrafter(target), NgramDrafter()):
+        policy = AdaptiveGamma(max_gamma=6)  # costs measured by the engine on first use
+        gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=6, max_new_tokens=20, gamma_policy=policy)
+        for prompt in PROMPTS:
+            ids = tokenizer(prompt).input_ids
+            out = gen.generate(ids)
+            assert out.tokens == reference(target, ids, 20), (kind, prompt)
+            assert out.stats.new_tokens == len(out.tokens)
+        assert policy.costs is not None and policy.costs.v
+
+
+def test_adaptive_self_draft_drafts_long_blocks(models, tokenizer):
+    target, _ = models["llama"]
+    costs = Costs(c=0.2, v={k: 1.0 + 0.05 * k for k in range(2, 10)})
+    gen = SpeculativeGenerator(target, ModelDrafter(target), num_speculative_tokens=8, max_new_tokens=40,
+                               gamma_policy=AdaptiveGamma(costs, max_gamma=8, early_stop=False))
+    out = gen.generate(tokenizer(PROMPTS[1]).input_ids)
+    assert out.stats.acceptance_rate == 1.0
+    assert max(out.stats.gammas) == 8
+
+
+def test_adaptive_sampling_is_reproducible_with_fixed_costs(models, tokenizer):
+    target, draft = models["llama"]
+    costs = Costs(c=0.1, v={k: 1.3 for k in range(2, 10)})
+
+    def run(seed):
+        policy = AdaptiveGamma(costs, max_gamma=6, share_across_items=False)
+        gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=6, max_new_tokens=16,
+                                   sampling=SamplingSettings(temperature=0.8), gamma_policy=policy)
+        return gen.generate(tokenizer(PROMPTS[0]).input_ids, seed).tokens
+
+    assert run(3) == run(3)
+    assert len({tuple(run(s)) for s in range(6)}) > 1
+    torch.manual_seed(0)
+
+
+def test_early_stop_looks_past_a_cost_jump_and_stops_on_unsure_drafts():
+    # v jumps at 4 tokens (a kernel switch), then stays flat: a myopic rule would stop at 2 drafts.
+    costs = Costs(c=0.05, v={2: 1.05, 3: 1.1, 4: 1.5, 5: 1.52, 6: 1.54, 7: 1.56, 8: 1.58, 9: 1.6})
+    policy = AdaptiveGamma(costs, max_gamma=8, share_across_items=False, prior_acceptance=0.9)
+    st = policy.start(8)
+    k = st.next()
+    assert k >= 4
+    assert all(st.keep_drafting(i, 0.5) for i in range(k))  # uncalibrated: confidence says "as usual"
+    # Teach the calibration that low-confidence drafts are always rejected.
+    for _ in range(200):
+        policy.calibration.add(0.01, False)
+        policy.calibration.add(0.9, True)
+    st.next()
+    assert st.keep_drafting(0, 0.9) and st.keep_drafting(1, 0.9)
+    assert not st.keep_drafting(2, 0.01)
