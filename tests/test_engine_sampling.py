@@ -125,3 +125,17 @@ def test_same_seed_same_sample_different_seed_differs():
     runs = [gen.generate(PROMPT, seed).tokens for seed in (7, 7, 8, 9, 10)]
     assert runs[0] == runs[1]
     assert len({tuple(r) for r in runs[1:]}) > 1
+
+
+def test_adaptive_gamma_keeps_sampling_exact():
+    """Gamma chosen from past acceptances leaves the output distribution exactly the target's."""
+    from specdec_core.gamma import AdaptiveGamma, Costs
+
+    target = tiny("llama", seed=0, std=0.8)
+    draft = perturbed_copy(target, noise=0.8, seed=1)
+    sampling = SamplingSettings(temperature=1.0)
+    costs = Costs(c=0.05, v={k: 1.0 for k in range(2, 8)})
+    policy = AdaptiveGamma(costs, max_gamma=3, share_across_items=False, early_stop=True)
+    gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=N_NEW,
+                               sampling=sampling, gamma_policy=policy)
+    assert chi2_pvalue(sample_counts(gen), exact_distribution(target, sampling)) > 1e-3
