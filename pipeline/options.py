@@ -26,9 +26,10 @@ class SpecDecOptions(PipelineOptions):
         a("--passthrough_columns", default="", help="comma-separated input columns copied to the output")
         a("--num_speculative_tokens", type=int, default=4,
           help="gamma: tokens drafted per step (with --gamma_policy adaptive: the most per step)")
-        a("--gamma_policy", default="auto", choices=GAMMA_POLICIES,
-          help="fixed: always num_speculative_tokens; adaptive: per item from measured acceptance and costs, "
-          "backing off when drafts do not pay; auto: adaptive when greedy, fixed when sampling")
+        a("--gamma_policy", default="fixed", choices=GAMMA_POLICIES,
+          help="fixed: always num_speculative_tokens (the paper's setting); adaptive: per item from measured "
+          "acceptance and costs, backing off when drafts do not pay (greedy only; best on large targets); "
+          "auto: adaptive when greedy, fixed when sampling")
         a("--cpu_kernels", default="prepacked", choices=CPU_KERNELS,
           help="CPU fp32 only: prepacked = oneDNN-prepacked linear weights (cheaper multi-token verify); "
           "stock = PyTorch defaults")

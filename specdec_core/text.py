@@ -88,7 +88,7 @@ class GeneratorSpec:
     ngram_min_size: int = 1
     device: str = "auto"
     dtype: str = "auto"
-    gamma_policy: str = "auto"
+    gamma_policy: str = "fixed"
     cpu_kernels: str = "prepacked"
 
     def __post_init__(self) -> None:
