@@ -140,7 +140,7 @@ FULL = Recipe(
     target=ModelSpec(layers=8, hidden=256, heads=4, intermediate=704),
     draft=ModelSpec(layers=2, hidden=256, heads=4, intermediate=704, init_from_target=True),
     target_train=TrainSpec(max_steps=1500, max_seconds=220, batch_size=8, lr=4e-3),
-    draft_train=TrainSpec(max_steps=700, max_seconds=70, batch_size=8, lr=2e-3, kd_weight=0.8,
+    draft_train=TrainSpec(max_steps=900, max_seconds=180, batch_size=8, lr=2e-3, kd_weight=0.8,
                           rollouts=128, rollout_prompt=64, rollout_frac=0.85),
 )
 
