@@ -66,23 +66,17 @@ def _check_pair(opts: SpecDecOptions) -> None:
         return
     from transformers import AutoConfig
 
-    from specdec_core.loading import has_tokenizer, load_tokenizer
+    from specdec_core.loading import IncompatiblePairError, check_compatible, draft_tokenizer_for, load_tokenizer
 
-    kinds = ["encoder-decoder" if AutoConfig.from_pretrained(p).is_encoder_decoder else "causal" for p in paths]
-    if kinds[0] != kinds[1]:
-        raise JobConfigError(f"--draft_model is {kinds[1]} but --target_model is {kinds[0]}; they must match")
     try:
-        target_vocab = load_tokenizer(opts.tokenizer or opts.target_model).get_vocab()
+        target_tokenizer = load_tokenizer(opts.tokenizer or opts.target_model)
     except Exception as e:
         raise JobConfigError(f"--tokenizer/--target_model: cannot load a tokenizer ({type(e).__name__}: {e})") from e
-    if not has_tokenizer(opts.draft_model):
-        return  # no tokenizer files beside the draft: it uses the target's
-    draft_vocab = load_tokenizer(opts.draft_model).get_vocab()
-    if draft_vocab != target_vocab:
-        raise JobConfigError(
-            f"--draft_model {opts.draft_model!r}: its vocabulary ({len(draft_vocab)} tokens) differs from the "
-            f"target's ({len(target_vocab)} tokens)"
-        )
+    try:
+        check_compatible(*(AutoConfig.from_pretrained(p) for p in paths), target_tokenizer,
+                         draft_tokenizer_for(opts.draft_model, target_tokenizer))
+    except IncompatiblePairError as e:
+        raise JobConfigError(f"--draft_model {opts.draft_model!r}: {e}") from e
 
 
 def preflight(opts: SpecDecOptions) -> pa.Schema:

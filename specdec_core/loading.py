@@ -11,6 +11,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -59,18 +60,23 @@ def has_tokenizer(path: str) -> bool:
     return any(os.path.exists(os.path.join(path, f)) for f in _TOKENIZER_FILES)
 
 
-def check_pair(
-    target: PreTrainedModel,
-    draft: PreTrainedModel,
+def draft_tokenizer_for(draft_path: str, target_tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """The draft's own tokenizer, or the target's when the draft directory carries none."""
+    return load_tokenizer(draft_path) if has_tokenizer(draft_path) else target_tokenizer
+
+
+def check_compatible(
+    target_config: PretrainedConfig,
+    draft_config: PretrainedConfig,
     target_tokenizer: PreTrainedTokenizerBase,
     draft_tokenizer: PreTrainedTokenizerBase,
 ) -> None:
-    """Raise IncompatiblePairError unless the draft can propose tokens for the target.
+    """The checks that need no weights: same kind of model, same vocabulary.
 
     Vocabularies are compared through the tokenizers, not embedding sizes: checkpoints pad
     their embedding matrices (T5's has 32128 rows for a 32100-token vocabulary).
     """
-    kinds = [("encoder-decoder" if m.config.is_encoder_decoder else "causal") for m in (target, draft)]
+    kinds = [("encoder-decoder" if c.is_encoder_decoder else "causal") for c in (target_config, draft_config)]
     if kinds[0] != kinds[1]:
         raise IncompatiblePairError(f"the target is {kinds[0]} but the draft is {kinds[1]}; they must match")
     if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
@@ -78,6 +84,16 @@ def check_pair(
             f"the draft's vocabulary ({len(draft_tokenizer)} tokens) differs from the target's "
             f"({len(target_tokenizer)} tokens); the pair must share one tokenizer"
         )
+
+
+def check_pair(
+    target: PreTrainedModel,
+    draft: PreTrainedModel,
+    target_tokenizer: PreTrainedTokenizerBase,
+    draft_tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    """Raise IncompatiblePairError unless the draft can propose tokens for the target."""
+    check_compatible(target.config, draft.config, target_tokenizer, draft_tokenizer)
     vocab = len(target_tokenizer)
     for role, model in (("target", target), ("draft", draft)):
         rows = model.get_output_embeddings().weight.shape[0]

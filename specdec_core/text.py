@@ -20,7 +20,7 @@ from specdec_core.gamma import AdaptiveGamma, GammaPolicy
 from specdec_core.loading import (
     check_pair,
     context_limit,
-    has_tokenizer,
+    draft_tokenizer_for,
     load_model,
     load_tokenizer,
     resolve_device,
@@ -146,9 +146,7 @@ class TextGenerator:
         models = [target]
         if spec.drafter == "model":
             draft = load_model(spec.draft_model, device, dtype)
-            # A draft saved without tokenizer files uses the target's.
-            draft_tokenizer = load_tokenizer(spec.draft_model) if has_tokenizer(spec.draft_model) else tokenizer
-            check_pair(target, draft, tokenizer, draft_tokenizer)
+            check_pair(target, draft, tokenizer, draft_tokenizer_for(spec.draft_model, tokenizer))
             if spec.cpu_kernels == "prepacked":
                 prepare_for_cpu(draft)
             drafter: Drafter = ModelDrafter(draft)

@@ -125,6 +125,8 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         "--draft_model '/does/not/exist'": base + ["--draft_model", "/does/not/exist"],
         "needs --draft_model": base,
         "vocabulary": base + ["--draft_model", str(tmp_path / "other")],
+        "the target is encoder-decoder but the draft is causal": base[:4] + [
+            "--target_model", str(saved_pairs["t5"][0]), "--draft_model", str(draft)],
         "--max_new_tokens must be >= 1": base + ["--draft_model", str(draft), "--max_new_tokens", "0"],
     }
     capsys.readouterr()
