@@ -616,11 +616,11 @@ def kernel_experiments(target_dir: Path, ids: list[int], args) -> list[dict]:
 
     stock = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     packed = prepare_for_cpu(copy.deepcopy(stock))
+    packed_for_1 = prepare_for_cpu(copy.deepcopy(stock), pack_rows=1)
     packed_all = prepare_for_cpu(copy.deepcopy(stock), threshold_rows=1)
-    packed_2 = prepare_for_cpu(copy.deepcopy(stock), threshold_rows=2)
     ks = (2, 3, 4, 5, 9)
-    engines = {"stock": stock, "prepacked (k>=4, default)": packed, "prepacked (k>=2)": packed_2,
-               "prepacked (all k)": packed_all}
+    engines = {"stock": stock, "prepacked for 8 rows, used at k>=4 (default)": packed,
+               "prepacked for 1 row, used at k>=4": packed_for_1, "prepacked for 8 rows, used at all k": packed_all}
     threads_default = torch.get_num_threads()
     settings = [(name, nt) for nt in sorted({1, threads_default}) for name in engines]
     got: dict[tuple, list[tuple[float, Costs]]] = {s: [] for s in settings}

@@ -7,9 +7,13 @@ weight ONCE into its blocked layout; multi-token passes then stream the weights 
 the one-token (GEMV) rate. `prepare_for_cpu` swaps every `nn.Linear` for a `PrepackedLinear`
 that keeps the dense weight for inputs of 1-3 rows (where the default GEMV/small GEMM is
 already at the memory-bandwidth limit) and a oneDNN-packed copy for 4 rows and more.
-Measured on a 1024x2816 fp32 linear (2-core Xeon, 1 thread, microseconds per call, k rows):
-default 768/819/876/1538/1549/1996 for k=1/2/3/4/5/8, oneDNN-packed 792/994/1016/1019/1041/1235,
-MKL-packed (torch.ops.mkl._mkl_linear) the same as default (benchmarks/linear_paths.py).
+The packing is chosen for `pack_rows` input rows: oneDNN picks its blocked layout from that
+hint, and a layout packed for 1 row runs 5-row inputs at half speed.
+Measured on a 1024x2816 fp32 linear (2-core Xeon, quiet, microseconds per call at k = 1/4/5/8
+rows; benchmarks/linear_paths.py), 1 thread: default 813/1586/1637/2113, packed for 1 row
+856/1153/1193/1369, packed for 8 rows 888/906/926/1053 (v(5) 1.14); 2 threads: default
+551/908/934/1157, packed for 8 rows 586/603/622/677. MKL-packed (torch.ops.mkl._mkl_linear) is
+the same as default.
 
 Exactness: both paths compute the same fp32 products; they differ from the default kernels
 only by summation order (max |d logit| ~ 1e-5 on a 300M model), the same order of difference
@@ -40,14 +44,14 @@ def prepack_available() -> bool:
 class PrepackedLinear(nn.Module):
     """y = x W^T + b with W packed once for oneDNN; one-row inputs keep the dense GEMV path."""
 
-    def __init__(self, linear: nn.Linear, threshold_rows: int = 4):
+    def __init__(self, linear: nn.Linear, threshold_rows: int = 4, pack_rows: int = 8):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight  # shared with the original module: no copy
         self.bias = linear.bias
         self.threshold_rows = threshold_rows
         with torch.no_grad():
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), pack_rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -61,7 +65,7 @@ class PrepackedLinear(nn.Module):
 
 
 def prepare_for_cpu(model: nn.Module, *, prepack: bool = True, threshold_rows: int = 4,
-                    min_weight: int = 1_000_000) -> nn.Module:
+                    pack_rows: int = 8, min_weight: int = 1_000_000) -> nn.Module:
     """Make `model` (fp32, on CPU, eval) faster for batch-1 decoding, in place; returns it.
 
     A no-op for models on other devices or dtypes, or where oneDNN is missing. Idempotent.
@@ -80,7 +84,7 @@ def prepare_for_cpu(model: nn.Module, *, prepack: bool = True, threshold_rows: i
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.numel() >= min_weight:
-                setattr(parent, name, PrepackedLinear(child, threshold_rows))
+                setattr(parent, name, PrepackedLinear(child, threshold_rows, pack_rows))
                 count += 1
     _LOG.info("prepare_for_cpu: %d linear layers prepacked for oneDNN", count)
     return model

@@ -126,7 +126,7 @@ class SpeculativeGenerator:
         return costs
 
     def generate(self, prompt_ids: list[int], seed: int = 0) -> Generation:
-        if getattr(self.gamma_policy, "needs_costs", False) and not isinstance(self.drafter, NoDrafter):
+        if self.gamma_policy.needs_costs and not isinstance(self.drafter, NoDrafter):
             # Once per process, before this item's clock starts.
             self.gamma_policy.set_costs(self.measure_costs(prompt_ids))
         start = time.perf_counter()
@@ -152,9 +152,7 @@ class SpeculativeGenerator:
         gamma_state = self.gamma_policy.start(self.gamma)
         # Stopping a round on the draft's confidence in the token it just drew changes the
         # distribution the kept drafts come from: that is exact only for greedy drafting.
-        keep = getattr(gamma_state, "keep_drafting", None) if sampling.greedy else None
-
-        record = getattr(gamma_state, "record_confidences", None)
+        keep = gamma_state.keep_drafting if sampling.greedy and gamma_state.stops_early else None
         stats.prefill_s = time.perf_counter() - start
 
         new: list[int] = []
@@ -181,8 +179,8 @@ class SpeculativeGenerator:
             stats.drafts.append(len(drafts))
             gamma_state.update(len(drafts), n)
             stats.rejections += n < len(drafts)
-            if record is not None and draft is not None and draft.confidences is not None:
-                record(draft.confidences, n)
+            if draft is not None and draft.confidences is not None:
+                gamma_state.record_confidences(draft.confidences, n)
 
             emitted = drafts[:n] + [token]
             emitted, finish = self._truncate(emitted, remaining)

@@ -26,33 +26,56 @@ from __future__ import annotations
 
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 
-class GammaState(Protocol):
+class GammaState(ABC):
+    """One item's choices: k before each round, told afterwards how many drafts were kept.
+
+    Early stopping is optional: a state with `stops_early` is asked `keep_drafting` before
+    each draft token of a round (greedy only, see the engine) and then shown the draft's
+    confidences with the outcome, to calibrate itself."""
+
+    stops_early = False
+
+    @abstractmethod
     def next(self) -> int: ...
 
-    def update(self, drafted: int, accepted: int) -> None: ...
+    def update(self, drafted: int, accepted: int) -> None:  # noqa: B027 (optional hook)
+        """`drafted` tokens were proposed this round and the first `accepted` were kept."""
+
+    def keep_drafting(self, i: int, confidence: float) -> bool:
+        """Propose draft token i (0-based) of this round, given the draft's confidence in it?"""
+        return True
+
+    def record_confidences(self, confidences: Sequence[float], accepted: int) -> None:  # noqa: B027
+        """The draft's confidence in each proposed token, and how many of them were kept."""
 
 
-class GammaPolicy(Protocol):
+class GammaPolicy(ABC):
+    """Starts one `GammaState` per item. A policy with `needs_costs` is handed the pair's
+    measured `Costs` once per process (`set_costs`), before the first item's clock starts."""
+
+    needs_costs = False
+
+    @abstractmethod
     def start(self, gamma: int) -> GammaState: ...
 
+    def set_costs(self, costs: Costs) -> None:  # noqa: B027 (optional hook)
+        pass
 
-class _Fixed:
+
+class _Fixed(GammaState):
     def __init__(self, gamma: int):
         self.gamma = gamma
 
     def next(self) -> int:
         return self.gamma
 
-    def update(self, drafted: int, accepted: int) -> None:
-        pass
 
-
-class FixedGamma:
+class FixedGamma(GammaPolicy):
     """Always draft the configured number of tokens (the paper's setting)."""
 
     def start(self, gamma: int) -> GammaState:
@@ -166,7 +189,7 @@ class _Calibration:
         self.hits[b] += accepted
 
 
-class AdaptiveGamma:
+class AdaptiveGamma(GammaPolicy):
     """Per-item gamma from measured acceptance and costs (see the module docstring).
 
     costs: measured `Costs`; None means "not known yet": the engine fills them in by timing
@@ -230,9 +253,10 @@ class AdaptiveGamma:
         return _AdaptiveState(self, min(gamma, self.max_gamma))
 
 
-class _AdaptiveState:
+class _AdaptiveState(GammaState):
     def __init__(self, policy: AdaptiveGamma, cap: int):
         self.policy = policy
+        self.stops_early = policy.early_stop
         self.cap = max(cap, 1)
         a0 = policy.prior()
         w = policy.prior_weight
