@@ -1,6 +1,7 @@
 """Scratch: per-call cost of a DRAM-resident 1024x2816 Linear at k rows under several CPU matmul paths.
 
-Run: OMP_WAIT_POLICY=PASSIVE NT=1 python benchmarks/linear_paths.py (records load and CPU/wall)."""
+Run: NT=1 python benchmarks/linear_paths.py (records load and CPU/wall); NT=2 for two threads.
+`onednn_packed_for_N`: the weight packed once by oneDNN for N-row inputs (the hint picks its blocked layout)."""
 import os
 import time
 
@@ -11,7 +12,7 @@ torch.set_num_threads(int(os.environ.get("NT", 1)))
 torch.manual_seed(0)
 N = 48
 lins = [nn.Linear(1024, 2816, bias=False).eval() for _ in range(N)]
-onednn = [torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), 1) for m in lins]
+onednn = {n: [torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), n) for m in lins] for n in (1, 8)}
 mkl = [torch.ops.mkl._mkl_reorder_linear_weight(m.weight.detach(), 1) for m in lins]
 
 
@@ -30,7 +31,8 @@ def run(fn, k, reps=5):
 
 paths = {
     "default": lambda i, x: lins[i](x),
-    "onednn_packed": lambda i, x: torch.ops.mkldnn._linear_pointwise(x, onednn[i], None, "none", [], ""),
+    "onednn_packed_for_1": lambda i, x: torch.ops.mkldnn._linear_pointwise(x, onednn[1][i], None, "none", [], ""),
+    "onednn_packed_for_8": lambda i, x: torch.ops.mkldnn._linear_pointwise(x, onednn[8][i], None, "none", [], ""),
     "mkl_packed": lambda i, x: torch.ops.mkl._mkl_linear(x, mkl[i], lins[i].weight, None, 1),
 }
 c0, w0 = time.process_time(), time.perf_counter()

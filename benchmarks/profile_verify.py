@@ -1,7 +1,7 @@
 """Scratch: where a k-token verify pass of the synthetic 325M target spends its time (torch.profiler).
 
 Run after `python -m pipeline.bench` (uses its cached synthetic pair):
-OMP_WAIT_POLICY=PASSIVE python benchmarks/profile_verify.py"""
+python benchmarks/profile_verify.py   (set OMP_WAIT_POLICY=PASSIVE to see each small op pay a thread wake-up)"""
 import glob
 import os
 import time

@@ -96,10 +96,12 @@ def expected_tokens(a: float, g: int) -> float:
 
 @dataclass
 class Costs:
-    """Step costs in units of one 1-token target pass: c per draft step, v[k] per k-token verify."""
+    """Step costs in units of one 1-token target pass: c per draft step, v[k] per k-token verify.
+    Not to be changed once used: best gammas are memoised."""
 
     c: float
     v: dict[int, float] = field(default_factory=dict)
+    _best: dict[tuple[float, int], int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def verify(self, k: int) -> float:
         if k <= 1:
@@ -125,12 +127,15 @@ class Costs:
         return expected_tokens(a, g) / self.round_cost(g)
 
     def best_gamma(self, a: float, max_gamma: int) -> int:
-        best, best_s = 0, 1.0
-        for g in range(1, max_gamma + 1):
-            s = self.speedup(a, g)
-            if s > best_s * (1 + 1e-9):
-                best, best_s = g, s
-        return best
+        key = (round(a, 3), max_gamma)  # asked every round: a table, not a search, on small models
+        if key not in self._best:
+            best, best_s = 0, 1.0
+            for g in range(1, max_gamma + 1):
+                s = self.speedup(key[0], g)
+                if s > best_s * (1 + 1e-9):
+                    best, best_s = g, s
+            self._best[key] = best
+        return self._best[key]
 
     @classmethod
     def measure(

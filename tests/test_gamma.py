@@ -5,7 +5,15 @@ import torch
 
 from specdec_core.drafters import ModelDrafter, NgramDrafter
 from specdec_core.engine import SpeculativeGenerator
-from specdec_core.gamma import AdaptiveGamma, Costs, expected_tokens, fixed_gamma, geometric_acceptance
+from specdec_core.gamma import (
+    AdaptiveGamma,
+    Costs,
+    GammaPolicy,
+    GammaState,
+    expected_tokens,
+    fixed_gamma,
+    geometric_acceptance,
+)
 from specdec_core.processing import SamplingSettings
 from tests.test_engine_greedy import PROMPTS, reference
 
@@ -132,3 +140,50 @@ def test_early_stop_looks_past_a_cost_jump_and_stops_on_unsure_drafts():
     st.next()
     assert st.keep_drafting(0, 0.9) and st.keep_drafting(1, 0.9)
     assert not st.keep_drafting(2, 0.01)
+
+
+class _StopAfterTwo(GammaState):
+    """Asks for 4 drafts, stops each round after 2 through the early-stop hook, records calls."""
+
+    stops_early = True
+
+    def __init__(self):
+        self.asked: list[int] = []
+        self.recorded: list[tuple[int, int]] = []
+
+    def next(self) -> int:
+        return 4
+
+    def keep_drafting(self, i: int, confidence: float) -> bool:
+        assert 0.0 <= confidence <= 1.0
+        self.asked.append(i)
+        return i < 2
+
+    def record_confidences(self, confidences, accepted: int) -> None:
+        self.recorded.append((len(confidences), accepted))
+
+
+class _Policy(GammaPolicy):
+    def __init__(self):
+        self.states: list[_StopAfterTwo] = []
+
+    def start(self, gamma: int) -> GammaState:
+        self.states.append(_StopAfterTwo())
+        return self.states[-1]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_engine_uses_the_early_stop_hooks_only_when_greedy(models, tokenizer, temperature):
+    target, draft = models["llama"]
+    policy = _Policy()
+    gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=4, max_new_tokens=12,
+                               sampling=SamplingSettings(temperature=temperature), gamma_policy=policy)
+    ids = tokenizer(PROMPTS[0]).input_ids
+    out = gen.generate(ids, seed=1)
+    st = policy.states[0]
+    if temperature == 0.0:
+        assert out.tokens == reference(target, ids, 12)
+        assert max(out.stats.drafts) == 2 and st.asked and set(st.asked) <= {0, 1, 2}
+        assert st.recorded and all(n <= 2 and 0 <= acc <= n for n, acc in st.recorded)
+    else:  # sampling: stopping on the draft's confidence would bias the proposals, so never asked
+        assert not st.asked and not st.recorded and max(out.stats.drafts) == 4
