@@ -47,8 +47,10 @@ from pathlib import Path
 
 # Busy-waiting OpenMP threads collapse throughput (5-10x here) when other processes share the
 # cores; passive waiting costs little for training-sized ops. Only effective if torch is not yet
-# imported, so entry points should import this module first.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# imported, so entry points should import this module first; set later, it would only mislead
+# whoever reads the environment (pipeline.bench reports it).
+if "torch" not in sys.modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402

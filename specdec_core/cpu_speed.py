@@ -8,7 +8,7 @@ the one-token (GEMV) rate. `prepare_for_cpu` swaps every `nn.Linear` for a `Prep
 that keeps the dense weight for inputs of 1-3 rows (where the default GEMV/small GEMM is
 already at the memory-bandwidth limit) and a oneDNN-packed copy for 4 rows and more.
 The packing is chosen for `pack_rows` input rows: oneDNN picks its blocked layout from that
-hint, and a layout packed for 1 row runs 5-row inputs at half speed.
+hint, and a layout packed for 1 row runs 5-row inputs about 1.3x slower.
 Measured on a 1024x2816 fp32 linear (2-core Xeon, quiet, microseconds per call at k = 1/4/5/8
 rows; benchmarks/linear_paths.py), 1 thread: default 813/1586/1637/2113, packed for 1 row
 856/1153/1193/1369, packed for 8 rows 888/906/926/1053 (v(5) 1.14); 2 threads: default

@@ -112,7 +112,7 @@ class SpeculativeGenerator:
         if isinstance(self.drafter, ModelDrafter):
             drafter = CachedDecoder(self.drafter.model, prompt_ids)
             drafter.forward(seq, 1)
-            burst = max(ks) - 1
+            burst = max(max(ks) - 1, 1)
 
             def draft_step() -> float:
                 # Consecutive steps, as in a round: a small draft's weights stay in cache

@@ -145,8 +145,9 @@ class Costs:
         ks: Sequence[int] = (2, 3, 4, 5, 6, 7, 8, 9),
         reps: int = 3,
     ) -> Costs:
-        """Costs from timing functions: target_step(k) and draft_step() each run one pass and
-        return its seconds. Every k-token (and draft) pass is timed right after a 1-token pass
+        """Costs from timing functions: target_step(k) runs one k-token pass and returns its
+        seconds; draft_step() returns the seconds of one draft step (the engine averages a burst
+        of consecutive steps, as in a round). Every k-token (and draft) pass is timed right after a 1-token pass
         and taken relative to it, so load changes on a shared machine cancel out in the ratio;
         the median ratio over reps is used."""
         v: dict[int, list[float]] = {k: [] for k in ks}

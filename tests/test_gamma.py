@@ -145,9 +145,8 @@ def test_early_stop_looks_past_a_cost_jump_and_stops_on_unsure_drafts():
 class _StopAfterTwo(GammaState):
     """Asks for 4 drafts, stops each round after 2 through the early-stop hook, records calls."""
 
-    stops_early = True
-
-    def __init__(self):
+    def __init__(self, stops_early: bool):
+        self.stops_early = stops_early
         self.asked: list[int] = []
         self.recorded: list[tuple[int, int]] = []
 
@@ -164,11 +163,12 @@ class _StopAfterTwo(GammaState):
 
 
 class _Policy(GammaPolicy):
-    def __init__(self):
+    def __init__(self, stops_early: bool = True):
+        self.stops_early = stops_early
         self.states: list[_StopAfterTwo] = []
 
     def start(self, gamma: int) -> GammaState:
-        self.states.append(_StopAfterTwo())
+        self.states.append(_StopAfterTwo(self.stops_early))
         return self.states[-1]
 
 
@@ -187,3 +187,15 @@ def test_engine_uses_the_early_stop_hooks_only_when_greedy(models, tokenizer, te
         assert st.recorded and all(n <= 2 and 0 <= acc <= n for n, acc in st.recorded)
     else:  # sampling: stopping on the draft's confidence would bias the proposals, so never asked
         assert not st.asked and not st.recorded and max(out.stats.drafts) == 4
+
+
+def test_engine_leaves_a_state_that_does_not_stop_early_alone(models, tokenizer):
+    target, draft = models["llama"]
+    policy = _Policy(stops_early=False)
+    gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=4, max_new_tokens=12,
+                               gamma_policy=policy)
+    ids = tokenizer(PROMPTS[0]).input_ids
+    out = gen.generate(ids)
+    st = policy.states[0]
+    assert out.tokens == reference(target, ids, 12)
+    assert not st.asked and not st.recorded and max(out.stats.drafts) == 4
