@@ -143,8 +143,8 @@ FULL = Recipe(
     draft=ModelSpec(layers=2, hidden=256, heads=4, intermediate=704, init_from_target=True),
     # Step budgets bind on a 2-core Xeon with AMX (about 220 s and 180 s), so every run there
     # trains as long; the time budgets only cap slower machines. With time budgets binding, three
-    # fresh runs got 379-392 / 576-625 steps and acceptance 0.596-0.661; with these, 0.654 and
-    # 0.686 (training is not bit-reproducible: multithreaded bf16 kernels).
+    # fresh runs got 379-392 / 576-625 steps and acceptance 0.596-0.661; with these, 0.628-0.686
+    # (training is not bit-reproducible: multithreaded bf16 kernels).
     target_train=TrainSpec(max_steps=390, max_seconds=300, batch_size=8, lr=4e-3),
     draft_train=TrainSpec(max_steps=620, max_seconds=240, batch_size=8, lr=2e-3, kd_weight=0.8,
                           rollouts=128, rollout_prompt=64, rollout_frac=0.85),
