@@ -147,9 +147,9 @@ class Costs:
     ) -> Costs:
         """Costs from timing functions: target_step(k) runs one k-token pass and returns its
         seconds; draft_step() returns the seconds of one draft step (the engine averages a burst
-        of consecutive steps, as in a round). Every k-token (and draft) pass is timed right after a 1-token pass
-        and taken relative to it, so load changes on a shared machine cancel out in the ratio;
-        the median ratio over reps is used."""
+        of consecutive steps, as in a round). Every k-token (and draft) pass is timed right after
+        a 1-token pass and taken relative to it, so load changes on a shared machine cancel out in
+        the ratio; the median ratio over reps is used."""
         v: dict[int, list[float]] = {k: [] for k in ks}
         d: list[float] = []
         for _ in range(reps):
@@ -308,22 +308,19 @@ class _AdaptiveState(GammaState):
         so we compare the expected rate of stopping now, E_i / C_i, with the best rate of
         any longer block, E_j / C_j for j up to this round's k, where C_n = n c + v(n + 1)
         (the draft step that produced token i is already paid, in both options)."""
-        if i == 0:
-            self._survival, self._expected = 1.0, 1.0
         p = self.policy.calibration.prob(confidence, self.acceptance)
-        if not self.policy.early_stop or i == 0:
-            self._survival *= p
-            self._expected += self._survival
-            return True
-        costs, a = self._costs(), self.acceptance
-        stop_rate = self._expected / ((i + 1) * costs.c + costs.verify(i + 1))
-        s, e, best = self._survival * p, self._expected, 0.0
-        for j in range(i + 1, max(self.last_k, i + 1) + 1):
-            e += s
-            best = max(best, e / (j * costs.c + costs.verify(j + 1)))
-            s *= a
-        if best <= stop_rate:
-            return False
+        if i == 0:  # a new round; its first draft is always proposed
+            self._survival, self._expected = 1.0, 1.0
+        else:
+            costs, a = self._costs(), self.acceptance
+            stop_rate = self._expected / ((i + 1) * costs.c + costs.verify(i + 1))
+            s, e, best = self._survival * p, self._expected, 0.0
+            for j in range(i + 1, max(self.last_k, i + 1) + 1):
+                e += s
+                best = max(best, e / (j * costs.c + costs.verify(j + 1)))
+                s *= a
+            if best <= stop_rate:
+                return False
         self._survival *= p
         self._expected += self._survival
         return True
