@@ -127,3 +127,22 @@ def test_instruct_settings_that_cannot_work_stop_before_any_work(tmp_path, chat_
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and needle in err and "\n" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_dataset_to_instruct_results_with_prepare_and_run(tmp_path, chat_pair):
+    """The README's instruct recipe: prepare writes conversations, run applies the chat template."""
+    from pipeline import prepare
+
+    target, draft = chat_pair
+    src = tmp_path / "docs.jsonl"
+    src.write_text("\n".join(json.dumps({"doc": f"d{i}", "article": t}) for i, t in enumerate(TEXTS)))
+    assert prepare.main(["--dataset", str(src), "--id_field", "doc", "--system_template", "You summarize.",
+                         "--user_template", "Summarize:\n{article}", "--output", str(tmp_path / "prompts")]) == 0
+    results, failed = run(tmp_path, target, draft, str(tmp_path / "prompts-*.parquet"), "--stop", "\n\n")
+    assert failed.num_rows == 0 and results.num_rows == len(TEXTS)
+    for row in results.to_pylist():
+        article = TEXTS[int(row["id"][1:])]
+        messages = [{"role": "system", "content": "You summarize."},
+                    {"role": "user", "content": f"Summarize:\n{article}"}]
+        expected, n, _ = reference(target, messages, ["\n\n"])
+        assert (row["generation"], row["new_tokens"]) == (expected, n)
