@@ -102,7 +102,8 @@ def is_conversation(value: object) -> bool:
 def check_conversation(value: object) -> list[dict[str, str]]:
     """The conversation as [{role, content}] messages, or a PromptError naming the bad message.
 
-    Only `role` and `content` go to the chat template; other struct fields are ignored.
+    A text prompt becomes one user message. Only `role` and `content` go to the chat
+    template; other struct fields are ignored.
     """
     if not is_conversation(value):
         return [{"role": "user", "content": check_prompt(value)}]
