@@ -45,6 +45,15 @@ class SpecDecOptions(PipelineOptions):
         a("--ngram_min_size", type=int, default=1, help="--drafter ngram: shortest n-gram to match")
         a("--large_model", action="store_true", default=False,
           help="load one copy of the pair per machine, shared by all SDK processes (GPU workers)")
+        a("--chat_template", action="store_true", default=False,
+          help="apply the tokenizer's chat template: each prompt becomes the user message, with the generation "
+          "prompt added (conversation columns always go through it)")
+        a("--system_prompt", default=None,
+          help="with --chat_template or a conversation column: a system message put first (conversations that "
+          "open with their own system message keep it)")
+        a("--stop", action="append", default=None,
+          help="stop string (repeatable): generation ends at its first occurrence in the output, which it is "
+          "cut from; finish_reason is stop")
         a("--accelerator", default=None,
           help="accelerator resource hint for the generate step only, "
           "e.g. type:nvidia-l4;count:1;install-nvidia-driver")
@@ -69,4 +78,7 @@ class SpecDecOptions(PipelineOptions):
             dtype=self.dtype,
             gamma_policy=self.gamma_policy,
             cpu_kernels=self.cpu_kernels,
+            chat_template=self.chat_template,
+            system_prompt=self.system_prompt,
+            stop=tuple(self.stop or ()),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pyarrow as pa
@@ -41,6 +42,52 @@ def _check_columns(opts: SpecDecOptions, schema: pa.Schema) -> None:
     clash = [c for c in opts.passthrough() if c in taken]
     if clash:
         raise JobConfigError(f"--passthrough_columns {clash[0]!r} clashes with an output column of that name")
+
+
+def conversation_column(schema: pa.Schema, column: str) -> bool:
+    """Whether the prompt column holds conversations: a list of structs with `role` and `content`.
+
+    Any other list column is a job-level mistake (every row would fail), so it stops the job.
+    """
+    typ = schema.field(column).type
+    if not (pa.types.is_list(typ) or pa.types.is_large_list(typ)):
+        return False
+    value = typ.value_type
+    if pa.types.is_struct(value) and {"role", "content"} <= {value.field(i).name for i in range(value.num_fields)}:
+        return True
+    raise JobConfigError(f"--prompt_column {column!r} is {typ}: expected text, or a conversation "
+                         "(a list of {role, content} structs)")
+
+
+def _has_chat_template(path: str) -> bool:
+    if path.startswith("gs://"):
+        base = path.rstrip("/")
+        if any(FileSystems.exists(f"{base}/{name}") for name in ("chat_template.jinja", "chat_template.json")):
+            return True
+        try:
+            with FileSystems.open(f"{base}/tokenizer_config.json") as f:
+                return bool(json.load(f).get("chat_template"))
+        except Exception:
+            return False
+    from specdec_core.loading import load_tokenizer
+
+    try:
+        return bool(load_tokenizer(path).chat_template)
+    except Exception as e:
+        raise JobConfigError(f"--tokenizer/--target_model {path!r}: cannot load a tokenizer "
+                             f"({type(e).__name__})") from e
+
+
+def _check_chat(opts: SpecDecOptions, schema: pa.Schema) -> None:
+    conversations = conversation_column(schema, opts.prompt_column)
+    if opts.system_prompt is not None and not (opts.chat_template or conversations):
+        raise JobConfigError("--system_prompt needs --chat_template (or a conversation prompt column)")
+    if opts.chat_template or conversations:
+        path = opts.tokenizer or opts.target_model
+        if not _has_chat_template(path):
+            why = ("--chat_template" if opts.chat_template
+                   else f"--prompt_column {opts.prompt_column!r} holds conversations")
+            raise JobConfigError(f"{why}, but the tokenizer of {path!r} has no chat template")
 
 
 def _check_model_path(flag: str, path: str) -> None:
@@ -97,4 +144,5 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     if opts.drafter == "model":
         _check_model_path("--draft_model", opts.draft_model)
         _check_pair(opts)
+    _check_chat(opts, schema)
     return schema

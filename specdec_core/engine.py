@@ -9,6 +9,7 @@ rounds: each cache holds every committed decoder token except the newest one.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +20,11 @@ from specdec_core.decoder import CachedDecoder, initial_decoder_ids
 from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
 from specdec_core.gamma import Costs, GammaPolicy, fixed_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
+
+# An item's own end condition (e.g. stop strings, specdec_core/stopping.py): called with each
+# round's committed tokens, once each and in order; returns the index of the token that ends
+# the item (kept), or None. Stateful per item, and free of tokenizers as far as the engine goes.
+FinishCheck = Callable[[list[int]], int | None]
 
 
 @dataclass
@@ -129,7 +135,7 @@ class SpeculativeGenerator:
             costs.c = 0.001  # a lookup drafter: microseconds against a model pass
         return costs
 
-    def generate(self, prompt_ids: list[int], seed: int = 0) -> Generation:
+    def generate(self, prompt_ids: list[int], seed: int = 0, finish_check: FinishCheck | None = None) -> Generation:
         if self.gamma_policy.needs_costs and not isinstance(self.drafter, NoDrafter):
             # Once per process, before this item's clock starts.
             self.gamma_policy.set_costs(self.measure_costs(prompt_ids))
@@ -187,7 +193,7 @@ class SpeculativeGenerator:
                 gamma_state.record_confidences(draft.confidences, n)
 
             emitted = drafts[:n] + [token]
-            emitted, finish = self._truncate(emitted, remaining)
+            emitted, finish = self._truncate(emitted, remaining, finish_check)
             stats.accepted_tokens += min(n, len(emitted))
             if not new:
                 stats.ttft_s = time.perf_counter() - start
@@ -205,10 +211,21 @@ class SpeculativeGenerator:
         stats.latency_s = time.perf_counter() - start
         return Generation(new, stats)
 
-    def _truncate(self, emitted: list[int], remaining: int) -> tuple[list[int], str]:
-        for i, tok in enumerate(emitted[:remaining]):
-            if tok in self.eos:
-                return emitted[: i + 1], "eos"
+    def _truncate(self, emitted: list[int], remaining: int, finish_check: FinishCheck | None = None
+                  ) -> tuple[list[int], str]:
+        """A round's tokens cut at the first end: a stop (finish_check), an EOS, or the budget.
+
+        The round's tokens are the target's own up to the cut, so any rule that depends only on
+        the committed tokens stops where the target alone would (greedy and sampled alike).
+        """
+        emitted = emitted[:remaining]
+        eos = next((i for i, tok in enumerate(emitted) if tok in self.eos), None)
+        kept = emitted if eos is None else emitted[: eos + 1]
+        stop = finish_check(kept) if finish_check else None
+        if stop is not None:
+            return kept[: stop + 1], "stop"
+        if eos is not None:
+            return kept, "eos"
         if len(emitted) >= remaining:
-            return emitted[:remaining], "length"
+            return emitted, "length"
         return emitted, ""

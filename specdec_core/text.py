@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -27,10 +28,12 @@ from specdec_core.loading import (
     resolve_dtype,
 )
 from specdec_core.processing import SamplingSettings
+from specdec_core.stopping import StopStrings, check_stop_strings, cut_at_stop
 
 DRAFTERS = ("model", "ngram", "none")
 GAMMA_POLICIES = ("auto", "fixed", "adaptive")
 CPU_KERNELS = ("prepacked", "stock")
+ROLES = ("system", "user", "assistant")
 
 
 class PromptError(ValueError):
@@ -57,6 +60,28 @@ class PromptTooLong(PromptError):
     pass
 
 
+class EmptyConversation(PromptError):
+    pass
+
+
+class UnknownRole(PromptError):
+    pass
+
+
+class InvalidMessage(PromptError):
+    pass
+
+
+class ChatTemplateError(PromptError):
+    """The tokenizer's chat template refused the conversation (e.g. roles that do not alternate)."""
+
+
+def _check_characters(value: str, what: str) -> None:
+    bad = sorted({c for c in value if unicodedata.category(c) in ("Cc", "Cs") and c not in "\t\n\r"})
+    if bad:
+        raise InvalidCharacters(f"{what} contains control characters {', '.join(repr(c) for c in bad[:5])}")
+
+
 def check_prompt(value: object) -> str:
     """The prompt as a string, or a PromptError saying why it is not usable."""
     if value is None:
@@ -65,10 +90,41 @@ def check_prompt(value: object) -> str:
         raise InvalidPromptType(f"prompt is {type(value).__name__}, expected a string")
     if not value.strip():
         raise EmptyPrompt("prompt is empty or whitespace only")
-    bad = sorted({c for c in value if unicodedata.category(c) in ("Cc", "Cs") and c not in "\t\n\r"})
-    if bad:
-        raise InvalidCharacters(f"prompt contains control characters {', '.join(repr(c) for c in bad[:5])}")
+    _check_characters(value, "prompt")
     return value
+
+
+def is_conversation(value: object) -> bool:
+    """A list of messages (a Parquet list of {role, content} structs), as opposed to a text prompt."""
+    return isinstance(value, list | tuple)
+
+
+def check_conversation(value: object) -> list[dict[str, str]]:
+    """The conversation as [{role, content}] messages, or a PromptError naming the bad message.
+
+    A text prompt becomes one user message. Only `role` and `content` go to the chat
+    template; other struct fields are ignored.
+    """
+    if not is_conversation(value):
+        return [{"role": "user", "content": check_prompt(value)}]
+    if not value:
+        raise EmptyConversation("conversation has no messages")
+    messages = []
+    for i, message in enumerate(value, 1):
+        if not isinstance(message, dict):
+            raise InvalidMessage(f"message {i} is {type(message).__name__}, expected a {{role, content}} struct")
+        role, content = message.get("role"), message.get("content")
+        if role not in ROLES:
+            raise UnknownRole(f"message {i} has role {role!r}, expected one of {', '.join(ROLES)}")
+        if content is None:
+            raise InvalidMessage(f"message {i} ({role}) has no content")
+        if not isinstance(content, str):
+            raise InvalidMessage(f"message {i} ({role}) content is {type(content).__name__}, expected a string")
+        _check_characters(content, f"message {i} ({role})")
+        messages.append({"role": role, "content": content})
+    if not any(m["content"].strip() for m in messages):
+        raise EmptyConversation("every message of the conversation is empty")
+    return messages
 
 
 @dataclass(frozen=True)
@@ -90,8 +146,12 @@ class GeneratorSpec:
     dtype: str = "auto"
     gamma_policy: str = "fixed"
     cpu_kernels: str = "prepacked"
+    chat_template: bool = False
+    system_prompt: str | None = None
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        check_stop_strings(self.stop)
         if self.gamma_policy not in GAMMA_POLICIES:
             raise ValueError(f"--gamma_policy {self.gamma_policy!r}: expected one of {', '.join(GAMMA_POLICIES)}")
         if self.cpu_kernels not in CPU_KERNELS:
@@ -120,8 +180,14 @@ class TextGenerator:
         sampling: SamplingSettings = SamplingSettings(),
         gamma_policy: GammaPolicy | None = None,
         context: int | None = None,
+        chat_template: bool = False,
+        system_prompt: str | None = None,
+        stop: Sequence[str] = (),
     ):
         self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.system_prompt = system_prompt
+        self.stop = check_stop_strings(stop)
         self.engine = SpeculativeGenerator(
             target,
             drafter,
@@ -143,6 +209,9 @@ class TextGenerator:
         if spec.cpu_kernels == "prepacked":
             prepare_for_cpu(target)  # no-op off CPU or outside fp32
         tokenizer = load_tokenizer(spec.tokenizer or spec.target_model)
+        if spec.chat_template and not tokenizer.chat_template:
+            raise ValueError(f"--chat_template: the tokenizer of {spec.tokenizer or spec.target_model} "
+                             "has no chat template")
         models = [target]
         if spec.drafter == "model":
             draft = load_model(spec.draft_model, device, dtype)
@@ -171,11 +240,18 @@ class TextGenerator:
             sampling=SamplingSettings(spec.temperature, spec.top_k, spec.top_p),
             gamma_policy=gamma_policy,
             context=context_limit(*models),
+            chat_template=spec.chat_template,
+            system_prompt=spec.system_prompt,
+            stop=spec.stop,
         )
 
     def encode(self, prompt: object) -> list[int]:
-        text = check_prompt(prompt)
-        ids = self.tokenizer(text)["input_ids"]
+        """Prompt ids: the text's own tokens, or, for a conversation or with `chat_template`, the
+        tokenizer's chat template applied with the generation prompt (exactly HF's ids)."""
+        if is_conversation(prompt) or self.chat_template:
+            ids = self.chat_ids(check_conversation(prompt))
+        else:
+            ids = self.tokenizer(check_prompt(prompt))["input_ids"]
         if not ids:
             raise EmptyPrompt("prompt tokenizes to no tokens")
         budget = self.context
@@ -189,13 +265,31 @@ class TextGenerator:
                 )
         return ids
 
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """`apply_chat_template(messages, add_generation_prompt=True)`, after the --system_prompt
+        message unless the conversation brings its own."""
+        if self.system_prompt is not None and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        from jinja2 import TemplateError
+
+        try:
+            encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                         return_dict=True)
+        except (TemplateError, ValueError) as e:  # the template's raise_exception(), or no template
+            raise ChatTemplateError(f"chat template: {e}") from e
+        return list(encoded["input_ids"])
+
     def generate(self, prompt: object, seed: int = 0) -> dict:
         ids = self.encode(prompt)
+        stop = StopStrings(self.tokenizer, self.stop) if self.stop else None
         with self._lock:
-            out = self.engine.generate(ids, seed)
+            out = self.engine.generate(ids, seed, stop)
         s = out.stats
+        text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)
+        if s.finish_reason == "stop":
+            text, _ = cut_at_stop(text, self.stop)
         return {
-            "generation": self.tokenizer.decode(out.tokens, skip_special_tokens=True),
+            "generation": text,
             "token_ids": out.tokens,
             "new_tokens": s.new_tokens,
             "prompt_tokens": s.prompt_tokens,

@@ -1,5 +1,6 @@
 """Prompt checks, pair checks and loading from saved directories."""
 
+import re
 import shutil
 
 import pytest
@@ -94,3 +95,53 @@ def test_spec_validation():
         GeneratorSpec("t", drafter="none", temperature=0.7, gamma_policy="adaptive")
     with pytest.raises(ValueError, match="top_p"):
         GeneratorSpec("t", drafter="none", temperature=1.0, top_p=1.5)
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "needle"),
+    [([], "EmptyConversation", "no messages"),
+     ([{"role": "user", "content": "  "}], "EmptyConversation", "empty"),
+     ([{"role": "bot", "content": "hi"}], "UnknownRole", "role 'bot'"),
+     ([{"role": "user"}], "InvalidMessage", "has no content"),
+     ([{"role": "user", "content": 3}], "InvalidMessage", "content is int"),
+     (["hi"], "InvalidMessage", "message 1 is str"),
+     ([{"role": "user", "content": "a\x07"}], "InvalidCharacters", "message 1 (user)")],
+)
+def test_bad_conversations_raise_a_named_error(value, error, needle):
+    from specdec_core import text
+
+    with pytest.raises(getattr(text, error), match=re.escape(needle)):
+        text.check_conversation(value)
+
+
+def test_chat_prompt_ids_are_apply_chat_template_s(tmp_path):
+    """Text prompts with the flag, conversations without it; the system prompt goes first unless the
+    conversation brings its own; the saved list of end tokens survives loading."""
+    from tests.tiny_models import save_chat_pair
+
+    target, draft = save_chat_pair(tmp_path)
+    gen = TextGenerator.load(GeneratorSpec(str(target), str(draft), max_new_tokens=8, chat_template=True,
+                                           system_prompt="Be brief."))
+    tok = gen.tokenizer
+
+    def hf(messages):
+        return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
+            "input_ids"]
+
+    system = {"role": "system", "content": "Be brief."}
+    assert gen.encode("Hello") == hf([system, {"role": "user", "content": "Hello"}])
+    own = [{"role": "system", "content": "Be long."}, {"role": "user", "content": "Hi"}]
+    assert gen.encode(own) == hf(own)
+    plain = TextGenerator.load(GeneratorSpec(str(target), str(draft), max_new_tokens=8))
+    assert plain.encode("Hello") == tok("Hello").input_ids  # raw text without the flag
+    assert plain.encode([{"role": "user", "content": "Hi"}]) == hf([{"role": "user", "content": "Hi"}])
+    assert plain.engine.eos == {tok.eos_token_id, tok.convert_tokens_to_ids("<|end|>")}
+    ids = hf([{"role": "user", "content": "Hi"}])
+    ref = plain.engine.target.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=8)[0, len(ids):].tolist()
+    assert plain.generate([{"role": "user", "content": "Hi"}])["token_ids"] == ref
+
+
+def test_chat_template_flag_needs_a_template(saved_pairs):
+    target_dir, draft_dir = saved_pairs["llama"]
+    with pytest.raises(ValueError, match="has no chat template"):
+        TextGenerator.load(GeneratorSpec(str(target_dir), str(draft_dir), chat_template=True))

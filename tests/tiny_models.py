@@ -123,3 +123,38 @@ def save_pair(root: Path, kind: str, noise: float = 0.3) -> tuple[Path, Path]:
         model.save_pretrained(path)
         tok.save_pretrained(path)
     return paths
+
+
+# A chat format in the style of instruct models: role markers and an end-of-turn token that are
+# special tokens, and a template that refuses a conversation opening with the assistant.
+CHAT_SPECIALS = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if loop.first and m['role'] == 'assistant' %}"
+    "{{ raise_exception('a conversation cannot open with the assistant') }}{% endif %}"
+    "<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def build_chat_tokenizer() -> PreTrainedTokenizerFast:
+    """The tiny tokenizer plus chat special tokens and a chat template."""
+    tok = build_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": CHAT_SPECIALS})
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def save_chat_pair(root: Path, kind: str = "llama", noise: float = 0.05) -> tuple[Path, Path]:
+    """An "instruct" pair: a tokenizer with a chat template, and a generation config that lists
+    two end tokens (</s> and <|end|>), as Llama 3 and Qwen 2.5 chat models do."""
+    tok = build_chat_tokenizer()
+    target = make_model(kind, tok, seed=1)
+    draft = perturbed_copy(target, noise, seed=2)
+    paths = Path(root) / f"{kind}-chat-target", Path(root) / f"{kind}-chat-draft"
+    for model, path in zip((target, draft), paths, strict=True):
+        model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids("<|end|>")]
+        model.save_pretrained(path)
+        tok.save_pretrained(path)
+    return paths

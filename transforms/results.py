@@ -3,6 +3,7 @@ row per prompt that could not be generated (DESIGN.md, "Output")."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import apache_beam as beam
@@ -58,6 +59,8 @@ def failed_rows(dead_letter: tuple, id_column: str, prompt_column: str) -> list[
     rows = []
     for row in batch:
         prompt = row.get(prompt_column)
+        if isinstance(prompt, list | tuple | dict):  # a conversation: kept readable, as JSON
+            prompt = json.dumps(prompt, ensure_ascii=False, default=repr)
         rows.append({
             "id": row.get(id_column),
             "prompt": prompt if prompt is None or isinstance(prompt, str) else repr(prompt),

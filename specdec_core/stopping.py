@@ -1,0 +1,68 @@
+"""Stop strings: where in a stream of committed tokens the decoded text first holds one.
+
+The engine has no tokenizer; it asks a per-item finish check after every round (see
+`SpeculativeGenerator.generate`). `StopStrings` is that check for text stop strings:
+fed each round's committed tokens once, in order, it returns the index of the token that
+completes a stop string, like Hugging Face's `StopStringCriteria` (the token may overhang
+the stop string on either side), but matching on decoded text, so that multi-byte
+characters split over byte-level pieces match too.
+
+Cost: each new token decodes only a tail window of the tokens before it, long enough to
+hold any stop string (every non-special token decodes to at least one byte), plus a few
+tokens so that window-start effects (a half character, a dropped leading space) fall
+before any match. Long outputs therefore cost O(n), not O(n^2) decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+_MARGIN = 4  # tokens before the longest possible match: up to 3 bytes of a split character + a leading space
+
+
+def check_stop_strings(stops: Sequence[str]) -> tuple[str, ...]:
+    """The stop strings as a tuple; ValueError for an empty one (it would stop at once)."""
+    stops = tuple(stops)
+    for s in stops:
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"--stop {s!r}: a stop string must be non-empty text")
+    return stops
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
+    """`text` up to (not including) the earliest occurrence of any stop string, and whether one was found."""
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return (text[: min(found)], True) if found else (text, False)
+
+
+class StopStrings:
+    """One item's stop-string check: `__call__(new_tokens)` -> index of the completing token, or None.
+
+    Stateful (it remembers the item's tokens so far): build one per item. Text is decoded as
+    the output's `generation` is, `skip_special_tokens=True`.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[str]):
+        self.tokenizer = tokenizer
+        self.stops = check_stop_strings(stops)
+        self.special = set(tokenizer.all_special_ids)
+        self.window = max(len(s.encode("utf-8")) for s in self.stops) + _MARGIN if self.stops else 0
+        self.tokens: list[int] = []
+
+    def __call__(self, new_tokens: Sequence[int]) -> int | None:
+        for i, tok in enumerate(new_tokens):
+            self.tokens.append(int(tok))
+            if tok not in self.special and self._completed():
+                return i
+        return None
+
+    def _completed(self) -> bool:
+        """Whether the last token completes a stop string (none was complete before it)."""
+        start, counted = len(self.tokens), 0
+        while start > 0 and counted < self.window:
+            start -= 1
+            counted += self.tokens[start] not in self.special
+        tail = self.tokenizer.decode(self.tokens[start:], skip_special_tokens=True)
+        return any(s in tail for s in self.stops)
