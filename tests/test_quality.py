@@ -1,0 +1,45 @@
+"""The one quality scorer shared by the demo and the report."""
+
+import pytest
+
+from pipeline.quality import is_degenerate, looping_share, repeated_ngram_share, rouge, score_generations
+
+
+@pytest.mark.parametrize("text", [
+    "", "   ", "self.self.self.self.self.self.", "ctctctctctctctctctct",
+    "Return the value. Return the value. Return the value. Return the value.",
+    "        self._\n        self._\n        self._\n        self._\n",
+])
+def test_loops_and_empty_outputs_are_degenerate(text):
+    assert is_degenerate(text)
+
+
+@pytest.mark.parametrize("text", [
+    "Return the absolute value of x.",
+    "Return a list of (name, value) pairs for each option in the given section.",
+    "Create a new ZipFile; mode is 'r', 'w', 'x' or 'a'.",
+])
+def test_ordinary_summaries_are_not(text):
+    assert not is_degenerate(text)
+    assert repeated_ngram_share(text) < 0.2 and looping_share(text) < 0.2
+
+
+def test_rouge_is_the_reference_package_mean_f1():
+    from rouge_score import rouge_scorer
+
+    preds = ["Return the absolute value of x.", "Open a file."]
+    refs = ["Return the absolute value of the argument.", "Close the file and flush it."]
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    expected = sum(scorer.score(r, p)["rougeL"].fmeasure for p, r in zip(preds, refs, strict=True)) / 2
+    assert rouge(preds, refs)["rougeL"] == pytest.approx(expected)
+    assert rouge(refs, refs)["rouge1"] == pytest.approx(1.0)
+    assert rouge(["zebra quantum"], ["Return the value"])["rougeL"] == 0.0
+
+
+def test_score_generations_counts_degenerate_outputs():
+    q = score_generations(["Return x.", "ctctctctctctctct", "", "Open the file."],
+                          ["Return x.", "Return y.", "Close.", "Open a file."])
+    assert q["degenerate_share"] == 0.5
+    assert 0 < q["rougeL"] < 1
+    with pytest.raises(ValueError):
+        rouge(["a"], [])
