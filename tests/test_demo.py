@@ -1,4 +1,4 @@
-"""The README's main command, end to end in its reduced (--tiny) size."""
+"""The README's main command, end to end, on the committed pair (few prompts in CI)."""
 
 import pyarrow.parquet as pq
 import pytest
@@ -7,21 +7,33 @@ from pipeline import demo
 
 
 @pytest.mark.slow
-def test_tiny_demo_runs_both_jobs_and_reports(tmp_path, capsys):
+def test_tiny_demo_runs_three_jobs_and_judges_them(tmp_path, capsys):
     assert demo.main(["--tiny", "--workdir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     prompts = pq.read_table(tmp_path / "prompts.parquet")
-    assert prompts.num_rows == 6
-    for name in ("speculative", "baseline"):
+    assert prompts.num_rows == 6 and "reference" in prompts.schema.names
+    for name in ("model_draft", "prompt_lookup", "target_alone"):
         results = pq.read_table(next((tmp_path / "out" / name).glob("gens-00000-of-*.parquet")))
         assert sorted(results["id"].to_pylist()) == sorted(prompts["id"].to_pylist())
-        assert (tmp_path / "out" / name / "gens-failed-00000-of-00001.parquet").exists()
+        assert results["reference"].to_pylist()  # the reference column travels with the results
     for label in ("mean acceptance", "tokens per target step", "latency p50 / p95", "tokens/s",
-                  "speed-up (target-alone / speculative latency)"):
+                  "ROUGE-1 / 2 / L", "degenerate outputs", "speed-up vs target alone", "reference:"):
         assert label in out
-    assert "greedy outputs identical                       yes: 6/6 rows" in out
-    assert (tmp_path / "models" / "target" / "config.json").exists()
-    assert (tmp_path / "models" / "draft" / "config.json").exists()
+    assert "outputs identical to target alone            6/6" in out
+    assert "greedy outputs identical across drafters: yes" in out
+
+
+def test_damaged_pair_stops_the_demo_in_one_line(tmp_path, capsys):
+    import shutil
+
+    from pipeline.demo_models import ASSETS
+
+    pair = tmp_path / "pair"
+    shutil.copytree(ASSETS, pair)
+    (pair / "target" / "model.safetensors").write_bytes(b"not weights")
+    assert demo.main(["--tiny", "--pair", str(pair), "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: demo pair file ") and "model.safetensors" in err[0]
 
 
 def test_unwritable_workdir_is_a_one_line_error(tmp_path, capsys):

@@ -1,151 +1,108 @@
-"""Fast tests of the demo's model making, in tiny mode (a few seconds of training)."""
+"""The demo's summarization data, its committed T5 pair (checked by hash) and the recipe's quality gate."""
 
-from __future__ import annotations
-
-import json
-import os
 import shutil
-from pathlib import Path
+import textwrap
 
-import pyarrow.parquet as pq
 import pytest
-import torch
 
-from pipeline import demo_models as dm
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """One tiny pair, built once for the module (copies are made for destructive tests)."""
-    workdir = tmp_path_factory.mktemp("demo")
-    before = dict(dm.TRAIN_COUNTS)
-    target_dir, draft_dir = dm.ensure_demo_models(workdir, tiny=True)
-    assert dm.TRAIN_COUNTS["target"] == before["target"] + 1
-    assert dm.TRAIN_COUNTS["draft"] == before["draft"] + 1
-    return workdir, target_dir, draft_dir
-
-
-def _copy(src_workdir: Path, tmp_path: Path) -> Path:
-    dst = tmp_path / "copy"
-    shutil.copytree(src_workdir, dst)
-    return dst
+from pipeline import demo_data, demo_models as dm
 
 
 def test_split_is_deterministic_and_disjoint():
-    files = dm.stdlib_files()
-    assert files == sorted(files) and len(files) > 50
-    train, held = dm.split_files(files, dm.FULL.heldout_mod)
-    assert not set(train) & set(held)
-    assert set(train) | set(held) == set(files)
-    assert 0.03 < len(held) / len(files) < 0.2
-    assert dm.split_files(files, dm.FULL.heldout_mod) == (train, held)
+    files = demo_data.stdlib_files()
+    train, held = demo_data.split_files(files)
+    assert files and train and held
+    assert not set(train) & set(held) and len(train) + len(held) == len(files)
+    assert demo_data.split_files(files) == (train, held)
 
 
-def test_pair_is_ordinary_hf_dirs_sharing_a_tokenizer(built):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def test_functions_are_code_without_docstring_and_first_paragraph(tmp_path):
+    (tmp_path / "m.py").write_text(textwrap.dedent('''
+        class A:
+            @property
+            def size(self, unit="b"):
+                """Return the size in
+                bytes of the file.
 
-    workdir, target_dir, draft_dir = built
-    assert target_dir == workdir / "models" / "target" and draft_dir == workdir / "models" / "draft"
-    t_tok, d_tok = AutoTokenizer.from_pretrained(target_dir), AutoTokenizer.from_pretrained(draft_dir)
-    assert t_tok.get_vocab() == d_tok.get_vocab()
-    assert (t_tok.bos_token, t_tok.eos_token, t_tok.pad_token) == ("<s>", "</s>", "<pad>")
-    text = "def f(x):\n    return x + 1\n"
-    ids = t_tok(text, add_special_tokens=False)["input_ids"]
-    assert t_tok.decode(ids) == text  # byte-level BPE round-trips code exactly
-    target = AutoModelForCausalLM.from_pretrained(target_dir)
-    draft = AutoModelForCausalLM.from_pretrained(draft_dir)
-    assert target.config.vocab_size == draft.config.vocab_size == len(t_tok)
-    assert target.config.eos_token_id == t_tok.eos_token_id
-    assert sum(p.numel() for p in draft.parameters()) < sum(p.numel() for p in target.parameters())
-    out = target.generate(torch.tensor([ids]), max_new_tokens=5, do_sample=False)
-    assert out.shape[1] <= len(ids) + 5
-    for d in (target_dir, draft_dir):
-        marker = json.loads((d / dm.MARKER).read_text())
-        assert marker["steps"] > 0 and marker["weights_sha256"]
+                More details that are not the summary.
+                """
+                return self._size
 
+        def only_doc():
+            """No body: skipped."""
 
-def test_cache_is_reused(built):
-    workdir, target_dir, draft_dir = built
-    before = dict(dm.TRAIN_COUNTS)
-    mtimes = [(d / dm.WEIGHTS).stat().st_mtime_ns for d in (target_dir, draft_dir)]
-    assert dm.ensure_demo_models(workdir, tiny=True) == (target_dir, draft_dir)
-    assert dm.TRAIN_COUNTS == before
-    assert [(d / dm.WEIGHTS).stat().st_mtime_ns for d in (target_dir, draft_dir)] == mtimes
+        def undocumented():
+            return 1
+        '''))
+    (ex,) = demo_data.functions(tmp_path, "m.py")
+    assert ex["summary"] == "Return the size in bytes of the file."
+    assert ex["code"] == '@property\ndef size(self, unit="b"):\n    return self._size\n'
+    assert ex["name"] == "size" and ex["file"] == "m.py"
 
 
-def test_truncated_target_weights_are_repaired(built, tmp_path, caplog):
-    workdir = _copy(built[0], tmp_path)
-    weights = workdir / "models" / "target" / dm.WEIGHTS
-    with open(weights, "r+b") as f:
-        f.truncate(weights.stat().st_size // 2)
-    reason = dm.validate_cached(weights.parent, dm.TINY.hash("target"))
-    assert reason is not None and "\n" not in reason
-    before = dict(dm.TRAIN_COUNTS)
-    with caplog.at_level("WARNING", logger="pipeline.demo_models"):
-        target_dir, draft_dir = dm.ensure_demo_models(workdir, tiny=True)
-    assert "rebuilding" in caplog.text
-    assert dm.TRAIN_COUNTS["target"] == before["target"] + 1
-    assert dm.TRAIN_COUNTS["draft"] == before["draft"] + 1  # the draft follows its target
-    assert dm.validate_cached(target_dir, dm.TINY.hash("target")) is None
-    before = dict(dm.TRAIN_COUNTS)
-    dm.ensure_demo_models(workdir, tiny=True)  # and the repaired cache is reused
-    assert dm.TRAIN_COUNTS == before
+def test_committed_pair_is_verified_t5_sharing_one_tokenizer():
+    from transformers import AutoConfig, AutoTokenizer
+
+    manifest = dm.verify_assets()
+    target, draft = dm.demo_pair_dirs()
+    configs = [AutoConfig.from_pretrained(d) for d in (target, draft)]
+    assert all(c.model_type == "t5" and c.is_encoder_decoder for c in configs)
+    assert AutoTokenizer.from_pretrained(target).get_vocab() == AutoTokenizer.from_pretrained(draft).get_vocab()
+    # The quality it shipped with meets its gate (measured on the saved fp16 weights).
+    gate = dm.QualityGate(**manifest["gate"])
+    dm.check_gate(gate, manifest["quality"])
+    assert manifest["quality"]["acceptance"] >= 0.6
+    rows = dm.demo_prompt_rows()
+    assert len(rows) >= 40 and all(r["prompt"] and r["reference"] for r in rows)
+    assert all(demo_data.is_heldout(r["source_file"]) for r in rows)
 
 
-def test_corrupt_draft_only_retrains_the_draft(built, tmp_path):
-    workdir = _copy(built[0], tmp_path)
-    (workdir / "models" / "draft" / dm.WEIGHTS).write_bytes(b"not a safetensors file")
-    before = dict(dm.TRAIN_COUNTS)
-    dm.ensure_demo_models(workdir, tiny=True)
-    assert dm.TRAIN_COUNTS["target"] == before["target"]
-    assert dm.TRAIN_COUNTS["draft"] == before["draft"] + 1
+@pytest.fixture
+def pair_copy(tmp_path):
+    dest = tmp_path / "pair"
+    shutil.copytree(dm.ASSETS, dest)
+    return dest
 
 
-def test_missing_marker_means_rebuild(built, tmp_path):
-    workdir = _copy(built[0], tmp_path)
-    (workdir / "models" / "target" / dm.MARKER).unlink()  # e.g. a run killed while saving
-    assert dm.validate_cached(workdir / "models" / "target", dm.TINY.hash("target")) is not None
-    before = dict(dm.TRAIN_COUNTS)
-    dm.ensure_demo_models(workdir, tiny=True)
-    assert dm.TRAIN_COUNTS["target"] == before["target"] + 1
-    assert not [p for p in (workdir / "models").iterdir() if p.name.startswith(".")]  # no temp dirs left
+def test_damaged_weights_are_a_one_line_error(pair_copy):
+    weights = pair_copy / "target" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(dm.DemoSetupError) as e:
+        dm.demo_pair_dirs(pair_copy)
+    message = str(e.value)
+    assert "\n" not in message and str(weights) in message and "SHA-256" in message and "--retrain" in message
 
 
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores permissions")
-def test_unwritable_workdir_is_one_line_error(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
-    try:
-        with pytest.raises(dm.DemoSetupError) as err:
-            dm.ensure_demo_models(ro / "work", tiny=True)
-        msg = str(err.value)
-        assert "\n" not in msg and "cannot write" in msg and str(ro) in msg
-    finally:
-        ro.chmod(0o700)
+def test_missing_file_is_a_one_line_error(pair_copy):
+    (pair_copy / "draft" / "config.json").unlink()
+    with pytest.raises(dm.DemoSetupError, match="is missing"):
+        dm.demo_pair_dirs(pair_copy)
 
 
-def test_workdir_that_is_a_file_is_one_line_error(tmp_path):
-    # Works as root too: a regular file where the work directory should be.
-    blocker = tmp_path / "blocker"
-    blocker.write_text("x")
-    with pytest.raises(dm.DemoSetupError) as err:
-        dm.ensure_demo_models(blocker / "work", tiny=True)
-    msg = str(err.value)
-    assert "\n" not in msg and "cannot write" in msg
+def test_gate_names_every_shortfall():
+    gate = dm.QualityGate(min_acceptance=0.6, min_rouge_l=0.2, max_degenerate_share=0.05)
+    dm.check_gate(gate, {"acceptance": 0.7, "rougeL": 0.3, "degenerate_share": 0.0})
+    with pytest.raises(dm.DemoQualityError) as e:
+        dm.check_gate(gate, {"acceptance": 0.41, "rougeL": 0.05, "degenerate_share": 0.5})
+    message = str(e.value)
+    assert "acceptance 0.410 < 0.6" in message and "ROUGE-L 0.050 < 0.2" in message and "50%" in message
 
 
-def test_prompts_parquet_from_heldout_files(built):
-    workdir, target_dir, _ = built
-    path = dm.write_demo_prompts(workdir, 5, target_dir, tiny=True)
-    assert path == workdir / "prompts.parquet"
-    table = pq.read_table(path)
-    assert table.column_names[:2] == ["id", "prompt"] and "source_file" in table.column_names
-    rows = table.to_pylist()
-    assert len(rows) == 5 and len({r["id"] for r in rows}) == 5
-    _, held = dm.split_files(dm.stdlib_files(), dm.TINY.heldout_mod)
-    assert all(r["source_file"] in held for r in rows)
-    assert all(r["prompt"].rstrip().endswith(":") and "def " in r["prompt"] for r in rows)
-    # deterministic
-    again = dm.write_demo_prompts(workdir, 5, target_dir, tiny=True)
-    assert pq.read_table(again).to_pylist() == rows
+@pytest.mark.slow
+def test_recipe_builds_a_pair_and_the_gate_catches_a_weak_one(tmp_path):
+    """The CI-sized recipe runs end to end into a verified directory; the real gate then refuses
+    what a few training steps make (degenerate, no overlap with the references)."""
+    manifest = dm.retrain(tmp_path / "pair", dm.TINY)
+    assert dm.verify_assets(tmp_path / "pair") == manifest
+    target, draft = dm.demo_pair_dirs(tmp_path / "pair")
+    rows = dm.demo_prompt_rows(tmp_path / "pair")
+    measured = dm.evaluate_pair(target, draft, rows, max_new_tokens=12)
+    with pytest.raises(dm.DemoQualityError, match="misses its quality gate"):
+        dm.check_gate(dm.FULL.gate, measured)
+    # A failed gate leaves an existing pair untouched.
+    weak = dm.Recipe(**{**dm.TINY.__dict__, "gate": dm.FULL.gate})
+    with pytest.raises(dm.DemoQualityError):
+        dm.retrain(tmp_path / "pair", weak)
+    assert dm.verify_assets(tmp_path / "pair") == manifest

@@ -1,0 +1,90 @@
+"""The demo's summarization task: Python functions from the standard library -> their docstrings.
+
+Code-to-text summarization (the task of CodeSearchNet's docstring benchmarks) is the one real
+summarization job whose data every machine already has: each documented function of the
+standard library gives an input (the function with its docstring removed) and a human-written
+reference summary (the docstring's first paragraph). Summaries copy parameter and attribute
+names from their input, which is what prompt lookup feeds on.
+
+Files are split by a hash of their path: one in ten is held out, and the demo's prompts come
+only from held-out files.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import sysconfig
+import textwrap
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+_SKIP_PARTS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "encodings",
+               "pydoc_data", "__pycache__", "turtledemo", "ensurepip"}
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files(root: Path | None = None, max_file_bytes: int = 300_000) -> list[str]:
+    """Relative paths of the stdlib's own ``.py`` files, sorted (deterministic for one Python)."""
+    root = root or stdlib_root()
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_PARTS and not d.startswith("."))
+        for name in filenames:
+            if not name.endswith(".py"):
+                continue
+            path = Path(dirpath) / name
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            if 200 <= size <= max_file_bytes:
+                out.append(path.relative_to(root).as_posix())
+    return sorted(out)
+
+
+def is_heldout(relpath: str, heldout_mod: int = 10) -> bool:
+    return int(hashlib.sha1(relpath.encode()).hexdigest(), 16) % heldout_mod == 0
+
+
+def split_files(files: Sequence[str], heldout_mod: int = 10) -> tuple[list[str], list[str]]:
+    """(train, held-out): a stable split by a hash of each relative path."""
+    return ([f for f in files if not is_heldout(f, heldout_mod)],
+            [f for f in files if is_heldout(f, heldout_mod)])
+
+
+def summary_of(docstring: str) -> str:
+    """The docstring's first paragraph on one line: what a reader of an index wants."""
+    return " ".join(docstring.strip().split("\n\n")[0].split())
+
+
+def functions(root: Path, rel: str) -> Iterator[dict]:
+    """Documented functions of one file: {code (docstring removed), summary, file, name, line}."""
+    try:
+        source = (root / rel).read_text(encoding="utf-8")
+        tree = ast.parse(source)
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return
+    lines = source.splitlines(keepends=True)
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(node.body) < 2:
+            continue  # undocumented, or nothing but a docstring
+        doc = ast.get_docstring(node, clean=True)
+        if not doc or not isinstance(node.body[0], ast.Expr):
+            continue
+        summary = summary_of(doc)
+        start = (node.decorator_list[0].lineno if node.decorator_list else node.lineno) - 1
+        first = node.body[0]
+        code = textwrap.dedent("".join(lines[start:first.lineno - 1] + lines[first.end_lineno:node.end_lineno]))
+        if summary and code.strip():
+            yield {"code": code.rstrip() + "\n", "summary": summary, "file": rel, "name": node.name,
+                   "line": node.lineno}
+
+
+def examples(files: Sequence[str], root: Path | None = None) -> list[dict]:
+    root = root or stdlib_root()
+    return [ex for rel in files for ex in functions(root, rel)]
