@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from pipeline import run
+from pipeline.flags import ArgumentParser
 from pipeline.logs import setup_logging
 from pipeline.report import format_table, read_results, summarize
 
@@ -27,7 +28,7 @@ DEFAULT_WORKDIR = "specdec-demo"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default=DEFAULT_WORKDIR, help=f"where models, prompts and outputs go "
                    f"(default ./{DEFAULT_WORKDIR})")
     p.add_argument("--tiny", action="store_true", help="tiny models and few prompts: a smoke test in seconds")

@@ -21,6 +21,10 @@ from specdec_core.gamma import Costs, GammaPolicy, fixed_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
 
 
+class ItemTimeout(TimeoutError):
+    """An item ran past its wall-time limit; the class name is the failed row's error_type."""
+
+
 @dataclass
 class ItemStats:
     """Per-item statistics; DESIGN.md defines each column."""
@@ -129,7 +133,8 @@ class SpeculativeGenerator:
             costs.c = 0.001  # a lookup drafter: microseconds against a model pass
         return costs
 
-    def generate(self, prompt_ids: list[int], seed: int = 0) -> Generation:
+    def generate(self, prompt_ids: list[int], seed: int = 0, max_seconds: float | None = None) -> Generation:
+        """max_seconds: raise ItemTimeout at the first round that starts past this wall time."""
         if self.gamma_policy.needs_costs and not isinstance(self.drafter, NoDrafter):
             # Once per process, before this item's clock starts.
             self.gamma_policy.set_costs(self.measure_costs(prompt_ids))
@@ -160,7 +165,10 @@ class SpeculativeGenerator:
         stats.prefill_s = time.perf_counter() - start
 
         new: list[int] = []
+        deadline = None if max_seconds is None else start + max_seconds
         while True:
+            if deadline is not None and time.perf_counter() > deadline:
+                raise ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after {len(new)} new tokens)")
             remaining = self.max_new_tokens - len(new)
             # Never draft past the budget: the round's extra target token needs one slot.
             k = min(gamma_state.next(), remaining - 1)

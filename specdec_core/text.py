@@ -2,7 +2,8 @@
 
 `TextGenerator.generate` returns a plain dict so it can cross a process boundary (Beam's
 large-model proxy exposes methods only), and raises a `PromptError` subclass, whose class
-name becomes the failed row's `error_type`, for prompts that cannot be generated.
+name becomes the failed row's `error_type`, for prompts that cannot be generated, or
+`ItemTimeout` for an item that runs past its time limit.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec_core.cpu_speed import prepare_for_cpu
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
-from specdec_core.engine import SpeculativeGenerator
+from specdec_core.engine import ItemTimeout, SpeculativeGenerator  # noqa: F401 (generate() raises it)
 from specdec_core.gamma import AdaptiveGamma, GammaPolicy
 from specdec_core.loading import (
     check_pair,
@@ -90,8 +91,12 @@ class GeneratorSpec:
     dtype: str = "auto"
     gamma_policy: str = "fixed"
     cpu_kernels: str = "prepacked"
+    max_item_seconds: float | None = None
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
+        if self.max_item_seconds is not None and not self.max_item_seconds > 0:
+            raise ValueError(f"--max_item_seconds must be > 0, got {self.max_item_seconds}")
         if self.gamma_policy not in GAMMA_POLICIES:
             raise ValueError(f"--gamma_policy {self.gamma_policy!r}: expected one of {', '.join(GAMMA_POLICIES)}")
         if self.cpu_kernels not in CPU_KERNELS:
@@ -120,8 +125,10 @@ class TextGenerator:
         sampling: SamplingSettings = SamplingSettings(),
         gamma_policy: GammaPolicy | None = None,
         context: int | None = None,
+        max_item_seconds: float | None = None,
     ):
         self.tokenizer = tokenizer
+        self.max_item_seconds = max_item_seconds
         self.engine = SpeculativeGenerator(
             target,
             drafter,
@@ -139,14 +146,15 @@ class TextGenerator:
     def load(cls, spec: GeneratorSpec, gamma_policy: GammaPolicy | None = None) -> TextGenerator:
         device = resolve_device(spec.device)
         dtype = resolve_dtype(spec.dtype, device)
-        target = load_model(spec.target_model, device, dtype)
+        trust = spec.trust_remote_code
+        target = load_model(spec.target_model, device, dtype, trust_remote_code=trust)
         if spec.cpu_kernels == "prepacked":
             prepare_for_cpu(target)  # no-op off CPU or outside fp32
-        tokenizer = load_tokenizer(spec.tokenizer or spec.target_model)
+        tokenizer = load_tokenizer(spec.tokenizer or spec.target_model, trust_remote_code=trust)
         models = [target]
         if spec.drafter == "model":
-            draft = load_model(spec.draft_model, device, dtype)
-            check_pair(target, draft, tokenizer, draft_tokenizer_for(spec.draft_model, tokenizer))
+            draft = load_model(spec.draft_model, device, dtype, trust_remote_code=trust)
+            check_pair(target, draft, tokenizer, draft_tokenizer_for(spec.draft_model, tokenizer, trust))
             if spec.cpu_kernels == "prepacked":
                 prepare_for_cpu(draft)
             drafter: Drafter = ModelDrafter(draft)
@@ -171,6 +179,7 @@ class TextGenerator:
             sampling=SamplingSettings(spec.temperature, spec.top_k, spec.top_p),
             gamma_policy=gamma_policy,
             context=context_limit(*models),
+            max_item_seconds=spec.max_item_seconds,
         )
 
     def encode(self, prompt: object) -> list[int]:
@@ -192,7 +201,7 @@ class TextGenerator:
     def generate(self, prompt: object, seed: int = 0) -> dict:
         ids = self.encode(prompt)
         with self._lock:
-            out = self.engine.generate(ids, seed)
+            out = self.engine.generate(ids, seed, max_seconds=self.max_item_seconds)
         s = out.stats
         return {
             "generation": self.tokenizer.decode(out.tokens, skip_special_tokens=True),

@@ -10,6 +10,8 @@ import pyarrow as pa
 from apache_beam.io.parquetio import WriteToParquet
 from apache_beam.ml.inference.base import PredictionResult
 
+from transforms.durable import CommitChunks, delete_chunks
+
 # The contract's columns, then the engine's timing split (so the draft/target cost ratio
 # can be computed from the files), then passthrough columns.
 _STATS = [
@@ -49,6 +51,11 @@ def result_row(pred: PredictionResult, id_column: str, passthrough: list[str]) -
     return {"id": row[id_column], **{name: out[name] for name, _ in _STATS}, **{c: row[c] for c in passthrough}}
 
 
+def prompt_text(prompt: Any) -> str | None:
+    """A failed row's prompt column: the prompt, or the repr of a prompt that is not a string."""
+    return prompt if prompt is None or isinstance(prompt, str) else repr(prompt)
+
+
 def failed_rows(dead_letter: tuple, id_column: str, prompt_column: str) -> list[dict[str, Any]]:
     """RunInference's dead letter (batch, (exception type, repr, traceback lines)) as failed rows."""
     batch, (exc_type, exc_repr, trace) = dead_letter
@@ -57,10 +64,9 @@ def failed_rows(dead_letter: tuple, id_column: str, prompt_column: str) -> list[
     message = last.split(": ", 1)[1] if ": " in last else last
     rows = []
     for row in batch:
-        prompt = row.get(prompt_column)
         rows.append({
             "id": row.get(id_column),
-            "prompt": prompt if prompt is None or isinstance(prompt, str) else repr(prompt),
+            "prompt": prompt_text(row.get(prompt_column)),
             "error_type": exc_type.__name__,
             "error_message": message,
         })
@@ -68,22 +74,36 @@ def failed_rows(dead_letter: tuple, id_column: str, prompt_column: str) -> list[
 
 
 class WriteResults(beam.PTransform):
-    """Writes PREFIX-SSSSS-of-NNNNN.parquet, then PREFIX-failed-SSSSS-of-NNNNN.parquet.
+    """Commits rows as they finish (PREFIX-chunk-*.parquet, PREFIX-failed-chunk-*.parquet, at
+    least every `commit_every_s` per worker), then, when the job finishes, writes
+    PREFIX-SSSSS-of-NNNNN.parquet, then PREFIX-failed-SSSSS-of-NNNNN.parquet, then deletes the
+    chunks, whose rows the final files now hold (transforms/durable.py).
 
     The failed rows are written only after the results are committed: Beam's finalize step
     deletes every file matching PREFIX-*-of-NNNNN.parquet, which would include failed files
-    already written under the same prefix.
+    already written under the same prefix. Chunk names never match that glob.
     """
 
-    def __init__(self, prefix: str, schema: pa.Schema, failed: pa.Schema):
+    def __init__(self, prefix: str, schema: pa.Schema, failed: pa.Schema, commit_every_s: float = 60.0):
         super().__init__()
         self.prefix, self.schema, self.failed = prefix, schema, failed
+        self.commit_every_s = commit_every_s
 
     def expand(self, pcolls: tuple[beam.PCollection, beam.PCollection]) -> beam.PCollection:
         results, failed = pcolls
+        every = self.commit_every_s
+        results = results | "CommitResults" >> beam.ParDo(CommitChunks(f"{self.prefix}-chunk", self.schema, every))
+        failed = failed | "CommitFailed" >> beam.ParDo(CommitChunks(f"{self.prefix}-failed-chunk", self.failed, every))
         written = results | "WriteResults" >> WriteToParquet(self.prefix, self.schema, file_name_suffix=".parquet")
-        return (
+        written_failed = (
             failed
             | "AfterResults" >> beam.Map(lambda row, _: row, beam.pvalue.AsList(written))
             | "WriteFailed" >> WriteToParquet(f"{self.prefix}-failed", self.failed, file_name_suffix=".parquet")
         )
+        _ = (
+            results.pipeline
+            | "Once" >> beam.Create([None])
+            | "DropChunks" >> beam.Map(lambda _, prefix, final: delete_chunks(prefix), self.prefix,
+                                       beam.pvalue.AsList(written_failed))
+        )
+        return written_failed
