@@ -52,7 +52,8 @@ class SpecDecOptions(PipelineOptions):
           help="seconds between durable commits of finished rows per worker (PREFIX-chunk-*.parquet); "
           "a crash loses at most this much finished work per worker")
         a("--resume_from", action="append", default=None,
-          help="output prefix of an earlier run (repeatable): ids with a result row there are skipped")
+          help="output prefix of an earlier run (repeatable, or comma-separated): ids with a result row "
+          "there are skipped, ids that only failed are tried again")
         a("--max_item_seconds", type=_none_or(float), default=None,
           help="wall-time limit per item: a longer item fails with error_type ItemTimeout")
         a("--overwrite", action="store_true", default=False,
@@ -85,4 +86,5 @@ class SpecDecOptions(PipelineOptions):
         )
 
     def resume_prefixes(self) -> list[str]:
-        return list(dict.fromkeys(self.resume_from or []))
+        """--resume_from values; commas separate prefixes too (a template parameter has one value)."""
+        return list(dict.fromkeys(p.strip() for v in self.resume_from or [] for p in v.split(",") if p.strip()))
