@@ -15,7 +15,7 @@ from pipeline.logs import setup_logging
 from pipeline.options import SpecDecOptions
 from pipeline.preflight import JobConfigError, is_dry_run, preflight
 from pipeline.provenance import run_record, with_provenance
-from transforms.durable import output_files
+from transforms.durable import CommitChunks, CommitRows, output_files
 from transforms.generate import GenerateRows
 from transforms.ids import SelectRows
 from transforms.model_handler import SpecDecModelHandler
@@ -42,14 +42,17 @@ def build_pipeline(p: beam.Pipeline, opts: SpecDecOptions, schema: pa.Schema) ->
         seed=opts.seed,
         accelerator=opts.accelerator,
     )
-    failed = (failed, duplicates) | "AllFailed" >> beam.Flatten()
     record = run_record(opts)
-    _ = (results, failed) | "Write" >> WriteResults(
-        opts.output,
-        with_provenance(result_schema(schema, opts.id_column, passthrough), record),
-        with_provenance(failed_schema(schema, opts.id_column), record),
-        commit_every_s=opts.commit_every_s,
-    )
+    schemas = (with_provenance(result_schema(schema, opts.id_column, passthrough), record),
+               with_provenance(failed_schema(schema, opts.id_column), record))
+    # Durable as they finish, in the model's environment (CommitRows says why); DuplicateId rows
+    # where they are found, before any generation.
+    results, failed = (results, failed) | "Commit" >> CommitRows(
+        opts.output, *schemas, opts.commit_every_s, accelerator=opts.accelerator)
+    duplicates = duplicates | "CommitDuplicates" >> beam.ParDo(
+        CommitChunks(f"{opts.output}-failed-chunk", schemas[1], opts.commit_every_s))
+    failed = (failed, duplicates) | "AllFailed" >> beam.Flatten()
+    _ = (results, failed) | "Write" >> WriteResults(opts.output, *schemas)
 
 
 def parse_options(argv: list[str]) -> SpecDecOptions:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import time
 
-import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -121,11 +120,14 @@ def test_commit_chunks_commits_while_the_bundle_is_still_running(tmp_path):
     assert all(pq.read_metadata(f).metadata[b"specdec_run"] == b'{"x": 1}' for f in files)
 
 
-def test_commit_every_zero_commits_each_row_in_a_pipeline(tmp_path):
+def test_commit_every_zero_commits_each_row_as_it_comes(tmp_path):
     prefix = str(tmp_path / "gens-chunk")
-    rows = [{"id": str(i), "generation": "g"} for i in range(5)]
-    with beam.Pipeline() as p:
-        _ = p | beam.Create(rows) | beam.ParDo(CommitChunks(prefix, SCHEMA, every_s=0))
+    fn = CommitChunks(prefix, SCHEMA, every_s=0)
+    fn.setup()
+    fn.start_bundle()
+    for i in range(3):
+        list(fn.process({"id": str(i), "generation": "g"}))
+        assert len(glob.glob(f"{prefix}-*.parquet")) == i + 1
+    fn.finish_bundle()
     files = glob.glob(f"{prefix}-*.parquet")
-    assert len(files) == 5
-    assert sorted(pq.read_table(f)["id"][0].as_py() for f in files) == [str(i) for i in range(5)]
+    assert sorted(pq.read_table(f)["id"][0].as_py() for f in files) == ["0", "1", "2"]

@@ -153,6 +153,30 @@ class CommitChunks(beam.DoFn):
         self._flush()
 
 
+class CommitRows(beam.PTransform):
+    """(results, failed) -> the same, committed to PREFIX-chunk-* / PREFIX-failed-chunk-* files
+    on the way.
+
+    Give it the generate step's accelerator hint: a step in another environment is not fused
+    with the model's, and on Dataflow batch an unfused step runs only after the whole
+    generate stage has finished, which would commit nothing before the end.
+    """
+
+    def __init__(self, prefix: str, schema: pa.Schema, failed: pa.Schema, every_s: float,
+                 accelerator: str | None = None):
+        super().__init__()
+        self.prefix, self.schema, self.failed, self.every_s = prefix, schema, failed, every_s
+        if accelerator:
+            self.with_resource_hints(accelerator=accelerator)
+
+    def expand(self, pcolls: tuple[beam.PCollection, beam.PCollection]) -> tuple[beam.PCollection, beam.PCollection]:
+        results, failed = pcolls
+        return (
+            results | "Results" >> beam.ParDo(CommitChunks(f"{self.prefix}-chunk", self.schema, self.every_s)),
+            failed | "Failed" >> beam.ParDo(CommitChunks(f"{self.prefix}-failed-chunk", self.failed, self.every_s)),
+        )
+
+
 def delete_chunks(prefix: str) -> int:
     """Remove a finished job's chunk files: its final shards hold every row by now."""
     paths = match(chunk_patterns(prefix))

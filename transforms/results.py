@@ -10,7 +10,7 @@ import pyarrow as pa
 from apache_beam.io.parquetio import WriteToParquet
 from apache_beam.ml.inference.base import PredictionResult
 
-from transforms.durable import CommitChunks, delete_chunks
+from transforms.durable import delete_chunks
 
 # The contract's columns, then the engine's timing split (so the draft/target cost ratio
 # can be computed from the files), then passthrough columns.
@@ -74,26 +74,20 @@ def failed_rows(dead_letter: tuple, id_column: str, prompt_column: str) -> list[
 
 
 class WriteResults(beam.PTransform):
-    """Commits rows as they finish (PREFIX-chunk-*.parquet, PREFIX-failed-chunk-*.parquet, at
-    least every `commit_every_s` per worker), then, when the job finishes, writes
-    PREFIX-SSSSS-of-NNNNN.parquet, then PREFIX-failed-SSSSS-of-NNNNN.parquet, then deletes the
-    chunks, whose rows the final files now hold (transforms/durable.py).
+    """Writes PREFIX-SSSSS-of-NNNNN.parquet, then PREFIX-failed-SSSSS-of-NNNNN.parquet, then
+    deletes the chunks that CommitRows wrote while the job ran: the final files hold their rows.
 
     The failed rows are written only after the results are committed: Beam's finalize step
     deletes every file matching PREFIX-*-of-NNNNN.parquet, which would include failed files
     already written under the same prefix. Chunk names never match that glob.
     """
 
-    def __init__(self, prefix: str, schema: pa.Schema, failed: pa.Schema, commit_every_s: float = 60.0):
+    def __init__(self, prefix: str, schema: pa.Schema, failed: pa.Schema):
         super().__init__()
         self.prefix, self.schema, self.failed = prefix, schema, failed
-        self.commit_every_s = commit_every_s
 
     def expand(self, pcolls: tuple[beam.PCollection, beam.PCollection]) -> beam.PCollection:
         results, failed = pcolls
-        every = self.commit_every_s
-        results = results | "CommitResults" >> beam.ParDo(CommitChunks(f"{self.prefix}-chunk", self.schema, every))
-        failed = failed | "CommitFailed" >> beam.ParDo(CommitChunks(f"{self.prefix}-failed-chunk", self.failed, every))
         written = results | "WriteResults" >> WriteToParquet(self.prefix, self.schema, file_name_suffix=".parquet")
         written_failed = (
             failed
