@@ -151,6 +151,10 @@ def test_bad_resume_prefixes_stop_before_any_work(tmp_path, saved_pairs, capsys)
                            (out, "is the --output prefix")]:
         assert main(_args(src, out, target, None, "--resume_from", str(resume))) == 2
         assert needle in _one_line_error(capsys)
+    for extra, needle in [(["--commit_every_s", "-1"], "--commit_every_s must be >= 0"),
+                          (["--max_item_seconds", "0"], "--max_item_seconds must be > 0")]:
+        assert main(_args(src, out, target, None, *extra)) == 2
+        assert needle in _one_line_error(capsys)
     assert not out.parent.exists()
 
 

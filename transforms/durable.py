@@ -152,6 +152,10 @@ class CommitChunks(beam.DoFn):
             self._timer.join()
         self._flush()
 
+    def teardown(self) -> None:
+        if getattr(self, "_stop", None) is not None:
+            self._stop.set()  # a failed bundle never reached finish_bundle: stop its timer
+
 
 class CommitRows(beam.PTransform):
     """(results, failed) -> the same, committed to PREFIX-chunk-* / PREFIX-failed-chunk-* files
