@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.flags import ArgumentParser
 from specdec_core.cpu_speed import prepare_for_cpu, quantize_draft, recommended_threads
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
@@ -815,7 +816,7 @@ def headline(res: dict, by: dict) -> list[str]:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke test: small synthetic pair, few prompts (< 2 min)")
     p.add_argument("--tiny", action="store_true", help="tiny models (for tests)")
     p.add_argument("--out", default="BENCHMARKS.md", help="report path")

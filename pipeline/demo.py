@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline import run
+from pipeline.flags import ArgumentParser
 from pipeline.logs import setup_logging
 from pipeline.quality import score_generations
 from pipeline.report import read_results, summarize
@@ -41,7 +42,7 @@ JOBS = {  # name -> extra flags; the last one is the baseline every speed-up is 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default=DEFAULT_WORKDIR,
                    help=f"where prompts and outputs go (default ./{DEFAULT_WORKDIR})")
     p.add_argument("--pair", default=str(ASSETS), help="the demo pair's directory (default: the committed one)")

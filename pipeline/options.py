@@ -57,6 +57,18 @@ class SpecDecOptions(PipelineOptions):
         a("--accelerator", default=None,
           help="accelerator resource hint for the generate step only, "
           "e.g. type:nvidia-l4;count:1;install-nvidia-driver")
+        a("--commit_every_s", type=float, default=60.0,
+          help="seconds between durable commits of finished rows per worker (PREFIX-chunk-*.parquet); "
+          "a crash loses at most this much finished work per worker")
+        a("--resume_from", action="append", default=None,
+          help="output prefix of an earlier run (repeatable, or comma-separated): ids with a result row "
+          "there are skipped, ids that only failed are tried again")
+        a("--max_item_seconds", type=_none_or(float), default=None,
+          help="wall-time limit per item: a longer item fails with error_type ItemTimeout")
+        a("--overwrite", action="store_true", default=False,
+          help="delete the output files already under --output and write there (otherwise such files stop the job)")
+        a("--trust_remote_code", action="store_true", default=False,
+          help="allow models whose config needs their own Python code (auto_map); otherwise they are refused")
 
     def passthrough(self) -> list[str]:
         return [c.strip() for c in (self.passthrough_columns or "").split(",") if c.strip()]
@@ -81,4 +93,10 @@ class SpecDecOptions(PipelineOptions):
             chat_template=self.chat_template,
             system_prompt=self.system_prompt,
             stop=tuple(self.stop or ()),
+            max_item_seconds=self.max_item_seconds,
+            trust_remote_code=self.trust_remote_code,
         )
+
+    def resume_prefixes(self) -> list[str]:
+        """--resume_from values; commas separate prefixes too (a template parameter has one value)."""
+        return list(dict.fromkeys(p.strip() for v in self.resume_from or [] for p in v.split(",") if p.strip()))

@@ -8,8 +8,10 @@ import os
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import TestOptions
 
 from pipeline.options import SpecDecOptions
+from transforms.durable import match, output_files, result_patterns
 from transforms.results import result_schema
 
 
@@ -90,7 +92,35 @@ def _check_chat(opts: SpecDecOptions, schema: pa.Schema) -> None:
             raise JobConfigError(f"{why}, but the tokenizer of {path!r} has no chat template")
 
 
-def _check_model_path(flag: str, path: str) -> None:
+def _config_files(path: str) -> list[str]:
+    """config.json and tokenizer_config.json of a local or gs:// model directory, where present."""
+    if path.startswith("gs://"):
+        root = path.rstrip("/")
+        return [f"{root}/{n}" for n in ("config.json", "tokenizer_config.json") if FileSystems.exists(f"{root}/{n}")]
+    root = os.path.expanduser(path)
+    return [p for n in ("config.json", "tokenizer_config.json") if os.path.isfile(p := os.path.join(root, n))]
+
+
+def _check_remote_code(flag: str, path: str, trust: bool) -> None:
+    """A model whose config or tokenizer config maps classes to its own Python files (auto_map)
+    runs that code when loaded: refused unless --trust_remote_code. The JSON is read as
+    data here, so nothing of the model directory is imported to decide. Hub ids are left to
+    transformers, which raises before importing anything when trust_remote_code is False."""
+    if trust or not (path.startswith("gs://") or os.path.isdir(os.path.expanduser(path))):
+        return
+    for file in _config_files(path):
+        try:
+            with FileSystems.open(file) if file.startswith("gs://") else open(file, "rb") as f:
+                config = json.loads(f.read())
+        except (OSError, ValueError) as e:
+            raise JobConfigError(f"{flag} {path!r}: cannot read {os.path.basename(file)} ({e})") from e
+        if isinstance(config, dict) and config.get("auto_map"):
+            names = ", ".join(sorted({str(v) for v in config["auto_map"].values()}))[:120]
+            raise JobConfigError(f"{flag} {path!r} needs its own Python code ({os.path.basename(file)} auto_map: "
+                                 f"{names}); pass --trust_remote_code to allow it")
+
+
+def _check_model_path(flag: str, path: str, trust: bool = False) -> None:
     if path.startswith("gs://"):
         if not FileSystems.exists(path.rstrip("/") + "/config.json"):
             raise JobConfigError(f"{flag} {path!r}: no config.json there")
@@ -101,8 +131,11 @@ def _check_model_path(flag: str, path: str) -> None:
         from transformers import AutoConfig
 
         try:
-            AutoConfig.from_pretrained(path)
+            AutoConfig.from_pretrained(path, trust_remote_code=trust)
         except Exception as e:
+            if "trust_remote_code" in str(e):
+                raise JobConfigError(f"{flag} {path!r} needs its own Python code; pass --trust_remote_code "
+                                     "to allow it") from e
             raise JobConfigError(f"{flag} {path!r}: cannot load the model config ({type(e).__name__})") from e
 
 
@@ -115,19 +148,59 @@ def _check_pair(opts: SpecDecOptions) -> None:
 
     from specdec_core.loading import IncompatiblePairError, check_compatible, draft_tokenizer_for, load_tokenizer
 
+    trust = opts.trust_remote_code
     try:
-        target_tokenizer = load_tokenizer(opts.tokenizer or opts.target_model)
+        target_tokenizer = load_tokenizer(opts.tokenizer or opts.target_model, trust)
     except Exception as e:
         raise JobConfigError(f"--tokenizer/--target_model: cannot load a tokenizer ({type(e).__name__}: {e})") from e
     try:
-        check_compatible(*(AutoConfig.from_pretrained(p) for p in paths), target_tokenizer,
-                         draft_tokenizer_for(opts.draft_model, target_tokenizer))
+        check_compatible(*(AutoConfig.from_pretrained(p, trust_remote_code=trust) for p in paths), target_tokenizer,
+                         draft_tokenizer_for(opts.draft_model, target_tokenizer, trust))
     except IncompatiblePairError as e:
         raise JobConfigError(f"--draft_model {opts.draft_model!r}: {e}") from e
 
 
+def is_dry_run(opts: SpecDecOptions) -> bool:
+    """DataflowRunner --dry_run builds the job and submits nothing, so it writes nothing either."""
+    return bool(opts.view_as(TestOptions).dry_run)
+
+
+def _check_output(opts: SpecDecOptions) -> None:
+    if opts.overwrite or is_dry_run(opts):
+        return
+    try:
+        existing = output_files(opts.output)
+    except Exception as e:
+        raise JobConfigError(f"--output {opts.output!r}: cannot list files there ({e})") from e
+    if existing:
+        raise JobConfigError(f"--output {opts.output!r} already holds {len(existing)} result files (e.g. "
+                             f"{existing[0]}): use a new prefix, or pass --overwrite to delete them")
+
+
+def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
+    """Each earlier prefix must hold files (a typo would silently regenerate everything) whose id
+    type is the input's (otherwise no id would ever match)."""
+    id_type = schema.field(opts.id_column).type
+    for prefix in opts.resume_prefixes():
+        if prefix.rstrip("/") == opts.output.rstrip("/"):
+            raise JobConfigError(f"--resume_from {prefix!r} is the --output prefix: resume into a new prefix")
+        try:
+            results = match(result_patterns(prefix))
+            anything = results or output_files(prefix)
+        except Exception as e:
+            raise JobConfigError(f"--resume_from {prefix!r}: cannot list files there ({e})") from e
+        if not anything:
+            raise JobConfigError(f"--resume_from {prefix!r}: no output files of an earlier run there")
+        if results:
+            with FileSystems.open(results[0]) as f:
+                found = pq.read_schema(f).field("id").type
+            if found != id_type:
+                raise JobConfigError(f"--resume_from {prefix!r}: its ids are {found}, the input's "
+                                     f"{opts.id_column!r} column is {id_type}")
+
+
 def preflight(opts: SpecDecOptions) -> pa.Schema:
-    """Validate settings, input and models; return the input's Parquet schema."""
+    """Validate settings, input, output and models; return the input's Parquet schema."""
     try:
         opts.generator_spec()
     except ValueError as e:
@@ -136,13 +209,24 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
                         ("--max_new_tokens", opts.max_new_tokens)]:
         if value < 1:
             raise JobConfigError(f"{flag} must be >= 1, got {value}")
+    if not opts.commit_every_s >= 0:
+        raise JobConfigError(f"--commit_every_s must be >= 0, got {opts.commit_every_s}")
     schema = input_schema(opts.input)
     _check_columns(opts, schema)
-    _check_model_path("--target_model", opts.target_model)
+    trust = opts.trust_remote_code
+    models = [("--target_model", opts.target_model)] + (
+        [("--draft_model", opts.draft_model)] if opts.drafter == "model" else [])
+    if opts.tokenizer:
+        models.append(("--tokenizer", opts.tokenizer))
+    for flag, path in models:  # before anything that hands a model directory to transformers
+        _check_remote_code(flag, path, trust)
+    _check_model_path("--target_model", opts.target_model, trust)
     if opts.tokenizer and opts.tokenizer.startswith((".", "/", "~")) and not os.path.isdir(opts.tokenizer):
         raise JobConfigError(f"--tokenizer {opts.tokenizer!r}: no such directory")
     if opts.drafter == "model":
-        _check_model_path("--draft_model", opts.draft_model)
+        _check_model_path("--draft_model", opts.draft_model, trust)
         _check_pair(opts)
     _check_chat(opts, schema)
+    _check_output(opts)
+    _check_resume(opts, schema)
     return schema

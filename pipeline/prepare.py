@@ -21,6 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline.flags import ArgumentParser
+
 _BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".txt": "text"}
 
 
@@ -89,7 +91,7 @@ def write_shards(table: pa.Table, prefix: str, num_shards: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", required=True, help="hub id or local data files (.parquet/.jsonl/.csv/.txt)")
     p.add_argument("--config", default=None, help="dataset configuration name (hub datasets)")
     p.add_argument("--split", default="train")

@@ -2,32 +2,23 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
-from apache_beam.io.filesystems import FileSystems
 
-
-def _read(pattern: str) -> pa.Table | None:
-    files = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
-    tables = []
-    for path in files:
-        with FileSystems.open(path) as f:
-            tables.append(pq.read_table(f))
-    return pa.concat_tables(tables) if tables else None
+from pipeline.flags import ArgumentParser
+from transforms.durable import read_outputs
 
 
 def read_results(prefix: str) -> tuple[pa.Table, pa.Table | None]:
-    # Result shards are PREFIX-SSSSS-of-NNNNN.parquet: a digit right after the prefix tells
-    # them apart from the failed rows' PREFIX-failed-... files.
-    results = _read(f"{prefix}-[0-9]*-of-*.parquet")
+    """A run's rows, each id once: final shards, and the chunks a running or killed job
+    committed (transforms/durable.py reads both)."""
+    results, failed = read_outputs(prefix)
     if results is None:
-        raise FileNotFoundError(f"no result files {prefix}-SSSSS-of-NNNNN.parquet")
-    return results, _read(f"{prefix}-failed-*-of-*.parquet")
+        raise FileNotFoundError(f"no result files {prefix}-SSSSS-of-NNNNN.parquet or {prefix}-chunk-*.parquet")
+    return results, failed
 
 
 @dataclass
@@ -94,7 +85,7 @@ def format_table(columns: dict[str, Summary]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = ArgumentParser(description=__doc__)
     parser.add_argument("prefix", help="the --output prefix of a finished run")
     args = parser.parse_args(argv)
     try:

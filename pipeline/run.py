@@ -7,12 +7,17 @@ import sys
 
 import apache_beam as beam
 import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import StandardOptions
 
+from pipeline.flags import FlagError, check_pipeline_flags
 from pipeline.logs import setup_logging
 from pipeline.options import SpecDecOptions
-from pipeline.preflight import JobConfigError, preflight
+from pipeline.preflight import JobConfigError, is_dry_run, preflight
+from pipeline.provenance import run_record, with_provenance
+from transforms.durable import CommitChunks, CommitRows, output_files
 from transforms.generate import GenerateRows
+from transforms.ids import SelectRows
 from transforms.model_handler import SpecDecModelHandler
 from transforms.prompts import ReadPrompts
 from transforms.results import WriteResults, failed_schema, result_schema
@@ -28,6 +33,7 @@ def build_pipeline(p: beam.Pipeline, opts: SpecDecOptions, schema: pa.Schema) ->
     handler = SpecDecModelHandler(opts.generator_spec(), opts.prompt_column, large_model=opts.large_model)
     columns = list(dict.fromkeys([opts.id_column, opts.prompt_column, *passthrough]))
     rows = p | "ReadPrompts" >> ReadPrompts(opts.input, columns)
+    rows, duplicates = rows | "SelectIds" >> SelectRows(opts.id_column, opts.prompt_column, opts.resume_prefixes())
     results, failed = rows | "Generate" >> GenerateRows(
         handler,
         id_column=opts.id_column,
@@ -36,9 +42,17 @@ def build_pipeline(p: beam.Pipeline, opts: SpecDecOptions, schema: pa.Schema) ->
         seed=opts.seed,
         accelerator=opts.accelerator,
     )
-    _ = (results, failed) | "Write" >> WriteResults(
-        opts.output, result_schema(schema, opts.id_column, passthrough), failed_schema(schema, opts.id_column)
-    )
+    record = run_record(opts)
+    schemas = (with_provenance(result_schema(schema, opts.id_column, passthrough), record),
+               with_provenance(failed_schema(schema, opts.id_column), record))
+    # Durable as they finish, in the model's environment (CommitRows says why); DuplicateId rows
+    # where they are found, before any generation.
+    results, failed = (results, failed) | "Commit" >> CommitRows(
+        opts.output, *schemas, opts.commit_every_s, accelerator=opts.accelerator)
+    duplicates = duplicates | "CommitDuplicates" >> beam.ParDo(
+        CommitChunks(f"{opts.output}-failed-chunk", schemas[1], opts.commit_every_s))
+    failed = (failed, duplicates) | "AllFailed" >> beam.Flatten()
+    _ = (results, failed) | "Write" >> WriteResults(opts.output, *schemas)
 
 
 def parse_options(argv: list[str]) -> SpecDecOptions:
@@ -56,17 +70,21 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
     setup_logging()
     argv = sys.argv[1:] if argv is None else argv
     try:
+        check_pipeline_flags(argv)
         opts = parse_options(argv)
         schema = preflight(opts)
-    except JobConfigError as e:
+    except (FlagError, JobConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if opts.overwrite and not is_dry_run(opts) and (old := output_files(opts.output)):
+        logging.info("--overwrite: deleting %d earlier output files under %s", len(old), opts.output)
+        FileSystems.delete(old)
     p = beam.Pipeline(options=opts)
     build_pipeline(p, opts, schema)
     result = p.run()
     if wait:
         result.wait_until_finish()
-        logging.info("done: results in %s-*-of-*.parquet, failed rows in %s-failed-*.parquet",
+        logging.info("done: results in %s-*-of-*.parquet, failed rows in %s-failed-*-of-*.parquet",
                      opts.output, opts.output)
     return 0
 

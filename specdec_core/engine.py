@@ -27,6 +27,10 @@ from specdec_core.processing import LogitsTransform, SamplingSettings, build_pro
 FinishCheck = Callable[[list[int]], int | None]
 
 
+class ItemTimeout(TimeoutError):
+    """An item ran past its wall-time limit; the class name is the failed row's error_type."""
+
+
 @dataclass
 class ItemStats:
     """Per-item statistics; DESIGN.md defines each column."""
@@ -135,7 +139,9 @@ class SpeculativeGenerator:
             costs.c = 0.001  # a lookup drafter: microseconds against a model pass
         return costs
 
-    def generate(self, prompt_ids: list[int], seed: int = 0, finish_check: FinishCheck | None = None) -> Generation:
+    def generate(self, prompt_ids: list[int], seed: int = 0, finish_check: FinishCheck | None = None,
+                 max_seconds: float | None = None) -> Generation:
+        """max_seconds: raise ItemTimeout at the first round that starts past this wall time."""
         if self.gamma_policy.needs_costs and not isinstance(self.drafter, NoDrafter):
             # Once per process, before this item's clock starts.
             self.gamma_policy.set_costs(self.measure_costs(prompt_ids))
@@ -166,7 +172,10 @@ class SpeculativeGenerator:
         stats.prefill_s = time.perf_counter() - start
 
         new: list[int] = []
+        deadline = None if max_seconds is None else start + max_seconds
         while True:
+            if deadline is not None and time.perf_counter() > deadline:
+                raise ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after {len(new)} new tokens)")
             remaining = self.max_new_tokens - len(new)
             # Never draft past the budget: the round's extra target token needs one slot.
             k = min(gamma_state.next(), remaining - 1)

@@ -42,15 +42,19 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-def load_model(path: str, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
-    """A causal or encoder-decoder LM, whichever the config says, in eval mode on `device`."""
-    config = AutoConfig.from_pretrained(path)
+def load_model(path: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False) -> PreTrainedModel:
+    """A causal or encoder-decoder LM, whichever the config says, in eval mode on `device`.
+
+    trust_remote_code is passed explicitly, False included: left unset, transformers may ask
+    on a terminal whether to run a model's own code.
+    """
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
-    return auto.from_pretrained(path, dtype=dtype).to(device).eval()
+    return auto.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code).to(device).eval()
 
 
-def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(path)
+def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
 
 
 def has_tokenizer(path: str) -> bool:
@@ -60,9 +64,11 @@ def has_tokenizer(path: str) -> bool:
     return any(os.path.exists(os.path.join(path, f)) for f in _TOKENIZER_FILES)
 
 
-def draft_tokenizer_for(draft_path: str, target_tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+def draft_tokenizer_for(
+    draft_path: str, target_tokenizer: PreTrainedTokenizerBase, trust_remote_code: bool = False
+) -> PreTrainedTokenizerBase:
     """The draft's own tokenizer, or the target's when the draft directory carries none."""
-    return load_tokenizer(draft_path) if has_tokenizer(draft_path) else target_tokenizer
+    return load_tokenizer(draft_path, trust_remote_code) if has_tokenizer(draft_path) else target_tokenizer
 
 
 def check_compatible(

@@ -2,7 +2,8 @@
 
 `TextGenerator.generate` returns a plain dict so it can cross a process boundary (Beam's
 large-model proxy exposes methods only), and raises a `PromptError` subclass, whose class
-name becomes the failed row's `error_type`, for prompts that cannot be generated.
+name becomes the failed row's `error_type`, for prompts that cannot be generated, or
+`ItemTimeout` for an item that runs past its time limit.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec_core.cpu_speed import prepare_for_cpu
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
-from specdec_core.engine import SpeculativeGenerator
+from specdec_core.engine import ItemTimeout, SpeculativeGenerator  # noqa: F401 (generate() raises it)
 from specdec_core.gamma import AdaptiveGamma, GammaPolicy
 from specdec_core.loading import (
     check_pair,
@@ -149,9 +150,13 @@ class GeneratorSpec:
     chat_template: bool = False
     system_prompt: str | None = None
     stop: tuple[str, ...] = ()
+    max_item_seconds: float | None = None
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         check_stop_strings(self.stop)
+        if self.max_item_seconds is not None and not self.max_item_seconds > 0:
+            raise ValueError(f"--max_item_seconds must be > 0, got {self.max_item_seconds}")
         if self.gamma_policy not in GAMMA_POLICIES:
             raise ValueError(f"--gamma_policy {self.gamma_policy!r}: expected one of {', '.join(GAMMA_POLICIES)}")
         if self.cpu_kernels not in CPU_KERNELS:
@@ -183,11 +188,13 @@ class TextGenerator:
         chat_template: bool = False,
         system_prompt: str | None = None,
         stop: Sequence[str] = (),
+        max_item_seconds: float | None = None,
     ):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.system_prompt = system_prompt
         self.stop = check_stop_strings(stop)
+        self.max_item_seconds = max_item_seconds
         self.engine = SpeculativeGenerator(
             target,
             drafter,
@@ -205,17 +212,18 @@ class TextGenerator:
     def load(cls, spec: GeneratorSpec, gamma_policy: GammaPolicy | None = None) -> TextGenerator:
         device = resolve_device(spec.device)
         dtype = resolve_dtype(spec.dtype, device)
-        target = load_model(spec.target_model, device, dtype)
+        trust = spec.trust_remote_code
+        target = load_model(spec.target_model, device, dtype, trust_remote_code=trust)
         if spec.cpu_kernels == "prepacked":
             prepare_for_cpu(target)  # no-op off CPU or outside fp32
-        tokenizer = load_tokenizer(spec.tokenizer or spec.target_model)
+        tokenizer = load_tokenizer(spec.tokenizer or spec.target_model, trust_remote_code=trust)
         if spec.chat_template and not tokenizer.chat_template:
             raise ValueError(f"--chat_template: the tokenizer of {spec.tokenizer or spec.target_model} "
                              "has no chat template")
         models = [target]
         if spec.drafter == "model":
-            draft = load_model(spec.draft_model, device, dtype)
-            check_pair(target, draft, tokenizer, draft_tokenizer_for(spec.draft_model, tokenizer))
+            draft = load_model(spec.draft_model, device, dtype, trust_remote_code=trust)
+            check_pair(target, draft, tokenizer, draft_tokenizer_for(spec.draft_model, tokenizer, trust))
             if spec.cpu_kernels == "prepacked":
                 prepare_for_cpu(draft)
             drafter: Drafter = ModelDrafter(draft)
@@ -243,6 +251,7 @@ class TextGenerator:
             chat_template=spec.chat_template,
             system_prompt=spec.system_prompt,
             stop=spec.stop,
+            max_item_seconds=spec.max_item_seconds,
         )
 
     def encode(self, prompt: object) -> list[int]:
@@ -283,7 +292,7 @@ class TextGenerator:
         ids = self.encode(prompt)
         stop = StopStrings(self.tokenizer, self.stop) if self.stop else None
         with self._lock:
-            out = self.engine.generate(ids, seed, stop)
+            out = self.engine.generate(ids, seed, stop, max_seconds=self.max_item_seconds)
         s = out.stats
         text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)
         if s.finish_reason == "stop":

@@ -188,3 +188,20 @@ def test_flex_template_entry_point_submits_without_waiting(saved_pairs, tmp_path
             "--large_model=true"]
     assert template_main.run(argv) == 0
     assert waited == []
+
+
+def test_durable_commits_share_the_models_environment_and_resume_builds_offline(offline):
+    """Chunks are committed in the generate step's environment: a step in another environment
+    is not fused with it, and on Dataflow batch it would run only after all generation."""
+    _, result = _dry_run(GPU_JOB + [f"--resume_from=gs://{BUCKET}/runs/r0/gens", "--commit_every_s=30"])
+    assert offline == []
+    proto = result.job.proto_pipeline
+    envs = proto.components.environments
+    pardos = {t.unique_name: t.environment_id for t in proto.components.transforms.values()
+              if t.spec.urn == "beam:transform:pardo:v1"}
+    inference = {e for n, e in pardos.items() if "BeamML_RunInference" in n}
+    commits = {e for n, e in pardos.items() if n.startswith("Commit/")}
+    assert len(inference) == 1 and commits == inference
+    assert envs[inference.pop()].resource_hints.get(ACCELERATOR_URN) == GPU.encode()
+    assert any(n.startswith("SelectIds/ReadDoneIds/") for n in pardos)
+    assert {"SelectIds", "Commit", "Write"} <= _top_level_names(proto)

@@ -5,7 +5,8 @@ import textwrap
 
 import pytest
 
-from pipeline import demo_data, demo_models as dm
+from pipeline import demo_data
+from pipeline import demo_models as dm
 
 
 def test_split_is_deterministic_and_disjoint():

@@ -114,3 +114,34 @@ def test_bad_gcs_locations_fail_fast_with_one_line(gcs, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert err.startswith("error: --input") and "matches no files" in err and "\n" not in err
+
+
+def test_chunks_resume_and_output_safety_on_gcs(gcs, saved_pairs, tmp_path, monkeypatch, capsys):
+    """A killed run's chunk on gs:// is read back, a resumed job skips its ids, and a second job
+    into the same gs:// prefix stops before any work."""
+    from transforms.durable import output_files, read_outputs, write_parquet_file
+
+    target, _ = saved_pairs["llama"]
+    gcs.upload_file(_prompts(tmp_path / "prompts.parquet"), f"gs://{BUCKET}/resume/in/prompts.parquet")
+    gcs.upload_dir(target, f"gs://{BUCKET}/resume/target")
+    monkeypatch.setenv("SPECDEC_MODEL_CACHE", str(tmp_path / "model-cache"))
+    killed = f"gs://{BUCKET}/resume/killed/gens"
+    chunk = pa.table({"id": ["p0", "p1"], "generation": ["x", "y"]})
+    write_parquet_file(f"{killed}-chunk-abc-00000.parquet", chunk)
+    write_parquet_file(f"{killed}-chunk-def-00000.parquet", chunk.slice(1))  # a retried bundle's copy
+    assert read_outputs(killed)[0]["id"].to_pylist() == ["p0", "p1"]
+
+    out = f"gs://{BUCKET}/resume/second/gens"
+    args = [f"--input=gs://{BUCKET}/resume/in/*.parquet", f"--output={out}",
+            f"--target_model=gs://{BUCKET}/resume/target", "--drafter=none", "--max_new_tokens=4"]
+    assert main([*args, f"--resume_from={killed}"]) == 0
+    results, failed = read_outputs(out)
+    assert sorted(results["id"].to_pylist()) == [f"p{i}" for i in range(2, len(PROMPTS))]
+    assert failed["id"].to_pylist() == ["empty"]
+    assert not [n for n in gcs.list(out) if "-chunk-" in n]  # the finished job dropped its chunks
+    assert len(output_files(out)) == 2
+
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --output '{out}' already holds 2 result files") and "\n" not in err

@@ -19,6 +19,9 @@ class GenerateRows(beam.PTransform):
 
     Bad prompts (null, empty, wrong type, too long...) raise inside the handler and land in
     RunInference's dead letter with their reason; so does any other per-row error.
+
+    The accelerator hint covers the whole step, so the rows' mapping stays fused with the
+    model (and with the durable commits that follow under the same hint, CommitRows).
     """
 
     def __init__(
@@ -34,12 +37,12 @@ class GenerateRows(beam.PTransform):
         super().__init__()
         self.handler = handler
         self.id_column, self.prompt_column = id_column, prompt_column
-        self.passthrough, self.seed, self.accelerator = passthrough, seed, accelerator
+        self.passthrough, self.seed = passthrough, seed
+        if accelerator:
+            self.with_resource_hints(accelerator=accelerator)
 
     def expand(self, rows: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
         inference = RunInference(self.handler).with_exception_handling()
-        if self.accelerator:
-            inference = inference.with_resource_hints(accelerator=self.accelerator)
         generated, dead = (
             rows
             | "Seed" >> beam.Map(_with_seed, self.id_column, self.seed)

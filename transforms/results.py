@@ -11,6 +11,8 @@ import pyarrow as pa
 from apache_beam.io.parquetio import WriteToParquet
 from apache_beam.ml.inference.base import PredictionResult
 
+from transforms.durable import delete_chunks
+
 # The contract's columns, then the engine's timing split (so the draft/target cost ratio
 # can be computed from the files), then passthrough columns.
 _STATS = [
@@ -50,6 +52,16 @@ def result_row(pred: PredictionResult, id_column: str, passthrough: list[str]) -
     return {"id": row[id_column], **{name: out[name] for name, _ in _STATS}, **{c: row[c] for c in passthrough}}
 
 
+def prompt_text(prompt: Any) -> str | None:
+    """A failed row's prompt column: the prompt; a conversation as JSON text (readable, parseable);
+    the repr of any other value that is not a string."""
+    if prompt is None or isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list | tuple | dict):
+        return json.dumps(prompt, ensure_ascii=False, default=repr)
+    return repr(prompt)
+
+
 def failed_rows(dead_letter: tuple, id_column: str, prompt_column: str) -> list[dict[str, Any]]:
     """RunInference's dead letter (batch, (exception type, repr, traceback lines)) as failed rows."""
     batch, (exc_type, exc_repr, trace) = dead_letter
@@ -58,12 +70,9 @@ def failed_rows(dead_letter: tuple, id_column: str, prompt_column: str) -> list[
     message = last.split(": ", 1)[1] if ": " in last else last
     rows = []
     for row in batch:
-        prompt = row.get(prompt_column)
-        if isinstance(prompt, list | tuple | dict):  # a conversation: kept readable, as JSON
-            prompt = json.dumps(prompt, ensure_ascii=False, default=repr)
         rows.append({
             "id": row.get(id_column),
-            "prompt": prompt if prompt is None or isinstance(prompt, str) else repr(prompt),
+            "prompt": prompt_text(row.get(prompt_column)),
             "error_type": exc_type.__name__,
             "error_message": message,
         })
@@ -71,11 +80,12 @@ def failed_rows(dead_letter: tuple, id_column: str, prompt_column: str) -> list[
 
 
 class WriteResults(beam.PTransform):
-    """Writes PREFIX-SSSSS-of-NNNNN.parquet, then PREFIX-failed-SSSSS-of-NNNNN.parquet.
+    """Writes PREFIX-SSSSS-of-NNNNN.parquet, then PREFIX-failed-SSSSS-of-NNNNN.parquet, then
+    deletes the chunks that CommitRows wrote while the job ran: the final files hold their rows.
 
     The failed rows are written only after the results are committed: Beam's finalize step
     deletes every file matching PREFIX-*-of-NNNNN.parquet, which would include failed files
-    already written under the same prefix.
+    already written under the same prefix. Chunk names never match that glob.
     """
 
     def __init__(self, prefix: str, schema: pa.Schema, failed: pa.Schema):
@@ -85,8 +95,15 @@ class WriteResults(beam.PTransform):
     def expand(self, pcolls: tuple[beam.PCollection, beam.PCollection]) -> beam.PCollection:
         results, failed = pcolls
         written = results | "WriteResults" >> WriteToParquet(self.prefix, self.schema, file_name_suffix=".parquet")
-        return (
+        written_failed = (
             failed
             | "AfterResults" >> beam.Map(lambda row, _: row, beam.pvalue.AsList(written))
             | "WriteFailed" >> WriteToParquet(f"{self.prefix}-failed", self.failed, file_name_suffix=".parquet")
         )
+        _ = (
+            results.pipeline
+            | "Once" >> beam.Create([None])
+            | "DropChunks" >> beam.Map(lambda _, prefix, final: delete_chunks(prefix), self.prefix,
+                                       beam.pvalue.AsList(written_failed))
+        )
+        return written_failed

@@ -1,0 +1,133 @@
+"""Durable chunks and the one reader of a prefix (transforms/durable.py), without running a job."""
+
+from __future__ import annotations
+
+import glob
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from transforms.durable import CommitChunks, output_files, read_outputs, write_parquet_file
+
+SCHEMA = pa.schema([("id", pa.string()), ("generation", pa.string())])
+FAILED = pa.schema([("id", pa.string()), ("prompt", pa.string()), ("error_type", pa.string()),
+                    ("error_message", pa.string())])
+
+
+def _write(path, rows, schema):
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), str(path))
+
+
+def _failed(i, error="EmptyPrompt"):
+    return {"id": i, "prompt": "", "error_type": error, "error_message": "m"}
+
+
+def test_reader_counts_each_id_once_and_results_win_over_failed(tmp_path):
+    prefix = str(tmp_path / "gens")
+    _write(f"{prefix}-00000-of-00001.parquet", [{"id": "a", "generation": "A"}], SCHEMA)
+    # a chunk of a retried bundle: "a" again, and "b"
+    _write(f"{prefix}-chunk-u1-00000.parquet", [{"id": "a", "generation": "A"}, {"id": "b", "generation": "B"}],
+           SCHEMA)
+    _write(f"{prefix}-chunk-u2-00000.parquet", [{"id": "b", "generation": "B"}, {"id": None, "generation": "N"}],
+           SCHEMA)
+    # "b" failed in one attempt and succeeded in another; "c" only failed, twice
+    _write(f"{prefix}-failed-chunk-u3-00000.parquet", [_failed("b"), _failed("c"), _failed("c")], FAILED)
+    _write(f"{prefix}-failed-00000-of-00001.parquet", [_failed("d")], FAILED)
+    # another prefix sharing the directory is not read
+    _write(str(tmp_path / "other-00000-of-00001.parquet"), [{"id": "z", "generation": "Z"}], SCHEMA)
+    # an unfinished temporary file of a chunk is never read
+    (tmp_path / ".gens-chunk-u4-00000.parquet.123.tmp").write_bytes(b"PAR1 partial")
+
+    results, failed = read_outputs(prefix)
+    assert results.to_pylist() == [{"id": "a", "generation": "A"}, {"id": "b", "generation": "B"},
+                                   {"id": None, "generation": "N"}]
+    assert sorted(failed["id"].to_pylist()) == ["c", "d"]
+    assert len(output_files(prefix)) == 5
+    # several prefixes read as one run
+    _write(str(tmp_path / "more-chunk-u5-00000.parquet"), [{"id": "e", "generation": "E"}], SCHEMA)
+    both, _ = read_outputs([prefix, str(tmp_path / "more")])
+    assert both["id"].to_pylist() == ["a", "b", None, "e"]
+
+
+def test_reader_of_an_empty_prefix(tmp_path):
+    assert read_outputs(str(tmp_path / "nothing")) == (None, None)
+
+
+def test_chunk_names_never_match_the_final_glob_beam_deletes(tmp_path):
+    """WriteToParquet's pre_finalize deletes PREFIX-*-of-NNNNN.parquet before renaming its shards."""
+    from apache_beam.io.parquetio import _ParquetSink
+
+    prefix = str(tmp_path / "gens")
+    for name in ("gens-chunk-0123abcd-00000.parquet", "gens-failed-chunk-0123abcd-00007.parquet"):
+        _write(tmp_path / name, [], SCHEMA)
+    sinks = {suffix: _ParquetSink(prefix + suffix, SCHEMA, codec="none", use_deprecated_int96_timestamps=False,
+                                  use_compliant_nested_type=False, file_name_suffix=".parquet", num_shards=0,
+                                  shard_name_template=None, mime_type="application/x-parquet",
+                                  triggering_frequency=None)
+             for suffix in ("", "-failed")}
+    for sink in sinks.values():
+        for shards in (1, 2, 10, 12345):
+            assert glob.glob(sink._get_final_name_glob(shards)) == []
+    # the results' glob does match a failed shard: why WriteResults writes the failed rows last
+    _write(tmp_path / "gens-failed-00000-of-00001.parquet", [], SCHEMA)
+    assert [p.rsplit("/", 1)[1] for p in glob.glob(sinks[""]._get_final_name_glob(1))] == [
+        "gens-failed-00000-of-00001.parquet"]
+
+
+def test_a_failed_write_leaves_no_file_under_its_name(tmp_path, monkeypatch):
+    import os
+
+    path = tmp_path / "gens-chunk-x-00000.parquet"
+
+    def broken(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken)
+    with pytest.raises(OSError, match="disk full"):
+        write_parquet_file(str(path), pa.Table.from_pylist([{"id": "a", "generation": "A"}], schema=SCHEMA))
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    write_parquet_file(str(path), pa.Table.from_pylist([{"id": "a", "generation": "A"}], schema=SCHEMA))
+    assert pq.read_table(path)["id"].to_pylist() == ["a"]
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def _wait_for(pattern, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if found := glob.glob(pattern):
+            return found
+        time.sleep(0.02)
+    return []
+
+
+def test_commit_chunks_commits_while_the_bundle_is_still_running(tmp_path):
+    prefix = str(tmp_path / "gens-chunk")
+    meta = SCHEMA.with_metadata({"specdec_run": '{"x": 1}'})
+    fn = CommitChunks(prefix, meta, every_s=0.05)
+    fn.setup()
+    fn.start_bundle()
+    assert list(fn.process({"id": "a", "generation": "A"})) == [{"id": "a", "generation": "A"}]
+    # the next item is still generating: the finished one is committed by the timer anyway
+    first = _wait_for(f"{prefix}-*.parquet")
+    assert len(first) == 1 and pq.read_table(first[0])["id"].to_pylist() == ["a"]
+    list(fn.process({"id": "b", "generation": "B"}))
+    fn.finish_bundle()
+    files = sorted(glob.glob(f"{prefix}-*.parquet"))
+    assert sorted(i for f in files for i in pq.read_table(f)["id"].to_pylist()) == ["a", "b"]
+    assert all(pq.read_metadata(f).metadata[b"specdec_run"] == b'{"x": 1}' for f in files)
+
+
+def test_commit_every_zero_commits_each_row_as_it_comes(tmp_path):
+    prefix = str(tmp_path / "gens-chunk")
+    fn = CommitChunks(prefix, SCHEMA, every_s=0)
+    fn.setup()
+    fn.start_bundle()
+    for i in range(3):
+        list(fn.process({"id": str(i), "generation": "g"}))
+        assert len(glob.glob(f"{prefix}-*.parquet")) == i + 1
+    fn.finish_bundle()
+    files = glob.glob(f"{prefix}-*.parquet")
+    assert sorted(pq.read_table(f)["id"][0].as_py() for f in files) == ["0", "1", "2"]

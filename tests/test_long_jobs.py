@@ -1,0 +1,341 @@
+"""Long jobs (issue 11): durable chunks, resume, duplicate ids, item time limit, output safety,
+provenance, remote code, strict flags. Local FnApiRunner jobs on tiny models."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.run import main
+from tests.test_pipeline import GOOD, write_prompts
+from transforms.durable import read_outputs
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMING = {"latency_s", "ttft_s", "tokens_per_s", "prefill_s", "draft_s", "verify_s"}
+
+
+def _args(src, out, target, draft, *extra):
+    args = ["--input", str(src), "--output", str(out), "--target_model", str(target), "--max_new_tokens", "8"]
+    return args + (["--draft_model", str(draft)] if draft else ["--drafter", "none"]) + list(extra)
+
+
+def _files(out: Path) -> list[str]:
+    return sorted(p.name for p in out.parent.glob(f"{out.name}-*.parquet"))
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
+    return err
+
+
+def _same(table: pa.Table) -> list[dict]:
+    rows = table.select([c for c in table.column_names if c not in TIMING]).to_pylist()
+    return sorted(rows, key=lambda r: str(r["id"]))
+
+
+# -- 1 + 6: a finished job: final shards only, each with its provenance ---------------------------
+
+def test_finished_job_keeps_final_shards_only_and_every_file_carries_provenance(tmp_path, saved_pairs):
+    target, draft = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": f"g{i}", "prompt": p} for i, p in enumerate(GOOD)]
+                        + [{"id": "bad", "prompt": ""}])
+    out = tmp_path / "run" / "gens"
+    assert main(_args(src, out, target, draft, "--temperature", "0.7", "--top_k", "20", "--seed", "5",
+                      "--commit_every_s", "0")) == 0
+    # the chunks committed during the run are gone once the final output is committed
+    assert _files(out) == ["gens-00000-of-00001.parquet", "gens-failed-00000-of-00001.parquet"]
+    for name in _files(out):
+        record = json.loads(pq.read_metadata(out.parent / name).metadata[b"specdec_run"])
+        assert record["target_model"] == str(target) and record["draft_model"] == str(draft)
+        assert (record["drafter"], record["num_speculative_tokens"], record["gamma_policy"]) == ("model", 4, "fixed")
+        assert (record["max_new_tokens"], record["temperature"], record["top_k"], record["top_p"],
+                record["seed"]) == (8, 0.7, 20, None, 5)
+        assert set(record["versions"]) == {"specdec-beam", "torch", "transformers", "apache-beam"}
+        assert all(record["versions"].values())
+
+
+# -- 3: duplicate ids ------------------------------------------------------------------------
+
+def test_every_row_of_a_duplicated_id_fails_as_duplicate_id(tmp_path, saved_pairs):
+    target, _ = saved_pairs["llama"]
+    rows = [{"id": "a", "prompt": "Hello world!"}, {"id": "b", "prompt": "for i in"},
+            {"id": "b", "prompt": "def add(a, b):"}, {"id": None, "prompt": "The quick"},
+            {"id": None, "prompt": "brown fox"}, {"id": "c", "prompt": ""}]
+    src = write_prompts(tmp_path / "p.parquet", rows)
+    out = tmp_path / "run" / "gens"
+    assert main(_args(src, out, target, None)) == 0
+    results, failed = read_outputs(str(out))
+    assert results["id"].to_pylist() == ["a"]
+    errors = sorted((r["id"] or "", r["prompt"], r["error_type"]) for r in failed.to_pylist())
+    assert errors == [("", "The quick", "DuplicateId"), ("", "brown fox", "DuplicateId"),
+                      ("b", "def add(a, b):", "DuplicateId"), ("b", "for i in", "DuplicateId"),
+                      ("c", "", "EmptyPrompt")]
+    assert "occurs 2 times" in failed.filter(pa.compute.equal(failed["id"], "b"))["error_message"][0].as_py()
+
+
+# -- 4: per-item time limit -------------------------------------------------------------------
+
+def test_items_past_the_time_limit_fail_and_the_job_goes_on(tmp_path, saved_pairs):
+    target, draft = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": f"g{i}", "prompt": p} for i, p in enumerate(GOOD)])
+    out = tmp_path / "run" / "gens"
+    # 1 µs: every item passes its deadline after its first round
+    assert main(_args(src, out, target, draft, "--max_item_seconds", "0.000001")) == 0
+    results, failed = read_outputs(str(out))
+    assert results.num_rows == 0 and failed.num_rows == len(GOOD)
+    assert set(failed["error_type"].to_pylist()) == {"ItemTimeout"}
+    assert "longer than" in failed["error_message"][0].as_py()
+
+
+def test_engine_deadline_is_checked_between_rounds(models):
+    from specdec_core.drafters import ModelDrafter
+    from specdec_core.engine import ItemTimeout, SpeculativeGenerator
+
+    target, draft = models["llama"]
+    engine = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=10)
+    plain = engine.generate([5, 6, 7, 8], seed=1)
+    assert engine.generate([5, 6, 7, 8], seed=1, max_seconds=3600).tokens == plain.tokens
+    with pytest.raises(ItemTimeout, match="0 new tokens"):
+        engine.generate([5, 6, 7, 8], seed=1, max_seconds=0)
+    from specdec_core.text import ItemTimeout as exported
+
+    assert exported is ItemTimeout  # error_type comes from the class name: "ItemTimeout"
+
+
+# -- 5: output safety -------------------------------------------------------------------------
+
+def test_existing_output_stops_the_job_unless_overwrite(tmp_path, saved_pairs, capsys):
+    target, _ = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello world!"}])
+    out = tmp_path / "run" / "gens"
+    out.parent.mkdir()
+    # what a killed earlier run left: one chunk, and a stale shard of another shard count
+    pq.write_table(pa.table({"id": ["old"], "generation": ["x"]}), out.parent / "gens-chunk-old-00000.parquet")
+    pq.write_table(pa.table({"id": ["old"], "generation": ["x"]}), out.parent / "gens-00001-of-00002.parquet")
+    (out.parent / "gens-notes.txt").write_text("not ours")
+    capsys.readouterr()
+    assert main(_args(src, out, target, None)) == 2
+    err = _one_line_error(capsys)
+    assert "--output" in err and "--overwrite" in err and "2 result files" in err
+    assert len(_files(out)) == 2  # untouched
+
+    assert main(_args(src, out, target, None, "--overwrite")) == 0
+    assert _files(out) == ["gens-00000-of-00001.parquet", "gens-failed-00000-of-00001.parquet"]
+    assert read_outputs(str(out))[0]["id"].to_pylist() == ["a"]
+    assert (out.parent / "gens-notes.txt").exists()
+
+
+# -- 2: resume (the kill-and-resume test is below) ----------------------------------------------
+
+def test_bad_resume_prefixes_stop_before_any_work(tmp_path, saved_pairs, capsys):
+    target, _ = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello world!"}])
+    ints = tmp_path / "ints" / "gens"
+    ints.parent.mkdir()
+    pq.write_table(pa.table({"id": pa.array([1], pa.int64()), "generation": ["x"]}),
+                   ints.parent / "gens-00000-of-00001.parquet")
+    out = tmp_path / "run" / "gens"
+    capsys.readouterr()
+    for resume, needle in [(tmp_path / "typo" / "gens", "no output files"), (ints, "ids are int64"),
+                           (out, "is the --output prefix")]:
+        assert main(_args(src, out, target, None, "--resume_from", str(resume))) == 2
+        assert needle in _one_line_error(capsys)
+    for extra, needle in [(["--commit_every_s", "-1"], "--commit_every_s must be >= 0"),
+                          (["--max_item_seconds", "0"], "--max_item_seconds must be > 0")]:
+        assert main(_args(src, out, target, None, *extra)) == 2
+        assert needle in _one_line_error(capsys)
+    assert not out.parent.exists()
+
+
+SLOW_RUN = textwrap.dedent("""
+    import sys, time
+    from specdec_core import text
+    generate = text.TextGenerator.generate
+    def slow(self, prompt, seed=0):  # the same output, a quarter of a second later
+        time.sleep(0.25)
+        return generate(self, prompt, seed)
+    text.TextGenerator.generate = slow
+    from pipeline.run import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+@pytest.mark.slow
+def test_killed_job_resumes_into_one_clean_run(tmp_path, saved_pairs):
+    target, draft = saved_pairs["llama"]
+    words = "the quick brown fox jumps over lazy dog and then some more words".split()
+    rows = [{"id": f"p{i:02d}", "prompt": " ".join(words[i % 7: i % 7 + 3 + i % 4]), "topic": f"t{i}"}
+            for i in range(24)]
+    rows += [{"id": "empty", "prompt": ""}]  # fails in every run
+    src = write_prompts(tmp_path / "p.parquet", rows)
+    extra = ["--passthrough_columns", "topic", "--num_speculative_tokens", "3"]
+
+    # run 1: killed (SIGKILL) once a few chunks are committed
+    first = tmp_path / "first" / "gens"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_RUN, *_args(src, first, target, draft, *extra,
+                                                                    "--commit_every_s", "0.2")],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(list(first.parent.glob("gens-chunk-*.parquet"))) >= 2:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stderr.close()
+    assert not list(first.parent.glob("gens-*-of-*.parquet"))  # it never finished
+    done, _ = read_outputs(str(first))
+    done_ids = set(done["id"].to_pylist())
+    assert 0 < len(done_ids) < 24
+    assert b"specdec_run" in pq.read_metadata(next(first.parent.glob("gens-chunk-*.parquet"))).metadata
+
+    # run 2: resumed into a new prefix
+    second = tmp_path / "second" / "gens"
+    assert main(_args(src, second, target, draft, *extra, "--resume_from", str(first))) == 0
+    res2, failed2 = read_outputs(str(second))
+    all_ids = {r["id"] for r in rows}
+    assert set(res2["id"].to_pylist()) | set(failed2["id"].to_pylist()) == all_ids - done_ids
+    assert failed2["id"].to_pylist() == ["empty"]  # only-failed ids are tried again
+
+    # the union of the two runs is one clean run, row for row, no id twice
+    clean = tmp_path / "clean" / "gens"
+    assert main(_args(src, clean, target, draft, *extra)) == 0
+    union, union_failed = read_outputs([str(first), str(second)])
+    expected, expected_failed = read_outputs(str(clean))
+    assert _same(union) == _same(expected) and union.num_rows == 24
+    assert _same(union_failed) == _same(expected_failed)
+    raw = [i for prefix in (first, second) for f in prefix.parent.glob("gens-*.parquet")
+           if "failed" not in f.name for i in pq.read_table(f)["id"].to_pylist()]
+    assert sorted(raw) == sorted(set(raw))  # no id generated by both runs
+
+
+# -- 7: no code from a model directory runs ------------------------------------------------------
+
+def _remote_code_model(tmp_path: Path, source: Path) -> tuple[Path, Path]:
+    import shutil
+
+    model, sentinel = tmp_path / "custom-model", tmp_path / "SENTINEL"
+    shutil.copytree(source, model)
+    (model / "custom_llama.py").write_text(textwrap.dedent(f"""
+        from pathlib import Path
+        Path({str(sentinel)!r}).write_text("imported")
+        from transformers import LlamaConfig, LlamaForCausalLM
+        class CustomConfig(LlamaConfig):
+            model_type = "custom_llama"
+        class CustomModel(LlamaForCausalLM):
+            config_class = CustomConfig
+    """))
+    config = json.loads((model / "config.json").read_text())
+    config["model_type"] = "custom_llama"  # unknown to transformers: only the model's own code loads it
+    config["auto_map"] = {"AutoConfig": "custom_llama.CustomConfig",
+                          "AutoModelForCausalLM": "custom_llama.CustomModel"}
+    (model / "config.json").write_text(json.dumps(config))
+    return model, sentinel
+
+
+def test_a_model_that_needs_its_own_code_is_refused_and_never_imported(tmp_path, saved_pairs, capsys):
+    target, draft = saved_pairs["llama"]
+    model, sentinel = _remote_code_model(tmp_path, Path(target))
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello world!"}])
+    out = tmp_path / "run" / "gens"
+    capsys.readouterr()
+    for args in (_args(src, out, model, draft), _args(src, out, target, model)):
+        assert main(args) == 2
+        err = _one_line_error(capsys)
+        assert "needs its own Python code" in err and "--trust_remote_code" in err
+    assert not sentinel.exists()
+    assert not out.parent.exists()
+
+
+def test_trust_remote_code_reaches_from_pretrained(tmp_path, saved_pairs, monkeypatch):
+    import torch
+    import transformers.dynamic_module_utils as dynamic
+
+    from specdec_core.loading import load_model
+
+    target, _ = saved_pairs["llama"]
+    model, sentinel = _remote_code_model(tmp_path, Path(target))
+    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        load_model(str(model), torch.device("cpu"), torch.float32)
+    assert not sentinel.exists()
+    loaded = load_model(str(model), torch.device("cpu"), torch.float32, trust_remote_code=True)
+    assert type(loaded).__name__ == "CustomModel" and sentinel.exists()
+
+
+# -- 8: strict flags -------------------------------------------------------------------------
+
+def test_mistyped_flags_stop_every_entry_point_in_one_line(tmp_path, saved_pairs, capsys):
+    target, draft = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello world!"}])
+    out = tmp_path / "run" / "gens"
+    base = ["--input", src, "--output", str(out), "--target_model", str(target), "--draft_model", str(draft)]
+    capsys.readouterr()
+    cases = [
+        (["--max_new_token", "3", "--temprature", "0.7"],
+         "unknown flag --max_new_token (did you mean --max_new_tokens?)"),
+        (["--temprature=0.7"], "unknown flag --temprature=0.7 (did you mean --temperature?)"),
+        (["--max_new_tokens", "many"], "argument --max_new_tokens: invalid int value: 'many'"),
+        (["--drafter", "big"], "argument --drafter: invalid choice: 'big'"),
+        (["stray"], "unexpected argument stray"),
+    ]
+    for extra, needle in cases:
+        assert main(base + extra) == 2, extra
+        assert needle in _one_line_error(capsys)
+    assert main(["--output", str(out)]) == 2
+    assert "required: --input" in _one_line_error(capsys)
+
+    from tests.test_templates import load_template_main
+
+    template = load_template_main()
+    assert template.run([f"--{a[2:]}={b}" for a, b in zip(base[::2], base[1::2], strict=True)]
+                        + ["--sdk_container_image=img", "--temprature=0.7", "--large_model=true"]) == 2
+    assert "did you mean --temperature?" in _one_line_error(capsys)
+    assert not out.parent.exists()
+
+    from pipeline import bench, demo, prepare, report
+
+    for entry, argv, needle in [
+        (prepare.main, ["--dataset", "x", "--template", "{t}", "--output", "o", "--num_shard", "2"],
+         "unknown flag --num_shard (did you mean --num_shards?)"),
+        (report.main, [str(out), "--hlep"], "unknown flag --hlep (did you mean --help?)"),
+        (demo.main, ["--tiny", "--max_new_token", "3"],
+         "unknown flag --max_new_token (did you mean --max_new_tokens?)"),
+        (bench.parse, ["--quick", "--gama", "3"], "unknown flag --gama (did you mean --gamma?)"),
+        (bench.parse, ["--gamma", "three"], "argument --gamma: invalid int value: 'three'"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            entry(argv)
+        assert exit_info.value.code == 2, entry
+        assert needle in _one_line_error(capsys)
+
+
+def test_beam_and_runner_flags_still_pass(tmp_path):
+    from pipeline.flags import check_pipeline_flags
+    from tests.test_dataflow_dryrun import GPU_JOB
+
+    check_pipeline_flags(GPU_JOB + ["--experiments=use_runner_v2", "--number_of_worker_harness_threads=1",
+                                    "--direct_num_workers", "2", "--direct_running_mode", "multi_threading",
+                                    "--resume_from", "gs://b/r1/gens", "--resume_from=gs://b/r2/gens",
+                                    "--overwrite", "--trust_remote_code", "--max_item_seconds", "30",
+                                    "--commit_every_s", "10", "--labels", "team=ml", "--save_main_session"])

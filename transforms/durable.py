@@ -1,0 +1,231 @@
+"""Results that survive a dying job: chunk files committed while it runs, and the one reader
+that every consumer of a prefix (resume, report) goes through.
+
+A prefix's files:
+- `PREFIX-SSSSS-of-NNNNN.parquet`, `PREFIX-failed-SSSSS-of-NNNNN.parquet`: the final output,
+  written exactly once by Beam's file sink when the job finishes;
+- `PREFIX-chunk-<uid>-<n>.parquet`, `PREFIX-failed-chunk-<uid>-<n>.parquet`: rows committed
+  while the job runs. Their names never match the glob `PREFIX-*-of-NNNNN.parquet` that
+  Beam's sink deletes before renaming its shards. A finished job deletes them once its final
+  output is committed; a killed job leaves them, and they are its results.
+
+A retried bundle can commit the same ids twice, so readers keep one row per id, and a
+result row wins over a failed row for the same id. The exception is `DuplicateId`: every
+input row of a duplicated id is its own failed row, kept once per distinct prompt.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Iterable, Iterator
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.localfilesystem import LocalFileSystem
+from apache_beam.metrics import Metrics
+
+_LOG = logging.getLogger(__name__)
+NAMESPACE = "specdec"
+
+
+def result_patterns(prefix: str) -> list[str]:
+    """Globs of the files holding result rows: final shards (a digit after the prefix) and chunks."""
+    return [f"{prefix}-[0-9]*-of-*.parquet", f"{prefix}-chunk-*.parquet"]
+
+
+def failed_patterns(prefix: str) -> list[str]:
+    return [f"{prefix}-failed-[0-9]*-of-*.parquet", f"{prefix}-failed-chunk-*.parquet"]
+
+
+def chunk_patterns(prefix: str) -> list[str]:
+    return [f"{prefix}-chunk-*.parquet", f"{prefix}-failed-chunk-*.parquet"]
+
+
+def match(patterns: Iterable[str]) -> list[str]:
+    """The files matching any of the globs, local or remote, sorted, each once."""
+    patterns = list(patterns)
+    found = {m.path for r in FileSystems.match(patterns) for m in r.metadata_list}
+    return sorted(found)
+
+
+def output_files(prefix: str) -> list[str]:
+    """Every result or failed file, final or chunk, already under a prefix."""
+    return match(result_patterns(prefix) + failed_patterns(prefix))
+
+
+def write_parquet_file(path: str, table: pa.Table) -> None:
+    """Write a complete Parquet file under `path`, never a partial one.
+
+    Local: a hidden temporary file in the same directory, then os.replace (atomic on POSIX).
+    Object stores (gs://): an object becomes visible only when its upload completes.
+    """
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    data = buf.getvalue()
+    if isinstance(FileSystems.get_filesystem(path), LocalFileSystem):
+        directory, name = os.path.split(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    else:
+        f = FileSystems.create(path)
+        f.write(data)
+        f.close()  # only a completed upload creates the object; on an error above, nothing appears
+
+
+class CommitChunks(beam.DoFn):
+    """Passes rows through unchanged, and commits them to chunk files as it goes.
+
+    Rows are buffered and written as one Parquet file at least every `every_s` seconds (a
+    background timer, so a row finished before a long item does not wait for it) and at the
+    end of every bundle. every_s == 0 commits each row as it comes. One DoFn instance is one
+    worker thread: its files are named by a random id per instance and a counter.
+    """
+
+    def __init__(self, chunk_prefix: str, schema: pa.Schema, every_s: float):
+        self.chunk_prefix, self.schema, self.every_s = chunk_prefix, schema, every_s
+        self.rows_committed = Metrics.counter(NAMESPACE, "rows_committed")
+        self.chunks_committed = Metrics.counter(NAMESPACE, "chunks_committed")
+
+    def setup(self) -> None:
+        self._uid = uuid.uuid4().hex
+        self._count = 0
+        self._lock = threading.Lock()
+        self._buffer: list[dict] = []
+
+    def start_bundle(self) -> None:
+        self._stop = threading.Event()
+        self._timer = None
+        if self.every_s > 0:
+            self._timer = threading.Thread(target=self._tick, name="specdec-commit", daemon=True)
+            self._timer.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self._flush()
+            except Exception:  # the bundle's own final flush retries, and fails the bundle if it must
+                _LOG.warning("committing a chunk of finished rows failed; will retry", exc_info=True)
+
+    def _flush(self) -> None:
+        with self._lock:
+            rows, self._buffer = self._buffer, []
+            n, self._count = self._count, self._count + (1 if rows else 0)
+        if not rows:
+            return
+        path = f"{self.chunk_prefix}-{self._uid}-{n:05d}.parquet"
+        try:
+            write_parquet_file(path, pa.Table.from_pylist(rows, schema=self.schema))
+        except Exception:
+            with self._lock:
+                self._buffer[:0] = rows  # keep them for the next attempt
+            raise
+        self.rows_committed.inc(len(rows))
+        self.chunks_committed.inc()
+
+    def process(self, row: dict) -> Iterator[dict]:
+        with self._lock:
+            self._buffer.append(row)
+        if self.every_s <= 0:
+            self._flush()
+        yield row
+
+    def finish_bundle(self) -> None:
+        self._stop.set()
+        if self._timer is not None:
+            self._timer.join()
+        self._flush()
+
+    def teardown(self) -> None:
+        if getattr(self, "_stop", None) is not None:
+            self._stop.set()  # a failed bundle never reached finish_bundle: stop its timer
+
+
+class CommitRows(beam.PTransform):
+    """(results, failed) -> the same, committed to PREFIX-chunk-* / PREFIX-failed-chunk-* files
+    on the way.
+
+    Give it the generate step's accelerator hint: a step in another environment is not fused
+    with the model's, and on Dataflow batch an unfused step runs only after the whole
+    generate stage has finished, which would commit nothing before the end.
+    """
+
+    def __init__(self, prefix: str, schema: pa.Schema, failed: pa.Schema, every_s: float,
+                 accelerator: str | None = None):
+        super().__init__()
+        self.prefix, self.schema, self.failed, self.every_s = prefix, schema, failed, every_s
+        if accelerator:
+            self.with_resource_hints(accelerator=accelerator)
+
+    def expand(self, pcolls: tuple[beam.PCollection, beam.PCollection]) -> tuple[beam.PCollection, beam.PCollection]:
+        results, failed = pcolls
+        return (
+            results | "Results" >> beam.ParDo(CommitChunks(f"{self.prefix}-chunk", self.schema, self.every_s)),
+            failed | "Failed" >> beam.ParDo(CommitChunks(f"{self.prefix}-failed-chunk", self.failed, self.every_s)),
+        )
+
+
+def delete_chunks(prefix: str) -> int:
+    """Remove a finished job's chunk files: its final shards hold every row by now."""
+    paths = match(chunk_patterns(prefix))
+    if paths:
+        FileSystems.delete(paths)
+    return len(paths)
+
+
+def _read(paths: list[str]) -> pa.Table | None:
+    tables = []
+    for path in paths:
+        with FileSystems.open(path) as f:
+            tables.append(pq.read_table(f).replace_schema_metadata(None))
+    return pa.concat_tables(tables, promote_options="default") if tables else None
+
+
+def _first_per_key(table: pa.Table, keys: list[str]) -> pa.Table:
+    """One row per key (null is a key value like any other), the first one in file order."""
+    index = pa.array(range(table.num_rows), pa.int64())
+    grouped = table.select(keys).append_column("_i", index).group_by(keys, use_threads=False)
+    return table.take(np.sort(grouped.aggregate([("_i", "min")])["_i_min"].to_numpy()))
+
+
+def _failed_once(failed: pa.Table) -> pa.Table:
+    """One failed row per id, except that an id duplicated in the input keeps one DuplicateId
+    row per distinct prompt: those rows are the input's own, not a retry's copies."""
+    dup = pc.equal(failed["error_type"], "DuplicateId").fill_null(False)
+    return pa.concat_tables([_first_per_key(failed.filter(pc.invert(dup)), ["id"]),
+                             _first_per_key(failed.filter(dup), ["id", "prompt"])])
+
+
+def read_outputs(prefixes: str | Iterable[str]) -> tuple[pa.Table | None, pa.Table | None]:
+    """(result rows, failed rows) of one or more prefixes, final shards and chunks alike,
+    each id once: the first row of an id wins, and an id with a result row has no failed row
+    (DuplicateId rows: one per id and prompt). Final shards are read before chunks. None
+    where there is no such file."""
+    prefixes = [prefixes] if isinstance(prefixes, str) else list(prefixes)
+    results = _read(match(p for prefix in prefixes for p in result_patterns(prefix)[:1])
+                    + match(p for prefix in prefixes for p in result_patterns(prefix)[1:]))
+    failed = _read(match(p for prefix in prefixes for p in failed_patterns(prefix)[:1])
+                   + match(p for prefix in prefixes for p in failed_patterns(prefix)[1:]))
+    if results is not None:
+        results = _first_per_key(results, ["id"])
+    if failed is not None:
+        failed = _failed_once(failed)
+        if results is not None:
+            failed = failed.filter(pc.invert(pc.is_in(failed["id"], value_set=results["id"], skip_nulls=False)))
+    return results, failed

@@ -1,0 +1,80 @@
+"""Which input rows get generated: one group per id, before any generation.
+
+- An id that occurs more than once: every one of its rows becomes a failed row
+  (`DuplicateId`), never two output rows sharing an id. A null id is an id like any other:
+  one null-id row is generated, two are duplicates.
+- With resume prefixes: an id that already has a result row there is skipped (ids that only
+  failed are tried again).
+
+Both are one CoGroupByKey on the id, joining the input rows with the ids done in earlier
+runs. The done ids are read by the pipeline itself (ReadAllFromParquet, id column only), not
+by the launcher: a million ids would not fit in the job graph, the launcher never touches
+the earlier output, and the grouping is a barrier, so every done id is known before the
+first row reaches generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import apache_beam as beam
+from apache_beam.io.parquetio import ReadAllFromParquet
+from apache_beam.metrics import Metrics
+
+from transforms.durable import NAMESPACE, result_patterns
+from transforms.results import prompt_text
+
+DUPLICATE = "duplicate"
+
+
+class _Select(beam.DoFn):
+    def __init__(self, prompt_column: str):
+        self.prompt_column = prompt_column
+        self.skipped = Metrics.counter(NAMESPACE, "rows_skipped_done")
+        self.duplicates = Metrics.counter(NAMESPACE, "rows_duplicate_id")
+
+    def process(self, group: tuple) -> Iterator:
+        key, joined = group
+        rows, done = list(joined["rows"]), list(joined.get("done", ()))
+        if not rows:
+            return
+        if done:
+            self.skipped.inc(len(rows))
+            return
+        if len(rows) == 1:
+            yield rows[0]
+            return
+        self.duplicates.inc(len(rows))
+        for row in rows:
+            yield beam.pvalue.TaggedOutput(DUPLICATE, {
+                "id": key,
+                "prompt": prompt_text(row.get(self.prompt_column)),
+                "error_type": "DuplicateId",
+                "error_message": f"id {key!r} occurs {len(rows)} times in the input",
+            })
+
+
+class SelectRows(beam.PTransform):
+    """rows -> (rows to generate, failed rows of duplicated ids)."""
+
+    def __init__(self, id_column: str, prompt_column: str, resume_from: list[str] | None = None):
+        super().__init__()
+        self.id_column, self.prompt_column = id_column, prompt_column
+        self.resume_from = list(resume_from or [])
+
+    def expand(self, rows: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
+        groups = {"rows": rows | "KeyById" >> beam.Map(lambda row, col: (row.get(col), row), self.id_column)}
+        if self.resume_from:
+            patterns = [p for prefix in self.resume_from for p in result_patterns(prefix)]
+            groups["done"] = (
+                rows.pipeline
+                | "ResumePatterns" >> beam.Create(patterns)
+                | "ReadDoneIds" >> ReadAllFromParquet(columns=["id"])
+                | "KeyDone" >> beam.Map(lambda row: (row["id"], None))
+            )
+        selected = (
+            groups
+            | "GroupById" >> beam.CoGroupByKey()
+            | "Select" >> beam.ParDo(_Select(self.prompt_column)).with_outputs(DUPLICATE, main="rows")
+        )
+        return selected.rows, selected[DUPLICATE]
