@@ -144,7 +144,9 @@ def _matched(stats: RunStats, comparison: Comparison) -> np.ndarray:
 def _bars(counts: dict[str, int]) -> bytes:
     fig, ax = _figure()
     names = list(counts)[::-1]
-    ax.barh(names, [counts[n] for n in names], color="#d62728")
+    ax.barh(names, [counts[n] for n in names], height=0.5, color="#d62728")
+    ax.set_ylim(-0.75, len(names) - 0.25)  # a lone bar stays a bar, not a red block
+    ax.set_xlim(0, max(counts.values()) * 1.15)
     ax.set_xlabel("rows")
     ax.xaxis.get_major_locator().set_params(integer=True)
     for i, n in enumerate(names):
