@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline import quality
 
@@ -210,33 +211,35 @@ class Comparison:
 
 
 def compare(results: pa.Table, baseline: pa.Table) -> Comparison:
-    run_ids, base_ids = results["id"].to_pylist(), baseline["id"].to_pylist()
-    base_at = {k: i for i, k in enumerate(base_ids)}
-    pairs = [(i, base_at[k]) for i, k in enumerate(run_ids) if k in base_at]
-    ri = np.array([i for i, _ in pairs], dtype=np.int64)
-    bi = np.array([j for _, j in pairs], dtype=np.int64)
-    run_lat, base_lat = column(results, "latency_s")[ri], column(baseline, "latency_s")[bi]
+    """Joins on id with Arrow's hash join (ids are unique once the reader has deduplicated them)."""
+    left = results.select(["id", "generation", "latency_s"]).append_column(
+        "run_row", pa.array(np.arange(results.num_rows, dtype=np.int64)))
+    right = baseline.select(["id", "generation", "latency_s"])
+    joined = left.join(right, "id", join_type="inner", right_suffix="_base").sort_by("run_row")
+    run_lat, base_lat = column(joined, "latency_s"), column(joined, "latency_s_base")
     with np.errstate(divide="ignore", invalid="ignore"):
         items = np.where(run_lat > 0, base_lat / np.where(run_lat > 0, run_lat, 1), np.nan)
-    run_gen, base_gen = results["generation"].to_pylist(), baseline["generation"].to_pylist()
-    differ = [run_ids[i] for i, j in pairs if run_gen[i] != base_gen[j]]
+    same = pc.fill_null(pc.equal(joined["generation"], joined["generation_base"]), False)
+    ids = joined["id"].to_pylist()
+    differ = joined.filter(pc.invert(same))["id"].to_pylist()
     draft_step, verify_pass = _step_costs(results)
     _, base_step = _step_costs(baseline)
+    matched = joined.num_rows
     return Comparison(
-        matched=len(pairs),
-        only_run=len(run_ids) - len(pairs),
-        only_baseline=len(set(base_ids) - set(run_ids)),
-        speedup=_ratio(float(base_lat.sum()), float(run_lat.sum())) if len(pairs) else None,
+        matched=matched,
+        only_run=results.num_rows - matched,
+        only_baseline=baseline.num_rows - int(pc.sum(pc.is_in(baseline["id"], value_set=results["id"])).as_py() or 0),
+        speedup=_ratio(float(base_lat.sum()), float(run_lat.sum())) if matched else None,
         speedup_items=Distribution.of(items),
         slower_items=int((items < 1).sum()),
-        identical=len(pairs) - len(differ),
+        identical=matched - len(differ),
         first_differences=[str(k) for k in differ[:5]],
-        least_helped=[(str(run_ids[ri[k]]), float(items[k])) for k in np.argsort(items)[:5] if not np.isnan(items[k])],
+        least_helped=[(str(ids[k]), float(items[k])) for k in np.argsort(items)[:5] if not np.isnan(items[k])],
         baseline_step_s=base_step,
         c=_ratio(draft_step, base_step) if draft_step is not None and base_step else None,
         v=_ratio(verify_pass, base_step) if verify_pass is not None and base_step else None,
         item_speedup=items,
-        item_run_rows=ri,
+        item_run_rows=column(joined, "run_row", np.int64),
     )
 
 

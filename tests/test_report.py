@@ -100,6 +100,15 @@ def test_a_run_without_drafts_or_baseline_or_failures_says_so_instead_of_empty_p
     assert text["acceptance (accepted / drafted)"] == "n/a" and text["acceptance per item"] == "n/a"
 
 
+def test_a_run_with_no_generated_rows_still_reports():
+    empty = result_table([])
+    stats = run_stats(empty, failed_table([("e", "EmptyPrompt")]))
+    text = dict(row for _, rows in sections(stats, compare(empty, result_table(BASE))) for row in rows)
+    assert text["prompts"] == "1 (0 generated, 1 failed)" and text["speed-up per item"] == "n/a"
+    figures = report_html.plots(stats)
+    assert [p.title for p in figures if p.png is not None] == ["Failed rows by type"]
+
+
 def _write(prefix: Path, results: pa.Table, failed: pa.Table | None = None) -> str:
     prefix.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(results, f"{prefix}-00000-of-00001.parquet")
@@ -152,6 +161,12 @@ def test_html_page_renders_in_a_headless_browser_with_every_image_loaded(tmp_pat
     assert "Against the baseline" in dom.stdout and "ROUGE-L F1" in dom.stdout
     shot = headless(browser, f"--screenshot={tmp_path / 'report.png'}", "--window-size=1400,2600", page.as_uri())
     assert shot.returncode == 0 and (tmp_path / "report.png").stat().st_size > 10_000
+
+    # The baseline's own page: no drafts, no failures, no baseline: three plots say so in text.
+    assert report.main([base, "--html", str(tmp_path / "base.html")]) == 0
+    dom = headless(browser, "--dump-dom", (tmp_path / "base.html").as_uri()).stdout
+    assert 'data-images="3" data-loaded="3"' in dom
+    assert dom.count('class="no-data"') == 3 and "nothing was drafted" in dom and "No failed rows" in dom
 
 
 # ---- prepare -> run -> report, end to end ------------------------------------------------------------------
