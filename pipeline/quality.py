@@ -1,7 +1,8 @@
 """Quality of generations, one implementation for the demo and the report.
 
 ROUGE comes from Google's `rouge-score` package (the reference implementation behind most
-published summarization numbers), never from hand-written scoring. Degeneracy is ours, two
+published summarization numbers), BLEU and chrF for translation from `sacrebleu` (the
+standard, reproducible implementation), never from hand-written scoring. Degeneracy is ours, two
 signs of a model stuck in a loop: the share of an output's word 3-grams that repeat an earlier
 one (a line printed again and again scores near 1, ordinary prose near 0), and the share of its
 characters inside a piece repeated four or more times in a row (`ctctctct`, `self.self.self.`,
@@ -14,6 +15,7 @@ import re
 from collections.abc import Sequence
 
 ROUGE_KINDS = ("rouge1", "rouge2", "rougeL")
+METRICS = ("rouge", "bleu", "chrf")  # summarization, translation, translation
 DEGENERATE_AT = 0.5  # an output whose repeated 3-gram or looping-character share reaches this is degenerate
 _WORDS = re.compile(r"\w+|[^\w\s]")
 _LOOP = re.compile(r"(.{2,}?)\1{3,}", re.DOTALL)  # a piece of 2+ characters, then 3+ copies of it
@@ -53,11 +55,41 @@ def rouge(predictions: Sequence[str], references: Sequence[str]) -> dict[str, fl
     return {kind: total / len(predictions) for kind, total in totals.items()}
 
 
-def score_generations(predictions: Sequence[str], references: Sequence[str] | None = None) -> dict[str, float]:
-    """ROUGE against references (when given) and how many outputs are degenerate."""
+def _sacrebleu_args(predictions: Sequence[str], references: Sequence[str]) -> tuple[list[str], list[list[str]]]:
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} predictions for {len(references)} references")
+    return [p or "" for p in predictions], [[r or "" for r in references]]
+
+
+def bleu(predictions: Sequence[str], references: Sequence[str]) -> float:
+    """Corpus BLEU (0-100), sacrebleu's defaults (13a tokenization, one reference per item)."""
+    import sacrebleu
+
+    if not predictions:
+        return float("nan")
+    return sacrebleu.corpus_bleu(*_sacrebleu_args(predictions, references)).score
+
+
+def chrf(predictions: Sequence[str], references: Sequence[str]) -> float:
+    """Corpus chrF (0-100), sacrebleu's defaults (character 6-grams, beta 2)."""
+    import sacrebleu
+
+    if not predictions:
+        return float("nan")
+    return sacrebleu.corpus_chrf(*_sacrebleu_args(predictions, references)).score
+
+
+def score_generations(predictions: Sequence[str], references: Sequence[str] | None = None,
+                      metric: str = "rouge") -> dict[str, float]:
+    """`metric` against references (when given) and how many outputs are degenerate."""
     out: dict[str, float] = {}
     if references is not None:
-        out.update(rouge(predictions, references))
+        if metric == "rouge":
+            out.update(rouge(predictions, references))
+        elif metric in ("bleu", "chrf"):
+            out[metric] = (bleu if metric == "bleu" else chrf)(predictions, references)
+        else:
+            raise ValueError(f"unknown metric {metric!r} (one of {', '.join(METRICS)})")
     n = len(predictions)
     out["degenerate_share"] = sum(map(is_degenerate, predictions)) / n if n else float("nan")
     out["repeated_3gram_share"] = sum(map(repeated_ngram_share, predictions)) / n if n else float("nan")

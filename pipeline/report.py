@@ -1,15 +1,37 @@
-"""`python -m pipeline.report PREFIX`: the summary of a finished run, from its output files alone."""
+"""`python -m pipeline.report PREFIX [--baseline PREFIX] [--html FILE] [--references COLUMN]`:
+what a finished run did, from its output files alone.
+
+Prints counts, failures, acceptance, tokens per target step, latency, throughput and the
+measured step costs; with --baseline (a `--drafter none` run of the same prompts) the speed-up
+overall and per item and whether the generations are identical; with --references the quality
+of the generations against a passthrough column; with --html one self-contained page with plots.
+The numbers live in pipeline/report_stats.py, the page in pipeline/report_html.py.
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
-from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser
+from pipeline.quality import METRICS
+from pipeline.report_stats import (
+    Summary,
+    compare,
+    format_sections,
+    format_table,
+    quality_scores,
+    run_stats,
+    sections,
+    summarize,
+)
 from transforms.durable import read_outputs
+
+__all__ = ["Summary", "format_table", "main", "read_results", "summarize"]  # the demo imports these from here
+
 
 
 def read_results(prefix: str) -> tuple[pa.Table, pa.Table | None]:
@@ -21,82 +43,39 @@ def read_results(prefix: str) -> tuple[pa.Table, pa.Table | None]:
     return results, failed
 
 
-@dataclass
-class Summary:
-    prompts: int
-    failed: int
-    new_tokens: int
-    acceptance: float | None  # accepted / drafted over the whole run
-    tokens_per_step: float  # new tokens per target forward pass
-    latency_p50_s: float
-    latency_p95_s: float
-    tokens_per_s: float  # new tokens / generation time, summed over items
-    total_latency_s: float
-    draft_target_cost: float | None  # mean draft step / mean target verify pass
-
-    def rows(self) -> list[tuple[str, str]]:
-        def f(x, fmt):
-            return "n/a" if x is None else format(x, fmt)
-
-        return [
-            ("prompts", f"{self.prompts} ({self.failed} failed)"),
-            ("new tokens", f"{self.new_tokens}"),
-            ("mean acceptance", f(self.acceptance, ".3f")),
-            ("tokens per target step", f"{self.tokens_per_step:.2f}"),
-            ("latency p50 / p95", f"{self.latency_p50_s:.3f} s / {self.latency_p95_s:.3f} s"),
-            ("tokens/s", f"{self.tokens_per_s:.1f}"),
-            ("draft/target step cost c", f(self.draft_target_cost, ".3f")),
-        ]
-
-
-def summarize(results: pa.Table, failed: pa.Table | None = None) -> Summary:
-    col = {name: np.asarray(results[name].to_numpy(zero_copy_only=False)) for name in results.schema.names
-           if name not in ("id", "generation", "finish_reason")}
-    drafted, accepted = int(col["draft_tokens"].sum()), int(col["accepted_tokens"].sum())
-    steps, draft_steps = int(col["verify_steps"].sum()), int(col["draft_steps"].sum())
-    latency = col["latency_s"].astype(float)
-    new = int(col["new_tokens"].sum())
-    cost = None
-    if draft_steps and steps:
-        cost = (col["draft_s"].sum() / draft_steps) / (col["verify_s"].sum() / steps)
-    return Summary(
-        prompts=results.num_rows + (failed.num_rows if failed is not None else 0),
-        failed=failed.num_rows if failed is not None else 0,
-        new_tokens=new,
-        acceptance=accepted / drafted if drafted else None,
-        tokens_per_step=new / steps if steps else 0.0,
-        latency_p50_s=float(np.percentile(latency, 50)) if len(latency) else 0.0,
-        latency_p95_s=float(np.percentile(latency, 95)) if len(latency) else 0.0,
-        tokens_per_s=new / latency.sum() if latency.sum() > 0 else 0.0,
-        total_latency_s=float(latency.sum()),
-        draft_target_cost=cost,
-    )
-
-
-def format_table(columns: dict[str, Summary]) -> str:
-    names = list(columns)
-    labels = [label for label, _ in next(iter(columns.values())).rows()]
-    cells = {n: dict(s.rows()) for n, s in columns.items()}
-    width = max(map(len, labels))
-    widths = {n: max(len(n), *(len(v) for v in cells[n].values())) for n in names}
-    lines = ["  ".join([" " * width] + [n.rjust(widths[n]) for n in names])]
-    lines += ["  ".join([label.ljust(width)] + [cells[n][label].rjust(widths[n]) for n in names]) for label in labels]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description=__doc__)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("prefix", help="the --output prefix of a finished run")
+    parser.add_argument("--baseline", default=None,
+                        help="the --output prefix of a --drafter none run of the same prompts: speed-up and "
+                        "identical generations, joined on id")
+    parser.add_argument("--html", default=None, help="also write one self-contained HTML page with plots here")
+    parser.add_argument("--references", default=None,
+                        help="a passthrough column of reference texts: score the generations against it")
+    parser.add_argument("--metric", choices=METRICS, default="rouge",
+                        help="with --references: rouge (ROUGE-1/2/L, summarization), bleu or chrf (translation)")
     args = parser.parse_args(argv)
     try:
         results, failed = read_results(args.prefix)
-    except FileNotFoundError as e:
-        print(f"error: {e}", file=sys.stderr)
+        base, base_failed = read_results(args.baseline) if args.baseline else (None, None)
+        scores = quality_scores(results, args.references, args.metric) if args.references else None
+    except (FileNotFoundError, KeyError) as e:
+        print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
-    print(format_table({args.prefix: summarize(results, failed)}))
-    if failed is not None and failed.num_rows:
-        counts = failed.group_by("error_type").aggregate([("id", "count")]).to_pylist()
-        print("failed rows: " + ", ".join(f"{r['error_type']} {r['id_count']}" for r in counts))
+    stats = run_stats(results, failed)
+    comparison = compare(results, base) if base is not None else None
+    parts = sections(stats, comparison, scores, args.references)
+    print(f"report: {args.prefix}" + (f" (baseline: {args.baseline})" if args.baseline else ""))
+    print(format_sections(parts), end="")
+    if args.html:
+        from pipeline import report_html  # matplotlib: loaded only for the page
+
+        figures = report_html.plots(stats, comparison, run_stats(base, base_failed) if base is not None else None)
+        subtitle = f"baseline: {args.baseline}" if args.baseline else "no baseline given"
+        page = report_html.page(f"specdec report: {args.prefix}", subtitle, parts, figures)
+        with FileSystems.create(args.html, mime_type="text/html") as f:
+            f.write(page.encode("utf-8"))
+        print(f"html: {args.html}")
     return 0
 
 

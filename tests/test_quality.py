@@ -43,3 +43,21 @@ def test_score_generations_counts_degenerate_outputs():
     assert 0 < q["rougeL"] < 1
     with pytest.raises(ValueError):
         rouge(["a"], [])
+
+
+def test_bleu_and_chrf_are_sacrebleu_corpus_scores():
+    import sacrebleu
+
+    from pipeline.quality import bleu, chrf
+
+    preds = ["The cat sat on the mat.", "There is a house by the river."]
+    refs = ["The cat is sitting on the mat.", "A house stands by the river."]
+    assert bleu(preds, refs) == pytest.approx(sacrebleu.corpus_bleu(preds, [refs]).score)
+    assert chrf(preds, refs) == pytest.approx(sacrebleu.corpus_chrf(preds, [refs]).score)
+    assert bleu(refs, refs) == pytest.approx(100.0) and chrf(refs, refs) == pytest.approx(100.0)
+    scores = score_generations(preds, refs, metric="chrf")
+    assert set(scores) == {"chrf", "degenerate_share", "repeated_3gram_share"}
+    with pytest.raises(ValueError, match="unknown metric"):
+        score_generations(preds, refs, metric="meteor")
+    with pytest.raises(ValueError):
+        bleu(["a"], [])

@@ -1,0 +1,308 @@
+"""`pipeline.report`: the numbers, the page with its plots, and prepare -> run -> report end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import report, report_html
+from pipeline.report_stats import compare, run_stats, sections
+
+STATS = ["new_tokens", "draft_tokens", "accepted_tokens", "verify_steps", "draft_steps", "prompt_tokens"]
+
+
+def result_table(rows: list[dict]) -> pa.Table:
+    """Result rows in the output schema (transforms/results.py), from a few given fields."""
+    from transforms.results import result_schema
+
+    schema = result_schema(pa.schema([("id", pa.string()), ("ref", pa.string())]), "id", ["ref"])
+    full = []
+    for r in rows:
+        row = {"generation": "", "finish_reason": "length", "seed": 0, "ttft_s": 0.01, "prefill_s": 0.01,
+               "ref": None, "draft_s": 0.0, "draft_steps": 0, "draft_tokens": 0, "accepted_tokens": 0, **r}
+        row["acceptance_rate"] = row["accepted_tokens"] / row["draft_tokens"] if row["draft_tokens"] else None
+        row["tokens_per_s"] = row["new_tokens"] / row["latency_s"]
+        full.append(row)
+    return pa.Table.from_pylist(full, schema)
+
+
+def failed_table(rows: list[tuple[str, str]]) -> pa.Table:
+    return pa.Table.from_pylist([{"id": i, "prompt": "", "error_type": t, "error_message": "m"} for i, t in rows])
+
+
+# Four speculative items and their baseline: item d is slower with speculation, item c differs.
+RUN = [
+    dict(id="a", generation="x y", new_tokens=10, draft_tokens=12, accepted_tokens=9, verify_steps=3, draft_steps=12,
+         prompt_tokens=5, latency_s=0.10, draft_s=0.012, verify_s=0.06),
+    dict(id="b", generation="p q", new_tokens=8, draft_tokens=8, accepted_tokens=4, verify_steps=4, draft_steps=8,
+         prompt_tokens=9, latency_s=0.20, draft_s=0.008, verify_s=0.08, finish_reason="eos"),
+    dict(id="c", generation="other", new_tokens=6, draft_tokens=8, accepted_tokens=2, verify_steps=4, draft_steps=8,
+         prompt_tokens=3, latency_s=0.15, draft_s=0.008, verify_s=0.08),
+    dict(id="d", generation="k", new_tokens=4, draft_tokens=8, accepted_tokens=0, verify_steps=4, draft_steps=8,
+         prompt_tokens=20, latency_s=0.30, draft_s=0.008, verify_s=0.08),
+]
+BASE = [
+    dict(id=r["id"], generation=g, new_tokens=r["new_tokens"], verify_steps=r["new_tokens"],
+         prompt_tokens=r["prompt_tokens"], latency_s=lat, verify_s=0.01 * r["new_tokens"])
+    for r, g, lat in zip(RUN, ["x y", "p q", "same?", "k"], [0.3, 0.4, 0.3, 0.15], strict=True)
+]
+
+
+def test_run_figures_follow_from_the_rows():
+    results, failed = result_table(RUN), failed_table([("e", "EmptyPrompt"), ("f", "PromptTooLong"),
+                                                       ("g", "EmptyPrompt")])
+    s = run_stats(results, failed)
+    assert s.summary.prompts == 7 and s.summary.failed == 3
+    assert s.failures_by_type == {"EmptyPrompt": 2, "PromptTooLong": 1}
+    assert s.finish_reasons == {"length": 3, "eos": 1}
+    assert s.summary.acceptance == pytest.approx(15 / 36)
+    assert s.acceptance_items.mean == pytest.approx(np.mean([9 / 12, 4 / 8, 2 / 8, 0]))
+    assert s.summary.tokens_per_step == pytest.approx(28 / 15)
+    assert s.tokens_per_step_items.p50 == pytest.approx(np.median([10 / 3, 2, 1.5, 1]))
+    assert s.summary.latency_p99_s == pytest.approx(np.percentile([0.1, 0.2, 0.15, 0.3], 99))
+    assert s.summary.tokens_per_s == pytest.approx(28 / 0.75)
+    assert s.draft_step_s == pytest.approx(0.036 / 36) and s.verify_pass_s == pytest.approx(0.3 / 15)
+    assert s.summary.draft_target_cost == pytest.approx((0.036 / 36) / (0.3 / 15))
+
+
+def test_comparison_joins_on_id_and_finds_where_speculation_did_not_help():
+    run, base = result_table(RUN), result_table(BASE[::-1])  # another order: the join is by id
+    c = compare(run, base)
+    assert (c.matched, c.only_run, c.only_baseline) == (4, 0, 0)
+    assert c.speedup == pytest.approx(1.15 / 0.75)
+    assert c.speedup_items.p50 == pytest.approx(np.median([3, 2, 2, 0.5]))
+    assert c.slower_items == 1 and c.least_helped[0] == ("d", pytest.approx(0.5))
+    assert c.identical == 3 and c.first_differences == ["c"]
+    base_step = 0.28 / 28
+    assert c.c == pytest.approx((0.036 / 36) / base_step) and c.v == pytest.approx((0.3 / 15) / base_step)
+    c2 = compare(run, result_table(BASE[:2] + [dict(BASE[0], id="z")]))
+    assert (c2.matched, c2.only_run, c2.only_baseline) == (2, 2, 1)
+
+
+def test_a_run_without_drafts_or_baseline_or_failures_says_so_instead_of_empty_plots():
+    figures = {p.title: p for p in report_html.plots(run_stats(result_table(BASE)))}
+    acceptance = figures["Acceptance per item"]
+    assert acceptance.png is None and "nothing was drafted" in acceptance.no_data
+    assert figures["Speed-up per item against the baseline"].png is None
+    assert "no baseline" in figures["Speed-up per item against the baseline"].no_data
+    assert figures["Failed rows by type"].png is None and "No failed rows" in figures["Failed rows by type"].no_data
+    assert figures["Tokens per target step"].png.startswith(b"\x89PNG")
+    text = dict(sections(run_stats(result_table(BASE)))[1][1])
+    assert text["acceptance (accepted / drafted)"] == "n/a" and text["acceptance per item"] == "n/a"
+
+
+def test_a_run_with_no_generated_rows_still_reports():
+    empty = result_table([])
+    stats = run_stats(empty, failed_table([("e", "EmptyPrompt")]))
+    text = dict(row for _, rows in sections(stats, compare(empty, result_table(BASE))) for row in rows)
+    assert text["prompts"] == "1 (0 generated, 1 failed)" and text["speed-up per item"] == "n/a"
+    figures = report_html.plots(stats)
+    assert [p.title for p in figures if p.png is not None] == ["Failed rows by type"]
+
+
+def _write(prefix: Path, results: pa.Table, failed: pa.Table | None = None) -> str:
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(results, f"{prefix}-00000-of-00001.parquet")
+    if failed is not None:
+        pq.write_table(failed, f"{prefix}-failed-00000-of-00001.parquet")
+    return str(prefix)
+
+
+def test_missing_files_or_reference_column_stop_in_one_line(tmp_path, capsys):
+    assert report.main([str(tmp_path / "nothing")]) == 2
+    prefix = _write(tmp_path / "run" / "gens", result_table(RUN))
+    assert report.main([prefix, "--references", "summary"]) == 2
+    missing, column = capsys.readouterr().err.strip().splitlines()  # one line each
+    assert missing.startswith("error: no result files")
+    assert column.startswith("error: reference column 'summary' is not in the results") and "ref" in column
+
+
+def chromium() -> str | None:
+    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+
+
+def headless(browser: str, *args: str) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory() as profile:
+        return subprocess.run(
+            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--virtual-time-budget=5000", *args],
+            capture_output=True, text=True, timeout=120)
+
+
+def test_html_page_renders_in_a_headless_browser_with_every_image_loaded(tmp_path):
+    browser = chromium()
+    if browser is None:
+        pytest.skip("no chromium binary on PATH (Debian: apt-get install chromium); .ci/run installs it")
+    refs = ["x y z", "p q", "something", "k"]
+    run = result_table([dict(r, ref=ref) for r, ref in zip(RUN, refs, strict=True)])
+    prefix = _write(tmp_path / "run" / "gens", run, failed_table([("e", "EmptyPrompt"), ("f", "PromptTooLong")]))
+    base = _write(tmp_path / "base" / "gens", result_table(BASE))
+    page = tmp_path / "report.html"
+    assert report.main([prefix, "--baseline", base, "--references", "ref", "--html", str(page)]) == 0
+    html = page.read_text()
+    assert "src=\"http" not in html and "<link" not in html  # self-contained
+    images = html.count("<img ")
+    assert images == 7  # every plot has data here
+    dom = headless(browser, "--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    check = re.search(r'id="render-check"[^>]*>', dom.stdout)
+    assert check, dom.stdout[-2000:]
+    assert f'data-images="{images}"' in check.group(0) and f'data-loaded="{images}"' in check.group(0)
+    assert "Against the baseline" in dom.stdout and "ROUGE-L F1" in dom.stdout
+    shot = headless(browser, f"--screenshot={tmp_path / 'report.png'}", "--window-size=1400,2600", page.as_uri())
+    assert shot.returncode == 0 and (tmp_path / "report.png").stat().st_size > 10_000
+
+    # The baseline's own page: no drafts, no failures, no baseline: three plots say so in text.
+    assert report.main([base, "--html", str(tmp_path / "base.html")]) == 0
+    dom = headless(browser, "--dump-dom", (tmp_path / "base.html").as_uri()).stdout
+    assert 'data-images="3" data-loaded="3"' in dom
+    assert dom.count('class="no-data"') == 3 and "nothing was drafted" in dom and "No failed rows" in dom
+
+
+# ---- prepare -> run -> report, end to end ------------------------------------------------------------------
+
+ARTICLES = [
+    ("The committee met on Monday and agreed the budget.", "Committee agrees budget."),
+    ("Heavy rain closed the road to the village for two days.", "Rain closes village road."),
+    ("The team won the final after extra time.", "Team wins final."),
+    ("A new library opened in the town centre.", "Library opens in town."),
+    ("Prices rose again in March, the office said.", "Prices rise in March."),
+]
+
+
+def labelled(text: str) -> dict[str, str]:
+    """The printed report as label -> value (labels and values are separated by two spaces or more)."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("  "):
+            label, value = re.split(r"\s{2,}", line.strip(), maxsplit=1)
+            out[label] = value
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory, saved_pairs):
+    """A speculative run and its --drafter none baseline over prepared prompts with a reference column."""
+    from pipeline import prepare, run
+    from tests.test_pipeline import greedy_reference
+
+    root = tmp_path_factory.mktemp("report")
+    target, draft = saved_pairs["llama"]
+    # Random tiny models write gibberish: give the first rows a reference that shares the start
+    # of the target's own output, so that the quality scores are neither 0 nor 1.
+    rows = [{"text": t, "summary": greedy_reference(target, f"summarize: {t}", 5) + " and more" if i < 3 else s}
+            for i, (t, s) in enumerate(ARTICLES)]
+    data = root / "news.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert prepare.main(["--dataset", str(data), "--template", "summarize: {text}", "--keep_fields", "summary",
+                         "--output", str(root / "prompts" / "news")]) == 0
+    # one row that cannot be generated, in a second shard
+    pq.write_table(pa.table({"id": ["bad"], "prompt": [""], "summary": ["-"]}), root / "prompts" / "bad.parquet")
+    prefixes = {}
+    for name, extra in (("spec", ["--draft_model", str(draft)]), ("base", ["--drafter", "none"])):
+        prefixes[name] = str(root / name / "gens")
+        assert run.main(["--input", str(root / "prompts" / "*.parquet"), "--output", prefixes[name],
+                         "--target_model", str(target), "--max_new_tokens", "10", "--passthrough_columns",
+                         "summary", *extra]) == 0
+    return root, prefixes
+
+
+def _table(pattern: str) -> pa.Table:
+    return pa.concat_tables([pq.read_table(p) for p in sorted(Path("/").glob(pattern.lstrip("/")))])
+
+
+@pytest.mark.slow
+def test_report_figures_match_the_files(two_runs, capsys):
+    from rouge_score import rouge_scorer
+
+    root, p = two_runs
+    page = root / "report.html"
+    assert report.main([p["spec"], "--baseline", p["base"], "--references", "summary", "--html", str(page)]) == 0
+    got = labelled(capsys.readouterr().out)
+
+    spec, base = _table(f"{p['spec']}-0*.parquet"), _table(f"{p['base']}-0*.parquet")
+    failed = _table(f"{p['spec']}-failed-*.parquet")
+    n = spec.num_rows
+    assert n == len(ARTICLES) and failed["error_type"].to_pylist() == ["EmptyPrompt"]
+    assert got["prompts"] == f"{n + 1} ({n} generated, 1 failed)"
+    assert got["failed rows by type"] == "EmptyPrompt 1"
+    drafted, accepted = sum(spec["draft_tokens"].to_pylist()), sum(spec["accepted_tokens"].to_pylist())
+    new, steps = sum(spec["new_tokens"].to_pylist()), sum(spec["verify_steps"].to_pylist())
+    assert drafted > 0
+    assert got["drafted / accepted tokens"] == f"{drafted} / {accepted}"
+    assert got["acceptance (accepted / drafted)"] == f"{accepted / drafted:.3f}"
+    assert got["acceptance per item"].startswith(f"mean {np.mean(spec['acceptance_rate'].to_pylist()):.3f}, ")
+    assert got["tokens per target step"] == f"{new / steps:.2f}"
+    assert got["new tokens"] == f"{new}"
+    assert got["new tokens per item"].startswith(f"mean {new / n:.1f}, ")
+    lat = np.array(spec["latency_s"].to_pylist())
+    assert got["latency p50 / p95 / p99"] == " / ".join(f"{np.percentile(lat, q):.3f} s" for q in (50, 95, 99))
+    assert got["throughput (new tokens / summed generation time)"] == f"{new / lat.sum():.1f} tokens/s"
+    reasons = {r: spec["finish_reason"].to_pylist().count(r) for r in set(spec["finish_reason"].to_pylist())}
+    assert sorted(got["finish reasons"].split(", ")) == sorted(f"{k} {v}" for k, v in reasons.items())
+    draft_step = sum(spec["draft_s"].to_pylist()) / sum(spec["draft_steps"].to_pylist())
+    verify_pass = sum(spec["verify_s"].to_pylist()) / steps
+    base_step = sum(base["verify_s"].to_pylist()) / sum(base["verify_steps"].to_pylist())
+    assert got["c within the run (draft step / verify pass)"] == f"{draft_step / verify_pass:.3f}"
+    assert got["c (draft step / baseline target step)"] == f"{draft_step / base_step:.3f}"
+    assert got["v (verify pass / baseline target step)"] == f"{verify_pass / base_step:.3f}"
+
+    base_by_id = dict(zip(base["id"].to_pylist(), base.to_pylist(), strict=True))
+    spec_rows = spec.to_pylist()
+    speedup = sum(base_by_id[r["id"]]["latency_s"] for r in spec_rows) / lat.sum()
+    assert got["speed-up (baseline / run generation time)"] == f"{speedup:.2f}x"
+    per_item = [base_by_id[r["id"]]["latency_s"] / r["latency_s"] for r in spec_rows]
+    assert got["speed-up per item"].startswith(f"mean {np.mean(per_item):.2f}x, ")
+    assert f"p50 {np.median(per_item):.2f}x" in got["speed-up per item"]
+    # greedy: speculative decoding must reproduce the target alone, row by row
+    assert all(r["generation"] == base_by_id[r["id"]]["generation"] for r in spec_rows)
+    assert got["identical generations"] == f"{n} of {n}"
+
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    for kind, label in (("rouge1", "ROUGE-1 F1"), ("rouge2", "ROUGE-2 F1"), ("rougeL", "ROUGE-L F1")):
+        expected = np.mean([scorer.score(r["summary"], r["generation"])[kind].fmeasure for r in spec_rows])
+        assert 0 < expected < 1 and got[label] == f"{expected:.4f}"
+    html = page.read_text()
+    assert html.count("<img ") == 7 and f"<td>identical generations</td><td>{n} of {n}</td>" in html
+
+
+@pytest.mark.slow
+def test_report_scores_translation_metrics_with_sacrebleu(two_runs, capsys):
+    import sacrebleu
+
+    _, p = two_runs
+    spec = _table(f"{p['spec']}-0*.parquet")
+    gens, refs = spec["generation"].to_pylist(), spec["summary"].to_pylist()
+    for metric, fn, label in (("bleu", sacrebleu.corpus_bleu, "BLEU (0-100)"),
+                              ("chrf", sacrebleu.corpus_chrf, "chrF (0-100)")):
+        assert report.main([p["spec"], "--references", "summary", "--metric", metric]) == 0
+        got = labelled(capsys.readouterr().out)
+        expected = fn(gens, [refs]).score
+        assert 0 < expected < 100 and got[label] == f"{expected:.2f}"
+        assert "speed-up (baseline / run generation time)" not in got
+
+
+def test_report_reads_and_writes_gs_paths(tmp_path, capsys):
+    """Result and failed files on gs:// (a local emulator), the page written back to gs://."""
+    from tests import gcs_emulator
+
+    local = _write(tmp_path / "run" / "gens", result_table(RUN), failed_table([("e", "EmptyPrompt")]))
+    with gcs_emulator.running() as gcs:
+        gcs.bucket("report")
+        gcs.upload_dir(tmp_path / "run", "gs://report/run")
+        assert report.main(["gs://report/run/gens", "--html", "gs://report/run/report.html"]) == 0
+        page = gcs.download("gs://report/run/report.html").decode()
+    out = labelled(capsys.readouterr().out)
+    assert out["prompts"] == "5 (4 generated, 1 failed)" and out["failed rows by type"] == "EmptyPrompt 1"
+    assert report.main([local]) == 0 and labelled(capsys.readouterr().out)["prompts"] == out["prompts"]
+    assert page.startswith("<!doctype html>") and page.count("<img ") == 5  # no baseline: 2 plots say so
