@@ -79,6 +79,17 @@ def _check_pair(opts: SpecDecOptions) -> None:
         raise JobConfigError(f"--draft_model {opts.draft_model!r}: {e}") from e
 
 
+def _check_batching(opts: SpecDecOptions) -> None:
+    """--batch_size > 1 decodes decoder-only targets only (gs:// targets are checked on load)."""
+    if opts.batch_size == 1 or opts.target_model.startswith("gs://"):
+        return
+    from transformers import AutoConfig
+
+    if AutoConfig.from_pretrained(opts.target_model).is_encoder_decoder:
+        raise JobConfigError(f"--batch_size {opts.batch_size}: --target_model {opts.target_model!r} is an "
+                             "encoder-decoder; batching supports decoder-only targets (use --batch_size 1)")
+
+
 def preflight(opts: SpecDecOptions) -> pa.Schema:
     """Validate settings, input and models; return the input's Parquet schema."""
     try:
@@ -94,6 +105,7 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_model_path("--target_model", opts.target_model)
     if opts.tokenizer and opts.tokenizer.startswith((".", "/", "~")) and not os.path.isdir(opts.tokenizer):
         raise JobConfigError(f"--tokenizer {opts.tokenizer!r}: no such directory")
+    _check_batching(opts)
     if opts.drafter == "model":
         _check_model_path("--draft_model", opts.draft_model)
         _check_pair(opts)

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cpu_speed import prepare_for_cpu
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
-from specdec_core.engine import SpeculativeGenerator
+from specdec_core.engine import Generation, SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma, GammaPolicy
 from specdec_core.loading import (
     check_pair,
@@ -90,8 +91,11 @@ class GeneratorSpec:
     dtype: str = "auto"
     gamma_policy: str = "fixed"
     cpu_kernels: str = "prepacked"
+    batch_size: int = 1
 
     def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"--batch_size must be >= 1, got {self.batch_size}")
         if self.gamma_policy not in GAMMA_POLICIES:
             raise ValueError(f"--gamma_policy {self.gamma_policy!r}: expected one of {', '.join(GAMMA_POLICIES)}")
         if self.cpu_kernels not in CPU_KERNELS:
@@ -107,7 +111,8 @@ class GeneratorSpec:
 
 
 class TextGenerator:
-    """A loaded target (+ drafter) and tokenizer; thread-safe, one item at a time."""
+    """A loaded target (+ drafter) and tokenizer; thread-safe, one item (or, with batch_size > 1,
+    one list of items decoded together) at a time."""
 
     def __init__(
         self,
@@ -120,6 +125,7 @@ class TextGenerator:
         sampling: SamplingSettings = SamplingSettings(),
         gamma_policy: GammaPolicy | None = None,
         context: int | None = None,
+        batch_size: int = 1,
     ):
         self.tokenizer = tokenizer
         self.engine = SpeculativeGenerator(
@@ -130,6 +136,17 @@ class TextGenerator:
             sampling=sampling,
             gamma_policy=gamma_policy,
         )
+        self.batch_engine = None
+        if batch_size > 1:
+            self.batch_engine = BatchSpeculativeGenerator(
+                target,
+                drafter,
+                batch_size=batch_size,
+                num_speculative_tokens=num_speculative_tokens,
+                max_new_tokens=max_new_tokens,
+                sampling=sampling,
+                gamma_policy=self.engine.gamma_policy,
+            )
         self.context = context
         # Beam threads share one generator per process; items run one at a time so that
         # each item's latency is its own.
@@ -171,6 +188,7 @@ class TextGenerator:
             sampling=SamplingSettings(spec.temperature, spec.top_k, spec.top_p),
             gamma_policy=gamma_policy,
             context=context_limit(*models),
+            batch_size=spec.batch_size,
         )
 
     def encode(self, prompt: object) -> list[int]:
@@ -193,6 +211,29 @@ class TextGenerator:
         ids = self.encode(prompt)
         with self._lock:
             out = self.engine.generate(ids, seed)
+        return self._as_dict(out, seed)
+
+    def generate_batch(self, items: list[tuple[object, int]]) -> list[dict]:
+        """(prompt, seed) per item -> one dict per item, in order: a result as `generate` gives,
+        or {"error_type", "error_message"} for a prompt that cannot be generated, so that one
+        bad row never fails the others. Valid prompts decode together (continuous batching)."""
+        if self.batch_engine is None:
+            raise ValueError("generate_batch needs a TextGenerator built with batch_size > 1")
+        out: list[dict | None] = [None] * len(items)
+        todo, where = [], []
+        for i, (prompt, seed) in enumerate(items):
+            try:
+                todo.append((self.encode(prompt), seed))
+                where.append(i)
+            except PromptError as e:
+                out[i] = {"error_type": type(e).__name__, "error_message": str(e)}
+        with self._lock:
+            gens = self.batch_engine.generate_many(todo)
+        for i, (_, seed), g in zip(where, todo, gens, strict=True):
+            out[i] = self._as_dict(g, seed)
+        return out  # type: ignore[return-value]
+
+    def _as_dict(self, out: Generation, seed: int) -> dict:
         s = out.stats
         return {
             "generation": self.tokenizer.decode(out.tokens, skip_special_tokens=True),
