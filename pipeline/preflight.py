@@ -80,14 +80,24 @@ def _check_pair(opts: SpecDecOptions) -> None:
 
 
 def _check_batching(opts: SpecDecOptions) -> None:
-    """--batch_size > 1 decodes decoder-only targets only (gs:// targets are checked on load)."""
-    if opts.batch_size == 1 or opts.target_model.startswith("gs://"):
+    """--batch_size > 1 decodes decoder-only full-attention models only (gs:// models are
+    checked on load)."""
+    if opts.batch_size == 1:
         return
     from transformers import AutoConfig
 
-    if AutoConfig.from_pretrained(opts.target_model).is_encoder_decoder:
-        raise JobConfigError(f"--batch_size {opts.batch_size}: --target_model {opts.target_model!r} is an "
-                             "encoder-decoder; batching supports decoder-only targets (use --batch_size 1)")
+    from specdec_core.batch_engine import unbatchable
+
+    models = [("--target_model", opts.target_model)]
+    if opts.drafter == "model":
+        models.append(("--draft_model", opts.draft_model))
+    for flag, path in models:
+        if path.startswith("gs://"):
+            continue
+        why = unbatchable(AutoConfig.from_pretrained(path))
+        if why:
+            raise JobConfigError(f"--batch_size {opts.batch_size}: {flag} {path!r} {why}; batching needs "
+                                 "decoder-only models with full attention (use --batch_size 1)")
 
 
 def preflight(opts: SpecDecOptions) -> pa.Schema:
@@ -105,8 +115,8 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_model_path("--target_model", opts.target_model)
     if opts.tokenizer and opts.tokenizer.startswith((".", "/", "~")) and not os.path.isdir(opts.tokenizer):
         raise JobConfigError(f"--tokenizer {opts.tokenizer!r}: no such directory")
-    _check_batching(opts)
     if opts.drafter == "model":
         _check_model_path("--draft_model", opts.draft_model)
         _check_pair(opts)
+    _check_batching(opts)
     return schema

@@ -28,6 +28,20 @@ from specdec_core.gamma import GammaPolicy, GammaState
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
 
 
+def unbatchable(config) -> str | None:
+    """Why a model cannot decode in our padded batches, or None. The scheme needs a plain
+    key/value cache per layer over all positions: an encoder-decoder would need per-row encoder
+    outputs, and a sliding window counts cache columns (holes included), not a row's tokens."""
+    if config.is_encoder_decoder:
+        return "is an encoder-decoder"
+    types = set(getattr(config, "layer_types", None) or ())
+    if types - {"full_attention"}:
+        return f"has {', '.join(sorted(types - {'full_attention'}))} layers"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "uses sliding-window attention"
+    return None
+
+
 @dataclass
 class _Row:
     """One prompt in the batch: its sequence, its own RNG, processors, gamma state and stats."""
@@ -62,9 +76,11 @@ class BatchSpeculativeGenerator:
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if target.config.is_encoder_decoder:
-            raise ValueError(f"batch_size > 1 supports decoder-only targets; {type(target).__name__} is "
-                             "an encoder-decoder (use batch_size 1)")
+        for model in (target, drafter.model if isinstance(drafter, ModelDrafter) else None):
+            why = model is not None and unbatchable(model.config)
+            if why:
+                raise ValueError(f"batch_size > 1 needs decoder-only models with full attention; "
+                                 f"{type(model).__name__} {why} (use batch_size 1)")
         # The batch-1 engine holds the settings, their validation, the cost measurement and the
         # per-row finish rule (`_truncate`), so both engines stop rows the same way.
         self.single = SpeculativeGenerator(target, drafter, num_speculative_tokens=num_speculative_tokens,

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from specdec_core.decoder import _accepts_logits_to_keep
+
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows, heads, columns, dim)
 
 
@@ -61,8 +63,8 @@ class BatchKV:
         # hides them from those, and they become holes right after this pass.
         mask = torch.cat([self.mask, torch.ones((self.rows, m), dtype=torch.long, device=self.device)], dim=1)
         kwargs = {}
-        if not logits:
-            kwargs["logits_to_keep"] = 1
+        if not logits and _accepts_logits_to_keep(type(self.model)):
+            kwargs["logits_to_keep"] = 1  # a prefill: no logits wanted
         out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=pos.to(self.device),
                          past_key_values=self.cache, use_cache=True, **kwargs)
         new = torch.zeros((self.rows, m), dtype=torch.long, device=self.device)

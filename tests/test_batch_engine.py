@@ -142,7 +142,7 @@ def test_one_token_prompts_and_batch_larger_than_the_input(models):
 
 
 def test_encoder_decoder_target_is_refused(models):
-    with pytest.raises(ValueError, match="encoder-decoder"):
+    with pytest.raises(ValueError, match="is an encoder-decoder"):
         BatchSpeculativeGenerator(models["t5"][0], NoDrafter(), batch_size=2)
 
 
@@ -201,3 +201,16 @@ def test_batched_sample_of_a_seed_equals_its_batch_one_sample(models, prompts):
     items = [(p, 100 + i) for i, p in enumerate(prompts)]
     batched = engine.generate_many(items)
     assert [b.tokens for b in batched] == [single.generate(p, s).tokens for p, s in items]
+
+
+def test_adaptive_gamma_per_row_keeps_greedy_exact(models, prompts):
+    """Per-row adaptive gamma with early stopping (rows stop drafting at different steps)."""
+    from specdec_core.gamma import AdaptiveGamma, Costs
+
+    target, draft = models["llama"]
+    policy = AdaptiveGamma(Costs(c=0.05, v={k: 1.0 + 0.1 * k for k in range(2, 8)}), max_gamma=4)
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=4,
+                                       max_new_tokens=12, gamma_policy=policy)
+    out = engine.generate_many([(p, 0) for p in prompts])
+    assert [o.tokens for o in out] == [hf_greedy(target, p, 12) for p in prompts]
+    assert len({k for o in out for k in o.stats.drafts}) > 1  # the rows' gammas varied
