@@ -147,6 +147,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--batches", default="1,4,8,16", help="comma-separated batch sizes")
     p.add_argument("--drafters", default="model,none", help="comma-separated: model, ngram, none")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--note", default="", help="free text added to the report (e.g. that the machine was shared)")
     return p.parse_args(argv)
 
 
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(mixed random/repetitive, as in the bench), {a.max_new_tokens} new tokens each, greedy, gamma "
               f"{a.gamma} fixed, {torch.get_num_threads()} threads; {machine()}. Each config decodes all prompts; "
               f"ours runs with continuous batching (batch-1 engine at B=1). Run time {time.perf_counter() - t0:.0f} s. "
-              f"Command: `python -m pipeline.bench_throughput {shlex.join(argv)}`.")
+              f"Command: `python -m pipeline.bench_throughput {shlex.join(argv)}`. {a.note}")
     write_section(Path(a.out), report(rows, header, a.prompts))
     return 0
 
