@@ -63,8 +63,10 @@ def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int,
     return [o.tokens for o in outs], secs, stats
 
 
-def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: list[int], gamma: int,
-        max_new: int, drafters: list[str]) -> list[dict]:
+def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: list[int], gammas: list[int],
+        max_new: int, drafters: list[str], hf_kernels: list[str], reps: int) -> list[dict]:
+    """Every config at every B, `reps` times, alternating the order within a B (ABBA) so that
+    load drifting on a shared machine does not favour whichever config runs last."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
@@ -76,26 +78,40 @@ def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: l
         draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
         draft_p = prepare_for_cpu(draft)
     makers = {"model": lambda: ModelDrafter(draft_p), "ngram": lambda: NgramDrafter(), "none": lambda: NoDrafter()}
+    models = {"stock": target, "prepacked": target_p}
     n_tokens = len(ids) * max_new
     rows, reference = [], None
     # Warm-up (first-call allocations, oneDNN kernel selection) outside the clock.
     hf_batched(target, ids[:2], 2, 4)
-    ours_batched(target_p, makers[drafters[0]](), ids[:2], 2, gamma, 4)
+    ours_batched(target_p, makers[drafters[0]](), ids[:2], 2, gammas[0], 4)
     for b in batches:
-        for kernels, model in (("stock", target), ("prepacked", target_p)):
-            outs, secs = hf_batched(model, ids, b, max_new)
-            if reference is None and b == 1:
-                reference = outs
-            rows.append({"config": f"HF generate, target alone ({kernels} kernels)", "B": b, "seconds": secs,
-                         "tokens_per_s": n_tokens / secs, "acceptance": None, "equal": None})
-            _LOG.info("HF %s B=%d: %.1f tok/s", kernels, b, n_tokens / secs)
-        for name in drafters:
-            outs, secs, st = ours_batched(target_p, makers[name](), ids, b, gamma, max_new)
-            equal = sum(o == r for o, r in zip(outs, reference, strict=True)) if reference else None
-            rows.append({"config": f"ours, drafter {name}", "B": b, "seconds": secs,
-                         "tokens_per_s": n_tokens / secs, "acceptance": st["acceptance"], "equal": equal})
-            _LOG.info("ours %s B=%d: %.1f tok/s (acceptance %s, %s/%d equal)", name, b, n_tokens / secs,
-                      st["acceptance"], equal, len(ids))
+        configs = [(f"HF generate, target alone ({k} kernels)", "hf", k, None) for k in hf_kernels]
+        configs += [(f"ours, drafter {d}" + (f", gamma {g}" if d != "none" else ""), d, None, g)
+                    for d in drafters for g in (gammas if d != "none" else gammas[:1])]
+        acc: dict[str, dict] = {label: {"seconds": 0.0, "runs": [], "acceptance": None, "equal": None}
+                                for label, *_ in configs}
+        for rep in range(reps):
+            for label, kind, kernels, g in (configs if rep % 2 == 0 else configs[::-1]):
+                if kind == "hf":
+                    outs, secs = hf_batched(models[kernels], ids, b, max_new)
+                    if reference is None and b == 1:
+                        reference = outs
+                    st = {"acceptance": None}
+                else:
+                    outs, secs, st = ours_batched(target_p, makers[kind](), ids, b, g, max_new)
+                a = acc[label]
+                a["seconds"] += secs
+                a["runs"].append(n_tokens / secs)
+                a["acceptance"] = st["acceptance"]
+                if kind != "hf" and reference is not None:
+                    equal = sum(o == r for o, r in zip(outs, reference, strict=True))
+                    a["equal"] = equal if a["equal"] is None else min(a["equal"], equal)
+                _LOG.info("%s B=%d: %.1f tok/s", label, b, n_tokens / secs)
+        for label, *_ in configs:
+            a = acc[label]
+            rows.append({"config": label, "B": b, "seconds": a["seconds"], "runs": a["runs"],
+                         "tokens_per_s": reps * n_tokens / a["seconds"], "acceptance": a["acceptance"],
+                         "equal": a["equal"]})
         gc.collect()
     return rows
 
@@ -109,11 +125,12 @@ def report(rows: list[dict], header: str, n_prompts: int) -> str:
     best_plain = max(plain.values())
     best_b = max(plain, key=plain.get)
     lines = [BEGIN, "## Throughput per worker: batched (`pipeline.bench_throughput`)\n", header, "",
-             f"| config | B | tokens/s | x plain HF at this B | x plain HF at its best (B={best_b}) | acceptance | "
-             "greedy equal to HF B=1 |", "|---|---|---|---|---|---|---|"]
+             f"| config | B | tokens/s | each run | x plain HF at this B | x plain HF at its best (B={best_b}) | "
+             "acceptance | greedy equal to HF B=1 |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         equal = "–" if r["equal"] is None else f"{r['equal']}/{n_prompts}"
-        lines.append(f"| {r['config']} | {r['B']} | {f(r['tokens_per_s'])} | "
+        runs = " / ".join(f"{x:.1f}" for x in r["runs"])
+        lines.append(f"| {r['config']} | {r['B']} | {f(r['tokens_per_s'])} | {runs} | "
                      f"{f(r['tokens_per_s'] / plain[r['B']], '{:.2f}')} | "
                      f"{f(r['tokens_per_s'] / best_plain, '{:.2f}')} | {f(r['acceptance'], '{:.2f}')} | {equal} |")
     ours = [r for r in rows if r["config"].startswith("ours")]
@@ -143,7 +160,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--prompt_tokens", type=int, default=128)
     p.add_argument("--max_new_tokens", type=int, default=48)
-    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--gammas", default="2,4", help="comma-separated fixed gammas for our engine")
+    p.add_argument("--hf_kernels", default="stock,prepacked", help="kernels for plain HF: stock, prepacked or both")
+    p.add_argument("--reps", type=int, default=2, help="runs of every config, order alternating")
     p.add_argument("--batches", default="1,4,8,16", help="comma-separated batch sizes")
     p.add_argument("--drafters", default="model,none", help="comma-separated: model, ngram, none")
     p.add_argument("--threads", type=int, default=None)
@@ -162,15 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     dirs = build_synthetic_pair(spec, Path(a.cache_dir))
     prompts = [text for _, text in synthetic_prompts(spec, a.prompts, a.prompt_tokens)]
     batches = [int(b) for b in a.batches.split(",")]
+    shown = [x for i, x in enumerate(argv) if x != "--note" and (i == 0 or argv[i - 1] != "--note")]
     t0 = time.perf_counter()
-    rows = run(dirs["target"], dirs["draft"], prompts, batches, a.gamma, a.max_new_tokens,
-               [d.strip() for d in a.drafters.split(",")])
+    rows = run(dirs["target"], dirs["draft"], prompts, batches, [int(g) for g in a.gammas.split(",")],
+               a.max_new_tokens, [d.strip() for d in a.drafters.split(",")], a.hf_kernels.split(","), a.reps)
     header = (f"Synthetic pair of `pipeline.bench` ({spec.layers}-layer Llama target, hidden {spec.hidden}; "
               f"{spec.draft_layers}-layer early-exit draft), {a.prompts} prompts of {a.prompt_tokens} tokens "
-              f"(mixed random/repetitive, as in the bench), {a.max_new_tokens} new tokens each, greedy, gamma "
-              f"{a.gamma} fixed, {torch.get_num_threads()} threads; {machine()}. Each config decodes all prompts; "
-              f"ours runs with continuous batching (batch-1 engine at B=1). Run time {time.perf_counter() - t0:.0f} s. "
-              f"Command: `python -m pipeline.bench_throughput {shlex.join(argv)}`. {a.note}")
+              f"(mixed random/repetitive, as in the bench), {a.max_new_tokens} new tokens each, greedy, fixed gamma, "
+              f"{torch.get_num_threads()} thread(s); {machine()}. Each run decodes all prompts; ours runs with "
+              f"continuous batching (the batch-1 engine at B=1). Every config ran {a.reps} times per B in alternating "
+              f"order; tokens/s is over all its runs. Run time {time.perf_counter() - t0:.0f} s. "
+              f"Command: `python -m pipeline.bench_throughput {shlex.join(shown)}{' --note TEXT' if a.note else ''}`. "
+              f"{a.note}")
     write_section(Path(a.out), report(rows, header, a.prompts))
     return 0
 
