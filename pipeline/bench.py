@@ -953,7 +953,8 @@ def main(argv: list[str] | None = None) -> int:
         size = "tiny" if args.tiny else "quick" if args.quick else "full"
         bench_throughput.main(["--size", size, "--cache_dir", str(cache), "--out", str(out), "--prompts",
                                str(max(args.prompts, 16)), "--prompt_tokens", str(args.prompt_tokens),
-                               "--max_new_tokens", str(args.max_new_tokens), "--gammas", f"2,{args.gamma}"])
+                               "--max_new_tokens", str(args.max_new_tokens),
+                               "--gammas", ",".join(sorted({"2", str(args.gamma)}))])
     _LOG.info("wrote %s and %s (%.0f s)", out, csv_path, time.perf_counter() - started)
     return 0 if all(s["equal"] for r in results for s in r["summary"]) else 1
 
