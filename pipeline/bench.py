@@ -833,6 +833,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--skip_beam", action="store_true")
     p.add_argument("--skip_kernels", action="store_true")
     p.add_argument("--skip_bad_draft", action="store_true")
+    p.add_argument("--throughput", action="store_true",
+                   help="also run pipeline.bench_throughput (plain batched generate vs ours at B=1,4,8,16) on the "
+                   "same synthetic pair and prompt settings, into the same report")
     a = p.parse_args(argv)
     quick = a.quick or a.tiny
     a.prompts = a.prompts or (3 if quick else 6)
@@ -912,6 +915,14 @@ def main(argv: list[str] | None = None) -> int:
                                                     for r in results], "beam": beam, "kernels": kernels},
                                        indent=1, default=str))
     write_report(out, csv_path, results, skipped, beam, kernels, argv, started, args)
+    if args.throughput:
+        from pipeline import bench_throughput
+
+        size = "tiny" if args.tiny else "quick" if args.quick else "full"
+        bench_throughput.main(["--size", size, "--cache_dir", str(cache), "--out", str(out), "--prompts",
+                               str(max(args.prompts, 16)), "--prompt_tokens", str(args.prompt_tokens),
+                               "--max_new_tokens", str(args.max_new_tokens),
+                               "--gammas", ",".join(sorted({"2", str(args.gamma)}))])
     _LOG.info("wrote %s and %s (%.0f s)", out, csv_path, time.perf_counter() - started)
     return 0 if all(s["equal"] for r in results for s in r["summary"]) else 1
 

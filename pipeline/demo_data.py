@@ -20,20 +20,23 @@ import textwrap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-_SKIP_PARTS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "encodings",
-               "pydoc_data", "__pycache__", "turtledemo", "ensurepip"}
+_SKIP_PARTS = {"site-packages", "dist-packages", "__pycache__", "ensurepip"}  # not the stdlib's own code
+_TEST_PARTS = {"test", "tests", "idlelib", "lib2to3", "turtledemo"}  # trained on, never a demo prompt
 
 
 def stdlib_root() -> Path:
     return Path(sysconfig.get_paths()["stdlib"])
 
 
-def stdlib_files(root: Path | None = None, max_file_bytes: int = 300_000) -> list[str]:
-    """Relative paths of the stdlib's own ``.py`` files, sorted (deterministic for one Python)."""
+def stdlib_files(root: Path | None = None, max_file_bytes: int = 300_000, tests: bool = True) -> list[str]:
+    """Relative paths of the stdlib's own ``.py`` files, sorted (deterministic for one Python).
+    Test suites, IDLE and the like have documented functions too (a third more data); `tests=False`
+    leaves them out, for prompts that show library code."""
     root = root or stdlib_root()
+    skip = _SKIP_PARTS if tests else _SKIP_PARTS | _TEST_PARTS
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_PARTS and not d.startswith("."))
+        dirnames[:] = sorted(d for d in dirnames if d not in skip and not d.startswith("."))
         for name in filenames:
             if not name.endswith(".py"):
                 continue
@@ -47,6 +50,11 @@ def stdlib_files(root: Path | None = None, max_file_bytes: int = 300_000) -> lis
     return sorted(out)
 
 
+def is_library(relpath: str) -> bool:
+    """Not part of a test suite, IDLE or the like."""
+    return not set(relpath.split("/")[:-1]) & _TEST_PARTS
+
+
 def is_heldout(relpath: str, heldout_mod: int = 10) -> bool:
     return int(hashlib.sha1(relpath.encode()).hexdigest(), 16) % heldout_mod == 0
 
@@ -55,6 +63,13 @@ def split_files(files: Sequence[str], heldout_mod: int = 10) -> tuple[list[str],
     """(train, held-out): a stable split by a hash of each relative path."""
     return ([f for f in files if not is_heldout(f, heldout_mod)],
             [f for f in files if is_heldout(f, heldout_mod)])
+
+
+def read_source(root: Path, rel: str) -> str | None:
+    try:
+        return (root / rel).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def summary_of(docstring: str) -> str:

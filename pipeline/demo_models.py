@@ -52,7 +52,9 @@ logger = logging.getLogger(__name__)
 ASSETS = Path(__file__).with_name("demo_pair")
 MANIFEST = "MANIFEST.json"
 PROMPTS = "prompts.parquet"
-SPECIALS = ("<pad>", "</s>", "<unk>")  # T5's ids: pad 0 (also the decoder start), eos 1
+SENTINELS = tuple(f"<extra_id_{i}>" for i in range(8))  # T5's span-corruption markers, ids 3..10
+SPECIALS = ("<pad>", "</s>", "<unk>", *SENTINELS)  # T5's ids: pad 0 (also the decoder start), eos 1
+TASK_PREFIX = "summarize: "  # T5's own prefix for the task; part of every demo prompt
 RECIPE_VERSION = 2  # bump when the code changes what a recipe produces
 
 
@@ -81,7 +83,9 @@ class TrainSpec:
     warmup_frac: float = 0.05
     final_lr_frac: float = 0.05
     weight_decay: float = 0.01
-    reference_frac: float = 0.0  # draft only: share of a batch on reference summaries (rest: the target's)
+    # Share of batches from a second data set: span corruption for the target (T5's own pretraining
+    # objective), the reference summaries for the draft (whose main data is the target's summaries).
+    extra_frac: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -119,13 +123,13 @@ class Recipe:
 FULL = Recipe(
     name="full",
     vocab_size=2048,
-    max_code_tokens=96,
+    max_code_tokens=64,
     max_summary_tokens=40,
     # Equal encoder and decoder depths: transformers 5 sizes generate()'s cache by the encoder's.
     target=T5Spec(d_model=128, d_ff=512, heads=4, encoder_layers=4, decoder_layers=4),
     draft=T5Spec(d_model=128, d_ff=512, heads=4, encoder_layers=1, decoder_layers=1),
-    target_train=TrainSpec(steps=1500, batch_size=24, lr=2e-3),
-    draft_train=TrainSpec(steps=400, batch_size=24, lr=2e-3, reference_frac=0.1),
+    target_train=TrainSpec(steps=2500, batch_size=32, lr=3e-3, extra_frac=0.5),
+    draft_train=TrainSpec(steps=400, batch_size=32, lr=3e-3, extra_frac=0.1),
     prompts=40,
     gate=QualityGate(),
 )
@@ -224,7 +228,7 @@ def make_model(spec: T5Spec, vocab_size: int, seed: int):
     torch.manual_seed(seed)
     config = T5Config(vocab_size=vocab_size, d_model=spec.d_model, d_kv=spec.d_model // spec.heads,
                       d_ff=spec.d_ff, num_layers=spec.encoder_layers, num_decoder_layers=spec.decoder_layers,
-                      num_heads=spec.heads, dropout_rate=0.1, pad_token_id=0, eos_token_id=1,
+                      num_heads=spec.heads, dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
                       decoder_start_token_id=0, tie_word_embeddings=True)
     model = T5ForConditionalGeneration(config)
     model.generation_config.decoder_start_token_id = 0
@@ -262,7 +266,8 @@ def _batches(pairs: list[tuple[list[int], list[int]]], batch_size: int, rng: ran
             yield x, (x != 0).long(), y
 
 
-def train(model, pairs, spec: TrainSpec, seed: int, name: str, extra_pairs=None, log_every_s: float = 15.0) -> dict:
+def train(model, pairs, spec: TrainSpec, seed: int, name: str, extra_pairs=None, log_every_s: float = 15.0,
+          probe=None) -> dict:
     """Train by steps (never by seconds): the same pair on any machine, a slower one just waits longer."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -271,7 +276,7 @@ def train(model, pairs, spec: TrainSpec, seed: int, name: str, extra_pairs=None,
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
                              {"params": rest, "weight_decay": 0.0}], lr=spec.lr)
     main = _batches(pairs, spec.batch_size, rng)
-    extra = _batches(extra_pairs, spec.batch_size, rng) if extra_pairs and spec.reference_frac > 0 else None
+    extra = _batches(extra_pairs, spec.batch_size, rng) if extra_pairs and spec.extra_frac > 0 else None
     model.train()
     start = last = time.monotonic()
     ema = None
@@ -286,7 +291,7 @@ def train(model, pairs, spec: TrainSpec, seed: int, name: str, extra_pairs=None,
             lr = spec.lr * (spec.final_lr_frac + (1 - spec.final_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
         for g in opt.param_groups:
             g["lr"] = lr
-        use_extra = extra is not None and rng.random() < spec.reference_frac
+        use_extra = extra is not None and rng.random() < spec.extra_frac
         x, mask, y = next(extra if use_extra else main)
         loss = model(input_ids=x, attention_mask=mask, labels=y).loss
         opt.zero_grad(set_to_none=True)
@@ -301,6 +306,10 @@ def train(model, pairs, spec: TrainSpec, seed: int, name: str, extra_pairs=None,
             eta = elapsed / step * (spec.steps - step)
             logger.info("%s: step %d/%d (%d%%) loss %.3f elapsed %s ETA %s", name, step, spec.steps,
                         100 * step // spec.steps, ema, _fmt_s(elapsed), _fmt_s(eta))
+        if probe is not None and step % max(spec.steps // 4, 1) == 0:
+            model.eval()
+            probe(model)  # what it writes now, so a user sees it learn (or not) long before the end
+            model.train()
     model.eval()
     return {"steps": spec.steps, "train_seconds": round(time.monotonic() - start, 1), "final_loss": round(ema, 4)}
 
@@ -329,10 +338,33 @@ def greedy_summaries(model, sources: list[list[int]], max_new_tokens: int, batch
     return out
 
 
+def span_corruption(tokenizer, texts: list[str], window: int, n: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """T5's pretraining examples from code: about 15% of a window's tokens, in spans of about 3,
+    replaced by sentinels in the input and spelled out after them in the target. The decoder can
+    only lower this loss by reading the encoder, which is what the small summarization set alone
+    did not teach it (the target fell back to one generic summary for every input)."""
+    rng = random.Random(seed)
+    ids = [t for text in texts for t in tokenizer(text)["input_ids"][:-1]]
+    sentinel = tokenizer.convert_tokens_to_ids(SENTINELS[0])
+    out = []
+    for _ in range(n):
+        start = rng.randrange(0, max(len(ids) - window, 1))
+        toks = ids[start:start + window]
+        spans = sorted(rng.sample(range(0, len(toks) - 3, 4), k=max(1, round(len(toks) * 0.15 / 3))))
+        src, tgt, last = [], [], 0
+        for i, at in enumerate(spans[: len(SENTINELS)]):
+            length = rng.choice((2, 3, 4))
+            src += toks[last:at] + [sentinel + i]
+            tgt += [sentinel + i] + toks[at:at + length]
+            last = at + length
+        out.append((src + toks[last:] + [1], tgt + [1]))
+    return out
+
+
 def _encode(tokenizer, examples: list[dict], recipe: Recipe) -> list[tuple[list[int], list[int]]]:
     pairs = []
     for ex in examples:
-        src = tokenizer(ex["code"])["input_ids"]
+        src = tokenizer(TASK_PREFIX + ex["code"])["input_ids"]
         tgt = tokenizer(ex["summary"])["input_ids"]
         if len(tgt) <= recipe.max_summary_tokens:
             pairs.append((src[: recipe.max_code_tokens - 1] + [1] if len(src) > recipe.max_code_tokens else src, tgt))
@@ -343,9 +375,10 @@ def pick_prompts(tokenizer, examples: list[dict], recipe: Recipe) -> list[dict]:
     """Held-out functions that fit whole, spread over files (one per file per pass), in a fixed order."""
     by_file: dict[str, list[dict]] = {}
     for ex in examples:
-        n_code = len(tokenizer(ex["code"])["input_ids"])
+        n_code = len(tokenizer(TASK_PREFIX + ex["code"])["input_ids"])
         n_sum = len(tokenizer(ex["summary"])["input_ids"])
-        if 16 <= n_code <= recipe.max_code_tokens and 6 <= n_sum <= recipe.max_summary_tokens:
+        if (demo_data.is_library(ex["file"]) and 16 <= n_code <= recipe.max_code_tokens
+                and 6 <= n_sum <= recipe.max_summary_tokens):
             by_file.setdefault(ex["file"], []).append(ex)
     rows: list[dict] = []
     depth = 0
@@ -353,7 +386,8 @@ def pick_prompts(tokenizer, examples: list[dict], recipe: Recipe) -> list[dict]:
         for file in sorted(by_file):
             if depth < len(by_file[file]) and len(rows) < recipe.prompts:
                 ex = by_file[file][depth]
-                rows.append({"id": f"stdlib-{len(rows):04d}", "prompt": ex["code"], "reference": ex["summary"],
+                rows.append({"id": f"stdlib-{len(rows):04d}", "prompt": TASK_PREFIX + ex["code"],
+                             "reference": ex["summary"],
                              "source_file": ex["file"], "source_line": ex["line"], "function": ex["name"]})
         depth += 1
     if len(rows) < recipe.prompts:
@@ -413,8 +447,22 @@ def retrain(out: Path = ASSETS, recipe: Recipe = FULL) -> dict:
     pairs = _encode(tokenizer, train_ex, recipe)
     rows = pick_prompts(tokenizer, held_ex, recipe)
 
+    probe_ids = [tokenizer(r["prompt"])["input_ids"] for r in rows[:4]]
+
+    def probe(model) -> None:
+        for ids, summary in zip(probe_ids, greedy_summaries(model, probe_ids, recipe.max_summary_tokens), strict=True):
+            logger.info("  %r -> %r", tokenizer.decode(ids[:12]) + "...",
+                        tokenizer.decode(summary, skip_special_tokens=True))
+
+    texts, size = [], 0
+    for f in train_files:  # a few MB of code is plenty of windows
+        if size < 6_000_000 and (text := demo_data.read_source(root, f)):
+            texts.append(text)
+            size += len(text)
+    spans = span_corruption(tokenizer, texts, recipe.max_code_tokens, 50_000, recipe.seed + 5)
     target = make_model(recipe.target, len(tokenizer), recipe.seed)
-    target_info = train(target, pairs, recipe.target_train, recipe.seed + 1, "target")
+    target_info = train(target, pairs, recipe.target_train, recipe.seed + 1, "target", extra_pairs=spans,
+                        probe=probe)
     # The draft learns what the target says (its fp16-rounded self, as shipped).
     target.to(torch.float16).to(torch.float32)
     labels = greedy_summaries(target, [s for s, _ in pairs], recipe.max_summary_tokens)

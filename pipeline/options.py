@@ -34,6 +34,9 @@ class SpecDecOptions(PipelineOptions):
           help="CPU fp32 only: prepacked = oneDNN-prepacked linear weights (cheaper multi-token verify); "
           "stock = PyTorch defaults")
         a("--max_new_tokens", type=int, default=128, help="generation length cap")
+        a("--batch_size", type=int, default=1,
+          help="prompts a worker decodes together (continuous batching, exact per prompt); "
+          "1 = one prompt at a time. Decoder-only targets only")
         a("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
         a("--top_k", type=_none_or(int), default=None, help="top-k sampling (sampling only)")
         a("--top_p", type=_none_or(float), default=None, help="nucleus sampling (sampling only)")
@@ -95,6 +98,7 @@ class SpecDecOptions(PipelineOptions):
             stop=tuple(self.stop or ()),
             max_item_seconds=self.max_item_seconds,
             trust_remote_code=self.trust_remote_code,
+            batch_size=self.batch_size,
         )
 
     def resume_prefixes(self) -> list[str]:

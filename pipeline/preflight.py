@@ -199,6 +199,27 @@ def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
                                      f"{opts.id_column!r} column is {id_type}")
 
 
+def _check_batching(opts: SpecDecOptions) -> None:
+    """--batch_size > 1 decodes decoder-only full-attention models only (gs:// models are
+    checked on load)."""
+    if opts.batch_size == 1:
+        return
+    from transformers import AutoConfig
+
+    from specdec_core.batch_engine import unbatchable
+
+    models = [("--target_model", opts.target_model)]
+    if opts.drafter == "model":
+        models.append(("--draft_model", opts.draft_model))
+    for flag, path in models:
+        if path.startswith("gs://"):
+            continue
+        why = unbatchable(AutoConfig.from_pretrained(path, trust_remote_code=opts.trust_remote_code))
+        if why:
+            raise JobConfigError(f"--batch_size {opts.batch_size}: {flag} {path!r} {why}; batching needs "
+                                 "decoder-only models with full attention (use --batch_size 1)")
+
+
 def preflight(opts: SpecDecOptions) -> pa.Schema:
     """Validate settings, input, output and models; return the input's Parquet schema."""
     try:
@@ -229,4 +250,5 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_chat(opts, schema)
     _check_output(opts)
     _check_resume(opts, schema)
+    _check_batching(opts)
     return schema

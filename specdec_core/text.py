@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cpu_speed import prepare_for_cpu
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
-from specdec_core.engine import ItemTimeout, SpeculativeGenerator  # noqa: F401 (generate() raises it)
+from specdec_core.engine import Generation, ItemTimeout, SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma, GammaPolicy
 from specdec_core.loading import (
     check_pair,
@@ -152,8 +153,11 @@ class GeneratorSpec:
     stop: tuple[str, ...] = ()
     max_item_seconds: float | None = None
     trust_remote_code: bool = False
+    batch_size: int = 1
 
     def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"--batch_size must be >= 1, got {self.batch_size}")
         check_stop_strings(self.stop)
         if self.max_item_seconds is not None and not self.max_item_seconds > 0:
             raise ValueError(f"--max_item_seconds must be > 0, got {self.max_item_seconds}")
@@ -172,7 +176,8 @@ class GeneratorSpec:
 
 
 class TextGenerator:
-    """A loaded target (+ drafter) and tokenizer; thread-safe, one item at a time."""
+    """A loaded target (+ drafter) and tokenizer; thread-safe, one item (or, with batch_size > 1,
+    one list of items decoded together) at a time."""
 
     def __init__(
         self,
@@ -189,6 +194,7 @@ class TextGenerator:
         system_prompt: str | None = None,
         stop: Sequence[str] = (),
         max_item_seconds: float | None = None,
+        batch_size: int = 1,
     ):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
@@ -203,6 +209,17 @@ class TextGenerator:
             sampling=sampling,
             gamma_policy=gamma_policy,
         )
+        self.batch_engine = None
+        if batch_size > 1:
+            self.batch_engine = BatchSpeculativeGenerator(
+                target,
+                drafter,
+                batch_size=batch_size,
+                num_speculative_tokens=num_speculative_tokens,
+                max_new_tokens=max_new_tokens,
+                sampling=sampling,
+                gamma_policy=self.engine.gamma_policy,
+            )
         self.context = context
         # Beam threads share one generator per process; items run one at a time so that
         # each item's latency is its own.
@@ -252,6 +269,7 @@ class TextGenerator:
             system_prompt=spec.system_prompt,
             stop=spec.stop,
             max_item_seconds=spec.max_item_seconds,
+            batch_size=spec.batch_size,
         )
 
     def encode(self, prompt: object) -> list[int]:
@@ -293,6 +311,34 @@ class TextGenerator:
         stop = StopStrings(self.tokenizer, self.stop) if self.stop else None
         with self._lock:
             out = self.engine.generate(ids, seed, stop, max_seconds=self.max_item_seconds)
+        return self._as_dict(out, seed)
+
+    def generate_batch(self, items: list[tuple[object, int]]) -> list[dict]:
+        """(prompt, seed) per item -> one dict per item, in order: a result as `generate` gives,
+        or {"error_type", "error_message"} for a prompt that cannot be generated (or ran past
+        --max_item_seconds), so that one bad row never fails the others. Valid prompts decode
+        together (continuous batching)."""
+        if self.batch_engine is None:
+            raise ValueError("generate_batch needs a TextGenerator built with batch_size > 1")
+        out: list[dict | None] = [None] * len(items)
+        todo, where = [], []
+        for i, (prompt, seed) in enumerate(items):
+            try:
+                todo.append((self.encode(prompt), seed))
+                where.append(i)
+            except PromptError as e:
+                out[i] = {"error_type": type(e).__name__, "error_message": str(e)}
+        checks = [StopStrings(self.tokenizer, self.stop) if self.stop else None for _ in todo]
+        with self._lock:
+            gens = self.batch_engine.generate_many(todo, checks, max_seconds=self.max_item_seconds)
+        for i, (_, seed), g in zip(where, todo, gens, strict=True):
+            if isinstance(g, ItemTimeout):
+                out[i] = {"error_type": type(g).__name__, "error_message": str(g)}
+            else:
+                out[i] = self._as_dict(g, seed)
+        return out  # type: ignore[return-value]
+
+    def _as_dict(self, out: Generation, seed: int) -> dict:
         s = out.stats
         text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)
         if s.finish_reason == "stop":

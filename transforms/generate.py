@@ -6,8 +6,8 @@ import apache_beam as beam
 from apache_beam.ml.inference.base import RunInference
 
 from specdec_core.loading import item_seed
-from transforms.model_handler import SpecDecModelHandler
-from transforms.results import failed_rows, result_row
+from transforms.model_handler import ERROR_KEY, SpecDecModelHandler
+from transforms.results import failed_rows, marked_failed_row, result_row
 
 
 def _with_seed(row: dict, id_column: str, base_seed: int) -> dict:
@@ -18,7 +18,10 @@ class GenerateRows(beam.PTransform):
     """Every input row comes out exactly once: as a result row or as a failed row.
 
     Bad prompts (null, empty, wrong type, too long...) raise inside the handler and land in
-    RunInference's dead letter with their reason; so does any other per-row error.
+    RunInference's dead letter with their reason; so does any other per-row error. With
+    --batch_size > 1 a list of rows is one call: bad prompts come back as per-row markers
+    instead (so they do not fail the list), and an error of the whole call fails each of its
+    rows through the dead letter.
 
     The accelerator hint covers the whole step, so the rows' mapping stays fused with the
     model (and with the durable commits that follow under the same hint, CommitRows).
@@ -48,8 +51,10 @@ class GenerateRows(beam.PTransform):
             | "Seed" >> beam.Map(_with_seed, self.id_column, self.seed)
             | "RunInference" >> inference
         )
-        results = generated | "ResultRows" >> beam.Map(result_row, self.id_column, self.passthrough)
+        ok, marked = generated | "SplitMarked" >> beam.Partition(lambda p, _: int(ERROR_KEY in p.inference), 2)
+        results = ok | "ResultRows" >> beam.Map(result_row, self.id_column, self.passthrough)
         failed = dead.failed_inferences | "FailedRows" >> beam.FlatMap(
             failed_rows, self.id_column, self.prompt_column
         )
-        return results, failed
+        bad = marked | "MarkedFailedRows" >> beam.Map(marked_failed_row, self.id_column, self.prompt_column)
+        return results, (failed, bad) | "AllFailed" >> beam.Flatten()

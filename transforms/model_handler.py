@@ -20,6 +20,8 @@ from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 from specdec_core.text import GeneratorSpec, TextGenerator
 
 NAMESPACE = "specdec"
+LIST_FACTOR = 8  # rows per RunInference call, in units of --batch_size (see SpecDecModelHandler)
+ERROR_KEY = "error_type"  # a per-row failure marker from TextGenerator.generate_batch
 _LOG = logging.getLogger(__name__)
 
 
@@ -58,11 +60,19 @@ class _Progress:
 
 
 class SpecDecModelHandler(ModelHandler[dict, PredictionResult, TextGenerator]):
-    """Batch-1 speculative decoding of input rows (dicts) with a shared TextGenerator."""
+    """Speculative decoding of input rows (dicts) with a shared TextGenerator: one row per call,
+    or, with --batch_size > 1, lists of rows decoded together."""
 
     def __init__(self, spec: GeneratorSpec, prompt_column: str = "prompt", *, large_model: bool = False):
-        # Speculative decoding is batch-1 by construction: never batch rows together.
-        super().__init__(min_batch_size=1, max_batch_size=1, large_model=large_model)
+        # batch_size 1: one row per call, the batch-1 engine. batch_size B > 1: lists of
+        # LIST_FACTOR * B rows, decoded with continuous batching; the batch is full until fewer
+        # than B rows of a list remain, i.e. for about (1 - 1/LIST_FACTOR) of its rows. Longer
+        # lists fill it better but hold more rows per bundle (and per retry, if a list fails).
+        # BatchElements adapts sizes between min and max to ~1 s per call; a generation call
+        # takes far longer, so min is what it uses: min = max pins the list size (a bundle's
+        # last list may be shorter).
+        rows = 1 if spec.batch_size == 1 else LIST_FACTOR * spec.batch_size
+        super().__init__(min_batch_size=rows, max_batch_size=rows, large_model=large_model)
         self.spec = spec
         self.prompt_column = prompt_column
         self._progress: _Progress | None = None
@@ -80,6 +90,14 @@ class SpecDecModelHandler(ModelHandler[dict, PredictionResult, TextGenerator]):
         if self._progress is None:
             self._progress = _Progress()
         results = []  # a list, not a generator: RunInference counts failures only then
+        if self.spec.batch_size > 1:
+            # Bad prompts come back as per-row markers (GenerateRows makes them failed rows).
+            outs = model.generate_batch([(row[self.prompt_column], row["seed"]) for row in batch])
+            for row, out in zip(batch, outs, strict=True):
+                if ERROR_KEY not in out:
+                    self._progress.record(out)
+                results.append(PredictionResult(row, out))
+            return results
         for row in batch:
             out = model.generate(row[self.prompt_column], row["seed"])
             self._progress.record(out)

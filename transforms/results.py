@@ -79,6 +79,18 @@ def failed_rows(dead_letter: tuple, id_column: str, prompt_column: str) -> list[
     return rows
 
 
+def marked_failed_row(pred: PredictionResult, id_column: str, prompt_column: str) -> dict[str, Any]:
+    """A row that the batched path reported as failed ({"error_type", "error_message"})."""
+    row, out = pred.example, pred.inference
+    prompt = row.get(prompt_column)
+    return {
+        "id": row.get(id_column),
+        "prompt": prompt if prompt is None or isinstance(prompt, str) else repr(prompt),
+        "error_type": out["error_type"],
+        "error_message": out["error_message"],
+    }
+
+
 class WriteResults(beam.PTransform):
     """Writes PREFIX-SSSSS-of-NNNNN.parquet, then PREFIX-failed-SSSSS-of-NNNNN.parquet, then
     deletes the chunks that CommitRows wrote while the job ran: the final files hold their rows.

@@ -1,0 +1,201 @@
+"""`python -m pipeline.bench_throughput`: tokens per second per worker, batched.
+
+An offline job pays for machine hours, so the number its user compares is throughput. On the
+same prompts, in one run, this times plain Hugging Face batched greedy `generate` of the
+target alone (left padding) and our batched speculative engine (continuous batching) at each
+batch size B, and checks that our outputs equal the target's own greedy decoding per prompt.
+It writes (or replaces) a "Throughput" section in the report, between HTML markers, so
+`pipeline.bench` can run without erasing it (and `pipeline.bench --throughput` runs it too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import logging
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specdec_core.batch_engine import BatchSpeculativeGenerator
+from specdec_core.cpu_speed import prepare_for_cpu, recommended_threads
+from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from specdec_core.engine import SpeculativeGenerator
+
+_LOG = logging.getLogger("pipeline.bench_throughput")
+BEGIN, END = "<!-- throughput:begin -->", "<!-- throughput:end -->"
+
+
+def hf_batched(model, prompts: list[list[int]], batch: int, max_new: int) -> tuple[list[list[int]], float]:
+    """Plain batched greedy generate, B prompts at a time, left-padded; (outputs, seconds)."""
+    outs, t0 = [], time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i : i + batch]
+        width = max(len(p) for p in chunk)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
+                                 min_new_tokens=max_new, pad_token_id=0, eos_token_id=None)
+        outs += out[:, width:].tolist()
+    return outs, time.perf_counter() - t0
+
+
+def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int, gamma: int,
+                 max_new: int) -> tuple[list[list[int]], float, dict]:
+    """Our engine as the pipeline runs it: batch-1 engine at B=1, the batched one above."""
+    t0 = time.perf_counter()
+    if batch == 1:
+        gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=gamma, max_new_tokens=max_new)
+        outs = [gen.generate(p, 0) for p in prompts]
+    else:
+        bgen = BatchSpeculativeGenerator(target, drafter, batch_size=batch, num_speculative_tokens=gamma,
+                                         max_new_tokens=max_new)
+        outs = bgen.generate_many([(p, 0) for p in prompts])
+    secs = time.perf_counter() - t0
+    drafted = sum(o.stats.draft_tokens for o in outs)
+    stats = {"acceptance": sum(o.stats.accepted_tokens for o in outs) / drafted if drafted else None,
+             "steps": sum(o.stats.verify_steps for o in outs)}
+    return [o.tokens for o in outs], secs, stats
+
+
+def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: list[int], gammas: list[int],
+        max_new: int, drafters: list[str], hf_kernels: list[str], reps: int) -> list[dict]:
+    """Every config at every B, `reps` times, alternating the order within a B (ABBA) so that
+    load drifting on a shared machine does not favour whichever config runs last."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    ids = [tok(p)["input_ids"] for p in prompts]
+    target_p = prepare_for_cpu(copy.deepcopy(target))
+    draft_p = None
+    if draft_dir is not None and "model" in drafters:
+        draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+        draft_p = prepare_for_cpu(draft)
+    makers = {"model": lambda: ModelDrafter(draft_p), "ngram": lambda: NgramDrafter(), "none": lambda: NoDrafter()}
+    models = {"stock": target, "prepacked": target_p}
+    n_tokens = len(ids) * max_new
+    rows, reference = [], None
+    # Warm-up (first-call allocations, oneDNN kernel selection) outside the clock.
+    hf_batched(target, ids[:2], 2, 4)
+    ours_batched(target_p, makers[drafters[0]](), ids[:2], 2, gammas[0], 4)
+    for b in batches:
+        configs = [(f"HF generate, target alone ({k} kernels)", "hf", k, None) for k in hf_kernels]
+        configs += [(f"ours, drafter {d}" + (f", gamma {g}" if d != "none" else ""), d, None, g)
+                    for d in drafters for g in (gammas if d != "none" else gammas[:1])]
+        acc: dict[str, dict] = {label: {"seconds": 0.0, "runs": [], "acceptance": None, "equal": None}
+                                for label, *_ in configs}
+        for rep in range(reps):
+            for label, kind, kernels, g in (configs if rep % 2 == 0 else configs[::-1]):
+                if kind == "hf":
+                    outs, secs = hf_batched(models[kernels], ids, b, max_new)
+                    if reference is None and b == 1:
+                        reference = outs
+                    st = {"acceptance": None}
+                else:
+                    outs, secs, st = ours_batched(target_p, makers[kind](), ids, b, g, max_new)
+                a = acc[label]
+                a["seconds"] += secs
+                a["runs"].append(n_tokens / secs)
+                a["acceptance"] = st["acceptance"]
+                if kind != "hf" and reference is not None:
+                    equal = sum(o == r for o, r in zip(outs, reference, strict=True))
+                    a["equal"] = equal if a["equal"] is None else min(a["equal"], equal)
+                _LOG.info("%s B=%d: %.1f tok/s", label, b, n_tokens / secs)
+        for label, *_ in configs:
+            a = acc[label]
+            rows.append({"config": label, "B": b, "seconds": a["seconds"], "runs": a["runs"],
+                         "tokens_per_s": reps * n_tokens / a["seconds"], "acceptance": a["acceptance"],
+                         "equal": a["equal"]})
+        gc.collect()
+    return rows
+
+
+def report(rows: list[dict], header: str, n_prompts: int) -> str:
+    def f(x, fmt="{:.1f}"):
+        return "–" if x is None else fmt.format(x)
+
+    plain = {b: max(r["tokens_per_s"] for r in rows if r["B"] == b and r["config"].startswith("HF"))
+             for b in sorted({r["B"] for r in rows})}
+    best_plain = max(plain.values())
+    best_b = max(plain, key=plain.get)
+    lines = [BEGIN, "## Throughput per worker: batched (`pipeline.bench_throughput`)\n", header, "",
+             f"| config | B | tokens/s | each run | x plain HF at this B | x plain HF at its best (B={best_b}) | "
+             "acceptance | greedy equal to HF B=1 |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        equal = "–" if r["equal"] is None else f"{r['equal']}/{n_prompts}"
+        runs = " / ".join(f"{x:.1f}" for x in r["runs"])
+        lines.append(f"| {r['config']} | {r['B']} | {f(r['tokens_per_s'])} | {runs} | "
+                     f"{f(r['tokens_per_s'] / plain[r['B']], '{:.2f}')} | "
+                     f"{f(r['tokens_per_s'] / best_plain, '{:.2f}')} | {f(r['acceptance'], '{:.2f}')} | {equal} |")
+    ours = [r for r in rows if r["config"].startswith("ours")]
+    best = max(ours, key=lambda r: r["tokens_per_s"])
+    lines += ["", f"Plain batching at its best: {best_plain:.1f} tokens/s (B={best_b}). Ours at its best: "
+              f"{best['tokens_per_s']:.1f} tokens/s ({best['config']}, B={best['B']}), "
+              f"{best['tokens_per_s'] / best_plain:.2f}x plain batching at its best.", END]
+    return "\n".join(lines) + "\n"
+
+
+def write_section(path: Path, section: str) -> None:
+    text = path.read_text() if path.exists() else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m pipeline.bench_throughput", description=__doc__)
+    p.add_argument("--size", default="full", choices=("full", "quick", "tiny"),
+                   help="synthetic pair of pipeline.bench: full (325M target), quick, tiny (tests)")
+    p.add_argument("--cache_dir", default="benchmarks/.cache", help="where the synthetic pair is (built if missing)")
+    p.add_argument("--out", default="BENCHMARKS.md", help="report whose Throughput section is replaced")
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--prompt_tokens", type=int, default=128)
+    p.add_argument("--max_new_tokens", type=int, default=48)
+    p.add_argument("--gammas", default="2,4", help="comma-separated fixed gammas for our engine")
+    p.add_argument("--hf_kernels", default="stock,prepacked", help="kernels for plain HF: stock, prepacked or both")
+    p.add_argument("--reps", type=int, default=2, help="runs of every config, order alternating")
+    p.add_argument("--batches", default="1,4,8,16", help="comma-separated batch sizes")
+    p.add_argument("--drafters", default="model,none", help="comma-separated: model, ngram, none")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--note", default="", help="free text added to the report (e.g. that the machine was shared)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipeline.bench import FULL_SYNTH, QUICK_SYNTH, TINY_SYNTH, build_synthetic_pair, machine, synthetic_prompts
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    a = parse(argv)
+    torch.set_num_threads(a.threads or recommended_threads())
+    spec = {"full": FULL_SYNTH, "quick": QUICK_SYNTH, "tiny": TINY_SYNTH}[a.size]
+    dirs = build_synthetic_pair(spec, Path(a.cache_dir))
+    prompts = [text for _, text in synthetic_prompts(spec, a.prompts, a.prompt_tokens)]
+    batches = [int(b) for b in a.batches.split(",")]
+    shown = [x for i, x in enumerate(argv) if x != "--note" and (i == 0 or argv[i - 1] != "--note")]
+    t0 = time.perf_counter()
+    rows = run(dirs["target"], dirs["draft"], prompts, batches, [int(g) for g in a.gammas.split(",")],
+               a.max_new_tokens, [d.strip() for d in a.drafters.split(",")], a.hf_kernels.split(","), a.reps)
+    header = (f"Synthetic pair of `pipeline.bench` ({spec.layers}-layer Llama target, hidden {spec.hidden}; "
+              f"{spec.draft_layers}-layer early-exit draft), {a.prompts} prompts of {a.prompt_tokens} tokens "
+              f"(mixed random/repetitive, as in the bench), {a.max_new_tokens} new tokens each, greedy, fixed gamma, "
+              f"{torch.get_num_threads()} thread(s); {machine()}. Each run decodes all prompts; ours runs with "
+              f"continuous batching (the batch-1 engine at B=1). Every config ran {a.reps} times per B in alternating "
+              f"order; tokens/s is over all its runs. Run time {time.perf_counter() - t0:.0f} s. "
+              f"Command: `python -m pipeline.bench_throughput {shlex.join(shown)}{' --note TEXT' if a.note else ''}`. "
+              f"{a.note}")
+    write_section(Path(a.out), report(rows, header, a.prompts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,284 @@
+"""Speculative decoding of several prompts at once, exact per prompt (continuous batching).
+
+Up to `batch_size` rows decode together. Each round drafts for every live row (a model draft
+runs ONE batched pass per draft step for all rows; prompt lookup runs per row), verifies all
+rows' drafts in ONE target pass, and accepts per row with the batch-1 rule, so each row keeps
+its own accepted length, gamma state and random generator. A row that finishes leaves the
+batch and the next waiting prompt is prefilled and merged in, so the batch stays full rather
+than waiting for its slowest row. Rows of different lengths share one padded cache per model
+(`BatchKV`). Decoder-only targets only: an encoder-decoder would need per-row encoder outputs
+and cross-attention masks in the same scheme.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec_core.acceptance import verify_greedy, verify_sampled
+from specdec_core.batch_kv import BatchKV
+from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter
+from specdec_core.engine import FinishCheck, Generation, ItemStats, ItemTimeout, SpeculativeGenerator
+from specdec_core.gamma import GammaPolicy, GammaState
+from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
+
+
+def unbatchable(config) -> str | None:
+    """Why a model cannot decode in our padded batches, or None. The scheme needs a plain
+    key/value cache per layer over all positions: an encoder-decoder would need per-row encoder
+    outputs, and a sliding window counts cache columns (holes included), not a row's tokens."""
+    if config.is_encoder_decoder:
+        return "is an encoder-decoder"
+    types = set(getattr(config, "layer_types", None) or ())
+    if types - {"full_attention"}:
+        return f"has {', '.join(sorted(types - {'full_attention'}))} layers"
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "uses sliding-window attention"
+    return None
+
+
+@dataclass
+class _Row:
+    """One prompt in the batch: its sequence, its own RNG, processors, gamma state and stats."""
+
+    index: int  # position in the caller's list
+    seed: int
+    seq: list[int]
+    start: float
+    transform: LogitsTransform
+    generator: torch.Generator
+    gamma_state: GammaState
+    stats: ItemStats
+    session: DraftSession | None = None  # per-row drafters (prompt lookup); None for a model draft
+    new: list[int] = field(default_factory=list)
+    finish: str = ""
+    draft_steps: int = 0
+    finish_check: FinishCheck | None = None  # the row's own end rule (stop strings)
+
+
+class BatchSpeculativeGenerator:
+    """Exact speculative decoding of many prompts, up to `batch_size` rows per model pass."""
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        drafter: Drafter | None = None,
+        *,
+        batch_size: int = 8,
+        num_speculative_tokens: int = 4,
+        max_new_tokens: int = 128,
+        sampling: SamplingSettings = SamplingSettings(),
+        gamma_policy: GammaPolicy | None = None,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        for model in (target, drafter.model if isinstance(drafter, ModelDrafter) else None):
+            why = model is not None and unbatchable(model.config)
+            if why:
+                raise ValueError(f"batch_size > 1 needs decoder-only models with full attention; "
+                                 f"{type(model).__name__} {why} (use batch_size 1)")
+        # The batch-1 engine holds the settings, their validation, the cost measurement and the
+        # per-row finish rule (`_truncate`), so both engines stop rows the same way.
+        self.single = SpeculativeGenerator(target, drafter, num_speculative_tokens=num_speculative_tokens,
+                                           max_new_tokens=max_new_tokens, sampling=sampling,
+                                           gamma_policy=gamma_policy)
+        self.target, self.drafter = target, self.single.drafter
+        self.batch_size = batch_size
+        self.gamma, self.max_new_tokens = num_speculative_tokens, max_new_tokens
+        self.sampling, self.gamma_policy = sampling, self.single.gamma_policy
+        self.draft_model = drafter.model if isinstance(drafter, ModelDrafter) else None
+        pad = target.config.pad_token_id
+        self.pad_id = int(pad) if isinstance(pad, int) else 0
+
+    # -- one row --------------------------------------------------------------------------------
+
+    def _new_row(self, index: int, prompt_ids: list[int], seed: int, finish_check: FinishCheck | None = None
+                 ) -> _Row:
+        device = self.target.device
+        seq = list(prompt_ids)
+        procs = build_processors(self.sampling, self.target.generation_config, len(seq) + self.max_new_tokens, device)
+        row = _Row(index=index, seed=seed, seq=seq, start=time.perf_counter(),
+                   transform=LogitsTransform(procs),
+                   generator=torch.Generator(device=device).manual_seed(seed),
+                   gamma_state=self.gamma_policy.start(self.gamma),
+                   stats=ItemStats(prompt_tokens=len(prompt_ids)), finish_check=finish_check)
+        if self.draft_model is None:
+            row.session = self.drafter.start(prompt_ids, seq, self._picker(row))
+        return row
+
+    def _picker(self, row: _Row):
+        def pick(cur: list[int], logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+            scores = row.transform(cur, logits)
+            if self.sampling.greedy:
+                return int(scores.argmax(-1).item()), None
+            probs = scores.softmax(-1)
+            return int(torch.multinomial(probs[0], 1, generator=row.generator).item()), probs
+        return pick
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def generate_many(self, items: Sequence[tuple[list[int], int]],
+                      finish_checks: Sequence[FinishCheck | None] | None = None,
+                      max_seconds: float | None = None) -> list[Generation | ItemTimeout]:
+        """(prompt ids, seed) per item -> one Generation per item, in the same order.
+
+        finish_checks: each item's own end rule, as the batch-1 engine's `finish_check`.
+        max_seconds: an item still running this long after it entered the batch leaves it, and
+        its place in the result holds an ItemTimeout instead (the other rows go on).
+        """
+        if not items:
+            return []
+        checks = list(finish_checks) if finish_checks is not None else [None] * len(items)
+        if self.gamma_policy.needs_costs and not isinstance(self.drafter, NoDrafter):
+            self.gamma_policy.set_costs(self.single.measure_costs(list(items[0][0])))
+        waiting = deque((i, (ids, seed, check)) for i, ((ids, seed), check)
+                        in enumerate(zip(items, checks, strict=True)))
+        results: list[Generation | None] = [None] * len(items)
+        live: list[_Row] = []
+        tkv = BatchKV(self.target, 0, self.pad_id)
+        dkv = BatchKV(self.draft_model, 0, self.pad_id) if self.draft_model is not None else None
+        while waiting or live:
+            if waiting and len(live) < self.batch_size:
+                live += self._admit(waiting, self.batch_size - len(live), tkv, dkv)
+            self._round(live, tkv, dkv)
+            if max_seconds is not None:
+                now = time.perf_counter()
+                for r in live:
+                    if not r.finish and now - r.start > max_seconds:
+                        r.finish = "timeout"
+            done = [b for b, r in enumerate(live) if r.finish]
+            if done:
+                now = time.perf_counter()
+                for b in done:
+                    r = live[b]
+                    r.stats.latency_s = now - r.start
+                    r.stats.new_tokens = len(r.new)
+                    r.stats.finish_reason = r.finish
+                    r.stats.draft_steps = r.draft_steps if r.session is None else r.session.steps
+                    results[r.index] = (ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after "
+                                                    f"{len(r.new)} new tokens)") if r.finish == "timeout"
+                                        else Generation(r.new, r.stats))
+                keep = [b for b, r in enumerate(live) if not r.finish]
+                live = [live[b] for b in keep]
+                for kv in (tkv, dkv):
+                    if kv is not None:
+                        kv.select(keep)
+            for kv in (tkv, dkv):
+                # Holes cost attention work every pass; a gather costs about one cache copy.
+                if kv is not None and kv.rows and kv.wasted() > 8 + kv.width // 8:
+                    kv.compact()
+        return results  # type: ignore[return-value]
+
+    def _admit(self, waiting: deque, slots: int, tkv: BatchKV, dkv: BatchKV | None) -> list[_Row]:
+        """Prefill up to `slots` waiting prompts in one pass per model and merge them in."""
+        rows = [self._new_row(i, list(ids), seed, check) for i, (ids, seed, check) in
+                (waiting.popleft() for _ in range(min(slots, len(waiting))))]
+        # Invariant between rounds, as in the batch-1 engine: each cache holds every committed
+        # token of a row except the newest.
+        for kv, model in ((tkv, self.target), (dkv, self.draft_model)):
+            if kv is None:
+                continue
+            fresh = BatchKV(model, len(rows), self.pad_id)
+            fresh.forward([r.seq[:-1] for r in rows], logits=False)
+            kv.merge(fresh)
+        now = time.perf_counter()
+        for r in rows:
+            r.stats.prefill_s = now - r.start
+        return rows
+
+    def _round(self, live: list[_Row], tkv: BatchKV, dkv: BatchKV | None) -> None:
+        greedy = self.sampling.greedy
+        ks = []
+        for r in live:
+            remaining = self.max_new_tokens - len(r.new)
+            # Never draft past the budget: the round's extra target token needs one slot.
+            k = min(r.gamma_state.next(), remaining - 1)
+            r.stats.gammas.append(k)
+            ks.append(max(k, 0))
+        t0 = time.perf_counter()
+        drafts, qs, confs = self._draft(live, ks, dkv)
+        t1 = time.perf_counter()
+        logits = tkv.forward([r.seq[tkv.length(b):] + drafts[b] for b, r in enumerate(live)])
+        t2 = time.perf_counter()
+        for b, r in enumerate(live):
+            d = drafts[b]
+            scores = r.transform(r.seq + d, logits[b][-(len(d) + 1):])
+            if greedy:
+                n, token = verify_greedy(d, scores.argmax(-1))
+            else:
+                n, token = verify_sampled(d, scores.softmax(-1), qs[b], r.generator)
+            s = r.stats
+            s.draft_s += t1 - t0  # the row waited for the whole batched pass
+            s.verify_s += t2 - t1
+            s.verify_steps += 1
+            s.draft_tokens += len(d)
+            s.drafts.append(len(d))
+            r.gamma_state.update(len(d), n)
+            s.rejections += n < len(d)
+            if confs[b] is not None:
+                r.gamma_state.record_confidences(confs[b], n)
+            remaining = self.max_new_tokens - len(r.new)
+            emitted, finish = self.single._truncate(d[:n] + [token], remaining, r.finish_check)
+            s.accepted_tokens += min(n, len(emitted))
+            if not r.new:
+                s.ttft_s = time.perf_counter() - r.start
+            r.new += emitted
+            r.finish = finish
+            valid = len(r.seq) + n  # cached tokens that are still on the committed path
+            r.seq += emitted
+            tkv.rollback(b, valid)
+            if dkv is not None:
+                dkv.rollback(b, valid)
+            elif r.session is not None:
+                r.session.rollback(valid)
+
+    def _draft(self, live: list[_Row], ks: list[int], dkv: BatchKV | None):
+        """Each row's drafts (its tokens, q and confidences): prompt lookup per row, a model
+        draft in one batched pass per draft step over the rows still drafting."""
+        n = len(live)
+        qs: list[torch.Tensor | None] = [None] * n
+        confs: list[list[float] | None] = [None] * n
+        if dkv is None:
+            drafts = []
+            for r, k in zip(live, ks, strict=True):
+                drafts.append(r.session.propose(r.seq, k).tokens if k > 0 and r.session else [])
+            return drafts, qs, confs
+        greedy = self.sampling.greedy
+        curs = [list(r.seq) for r in live]
+        keeps = []
+        for b, r in enumerate(live):
+            # As in batch 1: stopping on the draft's confidence is exact only for greedy drafting.
+            keeps.append(r.gamma_state.keep_drafting if greedy and r.gamma_state.stops_early else None)
+            if keeps[b] is not None:
+                confs[b] = []
+        picks = [self._picker(r) for r in live]
+        draft_q: list[list[torch.Tensor]] = [[] for _ in live]
+        active = [k > 0 for k in ks]
+        for i in range(max(ks, default=0)):
+            rows = [b for b in range(n) if active[b] and i < ks[b]]
+            if not rows:
+                break
+            feeds = [curs[b][dkv.length(b):] if b in rows else [] for b in range(n)]
+            logits = dkv.forward(feeds)
+            for b in rows:
+                live[b].draft_steps += 1
+                token, q = picks[b](curs[b], logits[b][-1:])
+                if keeps[b] is not None:
+                    conf = float(q[0, token]) if q is not None else float(torch.softmax(logits[b][-1], -1)[token])
+                    if not keeps[b](i, conf):
+                        active[b] = False
+                        continue
+                    confs[b].append(conf)
+                curs[b].append(token)
+                if q is not None:
+                    draft_q[b].append(q)
+        drafts = [curs[b][len(r.seq):] for b, r in enumerate(live)]
+        for b in range(n):
+            if draft_q[b]:
+                qs[b] = torch.cat(draft_q[b])
+        return drafts, qs, confs

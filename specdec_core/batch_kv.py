@@ -1,0 +1,154 @@
+"""One decoder-only model's KV cache shared by rows of different lengths (continuous batching).
+
+The cache is a plain `DynamicCache` whose batch dimension is the rows. Every forward appends
+the same number of columns to every row, so rows that feed fewer tokens than the longest feed
+are right-padded; a 2D attention mask marks which columns hold a row's valid tokens. Rejected
+drafts and pads become masked holes, positions are explicit per row (a token's position is the
+number of valid tokens before it), and `compact` gathers each row's valid columns again when
+the holes grow. Masked columns get exactly zero attention weight, so a row's logits equal the
+row decoded alone up to float rounding (different GEMM shapes sum in a different order).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from specdec_core.decoder import _accepts_logits_to_keep
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows, heads, columns, dim)
+
+
+class BatchKV:
+    """Rows' valid cache columns (`cols[b]`, in sequence order) plus the cache and its mask."""
+
+    def __init__(self, model: PreTrainedModel, rows: int = 0, pad_id: int = 0):
+        self.model = model
+        self.device = model.device
+        self.pad_id = pad_id
+        self.cache = DynamicCache()
+        self.mask = torch.zeros((rows, 0), dtype=torch.long, device=self.device)
+        self.cols: list[list[int]] = [[] for _ in range(rows)]
+
+    @property
+    def rows(self) -> int:
+        return len(self.cols)
+
+    @property
+    def width(self) -> int:
+        return self.cache.get_seq_length()
+
+    def length(self, b: int) -> int:
+        """Valid tokens of row b in the cache: the position of the next token it feeds."""
+        return len(self.cols[b])
+
+    @torch.inference_mode()
+    def forward(self, feeds: list[list[int]], logits: bool = True) -> list[torch.Tensor]:
+        """Feed each row its tokens (a row may feed none) in ONE model pass; return each row's
+        float32 logits at its fed positions, (len(feeds[b]), V)."""
+        assert len(feeds) == self.rows
+        m = max((len(f) for f in feeds), default=0)
+        if m == 0:
+            return [torch.empty(0) for _ in feeds]
+        width = self.width
+        ids = torch.full((self.rows, m), self.pad_id, dtype=torch.long)
+        pos = torch.empty((self.rows, m), dtype=torch.long)
+        for b, f in enumerate(feeds):
+            start = len(self.cols[b])
+            ids[b, : len(f)] = torch.tensor(f, dtype=torch.long)
+            # Pads repeat the last real position so that they never pass the context limit.
+            pos[b] = start + torch.arange(m).clamp_max(max(len(f) - 1, 0))
+        # Pads attend too (to themselves and the row's valid prefix, so no query sees an empty
+        # row and no NaN enters the cache); they sit after the row's real tokens, so causality
+        # hides them from those, and they become holes right after this pass.
+        mask = torch.cat([self.mask, torch.ones((self.rows, m), dtype=torch.long, device=self.device)], dim=1)
+        kwargs = {}
+        if not logits and _accepts_logits_to_keep(type(self.model)):
+            kwargs["logits_to_keep"] = 1  # a prefill: no logits wanted
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=pos.to(self.device),
+                         past_key_values=self.cache, use_cache=True, **kwargs)
+        new = torch.zeros((self.rows, m), dtype=torch.long, device=self.device)
+        for b, f in enumerate(feeds):
+            new[b, : len(f)] = 1
+            self.cols[b].extend(range(width, width + len(f)))
+        self.mask = torch.cat([self.mask, new], dim=1)
+        if not logits:
+            return []
+        return [out.logits[b, : len(f)].float() for b, f in enumerate(feeds)]
+
+    @torch.inference_mode()
+    def rollback(self, b: int, length: int) -> None:
+        """Row b keeps its first `length` valid tokens; the columns after become holes."""
+        if length < len(self.cols[b]):
+            self.mask[b, self.cols[b][length:]] = 0
+            del self.cols[b][length:]
+
+    def wasted(self) -> int:
+        """Columns that no row needs: the cache width beyond the longest row."""
+        return self.width - max((len(c) for c in self.cols), default=0)
+
+    @torch.inference_mode()
+    def select(self, keep: list[int]) -> None:
+        """Keep only these rows (in this order)."""
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.cache.batch_select_indices(idx)
+        self.mask = self.mask[idx]
+        self.cols = [self.cols[i] for i in keep]
+
+    def _layers(self) -> KV:
+        return [(layer.keys, layer.values) for layer in self.cache.layers if layer.is_initialized]
+
+    def _gathered(self, width: int, like: KV) -> KV:
+        """Each layer's keys/values with every row's valid columns right-aligned in `width`
+        columns (left padding). `like` gives shapes when this cache has never run a pass."""
+        layers = self._layers()
+        out = []
+        if not layers:
+            for k, v in like:
+                shape = (self.rows, k.shape[1], width, k.shape[3])
+                out.append((k.new_zeros(shape), v.new_zeros((self.rows, v.shape[1], width, v.shape[3]))))
+            return out
+        index = torch.zeros((self.rows, width), dtype=torch.long, device=self.device)
+        for b, c in enumerate(self.cols):
+            if c:
+                index[b, width - len(c):] = torch.tensor(c, dtype=torch.long)
+        for k, v in layers:
+            ik = index[:, None, :, None].expand(self.rows, k.shape[1], width, k.shape[3])
+            iv = index[:, None, :, None].expand(self.rows, v.shape[1], width, v.shape[3])
+            out.append((k.gather(2, ik), v.gather(2, iv)))
+        return out
+
+    def _aligned_mask(self, width: int) -> tuple[torch.Tensor, list[list[int]]]:
+        mask = torch.zeros((self.rows, width), dtype=torch.long, device=self.device)
+        cols = []
+        for b, c in enumerate(self.cols):
+            mask[b, width - len(c):] = 1
+            cols.append(list(range(width - len(c), width)))
+        return mask, cols
+
+    def compact(self) -> None:
+        """Drop the holes: each row's valid columns, right-aligned in the longest row's width."""
+        self.merge(BatchKV(self.model, 0, self.pad_id))
+
+    @torch.inference_mode()
+    def merge(self, other: BatchKV) -> None:
+        """Append `other`'s rows (e.g. freshly prefilled prompts) after this cache's rows,
+        compacting both on the way."""
+        width = max((len(c) for c in self.cols + other.cols), default=0)
+        mine, theirs = self._layers(), other._layers()
+        like = mine or theirs
+        if not like:  # neither cache has run a pass yet (one-token prompts): nothing to move
+            self.mask = torch.zeros((self.rows + other.rows, 0), dtype=torch.long, device=self.device)
+            self.cols = self.cols + other.cols
+            return
+        parts = [p for p in (self._gathered(width, like) if self.rows else None,
+                             other._gathered(width, like) if other.rows else None) if p is not None]
+        masks = [m for m in (self._aligned_mask(width) if self.rows else None,
+                             other._aligned_mask(width) if other.rows else None) if m is not None]
+        cache = self.cache if mine else other.cache
+        for i, layer in enumerate(layer for layer in cache.layers if layer.is_initialized):
+            layer.keys = torch.cat([p[i][0] for p in parts], dim=0)
+            layer.values = torch.cat([p[i][1] for p in parts], dim=0)
+        self.cache = cache
+        self.mask = torch.cat([m for m, _ in masks], dim=0)
+        self.cols = [c for _, cols in masks for c in cols]

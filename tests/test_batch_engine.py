@@ -1,0 +1,249 @@
+"""Several prompts per verify pass (`BatchSpeculativeGenerator`), still exact per prompt.
+
+Greedy: every row's output equals that prompt decoded alone (batch-1 engine) and equals
+`target.generate`, with prompts of different lengths, rows that finish at different rounds
+(EOS or length) and rows admitted as others leave (continuous batching). Sampling: each row
+follows the target's distribution (chi-square, as in test_engine_sampling) and reproduces
+the batch-1 sample of its seed.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from specdec_core.batch_engine import BatchSpeculativeGenerator
+from specdec_core.batch_kv import BatchKV
+from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from specdec_core.engine import SpeculativeGenerator
+from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
+from tests.numerics import assert_logits_close
+from tests.test_engine_sampling import chi2_pvalue, tiny
+from tests.tiny_models import perturbed_copy
+
+TEXTS = ["The quick brown fox", "def add(a, b):\n    return", "Hello", "A",
+         "for i in range(10):\n    print(i * i)\n and then the quick brown fox jumps over",
+         "Summarize: the committee met on Tuesday", "Speculative decoding drafts a few tokens"]
+
+
+def drafter_for(name, draft):
+    return {"model": lambda: ModelDrafter(draft), "ngram": lambda: NgramDrafter(),
+            "none": lambda: NoDrafter()}[name]()
+
+
+def hf_greedy(model, ids, n):
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n,
+                             pad_token_id=model.config.pad_token_id)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    return [tokenizer(t)["input_ids"] for t in TEXTS]
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_row_logits_in_a_batch_equal_the_row_alone(models, prompts, kind):
+    """Padding, holes (rejected drafts), explicit positions, compaction and merging leave each
+    row's logits those of the row alone. Tolerance: fp32 with different GEMM shapes (a batch of
+    rows, masked columns) sums in a different order; the tiny models' logits are O(10) and
+    differ by under 1e-5 here (7e-6 measured), far below the top-2 gaps greedy decoding depends on;
+    tests/numerics.py scales the tolerance to the logits."""
+    target, _ = models[kind]
+    rows = [list(prompts[i]) for i in (0, 2, 4)]
+    kv = BatchKV(target, len(rows))
+    kv.forward([r[:-1] for r in rows], logits=False)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(4):
+        blocks = [torch.randint(4, 300, (int(torch.randint(1, 4, (1,), generator=gen)),), generator=gen).tolist()
+                  for _ in rows]
+        if step == 1:
+            blocks[1] = []  # a row that feeds nothing this pass
+        feeds = [r[kv.length(b):] + blk for b, (r, blk) in enumerate(zip(rows, blocks, strict=True))]
+        logits = kv.forward(feeds)
+        for b, r in enumerate(rows):
+            full = r + blocks[b]
+            if not feeds[b]:
+                continue
+            with torch.inference_mode():
+                alone = target(input_ids=torch.tensor([full])).logits[0, -len(feeds[b]):].float()
+            assert_logits_close(logits[b], alone)
+            keep = len(r) + len(blocks[b]) // 2  # reject the second half of the block: holes
+            kv.rollback(b, keep)
+            rows[b] = full[: keep + 1]
+        if step == 2:
+            kv.compact()
+        if step == 1:  # a newly admitted row merged in, then an old one leaving
+            new = BatchKV(target, 1)
+            new.forward([prompts[5][:-1]], logits=False)
+            kv.merge(new)
+            rows.append(list(prompts[5]))
+            kv.select([0, 2, 3])
+            rows = [rows[i] for i in (0, 2, 3)]
+
+
+def _admissions(engine):
+    """Wrap _admit to record (live rows before, rows admitted) per call."""
+    calls, admit = [], engine._admit
+
+    def wrapped(waiting, slots, tkv, dkv):
+        before = tkv.rows
+        rows = admit(waiting, slots, tkv, dkv)
+        calls.append((before, len(rows)))
+        return rows
+    engine._admit = wrapped
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "none"])
+def test_greedy_rows_equal_batch_one_and_target_generate(models, prompts, kind, drafter):
+    target, draft = models[kind]
+    n = 14
+    single = SpeculativeGenerator(target, drafter_for(drafter, draft), num_speculative_tokens=3, max_new_tokens=n)
+    alone = [single.generate(p).tokens for p in prompts]
+    # An EOS that greedy emits mid-output for some prompts: those rows stop early.
+    eos = alone[0][5]
+    saved = target.generation_config.eos_token_id
+    target.generation_config.eos_token_id = eos
+    try:
+        single = SpeculativeGenerator(target, drafter_for(drafter, draft), num_speculative_tokens=3,
+                                      max_new_tokens=n)
+        alone = [single.generate(p) for p in prompts]
+        engine = BatchSpeculativeGenerator(target, drafter_for(drafter, draft), batch_size=3,
+                                           num_speculative_tokens=3, max_new_tokens=n)
+        calls = _admissions(engine)
+        batched = engine.generate_many([(p, 0) for p in prompts])
+        reference = [hf_greedy(target, p, n) for p in prompts]
+    finally:
+        target.generation_config.eos_token_id = saved
+    for i, (a, b, ref) in enumerate(zip(alone, batched, reference, strict=True)):
+        assert b.tokens == a.tokens == ref, f"prompt {i}"
+        assert b.stats.finish_reason == a.stats.finish_reason
+        assert b.stats.verify_steps == a.stats.verify_steps  # same rounds: same gammas, same accepts
+        assert b.stats.accepted_tokens == a.stats.accepted_tokens
+        assert b.stats.new_tokens == len(b.tokens)
+    reasons = {b.stats.finish_reason for b in batched}
+    assert reasons == {"eos", "length"}, reasons
+    assert len({b.stats.verify_steps for b in batched}) > 1  # rows finished at different rounds
+    # Continuous batching: prompts were admitted into a batch that still had live rows.
+    assert calls[0] == (0, 3)
+    assert any(before > 0 for before, _ in calls[1:])
+    assert sum(k for _, k in calls) == len(prompts)
+
+
+def test_one_token_prompts_and_batch_larger_than_the_input(models):
+    target, draft = models["llama"]
+    items = [([5], 0), ([7], 1)]  # nothing to prefill: the caches start empty
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=8, num_speculative_tokens=2,
+                                       max_new_tokens=6)
+    out = engine.generate_many(items)
+    for (ids, _), o in zip(items, out, strict=True):
+        assert o.tokens == hf_greedy(target, ids, 6)
+
+
+def test_encoder_decoder_target_is_refused(models):
+    with pytest.raises(ValueError, match="is an encoder-decoder"):
+        BatchSpeculativeGenerator(models["t5"][0], NoDrafter(), batch_size=2)
+
+
+# -- sampling ------------------------------------------------------------------------------------
+
+PROMPTS = ([1, 2, 3, 1, 2], [4, 0, 5, 3, 2, 1, 4, 4, 5])  # two lengths in one batch
+N_NEW, SAMPLES = 3, 1500
+
+
+@torch.inference_mode()
+def exact(model, sampling, prompt):
+    """P(continuation) for every N_NEW-token continuation of `prompt`, by full recomputation."""
+    transform = LogitsTransform(build_processors(sampling, model.generation_config, len(prompt) + N_NEW, "cpu"))
+    probs = {}
+    for cont in itertools.product(range(6), repeat=N_NEW):
+        total = 1.0
+        for i in range(N_NEW):
+            seq = prompt + list(cont[:i])
+            p = transform(seq, model(input_ids=torch.tensor([seq])).logits[0, -1:].float()).softmax(-1)[0]
+            total *= float(p[cont[i]])
+        probs[cont] = total
+    return probs
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_batched_sampling_matches_target_distribution_per_row(drafter):
+    target = tiny("llama", seed=0, std=0.8)
+    draft = perturbed_copy(target, noise=0.8, seed=1)
+    sampling = SamplingSettings(temperature=1.0)
+    make = (lambda: ModelDrafter(draft)) if drafter == "model" else (lambda: NgramDrafter(max_ngram=2))
+    engine = BatchSpeculativeGenerator(target, make(), batch_size=32, num_speculative_tokens=2,
+                                       max_new_tokens=N_NEW, sampling=sampling)
+    items = [(list(PROMPTS[s % 2]), s) for s in range(2 * SAMPLES)]
+    outs = engine.generate_many(items)
+    for which, prompt in enumerate(PROMPTS):
+        counts: dict[tuple, int] = {}
+        for (ids, _), o in zip(items, outs, strict=True):
+            if ids == prompt:
+                counts[tuple(o.tokens)] = counts.get(tuple(o.tokens), 0) + 1
+        p = chi2_pvalue(counts, exact(target, sampling, prompt))
+        assert p > 1e-3, f"prompt {which}: samples do not follow the target (p={p:.2e})"
+        if drafter == "model":
+            assert chi2_pvalue(counts, exact(draft, sampling, prompt)) < 1e-6  # the test has power
+    drafted = sum(o.stats.draft_tokens for o in outs)
+    assert 0 < sum(o.stats.accepted_tokens for o in outs) < drafted  # rejections happened
+
+
+def test_batched_sample_of_a_seed_equals_its_batch_one_sample(models, prompts):
+    """Each row draws from its own generator, seeded with its own seed, in the batch-1 order."""
+    target, draft = models["llama"]
+    sampling = SamplingSettings(temperature=1.0, top_k=20)
+    single = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=10,
+                                  sampling=sampling)
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=3,
+                                       max_new_tokens=10, sampling=sampling)
+    items = [(p, 100 + i) for i, p in enumerate(prompts)]
+    batched = engine.generate_many(items)
+    assert [b.tokens for b in batched] == [single.generate(p, s).tokens for p, s in items]
+
+
+def test_adaptive_gamma_per_row_keeps_greedy_exact(models, prompts):
+    """Per-row adaptive gamma with early stopping (rows stop drafting at different steps)."""
+    from specdec_core.gamma import AdaptiveGamma, Costs
+
+    target, draft = models["llama"]
+    policy = AdaptiveGamma(Costs(c=0.05, v={k: 1.0 + 0.1 * k for k in range(2, 8)}), max_gamma=4)
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=4,
+                                       max_new_tokens=12, gamma_policy=policy)
+    out = engine.generate_many([(p, 0) for p in prompts])
+    assert [o.tokens for o in out] == [hf_greedy(target, p, 12) for p in prompts]
+    assert len({k for o in out for k in o.stats.drafts}) > 1  # the rows' gammas varied
+
+
+def test_stop_strings_end_each_row_where_batch_one_does(models, prompts, tokenizer):
+    """A per-row finish check (stop strings) cuts each row at the token the batch-1 engine cuts at."""
+    from specdec_core.stopping import StopStrings
+
+    target, draft = models["llama"]
+    n = 16
+    plain = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=n)
+    text = tokenizer.decode(plain.generate(prompts[0]).tokens, skip_special_tokens=True)
+    stop = text[len(text) // 2: len(text) // 2 + 2]  # completed mid-output for this row at least
+    alone = [plain.generate(p, finish_check=StopStrings(tokenizer, [stop])) for p in prompts]
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=3,
+                                       max_new_tokens=n)
+    batched = engine.generate_many([(p, 0) for p in prompts], [StopStrings(tokenizer, [stop]) for _ in prompts])
+    for a, b in zip(alone, batched, strict=True):
+        assert b.tokens == a.tokens and b.stats.finish_reason == a.stats.finish_reason
+    assert batched[0].stats.finish_reason == "stop" and len(batched[0].tokens) < n
+
+
+def test_rows_past_the_time_limit_leave_as_item_timeouts(models, prompts):
+    from specdec_core.engine import ItemTimeout
+
+    target, draft = models["llama"]
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=3,
+                                       max_new_tokens=40)
+    out = engine.generate_many([(p, 0) for p in prompts], max_seconds=1e-9)
+    assert all(isinstance(o, ItemTimeout) for o in out)
+    assert "longer than" in str(out[0])
+    ok = engine.generate_many([(p, 0) for p in prompts[:2]], max_seconds=600)
+    assert all(len(o.tokens) == 40 or o.stats.finish_reason == "eos" for o in ok)

@@ -1,0 +1,19 @@
+"""`pipeline.bench_throughput` on tiny models: it writes its section and our outputs match HF's."""
+
+from pipeline import bench_throughput
+
+
+def test_throughput_section_is_written_and_replaced(tmp_path):
+    out = tmp_path / "BENCH.md"
+    out.write_text("# Report\n\nearlier text\n")
+    args = ["--size", "tiny", "--cache_dir", str(tmp_path / "cache"), "--out", str(out), "--prompts", "4",
+            "--prompt_tokens", "12", "--max_new_tokens", "6", "--batches", "1,3", "--gammas", "2",
+            "--drafters", "model,none", "--reps", "1", "--threads", "1"]
+    assert bench_throughput.main(args) == 0
+    assert bench_throughput.main(args) == 0  # a second run replaces the section
+    text = out.read_text()
+    assert text.startswith("# Report\n\nearlier text\n")
+    assert text.count(bench_throughput.BEGIN) == text.count(bench_throughput.END) == 1
+    rows = [line for line in text.splitlines() if line.startswith("| ours")]
+    assert len(rows) == 4  # model and none at B=1 and B=3
+    assert all(line.rstrip(" |").endswith("4/4") for line in rows), rows  # greedy equal to HF, per prompt
