@@ -12,9 +12,9 @@ def test_batched_job_equals_target_generate_and_fails_bad_rows_alone(tmp_path, s
     lists = []  # the batched engine really ran (in this process: Beam's in-process runner)
     generate_many = BatchSpeculativeGenerator.generate_many
 
-    def spy(self, items):
+    def spy(self, items, *args, **kwargs):
         lists.append(len(items))
-        return generate_many(self, items)
+        return generate_many(self, items, *args, **kwargs)
     monkeypatch.setattr(BatchSpeculativeGenerator, "generate_many", spy)
     rows = [{"id": f"g{i}", "prompt": p, "topic": "t"} for i, p in enumerate(GOOD)]
     rows.insert(2, {"id": "empty", "prompt": BAD["empty"], "topic": "t"})
