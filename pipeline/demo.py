@@ -13,7 +13,9 @@ and whether every generation equals the target alone's.
 from __future__ import annotations
 
 # demo_models sets OMP_WAIT_POLICY before torch is imported: keep this import first.
-from pipeline.demo_models import ASSETS, DemoSetupError, demo_pair_dirs, demo_prompt_rows  # isort: skip
+from pipeline.demo_models import (  # isort: skip
+    ASSETS, DemoSetupError, demo_prompt_rows, name_words, verify_assets,
+)
 
 import argparse
 import logging
@@ -86,7 +88,8 @@ def _run_job(name: str, workdir: Path, prompts: Path, target: Path, draft: Path,
 def _quality_rows(table: pa.Table) -> list[tuple[str, str]]:
     q = score_generations(table["generation"].to_pylist(), table["reference"].to_pylist())
     return [("ROUGE-1 / 2 / L", f"{q['rouge1']:.3f} / {q['rouge2']:.3f} / {q['rougeL']:.3f}"),
-            ("degenerate outputs", f"{q['degenerate_share']:.0%}")]
+            ("degenerate outputs", f"{q['degenerate_share']:.0%}"),
+            ("distinct outputs", f"{q['distinct_share']:.0%}")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     workdir = Path(args.workdir).expanduser()
     try:
-        target, draft = demo_pair_dirs(Path(args.pair))
+        manifest = verify_assets(Path(args.pair))
+        target, draft = Path(args.pair) / "target", Path(args.pair) / "draft"
         rows = demo_prompt_rows(Path(args.pair))
         rows = rows[: args.prompts or (6 if args.tiny else 40)]
         prompts = _write_prompts(workdir, rows)
@@ -141,10 +145,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    generated: {base_gen[row_id]}")
     exact = all(n == len(base_gen) for n in identical.values())
     quality = score_generations(base["generation"].to_pylist())
-    if quality["degenerate_share"] > 0.05:
-        print(f"WARNING: {quality['degenerate_share']:.0%} of the generations are empty or repeat themselves: "
-              "the pair is not fit to show speed on (rebuild it with `python -m pipeline.demo_models --retrain`)")
-    print(f"\ngreedy outputs identical across drafters: {'yes' if exact else 'NO'}")
+    if quality["degenerate_share"] > 0.05 or quality["distinct_share"] < 0.5:
+        print(f"WARNING: {quality['degenerate_share']:.0%} of the generations are empty or repeat themselves and "
+              f"{quality['distinct_share']:.0%} are distinct: the pair is not fit to show speed on "
+              "(rebuild it with `python -m pipeline.demo_models --retrain`)")
+    restated = score_generations([f"Return the {name_words(r['function'])}." for r in rows],
+                                 [r["reference"] for r in rows])["rougeL"]
+    print(f"\nfor scale: restating each function's name (\"Return the <name>.\") scores ROUGE-L {restated:.3f}")
+    if not manifest.get("gate_passed", True):
+        print(f"NOTE: this pair was committed below its recipe's quality gate ({manifest['gate_missed']}): "
+              "its summaries are generic. The speed figures are real; the text is not yet a good summarizer.")
+    print(f"greedy outputs identical across drafters: {'yes' if exact else 'NO'}")
     print(f"files: {prompts}\n" + "".join(f"       {p}-*.parquet\n" for p, _ in runs.values())
           + f"       pair in {Path(args.pair)}")
     return 0 if exact else 1

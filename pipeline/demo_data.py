@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import re
 import sysconfig
 import textwrap
 from collections.abc import Iterator, Sequence
@@ -98,6 +99,19 @@ def functions(root: Path, rel: str) -> Iterator[dict]:
         if summary and code.strip():
             yield {"code": code.rstrip() + "\n", "summary": summary, "file": rel, "name": node.name,
                    "line": node.lineno}
+
+
+_WORD = re.compile(r"[A-Za-z]+")
+_FILLER = {"the", "a", "an", "of", "to", "and", "in", "is", "for", "if", "or", "this", "it", "be", "that", "with",
+           "as", "on", "by"}
+
+
+def grounding(example: dict) -> float:
+    """Share of the summary's content words (snake_case split, lower case) that occur in the code."""
+    def words(text: str) -> set[str]:
+        return {w.lower() for w in _WORD.findall(text.replace("_", " "))}
+    summary = words(example["summary"]) - _FILLER
+    return len(summary & words(example["code"])) / len(summary) if summary else 0.0
 
 
 def examples(files: Sequence[str], root: Path | None = None) -> list[dict]:

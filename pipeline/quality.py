@@ -91,6 +91,9 @@ def score_generations(predictions: Sequence[str], references: Sequence[str] | No
         else:
             raise ValueError(f"unknown metric {metric!r} (one of {', '.join(METRICS)})")
     n = len(predictions)
+    # A model that ignores its input writes one generic text for every prompt: no single output
+    # is degenerate, but the set is.
+    out["distinct_share"] = len(set(predictions)) / n if n else float("nan")
     out["degenerate_share"] = sum(map(is_degenerate, predictions)) / n if n else float("nan")
     out["repeated_3gram_share"] = sum(map(repeated_ngram_share, predictions)) / n if n else float("nan")
     return out

@@ -40,6 +40,8 @@ def test_score_generations_counts_degenerate_outputs():
     q = score_generations(["Return x.", "ctctctctctctctct", "", "Open the file."],
                           ["Return x.", "Return y.", "Close.", "Open a file."])
     assert q["degenerate_share"] == 0.5
+    assert q["distinct_share"] == 1.0
+    assert score_generations(["Return x.", "Return x.", "Return x.", "Open."])["distinct_share"] == 0.5
     assert 0 < q["rougeL"] < 1
     with pytest.raises(ValueError):
         rouge(["a"], [])
@@ -56,7 +58,7 @@ def test_bleu_and_chrf_are_sacrebleu_corpus_scores():
     assert chrf(preds, refs) == pytest.approx(sacrebleu.corpus_chrf(preds, [refs]).score)
     assert bleu(refs, refs) == pytest.approx(100.0) and chrf(refs, refs) == pytest.approx(100.0)
     scores = score_generations(preds, refs, metric="chrf")
-    assert set(scores) == {"chrf", "degenerate_share", "repeated_3gram_share"}
+    assert set(scores) == {"chrf", "degenerate_share", "distinct_share", "repeated_3gram_share"}
     with pytest.raises(ValueError, match="unknown metric"):
         score_generations(preds, refs, metric="meteor")
     with pytest.raises(ValueError):
