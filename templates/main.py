@@ -22,21 +22,10 @@ def boolean_flags() -> set[str]:
     """`--name` of every store_true / store_false flag of every PipelineOptions class (ours included)."""
     import argparse
 
-    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+    from pipeline.flags import beam_parser
 
-    import pipeline.options  # noqa: F401  (registers SpecDecOptions as a PipelineOptions subclass)
-
-    parser = _BeamArgumentParser(allow_abbrev=False)
-    subset: dict[str, type] = {}
-    for cls in PipelineOptions.__subclasses__():  # deduplicated as Beam's get_all_options does
-        subset.setdefault(str(cls), cls)
-    for cls in subset.values():
-        try:
-            cls._add_argparse_args(parser)  # noqa: SLF001
-        except argparse.ArgumentError:
-            continue  # a flag defined twice: the first definition wins, as in Beam
     flags = set()
-    for action in parser._actions:  # noqa: SLF001
+    for action in beam_parser()._actions:  # noqa: SLF001
         if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):  # noqa: SLF001
             flags.update(s for s in action.option_strings if s.startswith("--"))
     return flags
