@@ -14,7 +14,7 @@ from __future__ import annotations
 
 # demo_models sets OMP_WAIT_POLICY before torch is imported: keep this import first.
 from pipeline.demo_models import (  # isort: skip
-    ASSETS, DemoSetupError, demo_prompt_rows, name_words, verify_assets,
+    ASSETS, DemoSetupError, QualityGate, demo_prompt_rows, name_baseline, verify_assets,
 )
 
 import argparse
@@ -34,6 +34,7 @@ from pipeline.flags import ArgumentParser
 from pipeline.logs import setup_logging
 from pipeline.quality import score_generations
 from pipeline.report import read_results, summarize
+from pipeline.report_stats import format_rows
 
 DEFAULT_WORKDIR = "specdec-demo"
 JOBS = {  # name -> extra flags; the last one is the baseline every speed-up is measured against
@@ -85,8 +86,7 @@ def _run_job(name: str, workdir: Path, prompts: Path, target: Path, draft: Path,
     return prefix, time.perf_counter() - start
 
 
-def _quality_rows(table: pa.Table) -> list[tuple[str, str]]:
-    q = score_generations(table["generation"].to_pylist(), table["reference"].to_pylist())
+def _quality_rows(q: dict[str, float]) -> list[tuple[str, str]]:
     return [("ROUGE-1 / 2 / L", f"{q['rouge1']:.3f} / {q['rouge2']:.3f} / {q['rougeL']:.3f}"),
             ("degenerate outputs", f"{q['degenerate_share']:.0%}"),
             ("distinct outputs", f"{q['distinct_share']:.0%}")]
@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     base_gen = dict(zip(base["id"].to_pylist(), base["generation"].to_pylist(), strict=True))
     summaries = {name: summarize(*t) for name, t in tables.items()}
 
+    quality = {name: score_generations(t["generation"].to_pylist(), t["reference"].to_pylist())
+               for name, (t, _) in tables.items()}
     columns = {}
     identical = {}
     for name, (table, _) in tables.items():
@@ -122,19 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         gen = dict(zip(table["id"].to_pylist(), table["generation"].to_pylist(), strict=True))
         identical[name] = sum(gen.get(k) == v for k, v in base_gen.items())
         speedup = summaries[base_name].total_latency_s / s.total_latency_s
-        columns[name] = [*s.rows(), *_quality_rows(table),
+        columns[name] = [*s.rows(), *_quality_rows(quality[name]),
                          ("speed-up vs target alone", f"{speedup:.2f}x"),
                          ("outputs identical to target alone", f"{identical[name]}/{len(base_gen)}"),
                          ("whole job, loading included", f"{runs[name][1]:.1f} s")]
-    labels = [label for label, _ in next(iter(columns.values()))]
-    cells = {n: dict(c) for n, c in columns.items()}
-    width = max(map(len, labels))
-    widths = {n: max(len(n), *(len(v) for v in cells[n].values())) for n in columns}
     print()
     print("Summarizing Python functions into docstrings (greedy; held-out standard-library files)")
-    print("  ".join([" " * width] + [n.rjust(widths[n]) for n in columns]))
-    for label in labels:
-        print("  ".join([label.ljust(width)] + [cells[n][label].rjust(widths[n]) for n in columns]))
+    print(format_rows(columns))
 
     print("\nexamples (target alone's output, which every drafter reproduces):")
     by_id = {r["id"]: r for r in rows}
@@ -144,14 +140,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"    reference: {r['reference']}")
         print(f"    generated: {base_gen[row_id]}")
     exact = all(n == len(base_gen) for n in identical.values())
-    quality = score_generations(base["generation"].to_pylist())
-    if quality["degenerate_share"] > 0.05 or quality["distinct_share"] < 0.5:
-        print(f"WARNING: {quality['degenerate_share']:.0%} of the generations are empty or repeat themselves and "
-              f"{quality['distinct_share']:.0%} are distinct: the pair is not fit to show speed on "
+    q, gate = quality[base_name], QualityGate()
+    if q["degenerate_share"] > gate.max_degenerate_share or q["distinct_share"] < gate.min_distinct_share:
+        print(f"WARNING: {q['degenerate_share']:.0%} of the generations are empty or repeat themselves and "
+              f"{q['distinct_share']:.0%} are distinct: the pair is not fit to show speed on "
               "(rebuild it with `python -m pipeline.demo_models --retrain`)")
-    restated = score_generations([f"Return the {name_words(r['function'])}." for r in rows],
-                                 [r["reference"] for r in rows])["rougeL"]
-    print(f"\nfor scale: restating each function's name (\"Return the <name>.\") scores ROUGE-L {restated:.3f}")
+    print(f"\nfor scale: restating each function's name (\"Return the <name>.\") scores ROUGE-L "
+          f"{name_baseline(rows):.3f}")
     if not manifest.get("gate_passed", True):
         print(f"NOTE: this pair was committed below its recipe's quality gate ({manifest['gate_missed']}): "
               "its summaries are generic. The speed figures are real; the text is not yet a good summarizer.")

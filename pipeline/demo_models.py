@@ -419,7 +419,7 @@ def pick_prompts(tokenizer, examples: list[dict], recipe: Recipe) -> list[dict]:
 
 def evaluate_pair(target_dir: Path, draft_dir: Path, rows: list[dict], max_new_tokens: int) -> dict:
     """Greedy speculative decoding of the demo prompts with the saved pair, as the job runs it."""
-    from pipeline.quality import rouge, score_generations
+    from pipeline.quality import score_generations
     from specdec_core.text import GeneratorSpec, TextGenerator
 
     spec = GeneratorSpec(target_model=str(target_dir), draft_model=str(draft_dir), max_new_tokens=max_new_tokens)
@@ -427,9 +427,7 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, rows: list[dict], max_new_t
     outs = [generator.generate(r["prompt"]) for r in rows]
     drafted = sum(o["draft_tokens"] for o in outs)
     quality = score_generations([o["generation"] for o in outs], [r["reference"] for r in rows])
-    # What a summarizer must beat: "Return the <function name in words>." for every function.
-    restated = [f"Return the {name_words(r['function'])}." for r in rows]
-    quality["rougeL_name_baseline"] = rouge(restated, [r["reference"] for r in rows])["rougeL"]
+    quality["rougeL_name_baseline"] = name_baseline(rows)
     return {"acceptance": sum(o["accepted_tokens"] for o in outs) / drafted if drafted else 0.0,
             "tokens_per_target_step": sum(o["new_tokens"] for o in outs) / sum(o["verify_steps"] for o in outs),
             **quality}
@@ -438,6 +436,13 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, rows: list[dict], max_new_t
 def name_words(name: str) -> str:
     """`_is_dataclassInstance` -> "is dataclass Instance"."""
     return " ".join(re.sub(r"([a-z])([A-Z])", r"\1 \2", name).replace("_", " ").split())
+
+
+def name_baseline(rows: list[dict]) -> float:
+    """What a summarizer must beat: ROUGE-L of "Return the <function name in words>." for every row."""
+    from pipeline.quality import rouge
+
+    return rouge([f"Return the {name_words(r['function'])}." for r in rows], [r["reference"] for r in rows])["rougeL"]
 
 
 def check_gate(gate: QualityGate, measured: dict) -> None:

@@ -125,9 +125,14 @@ def _step_costs(results: pa.Table) -> tuple[float | None, float | None]:
 
 
 def format_table(columns: dict[str, Summary]) -> str:
+    return format_rows({name: s.rows() for name, s in columns.items()})
+
+
+def format_rows(columns: dict[str, list[tuple[str, str]]]) -> str:
+    """Columns of (label, value) rows, all with the same labels, side by side."""
     names = list(columns)
-    labels = [label for label, _ in next(iter(columns.values())).rows()]
-    cells = {n: dict(s.rows()) for n, s in columns.items()}
+    labels = [label for label, _ in next(iter(columns.values()))]
+    cells = {n: dict(rows) for n, rows in columns.items()}
     width = max(map(len, labels))
     widths = {n: max(len(n), *(len(v) for v in cells[n].values())) for n in names}
     lines = ["  ".join([" " * width] + [n.rjust(widths[n]) for n in names])]

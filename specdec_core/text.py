@@ -308,9 +308,8 @@ class TextGenerator:
 
     def generate(self, prompt: object, seed: int = 0) -> dict:
         ids = self.encode(prompt)
-        stop = StopStrings(self.tokenizer, self.stop) if self.stop else None
         with self._lock:
-            out = self.engine.generate(ids, seed, stop, max_seconds=self.max_item_seconds)
+            out = self.engine.generate(ids, seed, self._finish_check(), max_seconds=self.max_item_seconds)
         return self._as_dict(out, seed)
 
     def generate_batch(self, items: list[tuple[object, int]]) -> list[dict]:
@@ -328,7 +327,7 @@ class TextGenerator:
                 where.append(i)
             except PromptError as e:
                 out[i] = {"error_type": type(e).__name__, "error_message": str(e)}
-        checks = [StopStrings(self.tokenizer, self.stop) if self.stop else None for _ in todo]
+        checks = [self._finish_check() for _ in todo]
         with self._lock:
             gens = self.batch_engine.generate_many(todo, checks, max_seconds=self.max_item_seconds)
         for i, (_, seed), g in zip(where, todo, gens, strict=True):
@@ -337,6 +336,10 @@ class TextGenerator:
             else:
                 out[i] = self._as_dict(g, seed)
         return out  # type: ignore[return-value]
+
+    def _finish_check(self) -> StopStrings | None:
+        """A fresh per-item stop-string check (it keeps the item's tokens), or None without --stop."""
+        return StopStrings(self.tokenizer, self.stop) if self.stop else None
 
     def _as_dict(self, out: Generation, seed: int) -> dict:
         s = out.stats
