@@ -21,7 +21,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 class IncompatiblePairError(ValueError):
-    """The draft cannot draft for the target (different kind of model or vocabulary)."""
+    """The draft cannot draft for the target (a different kind of model, or an output layer too small)."""
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -71,13 +71,19 @@ def draft_tokenizer_for(
     return load_tokenizer(draft_path, trust_remote_code) if has_tokenizer(draft_path) else target_tokenizer
 
 
+SAME_TOKENIZER = "same-tokenizer"
+CROSS_TOKENIZER = "cross-tokenizer"
+
+
 def check_compatible(
     target_config: PretrainedConfig,
     draft_config: PretrainedConfig,
     target_tokenizer: PreTrainedTokenizerBase,
     draft_tokenizer: PreTrainedTokenizerBase,
-) -> None:
-    """The checks that need no weights: same kind of model, same vocabulary.
+) -> str:
+    """The checks that need no weights, and the drafting mode they decide: SAME_TOKENIZER when
+    both tokenizers have one vocabulary (the draft proposes its own tokens, with its q), else
+    CROSS_TOKENIZER (the draft's text is re-encoded into target tokens, specdec_core/cross_tokenizer.py).
 
     Vocabularies are compared through the tokenizers, not embedding sizes: checkpoints pad
     their embedding matrices (T5's has 32128 rows for a 32100-token vocabulary).
@@ -85,11 +91,17 @@ def check_compatible(
     kinds = [("encoder-decoder" if c.is_encoder_decoder else "causal") for c in (target_config, draft_config)]
     if kinds[0] != kinds[1]:
         raise IncompatiblePairError(f"the target is {kinds[0]} but the draft is {kinds[1]}; they must match")
-    if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
-        raise IncompatiblePairError(
-            f"the draft's vocabulary ({len(draft_tokenizer)} tokens) differs from the target's "
-            f"({len(target_tokenizer)} tokens); the pair must share one tokenizer"
-        )
+    return SAME_TOKENIZER if target_tokenizer.get_vocab() == draft_tokenizer.get_vocab() else CROSS_TOKENIZER
+
+
+def describe_mode(mode: str, target_tokenizer: PreTrainedTokenizerBase,
+                  draft_tokenizer: PreTrainedTokenizerBase) -> str:
+    """The log line that says which drafting mode a pair gets, and why."""
+    if mode == SAME_TOKENIZER:
+        return f"same-tokenizer drafting: the draft shares the target's {len(target_tokenizer)}-token vocabulary"
+    return (f"cross-tokenizer drafting: the draft's vocabulary ({len(draft_tokenizer)} tokens) differs from the "
+            f"target's ({len(target_tokenizer)} tokens); its text is re-encoded into target tokens, "
+            "proposed deterministically and verified exactly")
 
 
 def check_pair(
@@ -97,19 +109,22 @@ def check_pair(
     draft: PreTrainedModel,
     target_tokenizer: PreTrainedTokenizerBase,
     draft_tokenizer: PreTrainedTokenizerBase,
-) -> None:
-    """Raise IncompatiblePairError unless the draft can propose tokens for the target."""
-    check_compatible(target.config, draft.config, target_tokenizer, draft_tokenizer)
-    vocab = len(target_tokenizer)
-    for role, model in (("target", target), ("draft", draft)):
+) -> str:
+    """The drafting mode (SAME_TOKENIZER or CROSS_TOKENIZER), or IncompatiblePairError when the
+    draft cannot draft for the target."""
+    mode = check_compatible(target.config, draft.config, target_tokenizer, draft_tokenizer)
+    roles = (("target", target, target_tokenizer), ("draft", draft, draft_tokenizer))
+    for role, model, tok in roles:
+        vocab = len(target_tokenizer if mode == SAME_TOKENIZER else tok)
         rows = model.get_output_embeddings().weight.shape[0]
         if rows < vocab:
             raise IncompatiblePairError(f"the {role}'s output layer has {rows} rows for a {vocab}-token vocabulary")
-    if target.config.is_encoder_decoder:
+    if target.config.is_encoder_decoder and mode == SAME_TOKENIZER:
         starts = [m.generation_config.decoder_start_token_id or m.config.decoder_start_token_id
                   for m in (target, draft)]
         if starts[0] != starts[1]:
             raise IncompatiblePairError(f"decoder start tokens differ: target {starts[0]}, draft {starts[1]}")
+    return mode
 
 
 def context_limit(*models: PreTrainedModel) -> int | None:

@@ -8,6 +8,7 @@ name becomes the failed row's `error_type`, for prompts that cannot be generated
 
 from __future__ import annotations
 
+import logging
 import threading
 import unicodedata
 from collections.abc import Sequence
@@ -17,12 +18,15 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cpu_speed import prepare_for_cpu
+from specdec_core.cross_tokenizer import CrossTokenizerDrafter
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import Generation, ItemTimeout, SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma, GammaPolicy
 from specdec_core.loading import (
+    SAME_TOKENIZER,
     check_pair,
     context_limit,
+    describe_mode,
     draft_tokenizer_for,
     load_model,
     load_tokenizer,
@@ -36,6 +40,8 @@ DRAFTERS = ("model", "ngram", "none")
 GAMMA_POLICIES = ("auto", "fixed", "adaptive")
 CPU_KERNELS = ("prepacked", "stock")
 ROLES = ("system", "user", "assistant")
+
+log = logging.getLogger(__name__)
 
 
 class PromptError(ValueError):
@@ -210,6 +216,9 @@ class TextGenerator:
             gamma_policy=gamma_policy,
         )
         self.batch_engine = None
+        if batch_size > 1 and isinstance(drafter, CrossTokenizerDrafter):
+            raise ValueError("--batch_size > 1 does not support a draft with another tokenizer (cross-tokenizer "
+                             "drafting runs one item at a time); use --batch_size 1")
         if batch_size > 1:
             self.batch_engine = BatchSpeculativeGenerator(
                 target,
@@ -240,11 +249,16 @@ class TextGenerator:
         models = [target]
         if spec.drafter == "model":
             draft = load_model(spec.draft_model, device, dtype, trust_remote_code=trust)
-            check_pair(target, draft, tokenizer, draft_tokenizer_for(spec.draft_model, tokenizer, trust))
+            draft_tokenizer = draft_tokenizer_for(spec.draft_model, tokenizer, trust)
+            mode = check_pair(target, draft, tokenizer, draft_tokenizer)
+            log.info("--draft_model %s: %s", spec.draft_model, describe_mode(mode, tokenizer, draft_tokenizer))
             if spec.cpu_kernels == "prepacked":
                 prepare_for_cpu(draft)
-            drafter: Drafter = ModelDrafter(draft)
-            models.append(draft)
+            if mode == SAME_TOKENIZER:
+                drafter: Drafter = ModelDrafter(draft)
+                models.append(draft)  # a cross-tokenizer draft's positions count its own tokens
+            else:
+                drafter = CrossTokenizerDrafter(draft, tokenizer, draft_tokenizer)
         elif spec.drafter == "ngram":
             drafter = NgramDrafter(spec.ngram_max_size, spec.ngram_min_size)
         else:

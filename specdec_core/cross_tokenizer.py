@@ -1,0 +1,264 @@
+"""Drafting with a model whose tokenizer differs from the target's, still exact.
+
+The draft continues the committed TEXT in its own tokens; its continuation is decoded and
+re-encoded with the target's tokenizer, and those target tokens are proposed as
+deterministic proposals (`Draft.q = None`). The engine then verifies them with the rule
+the n-gram drafter uses (greedy: keep while equal to the target's argmax; sampling: accept x
+with probability p(x), else sample p without x), which is exact for ANY proposal that does
+not look at the verification's random numbers. The draft drafts greedily (its argmax): no
+random number is drawn for drafting, and the target's logits processors, which speak the
+target's vocabulary, never touch the draft's logits. So nothing here can change WHAT is
+generated, only how many proposals are accepted; every alignment below is a heuristic
+that may only cost speed when it is wrong.
+
+Where the tokenizations disagree:
+- The draft's text may end inside a target token ("hel" of "hello"): the last re-encoded
+  target token is dropped, unless the draft ended its text with its end-of-sequence token
+  (then the target's EOS is proposed after the text).
+- Only a tail window of the committed target tokens is re-encoded together with the draft's
+  text; the proposals are what the window's text plus the draft's text encodes to beyond the
+  window's own encoding. When the committed text ends inside what the re-encoding makes one
+  token (the target chose "hel"), the draft's text is encoded on its own instead.
+- Byte-level and byte-fallback tokens can end a text inside a UTF-8 character: such an
+  incomplete tail (U+FFFD when decoded) is held back until the next tokens complete it.
+- Texts are decoded with a few tokens of context before the part wanted and that context's
+  text removed, since SentencePiece drops the leading space of a decode's first token.
+
+The draft's KV cache follows the committed text without re-running its prefix: each round
+only a tail window of the committed text (from a draft-token boundary a few tokens back) is
+re-encoded with the draft's tokenizer, the cache keeps the longest common prefix of what it
+holds and the new ids, and only the rest is fed. A window whose text does not line up falls
+back to re-encoding everything (correct, slower).
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from specdec_core.decoder import CachedDecoder, initial_decoder_ids
+from specdec_core.drafters import Draft, Drafter, DraftSession, KeepDrafting, Picker
+from specdec_core.engine import eos_ids
+
+_PARTIAL = "\ufffd"  # what an incomplete UTF-8 sequence decodes to
+CONTEXT = 4  # tokens of context before a decoded suffix
+TARGET_TAIL = 8  # committed target tokens re-encoded with the draft's text
+DRAFT_WINDOW = 8  # draft tokens before the committed end that each round re-encodes
+
+
+def _decode(tok: PreTrainedTokenizerBase, ids: list[int]) -> str:
+    return tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def decode_suffix(tok: PreTrainedTokenizerBase, ids: list[int], start: int, context: int = CONTEXT) -> str | None:
+    """The text ids[start:] add after ids[:start], decoding only about `context` tokens before
+    `start` (or, failing that, everything); None when no context's text is a prefix of the
+    longer decode. A context must decode cleanly: a byte-fallback decoder turns a whole run of
+    byte tokens into U+FFFDs when the run starts inside a character, so a context starting
+    inside a character (or a run of them) is moved further back."""
+    starts = [*range(max(0, start - context), max(0, start - 4 * context) - 1, -1), 0]
+    for c in dict.fromkeys(starts):
+        head = _decode(tok, ids[c:start])
+        if _PARTIAL in head and c:
+            continue
+        full = _decode(tok, ids[c:])
+        if full.startswith(head):
+            return full[len(head):]
+    return None
+
+
+def _encode(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"] if text else []
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _special_prefix(tok: PreTrainedTokenizerBase) -> list[int]:
+    """The ids a tokenizer puts before any text (a BOS), found by encoding a sample both ways."""
+    with_specials = tok("a")["input_ids"]
+    plain = tok("a", add_special_tokens=False)["input_ids"]
+    for i in range(len(with_specials) - len(plain) + 1):
+        if with_specials[i : i + len(plain)] == plain:
+            return list(with_specials[:i])
+    return []
+
+
+class CommittedText:
+    """The text of the target's committed tokens, decoded incrementally (committed tokens never
+    change). An incomplete character at the end is left out until later tokens complete it."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase):
+        self.tok = tokenizer
+        self.text = ""  # text of ids[:done]
+        self.done = 0
+
+    def view(self, ids: list[int]) -> str:
+        if len(ids) > self.done:
+            new = decode_suffix(self.tok, ids, self.done) if self.done else _decode(self.tok, ids)
+            if new is None:  # cannot split the decode at `done`: decode it all
+                self.text, self.done, new = "", 0, _decode(self.tok, ids)
+            if not new.endswith(_PARTIAL):
+                self.text += new
+                self.done = len(ids)
+            else:
+                return self.text + new.rstrip(_PARTIAL)
+        return self.text
+
+
+class CrossTokenizerDrafter(Drafter):
+    """A small language model with its own tokenizer: drafts text, proposes target tokens."""
+
+    name = "model"
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        target_tokenizer: PreTrainedTokenizerBase,
+        draft_tokenizer: PreTrainedTokenizerBase,
+        max_draft_steps: int | None = None,
+    ):
+        from specdec_core.loading import context_limit
+
+        self.model = model
+        self.target_tokenizer = target_tokenizer
+        self.draft_tokenizer = draft_tokenizer
+        self.max_draft_steps = max_draft_steps
+        self.draft_eos = eos_ids(model)
+        if draft_tokenizer.eos_token_id is not None:
+            self.draft_eos.add(int(draft_tokenizer.eos_token_id))
+        self.target_eos = target_tokenizer.eos_token_id
+        self.limit = context_limit(model)
+        self.bos = [] if model.config.is_encoder_decoder else _special_prefix(draft_tokenizer)
+
+    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> CrossTokenizerSession:
+        if self.model.config.is_encoder_decoder:
+            # The draft encodes the prompt's text in its own tokens; its decoder starts afresh.
+            draft_prompt = self.draft_tokenizer(_decode(self.target_tokenizer, prompt_ids))["input_ids"]
+            head = initial_decoder_ids(self.model, draft_prompt)
+        else:
+            draft_prompt, head = [], list(self.bos)
+        return CrossTokenizerSession(self, CachedDecoder(self.model, draft_prompt), head)
+
+
+class CrossTokenizerSession(DraftSession):
+    """One item: the draft's cache, the draft ids of the committed text, and the committed text."""
+
+    def __init__(self, drafter: CrossTokenizerDrafter, decoder: CachedDecoder, head: list[int]):
+        self.d = drafter
+        self.decoder = decoder
+        self.head = head  # fixed draft ids before the text (BOS, or the decoder start token)
+        self.committed = CommittedText(drafter.target_tokenizer)
+        self.ids: list[int] = []  # draft ids of `self.text`, the committed text at the last sync
+        self.text = ""
+        self.fed_ids: list[int] = []  # the sequence whose first decoder.length ids the cache holds
+        self.fed = 0  # draft tokens fed to the draft model (a cache that keeps up feeds few)
+        self.full_syncs = 0  # rounds whose window did not line up (re-encoded everything)
+
+    def _reencode(self, view: str) -> list[int]:
+        """Draft ids of `view`: the ids of the text both views share up to a draft-token boundary a
+        few tokens back, then the rest of `view` encoded alone. The window's ids must decode (in
+        context) to exactly its text: a tokenizer that adds a prefix space to every encode
+        (SentencePiece) fails that mid-word, and the next boundary back is tried, then all."""
+        tok, ids = self.d.draft_tokenizer, self.ids
+        for j in range(max(0, len(ids) - DRAFT_WINDOW), max(0, len(ids) - 3 * DRAFT_WINDOW), -1):
+            suffix = decode_suffix(tok, ids, j)
+            if suffix is None or suffix.startswith(_PARTIAL) or not self.text.endswith(suffix):
+                continue
+            pos = len(self.text) - len(suffix)
+            if not view.startswith(self.text[:pos]):
+                break
+            new = ids[:j] + _encode(tok, view[pos:])
+            if decode_suffix(tok, new, j) == view[pos:]:
+                return new
+        if ids:
+            self.full_syncs += 1
+        return _encode(tok, view)
+
+    def sync(self, seq: list[int]) -> list[int]:
+        """Draft ids of the committed text (head included); the cache rolled back to the longest
+        prefix it shares with them (never all of them: the last one is fed to get logits)."""
+        view = self.committed.view(seq)
+        self.ids = self._reencode(view)
+        self.text = view
+        full = self.head + self.ids
+        keep = min(_common_prefix(self.fed_ids[: self.decoder.length], full), len(full) - 1)
+        self.decoder.rollback(max(keep, 0))
+        return full
+
+    def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
+        cur = self.sync(seq)
+        if not cur or k < 1:
+            return Draft([], None)
+        base = len(cur)
+        tail = self._target_tail(seq)
+        max_steps = self.d.max_draft_steps or 2 * k + 4
+        props: list[int] = []
+        ended = False
+        for _ in range(max_steps):
+            if self.d.limit is not None and len(cur) >= self.d.limit:
+                break  # the draft's own context is full: propose what it has
+            self.fed += len(cur) - self.decoder.length
+            logits = self.decoder.forward(cur, 1)
+            self.fed_ids = cur
+            self.steps += 1
+            token = int(logits[0].argmax())
+            if token in self.d.draft_eos:
+                ended = True
+                break
+            cur.append(token)
+            text = decode_suffix(self.d.draft_tokenizer, cur, base)
+            if text is None:  # inside a character whose bytes do not decode yet
+                continue
+            props = self._to_target(tail, text.rstrip(_PARTIAL))
+            if len(props) > k:
+                break
+        if ended:
+            if self.d.target_eos is not None:
+                props = props + [int(self.d.target_eos)]
+        else:
+            props = props[:-1]  # the draft's text may end inside this target token
+        return Draft(props[:k], None)
+
+    def _target_tail(self, seq: list[int]) -> tuple[str, list[int], list[int]]:
+        """The committed text of the last TARGET_TAIL target tokens (starting on a whole
+        character), its encoding by the target's tokenizer, and the committed target tokens
+        after that text: the first bytes of a character the next tokens must complete."""
+        tok = self.d.target_tokenizer
+        for pending in range(4):  # a UTF-8 character has at most 4 bytes
+            end = len(seq) - pending
+            text = self._clean_suffix(seq[:end])
+            if text is not None and not text.endswith(_PARTIAL):
+                return text, _encode(tok, text), seq[end:]
+        return "", [], []
+
+    def _clean_suffix(self, ids: list[int]) -> str | None:
+        tok = self.d.target_tokenizer
+        for s in range(max(0, len(ids) - TARGET_TAIL), max(-1, len(ids) - 2 * TARGET_TAIL), -1):
+            text = decode_suffix(tok, ids, s) if s else _decode(tok, ids)
+            if text is not None and not text.startswith(_PARTIAL):
+                return text
+        return None
+
+    def _to_target(self, tail: tuple[str, list[int], list[int]], text: str) -> list[int]:
+        """The target tokens `text` adds after the committed tail."""
+        tail_text, tail_ids, pending = tail
+        if not text:
+            return []
+        ids = _encode(self.d.target_tokenizer, tail_text + text)
+        if ids[: len(tail_ids)] == tail_ids:
+            ids = ids[len(tail_ids):]
+        else:
+            # The committed end falls inside a token of the re-encoding: what the target does
+            # next is closest to the draft text's own encoding, if that decodes to the text
+            # after the committed tokens (not so where the tokenizer adds a prefix space).
+            ids = _encode(self.d.target_tokenizer, text)
+            if decode_suffix(self.d.target_tokenizer, tail_ids + ids, len(tail_ids)) != text:
+                return []
+        if pending:  # the committed tokens already hold the first bytes of the text's first character
+            ids = ids[len(pending):] if ids[: len(pending)] == pending else []
+        return ids
