@@ -70,6 +70,15 @@ def _encode(tok: PreTrainedTokenizerBase, text: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"] if text else []
 
 
+def _last_word_end(text: str) -> int:
+    """Where the last word followed by whitespace ends (0 if none): pre-tokenizers split there,
+    so the target tokens up to it do not depend on what comes after."""
+    for i in range(len(text) - 1, 0, -1):
+        if text[i].isspace() and not text[i - 1].isspace():
+            return i
+    return 0
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -198,6 +207,7 @@ class CrossTokenizerSession(DraftSession):
         tail = self._target_tail(seq)
         max_steps = self.d.max_draft_steps or 2 * k + 4
         props: list[int] = []
+        text: str | None = ""
         ended = False
         for _ in range(max_steps):
             if self.d.limit is not None and len(cur) >= self.d.limit:
@@ -214,14 +224,18 @@ class CrossTokenizerSession(DraftSession):
             text = decode_suffix(self.d.draft_tokenizer, cur, base)
             if text is None:  # inside a character whose bytes do not decode yet
                 continue
-            props = self._to_target(tail, text.rstrip(_PARTIAL))
-            if len(props) > k:
+            text = text.rstrip(_PARTIAL)
+            stable = _last_word_end(text)
+            # The draft's text may end inside a target token, and a word's first pieces may be
+            # split differently once it is complete: propose up to the last word's end, or,
+            # without one, all but the last target token.
+            props = self._to_target(tail, text[:stable]) if stable else self._to_target(tail, text)[:-1]
+            if len(props) >= k:
                 break
         if ended:
+            props = self._to_target(tail, text) if base < len(cur) and text is not None else []
             if self.d.target_eos is not None:
                 props = props + [int(self.d.target_eos)]
-        else:
-            props = props[:-1]  # the draft's text may end inside this target token
         return Draft(props[:k], None)
 
     def _target_tail(self, seq: list[int]) -> tuple[str, list[int], list[int]]:

@@ -1,0 +1,200 @@
+"""Cross-tokenizer drafting: exact (greedy identity, sampled distribution), aligned (an oracle
+draft's proposals are accepted), and cheap to keep in step (the draft's cache is not re-run)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models
+from transformers import PreTrainedTokenizerFast
+
+from specdec_core.cross_tokenizer import CrossTokenizerDrafter
+from specdec_core.engine import SpeculativeGenerator
+from specdec_core.processing import SamplingSettings
+from specdec_core.text import GeneratorSpec, TextGenerator
+from tests.cross_models import byte_level, oracle_lm, sentencepiece_style
+from tests.test_engine_sampling import N_NEW, PROMPT, chi2_pvalue, exact_distribution, sample_counts, tiny
+from tests.tiny_models import make_model
+
+PROMPTS = [
+    "Speculative decoding",
+    "def add(a, b):\n    return",
+    "naïve café — 日本語 😀 and",
+    "tabs\tand   runs   of\n\n\nwhitespace",
+]
+REFERENCE = (" drafts a few tokens   with a small model — naïve café 日本語 😀\n\n\tand verifies them"
+             " with a large one.")
+
+
+@pytest.fixture(scope="module")
+def toks():
+    return {"byte-420": byte_level(420), "byte-300": byte_level(300), "sp": sentencepiece_style()}
+
+
+PAIRS = [("byte-420", "byte-300"), ("byte-420", "sp"), ("sp", "byte-300")]
+
+
+@pytest.mark.parametrize(("target_name", "draft_name"), PAIRS)
+def test_greedy_identity_with_random_models(toks, target_name, draft_name):
+    """Random models: drafts are mostly rejected and the target's output is full of odd bytes
+    (incomplete characters, control characters): still token for token the target's."""
+    ttok, dtok = toks[target_name], toks[draft_name]
+    target, draft = make_model("llama", ttok, seed=1), make_model("gpt2", dtok, seed=2)
+    alone = SpeculativeGenerator(target, None, max_new_tokens=30)
+    cross = SpeculativeGenerator(target, CrossTokenizerDrafter(draft, ttok, dtok), num_speculative_tokens=3,
+                                 max_new_tokens=30)
+    for prompt in PROMPTS:
+        ids = ttok(prompt)["input_ids"]
+        out = cross.generate(ids)
+        assert out.tokens == alone.generate(ids).tokens, prompt
+        assert out.stats.draft_steps > 0
+
+
+@pytest.mark.parametrize(("target_name", "draft_name"), PAIRS)
+@pytest.mark.parametrize("wrong_every", [0, 4])
+def test_oracle_draft_is_aligned_and_exact(toks, target_name, draft_name, wrong_every):
+    """A target and a draft that both write REFERENCE (whitespace runs, accents, CJK, an emoji:
+    byte-level and byte-fallback tokens), each in its own tokens: the draft's proposals, re-encoded
+    into target tokens, are accepted, and the output is the target's."""
+    ttok, dtok = toks[target_name], toks[draft_name]
+    prompt = PROMPTS[0]
+    ids = ttok(prompt)["input_ids"]
+    target = oracle_lm(ttok, prompt + REFERENCE, seed=1)
+    alone = SpeculativeGenerator(target, None, max_new_tokens=80).generate(ids)
+    assert ttok.decode(ids + alone.tokens, skip_special_tokens=True) == prompt + REFERENCE
+    draft = oracle_lm(dtok, prompt + REFERENCE, wrong_every=wrong_every)
+    out = SpeculativeGenerator(target, CrossTokenizerDrafter(draft, ttok, dtok), num_speculative_tokens=4,
+                               max_new_tokens=80).generate(ids)
+    assert out.tokens == alone.tokens
+    s = out.stats
+    # Stats in target tokens: accepted <= drafted, and every new token is an accepted draft or a
+    # round's own token (the last round may end at an accepted EOS).
+    assert s.accepted_tokens <= s.draft_tokens
+    assert s.accepted_tokens + s.verify_steps - 1 <= s.new_tokens <= s.accepted_tokens + s.verify_steps
+    if wrong_every == 0:
+        assert s.acceptance_rate > 0.85, s
+        assert s.verify_steps < len(alone.tokens) / 2.5
+    else:
+        assert 0.2 < s.acceptance_rate < 1.0, s
+
+
+def test_draft_text_ending_inside_a_target_token_is_not_proposed(toks):
+    """The draft is stopped after a few of its own tokens, so its text often ends inside a target
+    token (the target has "model", the draft has "m" "od" "el"): the proposals are the
+    reference's own target tokens, never a cut piece of one. (Where the committed tokens end
+    inside a word the target would have merged, the continuation's own encoding is proposed: it
+    spells the right text, in tokens the target may not choose.)"""
+    ttok, dtok = toks["byte-420"], toks["byte-300"]
+    full = ttok(PROMPTS[0] + REFERENCE)["input_ids"]
+    draft = oracle_lm(dtok, PROMPTS[0] + REFERENCE)
+    n_prompt = len(ttok(PROMPTS[0])["input_ids"])
+    reference = ttok.decode(full)
+    proposed = exact = cuts = 0
+    for steps in (2, 4, 6):
+        drafter = CrossTokenizerDrafter(draft, ttok, dtok, max_draft_steps=steps)
+        for cut in range(n_prompt, len(full) - 4):
+            session = drafter.start(full[:n_prompt], full[:n_prompt], None)
+            props = session.propose(full[:cut], 4).tokens
+            assert reference.startswith(ttok.decode(full[:cut] + props).rstrip("\ufffd")), (steps, cut)
+            exact += props == full[cut : cut + len(props)]
+            proposed += len(props)
+            cuts += 1
+    assert proposed > len(full)  # most cuts get proposals
+    assert exact >= 0.9 * cuts
+
+
+def test_draft_cache_follows_without_rerunning_its_prefix(toks):
+    """Each round feeds the draft only the tokens past what its cache still holds: over a whole
+    generation the draft is fed about its prompt once plus a few tokens per round, far fewer
+    than re-running its prefix each round would cost."""
+    ttok, dtok = toks["byte-420"], toks["byte-300"]
+    prompt = "Speculative decoding drafts a few tokens with a small model and verifies them with a large one."
+    reference = prompt + REFERENCE
+    ids = ttok(prompt)["input_ids"]
+    target = oracle_lm(ttok, reference, seed=1)
+    draft = oracle_lm(dtok, reference, wrong_every=5)
+    drafter = CrossTokenizerDrafter(draft, ttok, dtok)
+    sessions = []
+    start = drafter.start
+    drafter.start = lambda *a: sessions.append(start(*a)) or sessions[-1]
+    out = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=80).generate(ids)
+    session = sessions[0]
+    draft_prompt = len(dtok(prompt)["input_ids"])
+    rounds = out.stats.verify_steps
+    assert session.fed == draft.fed  # the session's count is what the model saw
+    assert session.full_syncs == 0
+    # Prompt once, each drafting step one token, plus a few re-fed tokens per round.
+    assert session.fed <= draft_prompt + session.steps + 3 * rounds
+    assert session.fed < rounds * draft_prompt / 3
+
+
+def _char_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]]) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE(vocab, merges))
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+@pytest.mark.slow  # 2500 seeded items through the tokenizers: about a minute on a shared CPU
+def test_sampling_matches_target_distribution():
+    """Chi-square on a 6-token target vocabulary ("a", "b", "c", "ab", "ba", "ca") with a draft
+    over 3 characters: the cross-tokenizer proposals, verified with the deterministic-proposal
+    rule, give exactly the target's distribution."""
+    ttok = _char_tokenizer({"a": 0, "b": 1, "c": 2, "ab": 3, "ba": 4, "ca": 5},
+                           [("a", "b"), ("b", "a"), ("c", "a")])
+    dtok = _char_tokenizer({"a": 0, "b": 1, "c": 2}, [])
+    target = tiny("llama", seed=0, std=0.8)
+    torch.manual_seed(3)
+    draft = make_model("llama", dtok, seed=3, layers=1, hidden=32, init_std=0.8)
+    sampling = SamplingSettings(temperature=1.0)
+    gen = SpeculativeGenerator(target, CrossTokenizerDrafter(draft, ttok, dtok), num_speculative_tokens=2,
+                               max_new_tokens=N_NEW, sampling=sampling)
+    counts = sample_counts(gen)
+    assert chi2_pvalue(counts, exact_distribution(target, sampling)) > 1e-3
+    # Power: the same samples reject a nearby model's distribution.
+    other = tiny("llama", seed=1, std=0.8)
+    assert chi2_pvalue(counts, exact_distribution(other, sampling)) < 1e-6
+    stats = [gen.generate(PROMPT, s).stats for s in range(50)]
+    assert 0 < sum(s.accepted_tokens for s in stats) < sum(s.draft_tokens for s in stats)
+
+
+def test_text_generator_decides_cross_tokenizer_and_logs_it(tmp_path, toks, caplog):
+    ttok, dtok = toks["byte-420"], toks["sp"]
+    for name, tok, seed in (("target", ttok, 1), ("draft", dtok, 2)):
+        make_model("llama", tok, seed=seed).save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    spec = GeneratorSpec(str(tmp_path / "target"), str(tmp_path / "draft"), max_new_tokens=12)
+    with caplog.at_level(logging.INFO, logger="specdec_core.text"):
+        gen = TextGenerator.load(spec)
+    assert isinstance(gen.engine.drafter, CrossTokenizerDrafter)
+    assert "cross-tokenizer drafting" in caplog.text
+    alone = TextGenerator.load(GeneratorSpec(str(tmp_path / "target"), drafter="none", max_new_tokens=12))
+    for prompt in PROMPTS:
+        assert gen.generate(prompt)["token_ids"] == alone.generate(prompt)["token_ids"]
+    with pytest.raises(ValueError, match="--batch_size"):
+        TextGenerator.load(GeneratorSpec(str(tmp_path / "target"), str(tmp_path / "draft"), batch_size=2))
+
+
+def test_same_tokenizer_pair_still_uses_the_model_drafter(saved_pairs, caplog):
+    from specdec_core.drafters import ModelDrafter
+
+    target, draft = saved_pairs["llama"]
+    with caplog.at_level(logging.INFO, logger="specdec_core.text"):
+        gen = TextGenerator.load(GeneratorSpec(str(target), str(draft), max_new_tokens=4))
+    assert type(gen.engine.drafter) is ModelDrafter
+    assert "same-tokenizer drafting" in caplog.text
+
+
+def test_encoder_decoder_pair_with_different_tokenizers(toks):
+    """Falls out of the design: the draft encodes the prompt's text with its own tokenizer."""
+    ttok, dtok = toks["byte-420"], toks["byte-300"]
+    target, draft = make_model("bart", ttok, seed=1), make_model("bart", dtok, seed=2)
+    alone = SpeculativeGenerator(target, None, max_new_tokens=20)
+    cross = SpeculativeGenerator(target, CrossTokenizerDrafter(draft, ttok, dtok), num_speculative_tokens=3,
+                                 max_new_tokens=20)
+    for prompt in PROMPTS[:2]:
+        ids = ttok(prompt)["input_ids"]
+        out = cross.generate(ids)
+        assert out.tokens == alone.generate(ids).tokens
+        assert out.stats.draft_steps > 0
