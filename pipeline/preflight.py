@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pyarrow as pa
@@ -13,6 +14,8 @@ from apache_beam.options.pipeline_options import TestOptions
 from pipeline.options import SpecDecOptions
 from transforms.durable import match, output_files, result_patterns
 from transforms.results import result_schema
+
+log = logging.getLogger(__name__)
 
 
 class JobConfigError(ValueError):
@@ -139,25 +142,40 @@ def _check_model_path(flag: str, path: str, trust: bool = False) -> None:
             raise JobConfigError(f"{flag} {path!r}: cannot load the model config ({type(e).__name__})") from e
 
 
-def _check_pair(opts: SpecDecOptions) -> None:
-    """Kind and vocabulary checks, where both models are local (gs:// pairs are checked on load)."""
+def _check_pair(opts: SpecDecOptions) -> str | None:
+    """Kind check and the drafting mode (same- or cross-tokenizer, logged), where both models are
+    local (gs:// pairs are checked on load); None when not checked here."""
     paths = [opts.target_model, opts.draft_model]
     if any(p.startswith("gs://") for p in paths):
-        return
+        return None
     from transformers import AutoConfig
 
-    from specdec_core.loading import IncompatiblePairError, check_compatible, draft_tokenizer_for, load_tokenizer
+    from specdec_core.loading import (
+        CROSS_TOKENIZER,
+        IncompatiblePairError,
+        check_compatible,
+        describe_mode,
+        draft_tokenizer_for,
+        load_tokenizer,
+    )
 
     trust = opts.trust_remote_code
     try:
         target_tokenizer = load_tokenizer(opts.tokenizer or opts.target_model, trust)
     except Exception as e:
         raise JobConfigError(f"--tokenizer/--target_model: cannot load a tokenizer ({type(e).__name__}: {e})") from e
+    draft_tokenizer = draft_tokenizer_for(opts.draft_model, target_tokenizer, trust)
     try:
-        check_compatible(*(AutoConfig.from_pretrained(p, trust_remote_code=trust) for p in paths), target_tokenizer,
-                         draft_tokenizer_for(opts.draft_model, target_tokenizer, trust))
+        mode = check_compatible(*(AutoConfig.from_pretrained(p, trust_remote_code=trust) for p in paths),
+                                target_tokenizer, draft_tokenizer)
     except IncompatiblePairError as e:
         raise JobConfigError(f"--draft_model {opts.draft_model!r}: {e}") from e
+    if mode == CROSS_TOKENIZER and opts.batch_size > 1:
+        raise JobConfigError(f"--batch_size {opts.batch_size}: --draft_model {opts.draft_model!r} has another "
+                             "tokenizer than the target, and cross-tokenizer drafting runs one item at a time "
+                             "(use --batch_size 1)")
+    log.info("--draft_model %s: %s", opts.draft_model, describe_mode(mode, target_tokenizer, draft_tokenizer))
+    return mode
 
 
 def is_dry_run(opts: SpecDecOptions) -> bool:

@@ -198,3 +198,53 @@ def test_encoder_decoder_pair_with_different_tokenizers(toks):
         out = cross.generate(ids)
         assert out.tokens == alone.generate(ids).tokens
         assert out.stats.draft_steps > 0
+
+
+@pytest.fixture(scope="module")
+def cross_pair(tmp_path_factory, toks):
+    root = tmp_path_factory.mktemp("cross")
+    for name, tok, seed in (("target", toks["byte-420"], 1), ("draft", toks["sp"], 2)):
+        make_model("llama", tok, seed=seed).save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return root / "target", root / "draft"
+
+
+def test_preflight_decides_and_logs_the_mode(tmp_path, cross_pair, saved_pairs, caplog):
+    from pipeline.preflight import JobConfigError, preflight
+    from pipeline.run import parse_options
+    from tests.test_pipeline import write_prompts
+
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": "hi"}])
+
+    def opts(target, draft, *extra):
+        return parse_options(["--input", src, "--output", str(tmp_path / "o/gens"), "--target_model", str(target),
+                              "--draft_model", str(draft), *extra])
+
+    with caplog.at_level(logging.INFO, logger="pipeline.preflight"):
+        preflight(opts(*cross_pair))
+        assert "cross-tokenizer drafting" in caplog.text
+        caplog.clear()
+        preflight(opts(*saved_pairs["llama"]))
+        assert "same-tokenizer drafting" in caplog.text
+    with pytest.raises(JobConfigError, match="cross-tokenizer drafting runs one item at a time"):
+        preflight(opts(*cross_pair, "--batch_size", "2"))
+
+
+@pytest.mark.slow
+def test_beam_job_with_a_cross_tokenizer_pair_writes_the_targets_rows(tmp_path, cross_pair):
+    """pipeline.run on a tiny Parquet (DirectRunner): the cross-tokenizer pair writes exactly the
+    rows the target alone writes."""
+    from tests.test_pipeline import GOOD, run_job, write_prompts
+
+    prompts = GOOD + PROMPTS
+    src = write_prompts(tmp_path / "p.parquet", [{"id": f"g{i}", "prompt": p} for i, p in enumerate(prompts)])
+    target, draft = cross_pair
+    cross, failed = run_job(tmp_path, target, draft, prompts=src, name="cross")
+    alone, _ = run_job(tmp_path, target, None, "--drafter", "none", prompts=src, name="alone")
+    assert failed.num_rows == 0 and cross.num_rows == len(prompts)
+
+    def rows(t):
+        return {r["id"]: (r["generation"], r["new_tokens"], r["finish_reason"]) for r in t.to_pylist()}
+
+    assert rows(cross) == rows(alone)
+    assert sum(cross["draft_tokens"].to_pylist()) > 0

@@ -124,7 +124,8 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         "matches no files": ["--input", str(tmp_path / "nope-*.parquet")] + base[2:] + ["--draft_model", str(draft)],
         "--draft_model '/does/not/exist'": base + ["--draft_model", "/does/not/exist"],
         "needs --draft_model": base,
-        "vocabulary": base + ["--draft_model", str(tmp_path / "other")],
+        "cross-tokenizer drafting runs one item at a time": base + [
+            "--draft_model", str(tmp_path / "other"), "--batch_size", "2"],
         "the target is encoder-decoder but the draft is causal": base[:4] + [
             "--target_model", str(saved_pairs["t5"][0]), "--draft_model", str(draft)],
         "--max_new_tokens must be >= 1": base + ["--draft_model", str(draft), "--max_new_tokens", "0"],

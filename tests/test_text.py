@@ -61,14 +61,16 @@ def test_prompt_longer_than_context_fails_the_row(saved_pairs):
         gen.generate("word " * 300)
 
 
-def test_draft_with_another_vocabulary_is_refused(saved_pairs, tmp_path):
+def test_draft_with_another_vocabulary_drafts_across_tokenizers(saved_pairs, tmp_path):
+    from specdec_core.cross_tokenizer import CrossTokenizerDrafter
+
     target_dir, _ = saved_pairs["llama"]
     other_tok = build_tokenizer(vocab_size=300)
     other = make_model("llama", other_tok, seed=3)
     other.save_pretrained(tmp_path / "other")
     other_tok.save_pretrained(tmp_path / "other")
-    with pytest.raises(IncompatiblePairError, match="vocabulary"):
-        TextGenerator.load(GeneratorSpec(str(target_dir), str(tmp_path / "other")))
+    gen = TextGenerator.load(GeneratorSpec(str(target_dir), str(tmp_path / "other")))
+    assert isinstance(gen.engine.drafter, CrossTokenizerDrafter)
 
 
 def test_causal_draft_for_seq2seq_target_is_refused(saved_pairs):
