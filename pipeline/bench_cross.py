@@ -1,0 +1,246 @@
+"""`python -m pipeline.bench_cross [--quick]`: a draft with ANOTHER tokenizer, against HF.
+
+The pair: two small causal LMs trained here on the same text (Python standard-library
+sources) with two different byte-level BPE tokenizers (4096 and 1024 tokens), so the draft
+really agrees with the target part of the time. Training takes a few minutes of CPU once; the
+pair is cached (``--cache_dir``, keyed by the recipe) and reused.
+
+Timed side by side, in one run, on the same prompts (held-out stdlib functions), greedy, at the
+same gamma: the target alone (our loop, and plain HF `generate`), our cross-tokenizer drafter,
+and Hugging Face's universal assisted generation (`generate(assistant_model=, tokenizer=,
+assistant_tokenizer=)`, constant schedule, confidence early stop off). Methods run in turn per
+prompt, so a load change on a shared machine hits them alike. Reported: tokens/s, speed-up over
+the target alone, tokens per target pass, acceptance in TARGET tokens (ours), and whether each
+output equals the target-alone greedy output token for token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import random
+import shlex
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+
+_LOG = logging.getLogger("pipeline.bench_cross")
+RECIPE = {"target": {"n_embd": 384, "n_layer": 6, "n_head": 6}, "draft": {"n_embd": 128, "n_layer": 2, "n_head": 4},
+          "vocab": {"target": 4096, "draft": 1024}, "ctx": 64, "batch": 8, "steps": {"target": 250, "draft": 400},
+          "lr": 3e-3, "files": 160, "seed": 0, "version": 1}
+SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
+HELD_OUT = ("textwrap.py", "shlex.py", "fractions.py", "bisect.py", "heapq.py", "string.py", "glob.py", "fnmatch.py")
+
+
+def corpus(n_files: int) -> tuple[list[str], list[str]]:
+    """(training texts, held-out texts) from the standard library's Python sources."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py") if p.stat().st_size < 200_000)
+    train = [p.read_text(errors="replace") for p in files if p.name not in HELD_OUT][:n_files]
+    held = [(root / n).read_text(errors="replace") for n in HELD_OUT if (root / n).exists()]
+    return train, held
+
+
+def build_tokenizer(texts: list[str], size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=size, special_tokens=SPECIALS, show_progress=False,
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", model_max_length=1024)
+
+
+def train_lm(tok, texts: list[str], shape: dict, steps: int, seed: int):
+    """A GPT-2 LM trained on random windows of the token stream (by steps, never by seconds)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    stream = torch.tensor([i for t in texts for i in tok(t)["input_ids"]])
+    ctx, batch = RECIPE["ctx"], RECIPE["batch"]
+    cfg = GPT2Config(vocab_size=len(tok), n_positions=1024, bos_token_id=tok.bos_token_id,
+                     eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **shape)
+    model = GPT2LMHeadModel(cfg).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"], weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, RECIPE["lr"], total_steps=steps, pct_start=0.1)
+    t0 = time.perf_counter()
+    for step in range(steps):
+        starts = [rng.randrange(len(stream) - ctx - 1) for _ in range(batch)]
+        x = torch.stack([stream[s : s + ctx] for s in starts])
+        loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == steps - 1:
+            _LOG.info("  step %d/%d loss %.3f (%.0f s)", step + 1, steps, loss.item(), time.perf_counter() - t0)
+    return model.eval()
+
+
+def load_pair(cache_dir: Path):
+    """The cached (target, target tokenizer, draft, draft tokenizer), trained first if absent."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    key = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:12]
+    root = cache_dir / f"pair-{key}"
+    if not (root / "draft" / "config.json").exists():
+        texts, _ = corpus(RECIPE["files"])
+        _LOG.info("training the pair once into %s (%d files, %.1f MB of text)", root, len(texts),
+                  sum(map(len, texts)) / 1e6)
+        for role in ("target", "draft"):
+            tok = build_tokenizer(texts, RECIPE["vocab"][role])
+            _LOG.info("%s: %d-token tokenizer, model %s", role, len(tok), RECIPE[role])
+            model = train_lm(tok, texts, RECIPE[role], RECIPE["steps"][role], RECIPE["seed"])
+            model.save_pretrained(root / role)
+            tok.save_pretrained(root / role)
+    out = []
+    for role in ("target", "draft"):
+        out += [AutoModelForCausalLM.from_pretrained(root / role, dtype=torch.float32).eval(),
+                AutoTokenizer.from_pretrained(root / role)]
+    return out
+
+
+def prompts(tok, n: int, max_tokens: int = 96) -> list[list[int]]:
+    """Held-out function openings: `def` line plus a few lines, as target token ids."""
+    _, held = corpus(0)
+    out = []
+    for text in held:
+        for i, line in enumerate(text.splitlines(keepends=True)):
+            if line.lstrip().startswith("def ") and len(out) < n:
+                head = "".join(text.splitlines(keepends=True)[i : i + 3])
+                out.append(tok(head)["input_ids"][:max_tokens])
+        if len(out) >= n:
+            break
+    return out
+
+
+class PassCounter:
+    """Counts the target's forward passes (a verification, or one plain decoding step)."""
+
+    def __init__(self, model):
+        self.n = 0
+        model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_):
+        self.n += 1
+
+
+def run(args: argparse.Namespace) -> dict:
+    from specdec_core.cross_tokenizer import CrossTokenizerDrafter
+    from specdec_core.drafters import NoDrafter
+    from specdec_core.engine import SpeculativeGenerator
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, ttok, draft, dtok = load_pair(Path(args.cache_dir))
+    assert ttok.get_vocab() != dtok.get_vocab()
+    g, n_new = args.gamma, args.max_new_tokens
+    draft.generation_config.num_assistant_tokens = g
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    counter = PassCounter(target)
+    alone = SpeculativeGenerator(target, NoDrafter(), max_new_tokens=n_new)
+    ours = SpeculativeGenerator(target, CrossTokenizerDrafter(draft, ttok, dtok), num_speculative_tokens=g,
+                                max_new_tokens=n_new)
+
+    def hf(ids: list[int], assisted: bool) -> list[int]:
+        x = torch.tensor([ids])
+        kw = dict(assistant_model=draft, tokenizer=ttok, assistant_tokenizer=dtok) if assisted else {}
+        with torch.inference_mode():
+            out = target.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n_new,
+                                  pad_token_id=ttok.pad_token_id, **kw)
+        return out[0, len(ids):].tolist()
+
+    methods = {
+        "target alone (ours)": lambda ids: alone.generate(ids),
+        "target alone (HF generate)": lambda ids: hf(ids, False),
+        f"ours: cross-tokenizer g={g}": lambda ids: ours.generate(ids),
+        f"HF universal assisted g={g}": lambda ids: hf(ids, True),
+    }
+    rows = {m: {"s": 0.0, "tokens": 0, "passes": 0, "drafted": 0, "accepted": 0, "same": 0, "errors": []}
+            for m in methods}
+    ps = prompts(ttok, args.prompts)
+    for ids in ps[:1]:  # warm-up, untimed
+        for fn in methods.values():
+            fn(ids)
+    for ids in ps:
+        reference = None
+        for m, fn in methods.items():
+            r = rows[m]
+            before = counter.n
+            t0 = time.perf_counter()
+            try:
+                out = fn(ids)
+            except Exception as e:  # reported, not hidden
+                r["errors"].append(f"{type(e).__name__}: {e}"[:200])
+                continue
+            r["s"] += time.perf_counter() - t0
+            r["passes"] += counter.n - before
+            tokens = out if isinstance(out, list) else out.tokens
+            if not isinstance(out, list):
+                r["drafted"] += out.stats.draft_tokens
+                r["accepted"] += out.stats.accepted_tokens
+            reference = reference if reference is not None else tokens
+            r["tokens"] += len(tokens)
+            r["same"] += tokens == reference
+    base = rows["target alone (ours)"]
+    base_tps = base["tokens"] / base["s"] if base["s"] else 0.0
+    for r in rows.values():
+        r["tps"] = r["tokens"] / r["s"] if r["s"] else 0.0
+        r["speedup"] = r["tps"] / base_tps if base_tps else 0.0
+        r["per_pass"] = r["tokens"] / r["passes"] if r["passes"] else 0.0
+        r["acceptance"] = r["accepted"] / r["drafted"] if r["drafted"] else None
+    return {"rows": rows, "prompts": len(ps), "gamma": g, "max_new_tokens": n_new,
+            "threads": torch.get_num_threads(), "vocab": (len(ttok), len(dtok)),
+            "params": (sum(p.numel() for p in target.parameters()), sum(p.numel() for p in draft.parameters()))}
+
+
+def table(result: dict) -> str:
+    lines = ["| method | tokens/s | speed-up vs target alone (ours) | tokens per target pass | acceptance "
+             "(target tokens) | identical to target alone |", "|---|---|---|---|---|---|"]
+    for m, r in result["rows"].items():
+        acc = f"{r['acceptance']:.3f}" if r["acceptance"] is not None else "-"
+        same = f"{r['same']}/{result['prompts']}"
+        if r["errors"]:
+            same += f" ({len(r['errors'])} errors: {r['errors'][0]})"
+        lines.append(f"| {m} | {r['tps']:.1f} | {r['speedup']:.2f}x | {r['per_pass']:.2f} | {acc} | {same} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipeline.bench_cross", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="4 prompts x 48 tokens instead of 12 x 96")
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--prompts", type=int, default=None)
+    p.add_argument("--max_new_tokens", type=int, default=None)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--cache_dir", default=str(Path.home() / ".cache" / "specdec-beam" / "bench_cross"))
+    p.add_argument("--json", default=None, help="also write the raw results here")
+    args = p.parse_args(argv)
+    args.prompts = args.prompts or (4 if args.quick else 12)
+    args.max_new_tokens = args.max_new_tokens or (48 if args.quick else 96)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    result = run(args)
+    cmd = "python -m pipeline.bench_cross " + shlex.join(sys.argv[1:] if argv is None else argv)
+    print(f"command: {cmd.strip()}")
+    print(f"target {result['params'][0] / 1e6:.1f}M params / {result['vocab'][0]} tokens, draft "
+          f"{result['params'][1] / 1e6:.2f}M params / {result['vocab'][1]} tokens; {result['prompts']} prompts x "
+          f"{result['max_new_tokens']} new tokens, greedy, gamma {result['gamma']}, {result['threads']} threads")
+    print(table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
