@@ -170,8 +170,14 @@ def test_text_generator_decides_cross_tokenizer_and_logs_it(tmp_path, toks, capl
     assert isinstance(gen.engine.drafter, CrossTokenizerDrafter)
     assert "cross-tokenizer drafting" in caplog.text
     alone = TextGenerator.load(GeneratorSpec(str(tmp_path / "target"), drafter="none", max_new_tokens=12))
+    # The adaptive gamma times this drafter too (one target token proposed per draft "step").
+    adaptive = TextGenerator.load(GeneratorSpec(str(tmp_path / "target"), str(tmp_path / "draft"),
+                                                max_new_tokens=12, gamma_policy="adaptive"))
     for prompt in PROMPTS:
-        assert gen.generate(prompt)["token_ids"] == alone.generate(prompt)["token_ids"]
+        expected = alone.generate(prompt)["token_ids"]
+        assert gen.generate(prompt)["token_ids"] == expected
+        assert adaptive.generate(prompt)["token_ids"] == expected
+    assert adaptive.engine.gamma_policy.costs.c > 0.01  # timed as a model, not as a free lookup
     with pytest.raises(ValueError, match="--batch_size"):
         TextGenerator.load(GeneratorSpec(str(tmp_path / "target"), str(tmp_path / "draft"), batch_size=2))
 
