@@ -36,8 +36,8 @@ if "torch" not in sys.modules:
 import torch  # noqa: E402
 
 _LOG = logging.getLogger("pipeline.bench_cross")
-RECIPE = {"target": {"n_embd": 256, "n_layer": 4, "n_head": 4}, "draft": {"n_embd": 96, "n_layer": 2, "n_head": 4},
-          "vocab": {"target": 4096, "draft": 1024}, "ctx": 64, "batch": 8, "steps": {"target": 300, "draft": 400},
+RECIPE = {"target": {"n_embd": 256, "n_layer": 4, "n_head": 4}, "draft": {"n_embd": 128, "n_layer": 2, "n_head": 4},
+          "vocab": {"target": 4096, "draft": 1024}, "ctx": 64, "batch": 8, "steps": {"target": 300, "draft": 1500},
           "lr": 3e-3, "files": 80, "seed": 0, "version": 1}
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 HELD_OUT = ("textwrap.py", "shlex.py", "fractions.py", "bisect.py", "heapq.py", "string.py", "glob.py", "fnmatch.py")
@@ -97,22 +97,27 @@ def load_pair(cache_dir: Path):
     """The cached (target, target tokenizer, draft, draft tokenizer), trained first if absent."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    key = hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:12]
-    root = cache_dir / f"pair-{key}"
-    if not (root / "draft" / "config.json").exists():
-        texts, _ = corpus(RECIPE["files"])
-        _LOG.info("training the pair once into %s (%d files, %.1f MB of text)", root, len(texts),
-                  sum(map(len, texts)) / 1e6)
-        for role in ("target", "draft"):
+    paths: dict[str, Path] = {}
+    shared = {k: v for k, v in RECIPE.items() if k not in ("target", "draft", "vocab", "steps")}
+    texts: list[str] | None = None
+    for role in ("target", "draft"):
+        recipe = {**shared, "model": RECIPE[role], "vocab": RECIPE["vocab"][role], "steps": RECIPE["steps"][role]}
+        key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+        path = cache_dir / f"{role}-{key}"
+        if not (path / "config.json").exists():
+            texts = texts or corpus(RECIPE["files"])[0]
+            _LOG.info("training the %s once into %s (%d files, %.1f MB of text)", role, path, len(texts),
+                      sum(map(len, texts)) / 1e6)
             tok = build_tokenizer(texts, RECIPE["vocab"][role])
             _LOG.info("%s: %d-token tokenizer, model %s", role, len(tok), RECIPE[role])
             model = train_lm(tok, texts, RECIPE[role], RECIPE["steps"][role], RECIPE["seed"])
-            model.save_pretrained(root / role)
-            tok.save_pretrained(root / role)
+            model.save_pretrained(path)
+            tok.save_pretrained(path)
+        paths[role] = path
     out = []
     for role in ("target", "draft"):
-        out += [AutoModelForCausalLM.from_pretrained(root / role, dtype=torch.float32).eval(),
-                AutoTokenizer.from_pretrained(root / role)]
+        out += [AutoModelForCausalLM.from_pretrained(paths[role], dtype=torch.float32).eval(),
+                AutoTokenizer.from_pretrained(paths[role])]
     return out
 
 
