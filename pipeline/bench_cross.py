@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 _LOG = logging.getLogger("pipeline.bench_cross")
 RECIPE = {"target": {"n_embd": 256, "n_layer": 4, "n_head": 4}, "draft": {"n_embd": 128, "n_layer": 2, "n_head": 4},
-          "vocab": {"target": 4096, "draft": 1024}, "ctx": 64, "batch": 8, "steps": {"target": 300, "draft": 1500},
+          "vocab": {"target": 4096, "draft": 1024}, "ctx": 64, "batch": 8, "steps": {"target": 1000, "draft": 1500},
           "lr": 3e-3, "files": 80, "seed": 0, "version": 1}
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 HELD_OUT = ("textwrap.py", "shlex.py", "fractions.py", "bisect.py", "heapq.py", "string.py", "glob.py", "fnmatch.py")
