@@ -266,7 +266,7 @@ def run_batched(target, drafter: Drafter, ids: list[list[int]], gamma: int, batc
 
 
 def measure_costs(target, drafters: dict[str, Drafter], prompt: list[int], max_gamma: int,
-                  rounds: int = 3) -> dict[str, Costs]:
+                  rounds: int = 5) -> dict[str, Costs]:
     """c and v(k) per candidate, measured alternately (median of rounds) so that load changes on
     a shared machine hit every candidate alike; the first round warms the kernels up."""
     ks = tuple(range(2, max_gamma + 2))
@@ -389,8 +389,8 @@ def tune(args) -> dict:
     if why_no_batch:
         why_no_batch = f"the target {why_no_batch}: pipeline.run decodes it at --batch_size 1 only"
         batches = []
-    progress = Progress(per_run * (1 + len(drafters) + 1 + args.verify + (1 if sampling.greedy else 0)
-                                   + 2 * len(batches)))
+    batch_plan = 2 * len(batches)  # batched runs planned: the chosen setting and the target alone per B
+    progress = Progress(per_run * (1 + len(drafters) + 1 + args.verify + (1 if sampling.greedy else 0) + batch_plan))
 
     # Warm-up outside every clock: oneDNN builds kernels per shape on first use.
     run_interleaved(target, [NoDrafter(), *drafters.values()], ids[:1], [g0] * (1 + len(drafters)),
@@ -469,8 +469,7 @@ def tune(args) -> dict:
         why = unbatchable(drafters[chosen.candidate.name].model.config)
         if why and batches:
             why_no_batch, batches = f"the draft {why}: batching needs decoder-only full-attention models", []
-    planned_batches = 2 * len([b for b in args.batch_sizes if 1 < b <= n]) if not unbatchable(target.config) else 0
-    progress.add_plan(-per_run * (planned_batches - (2 if chosen else 1) * len(batches)))
+    progress.add_plan(per_run * ((2 if chosen else 1) * len(batches) - batch_plan))
     for i, b in enumerate(batches):
         pair = ([Setting(chosen.candidate, chosen.gamma, chosen.policy, b)] if chosen else []) + [
             Setting(alone, 0, batch_size=b)]
@@ -514,7 +513,7 @@ def tune(args) -> dict:
                         "predictions": c.predictions(args.max_gamma)} for c in candidates[1:]],
         "runs": rows,
         "throughput": tput,
-        "batching": why_no_batch or (None if batches else f"--sample {n} leaves no batch size above 1 to measure"),
+        "batching": why_no_batch or (None if batches else f"--batch_sizes has no size in 2..{n} (--sample {n})"),
         "prediction_error": errors,
         "recommended": recommended,
         "job_estimate": {"rows": input_rows, "seconds": estimate(final),
@@ -534,9 +533,10 @@ def _reason(final: dict, best: dict, tput: list[dict], base_row: dict) -> str:
         return (f"the target alone batched (B={alone['batch_size']}, {alone['tokens_per_s']:.1f} tokens/s per "
                 f"worker) beats the best speculative setting ({top['candidate']}, B={top['batch_size']}, "
                 f"{top['tokens_per_s']:.1f} tokens/s): batching spends the spare compute speculation needs")
-    return (f"the fastest measured setting: {final['tokens_per_s']:.1f} tokens/s per worker, against "
-            f"{alone['tokens_per_s']:.1f} for the target alone at its best batch size (B={alone['batch_size']}) "
-            f"and {base_row['tokens_per_s']:.1f} at batch 1")
+    against = f"{base_row['tokens_per_s']:.1f} for the target alone at batch 1"
+    if alone["batch_size"] > 1:
+        against += f" and {alone['tokens_per_s']:.1f} at its best batch size (B={alone['batch_size']})"
+    return f"the fastest measured setting: {final['tokens_per_s']:.1f} tokens/s per worker, against {against}"
 
 
 # --------------------------------------------------------------------------------------------
