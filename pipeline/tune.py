@@ -371,50 +371,58 @@ def load(args) -> tuple[TextGenerator, dict[str, Drafter], list[Candidate]]:
     return text, drafters, candidates
 
 
-def tune(args) -> dict:
-    t_start = time.perf_counter()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    text, drafters, candidates = load(args)
-    target = text.engine.target
-    sampling = SamplingSettings(args.temperature, args.top_k, args.top_p)
-    ids, input_rows, skipped = read_sample(args.input, args.prompt_column, args.sample, text.encode)
-    n = len(ids)
-    _LOG.info("sample: %d prompts (%s), %d rows in the input; %d candidate draft(s)", n,
-              f"{statistics.fmean(len(x) for x in ids):.0f} tokens on average", input_rows, len(drafters))
-    per_run = n * args.max_new_tokens
-    g0 = min(4, args.max_gamma)
-    batches = [b for b in args.batch_sizes if 1 < b <= n]
-    why_no_batch = unbatchable(target.config)
-    if why_no_batch:
-        why_no_batch = f"the target {why_no_batch}: pipeline.run decodes it at --batch_size 1 only"
-        batches = []
-    batch_plan = 2 * len(batches)  # batched runs planned: the chosen setting and the target alone per B
-    progress = Progress(per_run * (1 + len(drafters) + 1 + args.verify + (1 if sampling.greedy else 0) + batch_plan))
+class Tuner:
+    """The measuring session: the loaded pair, the sample, and the work done so far."""
 
-    # Warm-up outside every clock: oneDNN builds kernels per shape on first use.
-    run_interleaved(target, [NoDrafter(), *drafters.values()], ids[:1], [g0] * (1 + len(drafters)),
-                    min(8, args.max_new_tokens), sampling)
-    prompt = sorted(ids, key=len)[len(ids) // 2]  # costs measured on the median-length prompt
-    costs = measure_costs(target, drafters, prompt, args.max_gamma) if drafters else {}
-    alone = candidates[0]
-    by_name = {c.name: c for c in candidates}
-    for name, cst in costs.items():
-        by_name[name].costs = cst
-    _LOG.info("costs measured: %s", "; ".join(f"{k}: c={c.c:.3f}" for k, c in costs.items()))
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        self.text, self.drafters, self.candidates = load(args)
+        self.target = self.text.engine.target
+        self.sampling = SamplingSettings(args.temperature, args.top_k, args.top_p)
+        self.ids, self.input_rows, self.skipped = read_sample(args.input, args.prompt_column, args.sample,
+                                                              self.text.encode)
+        self.n = len(self.ids)
+        self.alone = self.candidates[0]
+        self.per_run = self.n * args.max_new_tokens
+        self.g0 = min(4, args.max_gamma)
+        self.batches = [b for b in args.batch_sizes if 1 < b <= self.n]
+        why = unbatchable(self.target.config)
+        self.why_no_batch = f"the target {why}: pipeline.run decodes it at --batch_size 1 only" if why else None
+        if why:
+            self.batches = []
+        self.batch_plan = 2 * len(self.batches)  # the chosen setting and the target alone per B
+        self.progress = Progress(self.per_run * (1 + len(self.drafters) + 1 + args.verify
+                                                 + (1 if self.sampling.greedy else 0) + self.batch_plan))
+        _LOG.info("sample: %d prompts (%.0f tokens on average), %d rows in the input; %d candidate draft(s)",
+                  self.n, statistics.fmean(len(x) for x in self.ids), self.input_rows, len(self.drafters))
 
-    def drafter_of(c: Candidate) -> Drafter:
-        return NoDrafter() if c.drafter == "none" else drafters[c.name]
+    # -- pieces -----------------------------------------------------------------------------------
 
+    def drafter_of(self, c: Candidate) -> Drafter:
+        return NoDrafter() if c.drafter == "none" else self.drafters[c.name]
+
+    @staticmethod
     def policy_of(s: Setting) -> GammaPolicy | None:
         return AdaptiveGamma(costs=s.candidate.costs, max_gamma=s.gamma) if s.policy == "adaptive" else None
 
-    def phase(settings: list[Setting]) -> float:
+    def measure_costs(self) -> None:
+        # Warm-up outside every clock: oneDNN builds kernels per shape on first use.
+        run_interleaved(self.target, [NoDrafter(), *self.drafters.values()], self.ids[:1],
+                        [self.g0] * (1 + len(self.drafters)), min(8, self.args.max_new_tokens), self.sampling)
+        prompt = sorted(self.ids, key=len)[self.n // 2]  # costs measured on the median-length prompt
+        costs = measure_costs(self.target, self.drafters, prompt, self.args.max_gamma) if self.drafters else {}
+        for c in self.candidates:
+            c.costs = costs.get(c.name)
+        _LOG.info("costs measured: %s", "; ".join(f"{k}: c={c.c:.3f}" for k, c in costs.items()))
+
+    def phase(self, settings: list[Setting]) -> float:
         """Batch 1, interleaved per prompt; settings[0] is the target alone, the yardstick of the
         others' measured speed-up. Returns its decode seconds per token."""
-        runs = run_interleaved(target, [drafter_of(x.candidate) for x in settings], ids,
-                               [x.gamma for x in settings], args.max_new_tokens, sampling,
-                               [policy_of(x) for x in settings], progress)
+        runs = run_interleaved(self.target, [self.drafter_of(x.candidate) for x in settings], self.ids,
+                               [x.gamma for x in settings], self.args.max_new_tokens, self.sampling,
+                               [self.policy_of(x) for x in settings], self.progress)
         for x, r in zip(settings, runs, strict=True):
             x.run = r
         base = settings[0].run.decode_s_per_token
@@ -422,60 +430,76 @@ def tune(args) -> dict:
             x.measured = base / x.run.decode_s_per_token
         return base
 
-    # Phase 1: every candidate at one gamma next to the target alone, for its acceptance (and
-    # the overhead term, fitted on this run).
-    base1, first = Setting(alone, 0), [Setting(c, g0) for c in candidates[1:]]
-    base_s = phase([base1, *first])
-    for x in first:
-        c = x.candidate
-        c.a, c.coverage = x.run.acceptance, x.run.coverage
-        if c.a is None:  # nothing was ever proposed (e.g. lookup on text that never repeats)
-            c.a = 0.0
-        # A round cannot cost less than its model passes: a negative fit is noise, not a saving.
-        c.overhead = max(0.0, fit_overhead(c.costs, x.run.drafts_per_round, x.run.decode_s, base_s))
-        x.fitted = True
-    # Phase 2: the best predicted settings not run yet and, for greedy jobs, the engine's
-    # adaptive policy (gamma up to --max_gamma) with the phase's fastest drafter, again next to
-    # the target alone.
-    second = [Setting(c, g) for c, g in pick_to_verify(candidates, args.max_gamma,
-                                                        {(x.candidate.name, x.gamma) for x in first}, args.verify)]
-    lead = max(first, key=lambda x: x.measured, default=None)
-    if sampling.greedy and lead is not None and lead.measured > 1.0:
-        second.append(Setting(lead.candidate, args.max_gamma, "adaptive"))
-    base2 = Setting(alone, 0)
-    progress.add_plan(per_run * ((len(second) + 1 if second else 0) - (1 + args.verify + sampling.greedy)))
-    if second:
-        phase([base2, *second])
-    single = [*first, *second]
-    base_runs = [base1.run] + ([base2.run] if second else [])
-    reference = base1.run.outputs if sampling.greedy else None
-    base_row = {**base1.row(args.max_gamma, reference), "measured": 1.0,
-                "tokens_per_s": sum(r.new_tokens for r in base_runs) / sum(r.total_s for r in base_runs),
-                "seconds": statistics.fmean(r.total_s for r in base_runs)}
+    def batched(self, x: Setting) -> Setting:
+        x.run = run_batched(self.target, self.drafter_of(x.candidate), self.ids, x.gamma, x.batch_size, self.args,
+                            self.sampling, self.policy_of(x))
+        self.progress.step(_label(x), x.run.new_tokens, x.run.total_s)
+        return x
+
+    # -- the steps --------------------------------------------------------------------------------
+
+    def batch1(self) -> tuple[list[Setting], list[Setting]]:
+        """Phase 1: every candidate at one gamma next to the target alone, for its acceptance (and
+        the overhead term, fitted on this run). Phase 2: the best predicted settings not run yet
+        and, for greedy jobs, the engine's adaptive policy (gamma up to --max_gamma) with phase 1's
+        fastest drafter, again next to the target alone. Returns (target-alone runs, the others)."""
+        args = self.args
+        base1, first = Setting(self.alone, 0), [Setting(c, self.g0) for c in self.candidates[1:]]
+        base_s = self.phase([base1, *first])
+        for x in first:
+            c = x.candidate
+            c.a, c.coverage = x.run.acceptance, x.run.coverage
+            if c.a is None:  # nothing was ever proposed (e.g. lookup on text that never repeats)
+                c.a = 0.0
+            # A round cannot cost less than its model passes: a negative fit is noise, not a saving.
+            c.overhead = max(0.0, fit_overhead(c.costs, x.run.drafts_per_round, x.run.decode_s, base_s))
+            x.fitted = True
+        done = {(x.candidate.name, x.gamma) for x in first}
+        second = [Setting(c, g) for c, g in pick_to_verify(self.candidates, args.max_gamma, done, args.verify)]
+        lead = max(first, key=lambda x: x.measured, default=None)
+        if self.sampling.greedy and lead is not None and lead.measured > 1.0:
+            second.append(Setting(lead.candidate, args.max_gamma, "adaptive"))
+        planned = 1 + args.verify + self.sampling.greedy
+        self.progress.add_plan(self.per_run * ((len(second) + 1 if second else 0) - planned))
+        if not second:
+            return [base1], first
+        base2 = Setting(self.alone, 0)
+        self.phase([base2, *second])
+        return [base1, base2], [*first, *second]
+
+    def throughput(self, chosen: Setting | None, reference) -> list[dict]:
+        """The chosen batch-1 setting and the target alone at each batch size, order alternating."""
+        if chosen is not None and chosen.candidate.drafter == "model":
+            why = unbatchable(self.drafters[chosen.candidate.name].model.config)
+            if why and self.batches:
+                self.why_no_batch = f"the draft {why}: batching needs decoder-only full-attention models"
+                self.batches = []
+        self.progress.add_plan(self.per_run * ((2 if chosen else 1) * len(self.batches) - self.batch_plan))
+        rows = []
+        for i, b in enumerate(self.batches):
+            pair = ([Setting(chosen.candidate, chosen.gamma, chosen.policy, b)] if chosen else []) + [
+                Setting(self.alone, 0, batch_size=b)]
+            for x in pair if i % 2 == 0 else pair[::-1]:
+                self.batched(x)
+            rows += [x.row(self.args.max_gamma, reference) for x in pair]
+        return rows
+
+
+def tune(args: argparse.Namespace) -> dict:
+    """Measure, predict, verify, recommend: the whole of `pipeline.tune` but the printing."""
+    t_start = time.perf_counter()
+    t = Tuner(args)
+    t.measure_costs()
+    base_runs, single = t.batch1()
+    reference = base_runs[0].run.outputs if t.sampling.greedy else None
+    base_row = {**base_runs[0].row(args.max_gamma, reference), "measured": 1.0,
+                "tokens_per_s": sum(b.run.new_tokens for b in base_runs) / sum(b.run.total_s for b in base_runs),
+                "seconds": statistics.fmean(b.run.total_s for b in base_runs)}
     rows = [base_row] + [x.row(args.max_gamma, reference) for x in single]
     settings: list[Setting | None] = [None, *single]  # index-aligned with rows; None = the target alone
     best = best_setting(rows, "measured")
     chosen = settings[next(i for i, r in enumerate(rows) if r is best)]
-
-    def batched(x: Setting) -> Setting:
-        x.run = run_batched(target, drafter_of(x.candidate), ids, x.gamma, x.batch_size, args, sampling,
-                            policy_of(x))
-        progress.step(_label(x), x.run.new_tokens, x.run.total_s)
-        return x
-
-    # Throughput per worker at each batch size: the chosen setting and the target alone.
-    tput = ([best] if chosen is not None else []) + [base_row]
-    if chosen is not None and chosen.candidate.drafter == "model":
-        why = unbatchable(drafters[chosen.candidate.name].model.config)
-        if why and batches:
-            why_no_batch, batches = f"the draft {why}: batching needs decoder-only full-attention models", []
-    progress.add_plan(per_run * ((2 if chosen else 1) * len(batches) - batch_plan))
-    for i, b in enumerate(batches):
-        pair = ([Setting(chosen.candidate, chosen.gamma, chosen.policy, b)] if chosen else []) + [
-            Setting(alone, 0, batch_size=b)]
-        for x in pair if i % 2 == 0 else pair[::-1]:  # alternating order against drift
-            batched(x)
-        tput += [x.row(args.max_gamma, reference) for x in pair]
+    tput = ([best] if chosen is not None else []) + [base_row] + t.throughput(chosen, reference)
     final = best_setting(tput, "tokens_per_s")
 
     recommended = {
@@ -491,32 +515,34 @@ def tune(args) -> dict:
     recommended["reason"] = _reason(final, best, tput, base_row)
 
     def estimate(row: dict) -> float:
-        return input_rows * row["seconds"] / n
+        return t.input_rows * row["seconds"] / t.n
 
-    errors = [{"candidate": s.candidate.name, "gamma": s.gamma, "measured": s.measured,
-               "predicted": r["predicted"], "error": relative_error(r["predicted"], s.measured),
+    errors = [{"candidate": x.candidate.name, "gamma": x.gamma, "measured": x.measured,
+               "predicted": r["predicted"], "error": relative_error(r["predicted"], x.measured),
                "predicted_with_overhead": r["predicted_with_overhead"],
-               "error_with_overhead": relative_error(r["predicted_with_overhead"], s.measured),
-               "overhead_fitted_here": s.fitted}
-              for s in single if s.policy == "fixed" for r in [s.row(args.max_gamma, reference)]]
+               "error_with_overhead": relative_error(r["predicted_with_overhead"], x.measured),
+               "overhead_fitted_here": x.fitted}
+              for x in single if x.policy == "fixed" for r in [x.row(args.max_gamma, reference)]]
+    first_costs = next((c.costs for c in t.candidates if c.costs), None)
     return {
         "settings": {"input": args.input, "target_model": args.target_model, "draft_models": args.draft_model,
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
-                     "top_p": args.top_p, "greedy": sampling.greedy, "max_gamma": args.max_gamma,
-                     "threads": torch.get_num_threads(), "device": str(target.device)},
-        "sample": {"prompts": n, "input_rows": input_rows, "skipped": skipped,
-                   "mean_prompt_tokens": statistics.fmean(len(x) for x in ids)},
-        "target_v": costs[next(iter(costs))].v if costs else {},
+                     "top_p": args.top_p, "greedy": t.sampling.greedy, "max_gamma": args.max_gamma,
+                     "threads": torch.get_num_threads(), "device": str(t.target.device)},
+        "sample": {"prompts": t.n, "input_rows": t.input_rows, "skipped": t.skipped,
+                   "mean_prompt_tokens": statistics.fmean(len(x) for x in t.ids)},
+        "target_v": first_costs.v if first_costs else {},
         "candidates": [{"name": c.name, "drafter": c.drafter, "draft_model": c.draft_model, "a": c.a,
                         "c": c.costs.c if c.costs else None, "v": c.costs.v if c.costs else None,
                         "coverage": c.coverage, "overhead": c.overhead,
-                        "predictions": c.predictions(args.max_gamma)} for c in candidates[1:]],
+                        "predictions": c.predictions(args.max_gamma)} for c in t.candidates[1:]],
         "runs": rows,
         "throughput": tput,
-        "batching": why_no_batch or (None if batches else f"--batch_sizes has no size in 2..{n} (--sample {n})"),
+        "batching": t.why_no_batch or (None if t.batches else f"--batch_sizes has no size in 2..{t.n} "
+                                                               f"(--sample {t.n})"),
         "prediction_error": errors,
         "recommended": recommended,
-        "job_estimate": {"rows": input_rows, "seconds": estimate(final),
+        "job_estimate": {"rows": t.input_rows, "seconds": estimate(final),
                          "seconds_target_alone_batch1": estimate(base_row)},
         "tune_seconds": time.perf_counter() - t_start,
     }
@@ -530,8 +556,9 @@ def _reason(final: dict, best: dict, tput: list[dict], base_row: dict) -> str:
         return "no candidate drafter beat the target alone by at least 3% at batch 1 on this machine"
     top = max(spec, key=lambda r: r["tokens_per_s"])
     if final["drafter"] == "none":
+        relation = "beats" if alone["tokens_per_s"] >= top["tokens_per_s"] else "is within 3% of"
         return (f"the target alone batched (B={alone['batch_size']}, {alone['tokens_per_s']:.1f} tokens/s per "
-                f"worker) beats the best speculative setting ({top['candidate']}, B={top['batch_size']}, "
+                f"worker) {relation} the best speculative setting ({top['candidate']}, B={top['batch_size']}, "
                 f"{top['tokens_per_s']:.1f} tokens/s): batching spends the spare compute speculation needs")
     against = f"{base_row['tokens_per_s']:.1f} for the target alone at batch 1"
     if alone["batch_size"] > 1:
