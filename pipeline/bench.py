@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.bench_configs import Config, greedy_configs
+from pipeline.bench_configs import Config, greedy_configs, sampling_configs
 from pipeline.bench_measure import (
     _fmt_v,
     beam_overhead,
@@ -52,14 +52,16 @@ from pipeline.bench_pairs import (  # noqa: F401 (re-exported: other modules imp
     SynthSpec,
     build_synthetic_pair,
     demo_pair,
+    draft_variants,
     load_pair,
     synthetic_prompts,
 )
 from pipeline.bench_report import machine, summarize, write_report  # noqa: F401 (machine: re-exported)
 from pipeline.flags import ArgumentParser
-from specdec_core.cpu_speed import prepare_for_cpu, quantize_draft, recommended_threads
+from specdec_core.cpu_speed import prepare_for_cpu, recommended_threads
 from specdec_core.drafters import ModelDrafter
 from specdec_core.engine import SpeculativeGenerator
+from specdec_core.gamma import Costs
 
 _LOG = logging.getLogger("pipeline.bench")
 
@@ -86,21 +88,43 @@ def run_pair(label: str, target_dir: Path, draft_dir: Path, prompts: list[tuple[
               time.perf_counter() - t0, costs["prepacked"].c, _fmt_v(costs["prepacked"]), costs["stock"].c,
               _fmt_v(costs["stock"]))
 
-    draft_q = None
-    if full_set and args.int8_draft:
-        draft_q = quantize_draft(copy.deepcopy(draft))
-        if draft_q is draft:
-            draft_q = None
-        else:
-            costs["int8 draft"] = measure_costs_interleaved(
-                {"q": SpeculativeGenerator(target_p, ModelDrafter(draft_q), num_speculative_tokens=args.max_gamma)},
-                ids_list[0], ks, 1)["q"]
-    configs: list[Config] = greedy_configs(target, draft, target_p, draft_p, costs, args, full_set, draft_q)
+    dtype_drafts = draft_variants(draft, draft_p, args.draft_dtypes) if full_set else {}
+    if dtype_drafts:
+        # c of each draft dtype, measured alongside one another (bursts of gamma draft steps, as
+        # in a round); v(k) is the target's, the same for all.
+        t0 = time.perf_counter()
+        dc = measure_costs_interleaved(
+            {f"{d} draft": SpeculativeGenerator(target_p, ModelDrafter(m), num_speculative_tokens=g)
+             for d, m in dtype_drafts.items()}, ids_list[0], (g + 1,), args.cost_rounds)
+        for key, cst in dc.items():
+            costs[key] = Costs(c=cst.c, v=costs["prepacked"].v)
+        _LOG.info("[%s] draft dtype costs in %.0f s: %s", label, time.perf_counter() - t0,
+                  ", ".join(f"{k} c={v.c:.3f}" for k, v in dc.items()))
+    draft_q = dtype_drafts.get("int8") if full_set and args.int8_draft else None
+    configs: list[Config] = greedy_configs(target, draft, target_p, draft_p, costs, args, full_set, draft_q,
+                                           dtype_drafts)
     rows = run_interleaved(label, configs, prompts, ids_list, target)
-    return {"label": label, "note": note, "rows": rows, "configs": configs, "costs": costs,
+    sampling = None
+    if full_set and not args.skip_sampling:
+        sconfigs = sampling_configs(target, draft, target_p, draft_p, args)
+        sampling = {"rows": run_interleaved(f"{label} [sampling]", sconfigs, prompts, ids_list, target,
+                                            reference=None), "configs": sconfigs, "costs": costs}
+        for r in sampling["rows"]:
+            r["pair"] = label
+    return {"label": label, "note": note, "rows": rows, "configs": configs, "costs": costs, "sampling": sampling,
             "params": n_params, "draft_params": d_params, "gamma": g, "max_new": N,
             "step_ms": target_step_ms(target_p, ids_list[0]), "prompts": len(prompts),
             "prompt_tokens": statistics.fmean(len(x) for x in ids_list)}
+
+
+def summarized(res: dict) -> dict:
+    """Aggregates in place of the configurations (which hold the models: freed here)."""
+    res["summary"] = summarize(res)
+    res.pop("configs")
+    if res["sampling"]:
+        res["sampling"]["summary"] = summarize(res["sampling"])
+        res["sampling"].pop("configs")
+    return res
 
 
 # --------------------------------------------------------------------------------------------
@@ -125,10 +149,20 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--skip_beam", action="store_true")
     p.add_argument("--skip_kernels", action="store_true")
     p.add_argument("--skip_bad_draft", action="store_true")
+    p.add_argument("--skip_sampling", action="store_true",
+                   help="leave out the sampling rows (temperature 1, and 0.7 with top-p 0.9: the target alone, ours "
+                   "and HF assisted sampling at the same gamma)")
+    p.add_argument("--draft_dtypes", default="float32,bfloat16,int8",
+                   help="comma-separated draft dtypes measured side by side (acceptance, c, speed) with the fp32 "
+                   "target: float32, bfloat16, int8 (dynamic int8 linears); float32 alone to skip")
     p.add_argument("--throughput", action="store_true",
                    help="also run pipeline.bench_throughput (plain batched generate vs ours at B=1,4,8,16) on the "
                    "same synthetic pair and prompt settings, into the same report")
     a = p.parse_args(argv)
+    a.draft_dtypes = [d.strip() for d in a.draft_dtypes.split(",") if d.strip()]
+    bad = [d for d in a.draft_dtypes if d not in ("float32", "bfloat16", "int8")]
+    if bad:
+        p.error(f"argument --draft_dtypes: unknown dtype {bad[0]!r} (choose from float32, bfloat16, int8)")
     quick = a.quick or a.tiny
     a.prompts = a.prompts or (3 if quick else 6)
     a.prompt_tokens = a.prompt_tokens or (24 if quick else 64)
@@ -167,25 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     if "synthetic" in pairs:
         res = run_pair(f"Synthetic pair ({spec.layers}-layer Llama target, {spec.draft_layers}-layer early-exit "
                        "draft)", dirs["target"], dirs["draft"], prompts, args, note=agreement)
-        res["summary"] = summarize(res)
-        res.pop("configs")
-        results.append(res)
+        results.append(summarized(res))
         gc.collect()
     if not args.skip_bad_draft and "bad_draft" in pairs:
         bad = run_pair("Synthetic target with a disagreeing draft (acceptance ≈ 0: does the engine back off?)",
                        dirs["target"], dirs["bad_draft"], prompts[: max(2, args.prompts // 2)], args,
                        full_set=False, note="Same target; the draft is a random 1-layer model, so it almost never "
                        "agrees. The adaptive policy must notice and stop drafting.")
-        bad["summary"] = summarize(bad)
-        bad.pop("configs")
-        results.append(bad)
+        results.append(summarized(bad))
         gc.collect()
     if "demo" in pairs:
         skipped.append(f"demo pair: {demo_pair()}")
-    for r in results:
-        if "summary" not in r:
-            r["summary"] = summarize(r)
-        r.pop("configs", None)
     gc.collect()
     kernels = None
     if not args.skip_kernels:
@@ -195,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         kernels = kernel_experiments(dirs["target"], ids, args)
     beam = None if args.skip_beam else beam_overhead(dirs["target"], dirs["draft"], prompts, args)
     csv_path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [r for res in results for r in res["rows"]]
+    rows = [r for res in results for r in res["rows"] + (res["sampling"]["rows"] if res["sampling"] else [])]
     keys = list(dict.fromkeys(k for r in rows for k in r))
     with open(csv_path, "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=keys)
@@ -203,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         wr.writerows(rows)
     summary_json = csv_path.with_name(csv_path.stem + "-summary.json")
     summary_json.write_text(json.dumps({"results": [{"label": r["label"], "summary": r["summary"],
+                                                     "sampling": r["sampling"]["summary"] if r["sampling"] else None,
                                                      "costs": {k: {"c": v.c, "v": v.v} for k, v in r["costs"].items()}}
                                                     for r in results], "beam": beam, "kernels": kernels},
                                        indent=1, default=str))
@@ -216,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                                "--max_new_tokens", str(args.max_new_tokens),
                                "--gammas", ",".join(sorted({"2", str(args.gamma)}))])
     _LOG.info("wrote %s and %s (%.0f s)", out, csv_path, time.perf_counter() - started)
-    return 0 if all(s["equal"] for r in results for s in r["summary"]) else 1
+    return 0 if all(s["equal"] is not False for r in results for s in r["summary"]) else 1
 
 
 if __name__ == "__main__":

@@ -131,11 +131,12 @@ def _fmt_v(costs: Costs) -> str:
 
 
 def run_interleaved(label: str, configs: list[Config], prompts: list[tuple[str, str]], ids_list: list[list[int]],
-                    target: torch.nn.Module, reference: str = "ours: target alone") -> list[dict]:
+                    target: torch.nn.Module, reference: str | None = "ours: target alone") -> list[dict]:
     """Every configuration on every prompt, the order rotating per prompt (no configuration always
     first), after one warm-up call each; one row per (configuration, prompt). Each row's `equal`
     says whether its tokens are the `reference` configuration's on that prompt; where not, the
-    position of the first difference and the target's top-2 logit gap there."""
+    position of the first difference and the target's top-2 logit gap there. Without a
+    reference (sampled runs: random draws), `equal` is None."""
     meters: dict[int, ForwardMeter] = {}
     for m in {id(x): x for c in configs for x in (c.target, c.draft) if x is not None}.values():
         meters[id(m)] = ForwardMeter(m)
@@ -156,10 +157,10 @@ def run_interleaved(label: str, configs: list[Config], prompts: list[tuple[str, 
                          "drafter": c.drafter, "gamma": c.gamma, "prompt": pi, "prompt_kind": kind,
                          "prompt_tokens": len(ids), "new_tokens": len(r.tokens), "latency_s": r.latency,
                          "cpu_s": r.cpu, "cpu_util": r.cpu / r.latency, "load1": la, **r.stats})
-        ref = runs[reference].tokens
+        ref = runs[reference].tokens if reference else None
         for row in rows[-len(configs):]:
-            row["equal"] = runs[row["config"]].tokens == ref
-            if not row["equal"]:
+            row["equal"] = None if ref is None else runs[row["config"]].tokens == ref
+            if row["equal"] is False:
                 at = next((i for i, (a, b) in enumerate(zip(runs[row["config"]].tokens, ref, strict=False))
                            if a != b), min(len(ref), len(runs[row["config"]].tokens)))
                 row["diverge_at"] = at

@@ -127,3 +127,29 @@ def load_pair(target_dir: Path, draft_dir: Path):
     draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(target_dir)
     return target, draft, tok
+
+
+def draft_variants(draft: torch.nn.Module, draft_p: torch.nn.Module, dtypes: list[str]) -> dict[str, torch.nn.Module]:
+    """The draft in each of `dtypes` ("float32": the prepacked fp32 draft as used everywhere
+    else; "bfloat16": a bf16 copy; "int8": dynamic int8 linears on a copy, left out where this
+    torch build cannot quantize). Only the draft changes, so greedy outputs stay identical and
+    sampling stays exact: the draft's numerics change what is proposed, never what is kept."""
+    import copy
+
+    from specdec_core.cpu_speed import quantize_draft
+
+    out: dict[str, torch.nn.Module] = {}
+    for dtype in dtypes:
+        if dtype == "float32":
+            out[dtype] = draft_p
+        elif dtype == "bfloat16":
+            out[dtype] = copy.deepcopy(draft).to(torch.bfloat16).eval()
+        elif dtype == "int8":
+            q = quantize_draft(draft)  # returns a new module, or `draft` itself where unsupported
+            if q is not draft:
+                out[dtype] = q.eval()
+            else:
+                _LOG.warning("int8 draft skipped: dynamic quantization unavailable in this torch build")
+        else:
+            raise ValueError(f"unknown draft dtype {dtype!r} (float32, bfloat16, int8)")
+    return out
