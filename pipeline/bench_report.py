@@ -317,10 +317,19 @@ def sampling_section(res: dict, by: dict) -> list[str]:
         if h["hf_errors"]:
             line += f"; HF assisted sampling raised {h['hf_errors']} time(s) (NaN residual) and was re-drawn"
         out.append(line)
-    out.append("\nWhy sampling costs acceptance: greedy keeps a draft token when it IS the target's argmax; "
+    out.append("\nWhat sampling does to acceptance: greedy keeps a draft token when it IS the target's argmax; "
                "sampling keeps it with probability min(1, p(x)/q(x)), so a = sum_x min(p(x), q(x)) = 1 − TV(p, q). "
-               "A draft that agrees on the top token but spreads its probability differently loses acceptance; a "
-               "lower temperature and top-p sharpen p and q alike and move a back toward the greedy figure.\n")
+               "A draft that agrees on the top token but spreads its probability differently loses acceptance in "
+               "sampling (the usual case for trained pairs, whose distributions are peaked); where p is flat and q "
+               "close to it, as with this random-weight target, the argmax flips on near-ties while TV stays "
+               "small, and sampling accepts MORE than greedy. Lower temperature and top-p sharpen p and q alike, "
+               "moving a toward the greedy figure.\n")
+    out.append("HF assisted sampling in transformers 5.23 applies temperature and top-p TWICE to the assistant: "
+               "the target's processors (warpers included) reach the assistant's `generate()` as "
+               "`logits_processor`, which `_get_logits_processor` merges before appending the warpers of the "
+               "assistant's own sampling config. Its q is sharper than the draft's tempered distribution, so its "
+               "acceptance drops whenever T ≠ 1 or top-p < 1 (still exact: it accepts against the q it sampled "
+               "from); at T=1 without top-p both loops accept alike.\n")
     return out
 
 
