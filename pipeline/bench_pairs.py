@@ -130,26 +130,25 @@ def load_pair(target_dir: Path, draft_dir: Path):
 
 
 def draft_variants(draft: torch.nn.Module, draft_p: torch.nn.Module, dtypes: list[str]) -> dict[str, torch.nn.Module]:
-    """The draft in each of `dtypes` ("float32": the prepacked fp32 draft as used everywhere
-    else; "bfloat16": a bf16 copy; "int8": dynamic int8 linears on a copy, left out where this
-    torch build cannot quantize). Only the draft changes, so greedy outputs stay identical and
-    sampling stays exact: the draft's numerics change what is proposed, never what is kept."""
+    """The draft in each of `dtypes`, as `--draft_dtype` makes it ("float32": the prepacked fp32
+    draft used everywhere else; "bfloat16", "int8": a copy; int8 is left out where this torch
+    build cannot quantize). Only the draft changes, so greedy outputs stay identical and
+    sampling stays exact."""
     import copy
 
-    from specdec_core.cpu_speed import quantize_draft
+    from specdec_core.cpu_speed import draft_in_dtype
 
     out: dict[str, torch.nn.Module] = {}
     for dtype in dtypes:
+        if dtype not in ("float32", "bfloat16", "int8"):
+            raise ValueError(f"unknown draft dtype {dtype!r} (float32, bfloat16, int8)")
         if dtype == "float32":
             out[dtype] = draft_p
-        elif dtype == "bfloat16":
-            out[dtype] = copy.deepcopy(draft).to(torch.bfloat16).eval()
-        elif dtype == "int8":
-            q = quantize_draft(draft)  # returns a new module, or `draft` itself where unsupported
-            if q is not draft:
-                out[dtype] = q.eval()
-            else:
-                _LOG.warning("int8 draft skipped: dynamic quantization unavailable in this torch build")
-        else:
-            raise ValueError(f"unknown draft dtype {dtype!r} (float32, bfloat16, int8)")
+            continue
+        fresh = copy.deepcopy(draft)
+        model = draft_in_dtype(fresh, dtype)
+        if dtype == "int8" and model is fresh:
+            _LOG.warning("int8 draft skipped: dynamic quantization unavailable in this torch build")
+            continue
+        out[dtype] = model.eval()
     return out
