@@ -8,6 +8,9 @@ and with prompt lookup (`prompt_lookup_num_tokens=gamma`). It measures the step 
 v(k), computes the paper's analytic bound, profiles our per-round overhead, compares the
 adaptive gamma with every fixed gamma, times a whole Beam job against the bare engine loop,
 checks that every greedy output is identical, and writes BENCHMARKS.md plus a raw CSV.
+Beside greedy, as in the paper's table: sampling at temperature 1 and at 0.7 with top-p 0.9
+(the target alone, ours and HF assisted sampling at the same gamma), and the draft in fp32,
+bf16 and int8 (its c measured side by side, its acceptance and speed-up).
 
 Pairs: a synthetic Llama pair of realistic size built here (random weights; the target's
 deeper layers are damped so an early-exit draft made of its first layer agrees with it: the
