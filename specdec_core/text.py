@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec_core.batch_engine import BatchSpeculativeGenerator
-from specdec_core.cpu_speed import prepare_for_cpu
+from specdec_core.cpu_speed import DRAFT_DTYPES, draft_in_dtype, prepare_for_cpu
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import Generation, ItemTimeout, SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma, GammaPolicy
@@ -148,6 +148,7 @@ class GeneratorSpec:
     dtype: str = "auto"
     gamma_policy: str = "fixed"
     cpu_kernels: str = "prepacked"
+    draft_dtype: str = "same"
     chat_template: bool = False
     system_prompt: str | None = None
     stop: tuple[str, ...] = ()
@@ -163,6 +164,10 @@ class GeneratorSpec:
             raise ValueError(f"--max_item_seconds must be > 0, got {self.max_item_seconds}")
         if self.gamma_policy not in GAMMA_POLICIES:
             raise ValueError(f"--gamma_policy {self.gamma_policy!r}: expected one of {', '.join(GAMMA_POLICIES)}")
+        if self.draft_dtype not in DRAFT_DTYPES:
+            raise ValueError(f"--draft_dtype {self.draft_dtype!r}: expected one of {', '.join(DRAFT_DTYPES)}")
+        if self.draft_dtype == "int8" and self.device.startswith("cuda"):
+            raise ValueError("--draft_dtype int8 is dynamic quantization, CPU only: not with --device cuda")
         if self.cpu_kernels not in CPU_KERNELS:
             raise ValueError(f"--cpu_kernels {self.cpu_kernels!r}: expected one of {', '.join(CPU_KERNELS)}")
         if self.gamma_policy == "adaptive" and self.temperature != 0:
@@ -241,6 +246,7 @@ class TextGenerator:
         if spec.drafter == "model":
             draft = load_model(spec.draft_model, device, dtype, trust_remote_code=trust)
             check_pair(target, draft, tokenizer, draft_tokenizer_for(spec.draft_model, tokenizer, trust))
+            draft = draft_in_dtype(draft, spec.draft_dtype)
             if spec.cpu_kernels == "prepacked":
                 prepare_for_cpu(draft)
             drafter: Drafter = ModelDrafter(draft)
