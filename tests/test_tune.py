@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import tune
-from pipeline.bench import TINY_SYNTH, build_synthetic_pair, synthetic_prompts
+from pipeline.bench_pairs import TINY_SYNTH, build_synthetic_pair, synthetic_prompts
 from pipeline.flags import check_pipeline_flags
 from pipeline.tune_model import (
     PAY_MARGIN,
