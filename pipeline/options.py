@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from specdec_core.cpu_speed import DRAFT_DTYPES
 from specdec_core.text import CPU_KERNELS, DRAFTERS, GAMMA_POLICIES, GeneratorSpec
 
 
@@ -33,6 +34,9 @@ class SpecDecOptions(PipelineOptions):
         a("--cpu_kernels", default="prepacked", choices=CPU_KERNELS,
           help="CPU fp32 only: prepacked = oneDNN-prepacked linear weights (cheaper multi-token verify); "
           "stock = PyTorch defaults")
+        a("--draft_dtype", default="same", choices=DRAFT_DTYPES,
+          help="the draft model's weights only (the target keeps --dtype, so outputs are unchanged): same = "
+          "--dtype; int8 = dynamic int8 linears (CPU only): cheaper draft steps, see README 'Speed'")
         a("--max_new_tokens", type=int, default=128, help="generation length cap")
         a("--batch_size", type=int, default=1,
           help="prompts a worker decodes together (continuous batching, exact per prompt); "
@@ -93,6 +97,7 @@ class SpecDecOptions(PipelineOptions):
             dtype=self.dtype,
             gamma_policy=self.gamma_policy,
             cpu_kernels=self.cpu_kernels,
+            draft_dtype=self.draft_dtype,
             chat_template=self.chat_template,
             system_prompt=self.system_prompt,
             stop=tuple(self.stop or ()),

@@ -102,6 +102,26 @@ def quantize_draft(model: nn.Module) -> nn.Module:
         return model
 
 
+DRAFT_DTYPES = ("same", "float32", "bfloat16", "int8")
+
+
+def draft_in_dtype(model: nn.Module, name: str) -> nn.Module:
+    """The draft in the dtype `--draft_dtype` names ("same": as loaded; "int8": dynamic int8
+    linears, CPU only). Only the draft: its numerics change what is proposed, never what the
+    target accepts, so greedy output stays identical and sampling exact. Returns a new module
+    for int8 (the loaded one is left alone), the same module cast in place otherwise."""
+    if name == "same":
+        return model
+    if name not in DRAFT_DTYPES:
+        raise ValueError(f"--draft_dtype {name!r}: expected one of {', '.join(DRAFT_DTYPES)}")
+    if name == "int8":
+        device = next(model.parameters()).device
+        if device.type != "cpu":
+            raise ValueError(f"--draft_dtype int8 is dynamic quantization, CPU only (the draft is on {device})")
+        return quantize_draft(model.float())
+    return model.to(getattr(torch, name))
+
+
 def recommended_threads() -> int:
     """Threads for batch-1 decoding: all cores this process may use (decoding is bandwidth bound)."""
     try:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec_core.batch_engine import BatchSpeculativeGenerator
-from specdec_core.cpu_speed import prepare_for_cpu
+from specdec_core.cpu_speed import DRAFT_DTYPES, draft_in_dtype, prepare_for_cpu
 from specdec_core.cross_tokenizer import CrossTokenizerDrafter
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import Generation, ItemTimeout, SpeculativeGenerator
@@ -154,6 +154,7 @@ class GeneratorSpec:
     dtype: str = "auto"
     gamma_policy: str = "fixed"
     cpu_kernels: str = "prepacked"
+    draft_dtype: str = "same"
     chat_template: bool = False
     system_prompt: str | None = None
     stop: tuple[str, ...] = ()
@@ -169,6 +170,10 @@ class GeneratorSpec:
             raise ValueError(f"--max_item_seconds must be > 0, got {self.max_item_seconds}")
         if self.gamma_policy not in GAMMA_POLICIES:
             raise ValueError(f"--gamma_policy {self.gamma_policy!r}: expected one of {', '.join(GAMMA_POLICIES)}")
+        if self.draft_dtype not in DRAFT_DTYPES:
+            raise ValueError(f"--draft_dtype {self.draft_dtype!r}: expected one of {', '.join(DRAFT_DTYPES)}")
+        if self.draft_dtype == "int8" and self.device.startswith("cuda"):
+            raise ValueError("--draft_dtype int8 is dynamic quantization, CPU only: not with --device cuda")
         if self.cpu_kernels not in CPU_KERNELS:
             raise ValueError(f"--cpu_kernels {self.cpu_kernels!r}: expected one of {', '.join(CPU_KERNELS)}")
         if self.gamma_policy == "adaptive" and self.temperature != 0:
@@ -252,6 +257,7 @@ class TextGenerator:
             draft_tokenizer = draft_tokenizer_for(spec.draft_model, tokenizer, trust)
             mode = check_pair(target, draft, tokenizer, draft_tokenizer)
             log.info("--draft_model %s: %s", spec.draft_model, describe_mode(mode, tokenizer, draft_tokenizer))
+            draft = draft_in_dtype(draft, spec.draft_dtype)
             if spec.cpu_kernels == "prepacked":
                 prepare_for_cpu(draft)
             if mode == SAME_TOKENIZER:

@@ -1,10 +1,13 @@
-"""Smoke test of `python -m pipeline.bench` in --quick mode with tiny models."""
+"""Smoke test of `python -m pipeline.bench` in --quick mode with tiny models, and its parts:
+the synthetic pair, the draft dtypes, the sampling configurations."""
 
 import csv
+from argparse import Namespace
 
 import pytest
+import torch
 
-from pipeline import bench
+from pipeline import bench, bench_configs, bench_measure, bench_pairs, bench_report
 from tests.numerics import assert_logits_close
 
 
@@ -17,11 +20,18 @@ def test_bench_quick_tiny_writes_report(tmp_path):
     text = out.read_text()
     for needle in ("ours: target alone", "HF greedy", "ours: model adaptive", "HF assisted g=4",
                    "HF prompt lookup g=4", "ours: ngram g=4", "v(5)", "Beam job vs bare engine loop",
-                   "analytic bound", "torch 2."):
+                   "analytic bound", "torch 2.", "Draft dtypes", "| bfloat16 |", "| int8 |",
+                   "Sampling against greedy", "| T=1 | HF assisted g=4 |", "| T=0.7, top-p 0.9 | ours: model g=4 |",
+                   "acceptance a "):
         assert needle in text, needle
     rows = list(csv.DictReader(open(tmp_path / "benchmarks" / "results.csv")))
-    assert rows and all(r["equal"] == "True" for r in rows)
-    assert {r["config"] for r in rows} >= {"ours: target alone", "HF assisted g=4", "ours: model adaptive"}
+    greedy = [r for r in rows if ", T=" not in r["config"]]
+    sampled = [r for r in rows if ", T=" in r["config"]]
+    assert greedy and all(r["equal"] == "True" for r in greedy)
+    assert sampled and all(r["equal"] == "" for r in sampled)  # random draws: no identity check
+    assert {r["config"] for r in rows} >= {"ours: target alone", "HF assisted g=4", "ours: model adaptive",
+                                           "ours: model g=4, int8 draft", "ours: model g=4, bfloat16 draft",
+                                           "HF assisted g=4, T=1", "ours: model g=4, T=0.7, top-p 0.9"}
 
 
 def test_synthetic_pair_early_exit_draft_shares_the_target_weights(tmp_path):
@@ -61,3 +71,85 @@ def test_prepared_model_keeps_greedy_exact(models, tokenizer):
         out = SpeculativeGenerator(fast, drafter, num_speculative_tokens=4, max_new_tokens=20).generate(
             ids[0].tolist())
         assert out.tokens == ref
+
+
+def test_draft_dtypes_change_only_the_proposals(models, tokenizer):
+    """bf16 and int8 drafts (dynamic int8 linears) beside the fp32 target: greedy output stays the
+    target's, token for token; the int8 draft really has quantized linears."""
+    from specdec_core.drafters import ModelDrafter
+    from specdec_core.engine import SpeculativeGenerator
+
+    target, draft = models["llama"]
+    variants = bench_pairs.draft_variants(draft, draft, ["float32", "bfloat16", "int8"])
+    assert variants["float32"] is draft
+    assert next(variants["bfloat16"].parameters()).dtype == torch.bfloat16
+    assert next(draft.parameters()).dtype == torch.float32  # the original is left alone
+    assert any("quantized.dynamic" in type(m).__module__ for m in variants["int8"].modules())
+    ids = tokenizer("def add(a, b):\n    return").input_ids
+    ref = SpeculativeGenerator(target, None, max_new_tokens=16).generate(ids).tokens
+    for dtype, d in variants.items():
+        out = SpeculativeGenerator(target, ModelDrafter(d), num_speculative_tokens=3, max_new_tokens=16).generate(ids)
+        assert out.tokens == ref, dtype
+        assert out.stats.draft_tokens > 0
+    with pytest.raises(ValueError, match="unknown draft dtype"):
+        bench_pairs.draft_variants(draft, draft, ["float16"])
+
+
+def test_draft_dtypes_flag_is_checked(capsys):
+    assert bench.parse(["--tiny"]).draft_dtypes == ["float32", "bfloat16", "int8"]
+    assert bench.parse(["--tiny", "--draft_dtypes", "float32"]).draft_dtypes == ["float32"]
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse(["--tiny", "--draft_dtypes", "float32,fp8"])
+    assert exit_info.value.code == 2
+    assert "--draft_dtypes: unknown dtype 'fp8'" in capsys.readouterr().err
+
+
+def test_sampling_rows_run_ours_and_hf_assisted_sampling(models, tokenizer):
+    """Every sampled configuration (ours and HF, target alone and assisted, both settings) runs on
+    a tiny pair, reports its drafts, and gets no identity verdict; speed-ups are against the
+    same setting's target alone."""
+    target, draft = models["llama"]
+    args = Namespace(gamma=2, max_new_tokens=6)
+    configs = bench_configs.sampling_configs(target, draft, target, draft, args)
+    assert [c.sampling for c in configs] == ["T=1"] * 4 + ["T=0.7, top-p 0.9"] * 4
+    ids = tokenizer("def add(a, b):\n    return").input_ids
+    rows = bench_measure.run_interleaved("tiny", configs, [("code", "")], [ids], target, reference=None)
+    assert len(rows) == len(configs) and all(r["equal"] is None for r in rows)
+    summ = bench_report.summarize({"rows": rows, "costs": {"prepacked": _costs(), "stock": _costs()},
+                                   "configs": configs})
+    by = {s["config"]: s for s in summ}
+    for st in ("T=1", "T=0.7, top-p 0.9"):
+        assert by[f"ours: target alone, {st}"]["speedup"] == 1.0
+        assert by[f"ours: model g=2, {st}"]["baseline"] == f"ours: target alone, {st}"
+        assert by[f"HF assisted g=2, {st}"]["baseline"] == f"HF sample, {st}"
+        assert by[f"ours: model g=2, {st}"]["acceptance"] is not None
+        assert by[f"HF assisted g=2, {st}"]["alpha"] is not None
+        assert all(by[n]["equal"] is None for n in by)
+
+
+def test_hf_sampling_uses_our_processors(models):
+    """HF's default top-k (50) is switched off so HF samples from the same distribution as ours:
+    with a seed fixed, two HF draws agree, and top_k=0 reaches generate()."""
+    from specdec_core.processing import SamplingSettings
+
+    target, _ = models["llama"]
+    calls = []
+    orig = target.generate
+
+    def spy(*a, **kw):
+        calls.append(kw)
+        return orig(*a, **kw)
+
+    target.generate = spy
+    try:
+        toks, _ = bench_configs.hf(target, 5, sampling=SamplingSettings(temperature=0.7, top_p=0.9))([5, 6, 7])
+    finally:
+        del target.generate
+    assert len(toks) == 5
+    assert calls[0]["do_sample"] is True and calls[0]["top_k"] == 0 and calls[0]["top_p"] == 0.9
+
+
+def _costs():
+    from specdec_core.gamma import Costs
+
+    return Costs(c=0.1, v={2: 1.1, 3: 1.2})

@@ -97,6 +97,30 @@ def test_spec_validation():
         GeneratorSpec("t", drafter="none", temperature=0.7, gamma_policy="adaptive")
     with pytest.raises(ValueError, match="top_p"):
         GeneratorSpec("t", drafter="none", temperature=1.0, top_p=1.5)
+    with pytest.raises(ValueError, match="--draft_dtype 'fp8'"):
+        GeneratorSpec("t", "d", draft_dtype="fp8")
+    with pytest.raises(ValueError, match="int8 is dynamic quantization, CPU only"):
+        GeneratorSpec("t", "d", draft_dtype="int8", device="cuda")
+
+
+@pytest.mark.parametrize("draft_dtype", ["int8", "bfloat16"])
+def test_draft_dtype_changes_the_draft_only(draft_dtype, saved_pairs):
+    """--draft_dtype: the draft is quantized (or cast), the target is not, and the greedy output
+    is still the target's own."""
+    target_dir, draft_dir = saved_pairs["llama"]
+    gen = TextGenerator.load(GeneratorSpec(str(target_dir), str(draft_dir), max_new_tokens=12,
+                                           draft_dtype=draft_dtype))
+    draft = gen.engine.drafter.model
+    if draft_dtype == "int8":
+        assert any("quantized.dynamic" in type(m).__module__ for m in draft.modules())
+    else:
+        assert next(draft.parameters()).dtype == torch.bfloat16
+    assert next(gen.engine.target.parameters()).dtype == torch.float32
+    out = gen.generate("The quick brown", seed=5)
+    ids = gen.tokenizer("The quick brown").input_ids
+    ref = gen.engine.target.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12)[0, len(ids):]
+    assert out["token_ids"] == ref.tolist()
+    assert out["draft_tokens"] > 0
 
 
 @pytest.mark.parametrize(

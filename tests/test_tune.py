@@ -1,0 +1,197 @@
+"""`pipeline.tune`: the prediction arithmetic on hand-made costs, and the CLI end to end on tiny
+models (no timing assertions: which setting wins on a shared machine is not a test's business,
+except where the outcome is forced, as with a draft that never agrees)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import tune
+from pipeline.bench_pairs import TINY_SYNTH, build_synthetic_pair, synthetic_prompts
+from pipeline.flags import check_pipeline_flags
+from pipeline.tune_model import (
+    PAY_MARGIN,
+    Candidate,
+    SampleRun,
+    best_setting,
+    fit_overhead,
+    pick_to_verify,
+    predict,
+    relative_error,
+)
+from specdec_core.gamma import Costs, expected_tokens
+
+# --------------------------------------------------------------------------------------------
+# Arithmetic
+
+
+def test_predict_is_the_papers_formula_with_measured_costs():
+    costs = Costs(c=0.1, v={2: 1.2, 3: 1.3, 4: 1.5, 5: 1.6})
+    # E(0.8, 3) = (1 - 0.8^4) / 0.2 = 2.952; cost 3 * 0.1 + v(4) = 1.8
+    assert predict(costs, 0.8, 3) == pytest.approx(2.952 / 1.8)
+    assert predict(costs, 0.8, 3) == pytest.approx(costs.speedup(0.8, 3))
+    # The paper's own setting (v = 1): (1 - a^(g+1)) / ((1 - a)(g c + 1)).
+    paper = Costs(c=0.05, v={k: 1.0 for k in range(2, 10)})
+    assert predict(paper, 0.7, 4) == pytest.approx((1 - 0.7**5) / (0.3 * (4 * 0.05 + 1)))
+    assert predict(costs, 0.8, 0) == 1.0
+
+
+def test_predict_with_coverage_and_overhead():
+    costs = Costs(c=0.0, v={2: 1.5, 3: 1.5})
+    # Half the rounds draft (2 tokens each): (0.5 E + 0.5) / (0.5 (v(3) + o) + 0.5).
+    e = expected_tokens(0.5, 2)  # 1.75
+    assert predict(costs, 0.5, 2, coverage=0.5, overhead=0.25) == pytest.approx((0.5 * e + 0.5) / (0.5 * 1.75 + 0.5))
+    # No drafting rounds at all: the target alone.
+    assert predict(costs, 0.9, 2, coverage=0.0, overhead=3.0) == pytest.approx(1.0)
+
+
+def test_fit_overhead_recovers_the_per_round_cost():
+    costs = Costs(c=0.2, v={5: 1.6})
+    base = 0.01  # s per target step
+    o = 0.3
+    rounds = [4, 4, 4, 0]  # three drafting rounds, one plain step
+    decode_s = base * (3 * (4 * 0.2 + 1.6 + o) + 1)
+    assert fit_overhead(costs, rounds, decode_s, base) == pytest.approx(o)
+    assert fit_overhead(costs, [0, 0], 1.0, base) == 0.0  # nothing drafted: nothing to fit
+
+
+def test_sample_run_acceptance_and_coverage():
+    run = SampleRun(new_tokens=10, total_s=2.0, decode_s=1.0, accepted=6, rejections=2, drafts_per_round=[3, 0, 3, 2])
+    assert run.acceptance == pytest.approx(0.75)  # geometric: 6 / (6 + 2)
+    assert run.coverage == pytest.approx(0.75)
+    assert run.tokens_per_s == pytest.approx(5.0)
+
+
+def test_verify_picks_the_best_unmeasured_settings_that_pay():
+    costs = Costs(c=0.1, v={k: 1.2 for k in range(2, 6)})
+    good = Candidate("good", "model", "g", costs=costs, a=0.9)
+    bad = Candidate("bad", "model", "b", costs=costs, a=0.05)
+    picked = pick_to_verify([Candidate("target alone", "none"), good, bad], 4, {("good", 4)}, 2)
+    assert [c.name for c, _ in picked] == ["good", "good"]
+    gammas = [g for _, g in picked]
+    assert 4 not in gammas  # already measured
+    expect = sorted(range(1, 4), key=lambda g: -predict(costs, 0.9, g))[:2]
+    assert gammas == expect
+    assert pick_to_verify([bad], 4, set(), 3) == []  # predicted not to pay: not run
+
+
+def test_best_setting_needs_a_margin_over_the_target_alone():
+    alone = {"drafter": "none", "measured": 1.0}
+    barely = {"drafter": "model", "measured": PAY_MARGIN - 0.01}
+    clear = {"drafter": "model", "measured": 1.5}
+    assert best_setting([alone, barely], "measured") is alone
+    assert best_setting([alone, barely, clear], "measured") is clear
+    assert relative_error(1.1, 1.0) == pytest.approx(0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# The command line
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tune")
+    dirs = build_synthetic_pair(TINY_SYNTH, root / "cache")
+    prompts = [text for _, text in synthetic_prompts(TINY_SYNTH, 10, 16)]
+    table = pa.table({"id": list(range(11)), "prompt": [*prompts[:3], "", *prompts[3:]]})  # one unusable row
+    pq.write_table(table, root / "prompts.parquet")
+    return {**dirs, "input": root / "prompts.parquet", "root": root}
+
+
+def _args(tiny, *extra: str) -> list[str]:
+    return ["--input", str(tiny["input"]), "--target_model", str(tiny["target"]), "--sample", "4",
+            "--max_new_tokens", "8", "--max_gamma", "3", "--verify", "1", "--batch_sizes", "1,2", *extra]
+
+
+def test_cli_end_to_end_with_two_drafts(tiny, capsys):
+    out = tiny["root"] / "tune.json"
+    assert tune.main(_args(tiny, "--draft_model", str(tiny["draft"]), "--draft_model", str(tiny["bad_draft"]),
+                           "--output_json", str(out))) == 0
+    printed = capsys.readouterr().out
+    assert "python -m pipeline.run" in printed and "draft bad_draft" in printed
+    res = json.loads(out.read_text())
+    assert set(res) >= {"settings", "sample", "candidates", "runs", "throughput", "recommended", "job_estimate",
+                        "prediction_error"}
+    rec = res["recommended"]
+    assert set(rec) >= {"drafter", "draft_model", "num_speculative_tokens", "gamma_policy", "batch_size", "flags"}
+    assert rec["drafter"] in ("model", "ngram", "none")
+    assert rec["draft_model"] != str(tiny["bad_draft"])  # it never agrees: never worth it
+    assert (rec["num_speculative_tokens"] is None) == (rec["drafter"] == "none")
+    assert rec["batch_size"] in (1, 2)
+    # The flags are pipeline.run's own, and valid for it.
+    flags = rec["flags"].split()[3:]
+    check_pipeline_flags(flags)
+    assert flags[flags.index("--batch_size") + 1] == str(rec["batch_size"])
+    # The sample: the first 4 usable rows (the empty prompt is skipped), 11 rows in the input.
+    assert res["sample"] == {**res["sample"], "prompts": 4, "input_rows": 11, "skipped": {"EmptyPrompt": 1}}
+    names = {c["name"]: c for c in res["candidates"]}
+    assert set(names) == {"draft draft", "draft bad_draft", "n-gram lookup"}
+    assert names["draft bad_draft"]["a"] < names["draft draft"]["a"]
+    assert all(len(c["predictions"]) == 3 for c in names.values())
+    # Every candidate ran at gamma 3 (its first run) next to the target alone; greedy output is
+    # the target's own, whatever the drafter.
+    runs = res["runs"]
+    assert runs[0]["candidate"] == "target alone" and runs[0]["measured"] == 1.0
+    assert {r["candidate"] for r in runs} >= set(names)
+    assert all(r["equal_to_target"] == 4 for r in runs), [(r["candidate"], r["equal_to_target"]) for r in runs]
+    assert all(r["measured"] > 0 for r in runs)
+    assert {r["batch_size"] for r in res["throughput"]} == {1, 2}
+    assert res["job_estimate"]["rows"] == 11 and res["job_estimate"]["seconds"] > 0
+
+
+def test_a_draft_that_cannot_pay_is_recommended_against(tiny, capsys):
+    out = tiny["root"] / "bad.json"
+    assert tune.main(_args(tiny, "--draft_model", str(tiny["bad_draft"]), "--no_ngram",
+                           "--batch_sizes", "1", "--output_json", str(out))) == 0
+    res = json.loads(out.read_text())
+    (cand,) = res["candidates"]
+    assert cand["a"] < 0.2  # a random draft: its argmax is the target's about 1 time in the vocabulary size
+    rec = res["recommended"]
+    assert rec["drafter"] == "none" and rec["draft_model"] is None and rec["num_speculative_tokens"] is None
+    assert "--drafter none" in rec["flags"] and "--num_speculative_tokens" not in rec["flags"]
+    assert "no candidate drafter beat the target alone" in rec["reason"]
+
+
+def test_encoder_decoder_targets_tune_at_batch_1(saved_pairs, tmp_path, capsys):
+    target, draft = saved_pairs["t5"]
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"id": [1, 2, 3], "prompt": ["The quick brown fox", "Hello world!", "def add(a, b):"]}),
+                   path)
+    out = tmp_path / "t5.json"
+    assert tune.main(["--input", str(path), "--target_model", str(target), "--draft_model", str(draft),
+                      "--sample", "2", "--max_new_tokens", "6", "--max_gamma", "2", "--verify", "0",
+                      "--output_json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert "encoder-decoder" in res["batching"]
+    assert res["recommended"]["batch_size"] == 1
+    assert {r["batch_size"] for r in res["throughput"]} == {1}
+
+
+@pytest.mark.parametrize("extra, culprit", [
+    (["--sample", "0"], "--sample"),
+    (["--batch_sizes", "1,x"], "--batch_sizes"),
+    (["--max_gamma", "0"], "--max_gamma"),
+    (["--sampel", "3"], "--sampel"),
+    (["--temperature", "-1"], "temperature"),
+    (["--prompt_column", "text"], "--prompt_column"),
+    (["--draft_model", "/nonexistent/draft"], "--draft_model"),
+])
+def test_bad_settings_are_one_line_errors(tiny, capsys, extra, culprit):
+    try:
+        code = tune.main(_args(tiny, *extra))
+    except SystemExit as e:
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and culprit in err[0], err
+
+
+def test_bad_input_is_a_one_line_error(tiny, tmp_path, capsys):
+    assert tune.main(["--input", str(tmp_path / "none-*.parquet"), "--target_model", str(tiny["target"])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "matches no files" in err[0]
