@@ -32,13 +32,13 @@ from pipeline.logs import setup_logging
 from pipeline.tune_model import Candidate, SampleRun, best_setting, fit_overhead, pick_to_verify, relative_error
 from pipeline.tune_report import format_report
 from specdec_core.batch_engine import BatchSpeculativeGenerator, unbatchable
-from specdec_core.cpu_speed import prepare_for_cpu
-from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from specdec_core.cross_tokenizer import CrossTokenizerDrafter
+from specdec_core.drafters import Drafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma, Costs, GammaPolicy
-from specdec_core.loading import check_pair, draft_tokenizer_for, load_model, resolve_device, resolve_dtype
+from specdec_core.loading import resolve_device, resolve_dtype
 from specdec_core.processing import SamplingSettings
-from specdec_core.text import CPU_KERNELS, GeneratorSpec, PromptError, TextGenerator
+from specdec_core.text import CPU_KERNELS, GeneratorSpec, PromptError, TextGenerator, load_model_drafter
 
 _LOG = logging.getLogger("pipeline.tune")
 PROG = "python -m pipeline.tune"
@@ -355,16 +355,13 @@ def load(args) -> tuple[TextGenerator, dict[str, Drafter], list[Candidate]]:
     drafters: dict[str, Drafter] = {}
     candidates = [Candidate("target alone", "none")]
     for path in args.draft_model:
-        draft = load_model(path, device, dtype, trust_remote_code=args.trust_remote_code)
         try:
-            check_pair(target, draft, text.tokenizer,
-                       draft_tokenizer_for(path, text.tokenizer, args.trust_remote_code))
+            drafter = load_model_drafter(path, target, text.tokenizer, device=device, dtype=dtype,
+                                         cpu_kernels=args.cpu_kernels, trust_remote_code=args.trust_remote_code)
         except ValueError as e:
             raise TuneError(f"--draft_model {path!r}: {e}") from e
-        if args.cpu_kernels == "prepacked":
-            prepare_for_cpu(draft)
         name = _draft_name(path, args.draft_model)
-        drafters[name] = ModelDrafter(draft)
+        drafters[name] = drafter
         candidates.append(Candidate(name, "model", path))
     if not args.no_ngram:
         drafters["n-gram lookup"] = NgramDrafter(args.ngram_max_size, args.ngram_min_size)
@@ -471,9 +468,13 @@ class Tuner:
     def throughput(self, chosen: Setting | None, reference) -> list[dict]:
         """The chosen batch-1 setting and the target alone at each batch size, order alternating."""
         if chosen is not None and chosen.candidate.drafter == "model":
-            why = unbatchable(self.drafters[chosen.candidate.name].model.config)
+            drafter = self.drafters[chosen.candidate.name]
+            if isinstance(drafter, CrossTokenizerDrafter):
+                why = "has another tokenizer: cross-tokenizer drafting runs at --batch_size 1 only"
+            elif why := unbatchable(drafter.model.config):
+                why += ": batching needs decoder-only full-attention models"
             if why and self.batches:
-                self.why_no_batch = f"the draft {why}: batching needs decoder-only full-attention models"
+                self.why_no_batch = f"the draft {why}"
                 self.batches = []
         self.progress.add_plan(self.per_run * ((2 if chosen else 1) * len(self.batches) - self.batch_plan))
         rows = []

@@ -14,6 +14,7 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec_core.batch_engine import BatchSpeculativeGenerator
@@ -186,6 +187,23 @@ class GeneratorSpec:
         SamplingSettings(self.temperature, self.top_k, self.top_p)  # validates
 
 
+def load_model_drafter(path: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *,
+                       device: torch.device, dtype: torch.dtype, draft_dtype: str = "same",
+                       cpu_kernels: str = "stock", trust_remote_code: bool = False) -> Drafter:
+    """A draft model checked against its target: same-tokenizer or cross-tokenizer drafting
+    (logged), in its dtype and kernels; one place for the job and pipeline.tune."""
+    draft = load_model(path, device, dtype, trust_remote_code=trust_remote_code)
+    draft_tokenizer = draft_tokenizer_for(path, tokenizer, trust_remote_code)
+    mode = check_pair(target, draft, tokenizer, draft_tokenizer)
+    log.info("--draft_model %s: %s", path, describe_mode(mode, tokenizer, draft_tokenizer))
+    draft = draft_in_dtype(draft, draft_dtype)
+    if cpu_kernels == "prepacked":
+        prepare_for_cpu(draft)
+    if mode == SAME_TOKENIZER:
+        return ModelDrafter(draft)
+    return CrossTokenizerDrafter(draft, tokenizer, draft_tokenizer)
+
+
 class TextGenerator:
     """A loaded target (+ drafter) and tokenizer; thread-safe, one item (or, with batch_size > 1,
     one list of items decoded together) at a time."""
@@ -253,18 +271,11 @@ class TextGenerator:
                              "has no chat template")
         models = [target]
         if spec.drafter == "model":
-            draft = load_model(spec.draft_model, device, dtype, trust_remote_code=trust)
-            draft_tokenizer = draft_tokenizer_for(spec.draft_model, tokenizer, trust)
-            mode = check_pair(target, draft, tokenizer, draft_tokenizer)
-            log.info("--draft_model %s: %s", spec.draft_model, describe_mode(mode, tokenizer, draft_tokenizer))
-            draft = draft_in_dtype(draft, spec.draft_dtype)
-            if spec.cpu_kernels == "prepacked":
-                prepare_for_cpu(draft)
-            if mode == SAME_TOKENIZER:
-                drafter: Drafter = ModelDrafter(draft)
-                models.append(draft)  # a cross-tokenizer draft's positions count its own tokens
-            else:
-                drafter = CrossTokenizerDrafter(draft, tokenizer, draft_tokenizer)
+            drafter: Drafter = load_model_drafter(spec.draft_model, target, tokenizer, device=device, dtype=dtype,
+                                                  draft_dtype=spec.draft_dtype, cpu_kernels=spec.cpu_kernels,
+                                                  trust_remote_code=trust)
+            if isinstance(drafter, ModelDrafter):
+                models.append(drafter.model)  # a cross-tokenizer draft's positions count its own tokens
         elif spec.drafter == "ngram":
             drafter = NgramDrafter(spec.ngram_max_size, spec.ngram_min_size)
         else:

@@ -254,3 +254,31 @@ def test_beam_job_with_a_cross_tokenizer_pair_writes_the_targets_rows(tmp_path, 
 
     assert rows(cross) == rows(alone)
     assert sum(cross["draft_tokens"].to_pylist()) > 0
+
+
+def test_tune_takes_a_cross_tokenizer_draft_at_batch_1(tmp_path, cross_pair, monkeypatch):
+    """pipeline.tune loads a draft with another tokenizer as the job does, keeps the target's
+    greedy output, and, when that draft is its batch-1 choice, measures no batch sizes with it
+    (the job refuses them)."""
+    import json
+
+    from pipeline import tune
+    from tests.test_pipeline import write_prompts
+
+    real = tune.best_setting
+
+    def draft_wins_at_batch_1(rows, key):  # the random draft rarely wins on its own merits
+        return next(r for r in rows if r["drafter"] == "model") if key == "measured" else real(rows, key)
+
+    monkeypatch.setattr(tune, "best_setting", draft_wins_at_batch_1)
+
+    src = write_prompts(tmp_path / "p.parquet", [{"id": str(i), "prompt": p} for i, p in enumerate(PROMPTS)])
+    target, draft = cross_pair
+    out = tmp_path / "tune.json"
+    assert tune.main(["--input", src, "--target_model", str(target), "--draft_model", str(draft), "--no_ngram",
+                      "--sample", "3", "--max_new_tokens", "8", "--max_gamma", "2", "--verify", "0",
+                      "--batch_sizes", "1,2", "--output_json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert all(r["equal_to_target"] == 3 for r in res["runs"])
+    assert "cross-tokenizer drafting runs at --batch_size 1 only" in res["batching"]
+    assert {r["batch_size"] for r in res["throughput"]} == {1} and res["recommended"]["batch_size"] == 1
