@@ -32,6 +32,7 @@ import csv
 import gc
 import json
 import logging
+import shlex
 import statistics
 import sys
 import time
@@ -161,6 +162,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--throughput", action="store_true",
                    help="also run pipeline.bench_throughput (plain batched generate vs ours at B=1,4,8,16) on the "
                    "same synthetic pair and prompt settings, into the same report")
+    p.add_argument("--cross", action="store_true",
+                   help="also run pipeline.bench_cross (a pair with two tokenizers: ours against HF universal "
+                   "assisted generation at the same gamma) into the same report; trains its pair once (minutes)")
     a = p.parse_args(argv)
     a.draft_dtypes = [d.strip() for d in a.draft_dtypes.split(",") if d.strip()]
     bad = [d for d in a.draft_dtypes if d not in ("float32", "bfloat16", "int8")]
@@ -245,8 +249,26 @@ def main(argv: list[str] | None = None) -> int:
                                str(max(args.prompts, 16)), "--prompt_tokens", str(args.prompt_tokens),
                                "--max_new_tokens", str(args.max_new_tokens),
                                "--gammas", ",".join(sorted({"2", str(args.gamma)}))])
+    if args.cross:
+        cross_section(out, cache, args, argv)
     _LOG.info("wrote %s and %s (%.0f s)", out, csv_path, time.perf_counter() - started)
     return 0 if all(s["equal"] is not False for r in results for s in r["summary"]) else 1
+
+
+def cross_section(out: Path, cache: Path, args: argparse.Namespace, argv: list[str]) -> None:
+    """The cross-tokenizer pair (pipeline.bench_cross) at this run's gamma, prompts and length."""
+    from pipeline import bench_cross
+    from pipeline.bench_throughput import write_section
+
+    res = bench_cross.run(argparse.Namespace(gamma=args.gamma, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+                                             threads=args.threads or 0, cache_dir=str(cache / "cross")))
+    begin, end = "<!-- cross:begin -->", "<!-- cross:end -->"
+    write_section(out, "\n".join([
+        begin, "## Cross-tokenizer pair in this run (`pipeline.bench --cross`)\n",
+        f"Command: `python -m pipeline.bench {shlex.join(argv)}`. Target {res['params'][0] / 1e6:.1f}M parameters and "
+        f"{res['vocab'][0]} tokens, draft {res['params'][1] / 1e6:.2f}M and {res['vocab'][1]} tokens (trained by "
+        f"`pipeline/bench_cross.py`); {res['prompts']} prompts x {res['max_new_tokens']} new tokens, greedy, gamma "
+        f"{res['gamma']}, {res['threads']} thread(s).\n", bench_cross.table(res), end, ""]), begin, end)
 
 
 if __name__ == "__main__":

@@ -141,11 +141,13 @@ def report(rows: list[dict], header: str, n_prompts: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, section: str) -> None:
+def write_section(path: Path, section: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the report's section between its markers (a section starts with `begin` and ends
+    with `end`), or append it."""
     text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + section.rstrip("\n") + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + section
     path.write_text(text)

@@ -25,3 +25,22 @@ def test_bench_cross_runs_every_method_and_checks_identity(monkeypatch, tmp_path
     assert ours["same"] == 2 and ours["drafted"] > 0
     text = bench_cross.table(result)
     assert "| ours: cross-tokenizer g=3 |" in text and "2/2" in text
+
+
+def test_pipeline_bench_cross_writes_its_section_once(monkeypatch, tmp_path):
+    """`pipeline.bench --cross` puts the cross-tokenizer table in the report, and a second run
+    replaces it rather than appending another."""
+    from pipeline import bench
+
+    ttok, dtok = byte_level(420), byte_level(300)
+    pair = [make_model("gpt2", ttok, seed=1), ttok, make_model("gpt2", dtok, seed=2), dtok]
+    monkeypatch.setattr(bench_cross, "load_pair", lambda cache_dir: pair)
+    out = tmp_path / "BENCH.md"
+    out.write_text("# Benchmarks\n\nbefore\n")
+    args = bench.parse(["--tiny", "--cross", "--prompts", "2", "--max_new_tokens", "6", "--gamma", "2"])
+    for _ in range(2):
+        bench.cross_section(out, tmp_path, args, ["--tiny", "--cross"])
+    text = out.read_text()
+    assert text.startswith("# Benchmarks\n\nbefore\n")
+    assert text.count("## Cross-tokenizer pair in this run") == 1
+    assert "| ours: cross-tokenizer g=2 |" in text and "2/2" in text
