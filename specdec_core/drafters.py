@@ -67,7 +67,8 @@ class _EmptySession(DraftSession):
 
 
 class ModelDrafter(Drafter):
-    """A small language model sharing the target's vocabulary, with its own KV cache."""
+    """A small language model sharing the target's vocabulary, with its own KV cache (another
+    tokenizer: specdec_core.cross_tokenizer)."""
 
     name = "model"
 
