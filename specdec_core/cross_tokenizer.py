@@ -33,10 +33,12 @@ back to re-encoding everything (correct, slower).
 
 from __future__ import annotations
 
+import time
+
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec_core.decoder import CachedDecoder, initial_decoder_ids
-from specdec_core.drafters import Draft, Drafter, DraftSession, KeepDrafting, Picker
+from specdec_core.drafters import Draft, Drafter, DraftSession, KeepDrafting, Picker, StepTimer
 from specdec_core.engine import eos_ids
 
 _PARTIAL = "\ufffd"  # what an incomplete UTF-8 sequence decodes to
@@ -143,6 +145,18 @@ class CrossTokenizerDrafter(Drafter):
         self.target_eos = target_tokenizer.eos_token_id
         self.limit = context_limit(model)
         self.bos = [] if model.config.is_encoder_decoder else _special_prefix(draft_tokenizer)
+
+    def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer:
+        session = self.start(prompt_ids, seq, lambda cur, logits: (0, None))
+        session.propose(seq, 1)  # the draft's prefill, untimed
+
+        def timer() -> float:
+            # Per target token proposed: draft steps and the re-encoding together.
+            t0 = time.perf_counter()
+            n = len(session.propose(seq, burst).tokens)
+            return (time.perf_counter() - t0) / max(n, 1)
+
+        return timer
 
     def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> CrossTokenizerSession:
         if self.model.config.is_encoder_decoder:

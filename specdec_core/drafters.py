@@ -8,6 +8,7 @@ so a model drafter draws its tokens exactly from the q the accept/reject step us
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,11 +46,22 @@ class DraftSession(ABC):
         """The first `valid_len` tokens of the decoder sequence are now final."""
 
 
+# Seconds of drafting per proposed token, timed on this machine (the paper's c, before dividing by
+# a target step); see Drafter.step_timer.
+StepTimer = Callable[[], float]
+
+
 class Drafter(ABC):
     name: str
 
     @abstractmethod
     def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession: ...
+
+    def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer | None:
+        """A timer of this drafter's cost per proposed token after `seq` (`extra`: tokens to feed,
+        `burst`: proposals per timing, as in a round), or None when drafting costs next to nothing
+        against a model pass (no model: prompt lookup)."""
+        return None
 
 
 class NoDrafter(Drafter):
@@ -77,6 +89,21 @@ class ModelDrafter(Drafter):
 
     def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession:
         return _ModelSession(CachedDecoder(self.model, prompt_ids), decoder_ids, pick)
+
+    def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer:
+        decoder = CachedDecoder(self.model, prompt_ids)
+        decoder.forward(seq, 1)
+
+        def timer() -> float:
+            # Consecutive steps, as in a round: a small draft's weights stay in cache
+            # between them (one step timed alone after a target pass cost 1.6x more).
+            decoder.rollback(len(seq))
+            t0 = time.perf_counter()
+            for j in range(1, burst + 1):
+                decoder.forward(seq + extra[:j], 1)
+            return (time.perf_counter() - t0) / burst
+
+        return timer
 
 
 class _ModelSession(DraftSession):

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 
 from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.decoder import CachedDecoder, initial_decoder_ids
-from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
+from specdec_core.drafters import Drafter, NoDrafter
 from specdec_core.gamma import Costs, GammaPolicy, fixed_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
 
@@ -118,34 +118,7 @@ class SpeculativeGenerator:
             verifier.forward(seq[:base] + [seq[-1]] + extra[: k - 1], k)
             return time.perf_counter() - t0
 
-        draft_step = None
-        if isinstance(self.drafter, ModelDrafter):
-            drafter = CachedDecoder(self.drafter.model, prompt_ids)
-            drafter.forward(seq, 1)
-            burst = max(max(ks) - 1, 1)
-
-            def draft_step() -> float:
-                # Consecutive steps, as in a round: a small draft's weights stay in cache
-                # between them (one step timed alone after a target pass cost 1.6x more).
-                drafter.rollback(len(seq))
-                t0 = time.perf_counter()
-                for j in range(1, burst + 1):
-                    drafter.forward(seq + extra[:j], 1)
-                return (time.perf_counter() - t0) / burst
-        else:
-            from specdec_core.cross_tokenizer import CrossTokenizerDrafter
-
-            if isinstance(self.drafter, CrossTokenizerDrafter):
-                session = self.drafter.start(prompt_ids, seq, lambda cur, logits: (0, None))
-                session.propose(seq, 1)  # the draft's prefill, untimed
-                burst = max(max(ks) - 1, 1)
-
-                def draft_step() -> float:
-                    # Per target token proposed: draft steps and the re-encoding together.
-                    t0 = time.perf_counter()
-                    n = len(session.propose(seq, burst).tokens)
-                    return (time.perf_counter() - t0) / max(n, 1)
-
+        draft_step = self.drafter.step_timer(prompt_ids, seq, extra, max(max(ks) - 1, 1))
         target_step(1)  # warm-up
         costs = Costs.measure(target_step, draft_step, ks, reps)
         if draft_step is None and not isinstance(self.drafter, NoDrafter):
