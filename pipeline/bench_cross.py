@@ -24,7 +24,6 @@ import os
 import random
 import shlex
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -34,6 +33,9 @@ if "torch" not in sys.modules:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+
+from pipeline import demo_data  # noqa: E402
+from pipeline.bench_measure import ForwardMeter  # noqa: E402
 
 _LOG = logging.getLogger("pipeline.bench_cross")
 RECIPE = {"target": {"n_embd": 256, "n_layer": 4, "n_head": 4}, "draft": {"n_embd": 128, "n_layer": 2, "n_head": 4},
@@ -45,7 +47,7 @@ HELD_OUT = ("textwrap.py", "shlex.py", "fractions.py", "bisect.py", "heapq.py", 
 
 def corpus(n_files: int) -> tuple[list[str], list[str]]:
     """(training texts, held-out texts) from the standard library's Python sources."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+    root = demo_data.stdlib_root()
     files = sorted(p for p in root.glob("*.py") if p.stat().st_size < 200_000)
     train = [p.read_text(errors="replace") for p in files if p.name not in HELD_OUT][:n_files]
     held = [(root / n).read_text(errors="replace") for n in HELD_OUT if (root / n).exists()]
@@ -135,17 +137,6 @@ def prompts(tok, n: int, max_tokens: int = 96) -> list[list[int]]:
     return out
 
 
-class PassCounter:
-    """Counts the target's forward passes (a verification, or one plain decoding step)."""
-
-    def __init__(self, model):
-        self.n = 0
-        model.register_forward_pre_hook(self._hook)
-
-    def _hook(self, *_):
-        self.n += 1
-
-
 def run(args: argparse.Namespace) -> dict:
     from specdec_core.cross_tokenizer import CrossTokenizerDrafter
     from specdec_core.drafters import NoDrafter
@@ -159,7 +150,7 @@ def run(args: argparse.Namespace) -> dict:
     draft.generation_config.num_assistant_tokens = g
     draft.generation_config.num_assistant_tokens_schedule = "constant"
     draft.generation_config.assistant_confidence_threshold = 0.0
-    counter = PassCounter(target)
+    counter = ForwardMeter(target)  # the target's passes: a verification, or one plain step
     alone = SpeculativeGenerator(target, NoDrafter(), max_new_tokens=n_new)
     ours = SpeculativeGenerator(target, CrossTokenizerDrafter(draft, ttok, dtok), num_speculative_tokens=g,
                                 max_new_tokens=n_new)
@@ -188,7 +179,7 @@ def run(args: argparse.Namespace) -> dict:
         reference = None
         for m, fn in methods.items():
             r = rows[m]
-            before = counter.n
+            before = len(counter.calls)
             t0 = time.perf_counter()
             try:
                 out = fn(ids)
@@ -196,7 +187,7 @@ def run(args: argparse.Namespace) -> dict:
                 r["errors"].append(f"{type(e).__name__}: {e}"[:200])
                 continue
             r["s"] += time.perf_counter() - t0
-            r["passes"] += counter.n - before
+            r["passes"] += len(counter.calls) - before
             tokens = out if isinstance(out, list) else out.tokens
             if not isinstance(out, list):
                 r["drafted"] += out.stats.draft_tokens
