@@ -1,20 +1,22 @@
 """One decoder-only model's KV cache shared by rows of different lengths (continuous batching).
 
-The cache is a plain `DynamicCache` whose batch dimension is the rows. Every forward appends
-the same number of columns to every row, so rows that feed fewer tokens than the longest feed
-are right-padded; a 2D attention mask marks which columns hold a row's valid tokens. Rejected
-drafts and pads become masked holes, positions are explicit per row (a token's position is the
-number of valid tokens before it), and `compact` gathers each row's valid columns again when
-the holes grow. Masked columns get exactly zero attention weight, so a row's logits equal the
-row decoded alone up to float rounding (different GEMM shapes sum in a different order).
+The cache is a `DynamicCache` (`kv_cache.GrowingCache`, appending in place) whose batch
+dimension is the rows. Every forward appends the same number of columns to every row, so rows
+that feed fewer tokens than the longest feed are right-padded; a 2D attention mask marks which
+columns hold a row's valid tokens. Rejected drafts and pads become masked holes, positions are
+explicit per row (a token's position is the number of valid tokens before it), and `compact`
+gathers each row's valid columns again when the holes grow. Masked columns get exactly zero
+attention weight, so a row's logits equal the row decoded alone up to float rounding (different
+GEMM shapes sum in a different order).
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from specdec_core.decoder import _accepts_logits_to_keep
+from specdec_core.kv_cache import GrowingCache
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows, heads, columns, dim)
 
@@ -26,7 +28,7 @@ class BatchKV:
         self.model = model
         self.device = model.device
         self.pad_id = pad_id
-        self.cache = DynamicCache()
+        self.cache = GrowingCache()
         self.mask = torch.zeros((rows, 0), dtype=torch.long, device=self.device)
         self.cols: list[list[int]] = [[] for _ in range(rows)]
 

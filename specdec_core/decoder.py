@@ -12,7 +12,9 @@ import inspect
 from functools import cache
 
 import torch
-from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+from transformers import PreTrainedModel
+
+from specdec_core.kv_cache import new_cache
 
 
 @cache
@@ -51,9 +53,7 @@ class CachedDecoder:
                 "encoder_outputs": model.get_encoder()(input_ids=ids, attention_mask=mask),
                 "attention_mask": mask,
             }
-            self.cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-        else:
-            self.cache = DynamicCache()
+        self.cache = new_cache(model.config.is_encoder_decoder)
 
     @torch.inference_mode()
     def forward(self, tokens: list[int], num_logits: int) -> torch.Tensor:
