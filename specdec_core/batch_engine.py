@@ -163,19 +163,28 @@ class BatchSpeculativeGenerator:
                     results[r.index] = (ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after "
                                                     f"{len(r.new)} new tokens)") if r.finish == "timeout"
                                         else Generation(r.new, r.stats))
-                keep = [b for b, r in enumerate(live) if not r.finish]
-                live = [live[b] for b in keep]
-                for kv in (tkv, dkv):
-                    if kv is not None:
-                        kv.select(keep)
+                # Waiting prompts take the finished rows' places in the caches, so the rows that
+                # go on are not copied; places that nobody takes are dropped.
+                refill = done[: len(waiting)]
+                if refill:
+                    for b, row in zip(refill, self._admit(waiting, len(refill), tkv, dkv, into=refill), strict=True):
+                        live[b] = row
+                if len(done) > len(refill):
+                    keep = [b for b, r in enumerate(live) if not r.finish]
+                    live = [live[b] for b in keep]
+                    for kv in (tkv, dkv):
+                        if kv is not None:
+                            kv.select(keep)
             for kv in (tkv, dkv):
                 # Holes cost attention work every pass; a gather costs about one cache copy.
                 if kv is not None and kv.rows and kv.wasted() > 8 + kv.width // 8:
                     kv.compact()
         return results  # type: ignore[return-value]
 
-    def _admit(self, waiting: deque, slots: int, tkv: BatchKV, dkv: BatchKV | None) -> list[_Row]:
-        """Prefill up to `slots` waiting prompts in one pass per model and merge them in."""
+    def _admit(self, waiting: deque, slots: int, tkv: BatchKV, dkv: BatchKV | None,
+               into: list[int] | None = None) -> list[_Row]:
+        """Prefill up to `slots` waiting prompts in one pass per model, then merge them in after
+        the live rows, or write them over the finished rows `into` (one per prompt)."""
         rows = [self._new_row(i, list(ids), seed, check) for i, (ids, seed, check) in
                 (waiting.popleft() for _ in range(min(slots, len(waiting))))]
         # Invariant between rounds, as in the batch-1 engine: each cache holds every committed
@@ -185,7 +194,10 @@ class BatchSpeculativeGenerator:
                 continue
             fresh = BatchKV(model, len(rows), self.pad_id)
             fresh.forward([r.seq[:-1] for r in rows], logits=False)
-            kv.merge(fresh)
+            if into is None:
+                kv.merge(fresh)
+            else:
+                kv.place(into, fresh)
         now = time.perf_counter()
         for r in rows:
             r.stats.prefill_s = now - r.start

@@ -97,6 +97,38 @@ class BatchKV:
         self.mask = self.mask[idx]
         self.cols = [self.cols[i] for i in keep]
 
+    @torch.inference_mode()
+    def place(self, slots: list[int], fresh: BatchKV) -> None:
+        """Write `fresh`'s rows over these rows (whose items have left), right-aligned at this
+        cache's width; their old columns become holes. The rows that go on are not copied,
+        which is what makes refilling a finished row cheaper than `select` then `merge`."""
+        assert len(slots) == fresh.rows
+        need = max((len(c) for c in fresh.cols), default=0)
+        mine, theirs = self._layers(), fresh._layers()
+        assert mine or not theirs, "place() needs a cache that has run a pass"
+        if need > self.width:
+            self._widen(need - self.width)
+            mine = self._layers()
+        width = self.width
+        for (k, v), (fk, fv) in zip(mine, theirs, strict=True) if theirs else ():  # none: one-token prompts
+            for j, slot in enumerate(slots):
+                cols = torch.tensor(fresh.cols[j], dtype=torch.long, device=self.device)
+                k[slot, :, width - len(cols):] = fk[j, :, cols]
+                v[slot, :, width - len(cols):] = fv[j, :, cols]
+        for j, slot in enumerate(slots):
+            n = len(fresh.cols[j])
+            self.mask[slot] = 0
+            self.mask[slot, width - n:] = 1
+            self.cols[slot] = list(range(width - n, width))
+
+    def _widen(self, n: int) -> None:
+        """n more columns for every row, all holes (zeros: a masked column must not hold NaN)."""
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                k, v = layer.keys, layer.values
+                layer.update(k.new_zeros((*k.shape[:2], n, k.shape[3])), v.new_zeros((*v.shape[:2], n, v.shape[3])))
+        self.mask = torch.cat([self.mask, self.mask.new_zeros((self.rows, n))], dim=1)
+
     def _layers(self) -> KV:
         return [(layer.keys, layer.values) for layer in self.cache.layers if layer.is_initialized]
 

@@ -45,8 +45,8 @@ def prompts(tokenizer):
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_row_logits_in_a_batch_equal_the_row_alone(models, prompts, kind):
-    """Padding, holes (rejected drafts), explicit positions, compaction and merging leave each
-    row's logits those of the row alone. Tolerance: fp32 with different GEMM shapes (a batch of
+    """Padding, holes (rejected drafts), explicit positions, compaction, merging and refilling a
+    row's place leave each row's logits those of the row alone. Tolerance: fp32 with different GEMM shapes (a batch of
     rows, masked columns) sums in a different order; the tiny models' logits are O(10) and
     differ by under 1e-5 here (7e-6 measured), far below the top-2 gaps greedy decoding depends on;
     tests/numerics.py scales the tolerance to the logits."""
@@ -72,6 +72,13 @@ def test_row_logits_in_a_batch_equal_the_row_alone(models, prompts, kind):
             keep = len(r) + len(blocks[b]) // 2  # reject the second half of the block: holes
             kv.rollback(b, keep)
             rows[b] = full[: keep + 1]
+        if step == 0:  # a finished row's place taken by a prompt longer than the cache is wide
+            long = prompts[4] + prompts[6]
+            new = BatchKV(target, 1)
+            new.forward([long[:-1]], logits=False)
+            assert len(long) - 1 > kv.width
+            kv.place([1], new)
+            rows[1] = list(long)
         if step == 2:
             kv.compact()
         if step == 1:  # a newly admitted row merged in, then an old one leaving
@@ -87,9 +94,9 @@ def _admissions(engine):
     """Wrap _admit to record (live rows before, rows admitted) per call."""
     calls, admit = [], engine._admit
 
-    def wrapped(waiting, slots, tkv, dkv):
+    def wrapped(waiting, slots, tkv, dkv, **kwargs):
         before = tkv.rows
-        rows = admit(waiting, slots, tkv, dkv)
+        rows = admit(waiting, slots, tkv, dkv, **kwargs)
         calls.append((before, len(rows)))
         return rows
     engine._admit = wrapped
