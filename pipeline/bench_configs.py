@@ -63,11 +63,6 @@ def hf(target, max_new: int, assistant=None, lookup: int | None = None, gamma: i
     HF's default top-k of 50, which ours does not apply). Assisted sampling is HF's
     `_speculative_sampling`: the assistant samples with the target's processors, q is its
     processed distribution."""
-    if assistant is not None:
-        gc = assistant.generation_config
-        gc.num_assistant_tokens = gamma
-        gc.num_assistant_tokens_schedule = "constant"
-        gc.assistant_confidence_threshold = 0.0
     kwargs: dict = {"do_sample": False}
     if sampling is not None and not sampling.greedy:
         kwargs = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p or 1.0,
@@ -79,6 +74,11 @@ def hf(target, max_new: int, assistant=None, lookup: int | None = None, gamma: i
     calls = [0]
 
     def fn(ids: list[int]) -> tuple[list[int], dict]:
+        if assistant is not None:  # set per call: configs at other gammas share this assistant
+            gc = assistant.generation_config
+            gc.num_assistant_tokens = gamma
+            gc.num_assistant_tokens_schedule = "constant"
+            gc.assistant_confidence_threshold = 0.0
         errors = 0
         while True:
             calls[0] += 1
@@ -144,6 +144,8 @@ def greedy_configs(target, draft, target_p, draft_p, costs: dict[str, Costs], ar
             if gg != g:
                 add(f"ours: model g={gg}", "ours", "prepacked", "model", gg,
                     ours(target_p, ModelDrafter(draft_p), gg, N), target_p, draft_p, "ours: target alone", cp)
+                add(f"HF assisted g={gg}", "hf", "stock", "model", gg, hf(target, N, assistant=draft, gamma=gg),
+                    target, draft, "HF greedy", cs)
         for gg in args.ngram_sweep:
             if gg != g:
                 add(f"ours: ngram g={gg}", "ours", "prepacked", "ngram", gg, ours(target_p, NgramDrafter(), gg, N),
