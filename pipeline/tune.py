@@ -390,7 +390,9 @@ class Tuner:
         self.why_no_batch = f"the target {why}: pipeline.run decodes it at --batch_size 1 only" if why else None
         if why:
             self.batches = []
-        self.batch_plan = 2 * len(self.batches)  # the chosen setting and the target alone per B
+        # Per B: the chosen setting, the same draft at gamma 1 (at large B the cores are busy and
+        # a rejected draft token costs a whole row of the verify pass) and the target alone.
+        self.batch_plan = 3 * len(self.batches)
         self.progress = Progress(self.per_run * (1 + len(self.drafters) + 1 + args.verify
                                                  + (1 if self.sampling.greedy else 0) + self.batch_plan))
         _LOG.info("sample: %d prompts (%.0f tokens on average), %d rows in the input; %d candidate draft(s)",
@@ -466,7 +468,8 @@ class Tuner:
         return [base1, base2], [*first, *second]
 
     def throughput(self, chosen: Setting | None, reference) -> list[dict]:
-        """The chosen batch-1 setting and the target alone at each batch size, order alternating."""
+        """The chosen batch-1 setting, the same draft at fixed gamma 1, and the target alone at
+        each batch size, order alternating."""
         if chosen is not None and chosen.candidate.drafter == "model":
             drafter = self.drafters[chosen.candidate.name]
             if isinstance(drafter, CrossTokenizerDrafter):
@@ -476,14 +479,21 @@ class Tuner:
             if why and self.batches:
                 self.why_no_batch = f"the draft {why}"
                 self.batches = []
-        self.progress.add_plan(self.per_run * ((2 if chosen else 1) * len(self.batches) - self.batch_plan))
+        def settings(b: int) -> list[Setting]:
+            out = [Setting(self.alone, 0, batch_size=b)]
+            if chosen is not None:
+                out.insert(0, Setting(chosen.candidate, chosen.gamma, chosen.policy, b))
+                if (chosen.gamma, chosen.policy) != (1, "fixed"):
+                    out.insert(1, Setting(chosen.candidate, 1, "fixed", b))
+            return out
+
+        self.progress.add_plan(self.per_run * (len(settings(1)) * len(self.batches) - self.batch_plan))
         rows = []
         for i, b in enumerate(self.batches):
-            pair = ([Setting(chosen.candidate, chosen.gamma, chosen.policy, b)] if chosen else []) + [
-                Setting(self.alone, 0, batch_size=b)]
-            for x in pair if i % 2 == 0 else pair[::-1]:
+            group = settings(b)
+            for x in group if i % 2 == 0 else group[::-1]:
                 self.batched(x)
-            rows += [x.row(self.args.max_gamma, reference) for x in pair]
+            rows += [x.row(self.args.max_gamma, reference) for x in group]
         return rows
 
 

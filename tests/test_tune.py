@@ -141,6 +141,11 @@ def test_cli_end_to_end_with_two_drafts(tiny, capsys):
     assert all(r["equal_to_target"] == 4 for r in runs), [(r["candidate"], r["equal_to_target"]) for r in runs]
     assert all(r["measured"] > 0 for r in runs)
     assert {r["batch_size"] for r in res["throughput"]} == {1, 2}
+    # At B=2: the target alone, and the chosen draft at its gamma and at gamma 1.
+    at2 = [(r["drafter"], r["gamma"], r["gamma_policy"]) for r in res["throughput"] if r["batch_size"] == 2]
+    assert ("none", None, "fixed") in at2
+    if any(d != "none" for d, _, _ in at2):
+        assert len(at2) == 3 and any(g == 1 and p == "fixed" for d, g, p in at2 if d != "none"), at2
     assert res["job_estimate"]["rows"] == 11 and res["job_estimate"]["seconds"] > 0
 
 
