@@ -133,3 +133,19 @@ def test_recipe_builds_a_pair_and_the_gate_catches_a_weak_one(tmp_path):
     with pytest.raises(dm.DemoQualityError):
         dm.retrain(tmp_path / "pair", weak)
     assert dm.verify_assets(tmp_path / "pair") == manifest
+
+
+@pytest.mark.slow
+def test_names_recipe_options_run_end_to_end(tmp_path):
+    """The names-in-words options at CI size: the demo prompts it writes are in its training
+    format (names in words, then the code with its identifiers split)."""
+    import dataclasses
+
+    recipe = dataclasses.replace(dm.TINY, name="tiny-names", name_head=True, split_identifiers=True,
+                                 pretraining="infill")
+    manifest = dm.retrain(tmp_path / "pair", recipe)
+    assert manifest["recipe_hash"] == recipe.hash() != dm.TINY.hash()
+    for r in dm.demo_prompt_rows(tmp_path / "pair"):
+        head, code = r["prompt"].split("\n", 1)
+        assert head.startswith(dm.TASK_PREFIX + demo_data.identifier_words(r["function"]))
+        assert code == demo_data.split_identifiers(code) and "_" not in code.split("(", 1)[0]
