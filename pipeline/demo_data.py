@@ -79,7 +79,7 @@ def summary_of(docstring: str) -> str:
 
 
 def functions(root: Path, rel: str) -> Iterator[dict]:
-    """Documented functions of one file: {code (docstring removed), summary, file, name, line}."""
+    """Documented functions of one file: {code (docstring removed), summary, file, name, params, line}."""
     try:
         source = (root / rel).read_text(encoding="utf-8")
         tree = ast.parse(source)
@@ -97,8 +97,10 @@ def functions(root: Path, rel: str) -> Iterator[dict]:
         first = node.body[0]
         code = textwrap.dedent("".join(lines[start:first.lineno - 1] + lines[first.end_lineno:node.end_lineno]))
         if summary and code.strip():
+            args = node.args
+            params = [a.arg for a in (*args.posonlyargs, *args.args, args.vararg, *args.kwonlyargs, args.kwarg) if a]
             yield {"code": code.rstrip() + "\n", "summary": summary, "file": rel, "name": node.name,
-                   "line": node.lineno}
+                   "params": params, "line": node.lineno}
 
 
 _WORD = re.compile(r"[A-Za-z]+")
@@ -117,3 +119,24 @@ def grounding(example: dict) -> float:
 def examples(files: Sequence[str], root: Path | None = None) -> list[dict]:
     root = root or stdlib_root()
     return [ex for rel in files for ex in functions(root, rel)]
+
+
+_IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
+
+
+def identifier_words(name: str) -> str:
+    """`_is_dataclassInstance` -> "is dataclass instance" (lower case, as mid-sentence words)."""
+    return " ".join(re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name).replace("_", " ").split()).lower()
+
+
+def split_identifiers(code: str) -> str:
+    """Every compound identifier written as its words: `self._user_id = getUserId()` ->
+    `self.user id = get user id()`. A byte-level BPE would cut `_user_id` into `_user` and `_id`,
+    tokens that never occur in a summary, which says ` user` and ` id`; split, the code's names
+    and the summary's words are the same tokens, and a small model can learn to copy them."""
+    def words(m: re.Match) -> str:
+        name = m.group(0)
+        split = identifier_words(name)
+        return split if split and (" " in split or name.startswith("_")) else name
+    return _IDENTIFIER.sub(words, code)
+

@@ -19,6 +19,9 @@ encoder and decoder blocks and final norms, then learns the target's own greedy 
 training functions (sequence-level distillation: what the draft must predict is what the target
 says, not what the reference says). fp32 training (bit-for-bit the same kernels' math on any
 x86 CPU up to rounding); weights saved in fp16 and the gate measured on the saved weights.
+
+``NAMES`` (``--retrain --names``) is the same recipe with the code's names given as words (a
+prompt head and split identifiers); it missed the gate too (README).
 """
 
 from __future__ import annotations
@@ -126,10 +129,23 @@ class Recipe:
     # Shipped in both generation configs, as summarization checkpoints do (BART-CNN: 3). The engine
     # applies the target's processors to p and q alike, so speculative output stays exact.
     no_repeat_ngram_size: int = 0
+    # Write every compound identifier of the code as its words (`get_user_name` -> `get user name`),
+    # as code-summarization preprocessing does, so the code's names are the summary's tokens.
+    split_identifiers: bool = False
+    # Lead each prompt with the function's and its parameters' names in words (`prompt_head`).
+    name_head: bool = False
+    # The target's second data set: "span" is T5's span corruption (the decoder writes only the
+    # masked spans, which are not in its input); "infill" is BART's text infilling (the decoder
+    # writes the whole window back, copying what it can read), which teaches copying from the input.
+    pretraining: str = "span"
     seed: int = 1234
 
     def hash(self) -> str:
-        payload = {"version": RECIPE_VERSION, "recipe": dataclasses.asdict(self),
+        # Options added after a pair was committed count only when set, so the committed pair's
+        # recipe keeps the hash its manifest records.
+        recipe = {k: v for k, v in dataclasses.asdict(self).items()
+                  if not (k in ("split_identifiers", "name_head", "pretraining") and v == getattr(Recipe, k))}
+        payload = {"version": RECIPE_VERSION, "recipe": recipe,
                    "python": f"{sys.version_info.major}.{sys.version_info.minor}"}  # the stdlib is the data
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -149,6 +165,14 @@ FULL = Recipe(
     min_grounding=0.4,
     no_repeat_ngram_size=3,
 )
+
+# The best of three tries of the names-in-words hypothesis (README's table; none reached the
+# gate): the code's names as words, and a 2 + 1-layer draft (two encoder layers read the prompt
+# once, one decoder layer keeps each drafted token cheap). The other two: FULL with only
+# name_head; this with pretraining="infill" on 30% of the target's batches.
+NAMES = dataclasses.replace(
+    FULL, name="names", name_head=True, split_identifiers=True,
+    draft=T5Spec(d_model=128, d_ff=512, heads=4, encoder_layers=2, decoder_layers=1))
 
 # CI-sized: trains in seconds; its gate is only "the code runs", so tests can also make it fail.
 TINY = Recipe(
@@ -360,7 +384,8 @@ def greedy_summaries(model, sources: list[list[int]], max_new_tokens: int, batch
     return out
 
 
-def span_corruption(tokenizer, texts: list[str], window: int, n: int, seed: int) -> list[tuple[list[int], list[int]]]:
+def span_corruption(tokenizer, texts: list[str], window: int, n: int, seed: int,
+                    infill: bool = False) -> list[tuple[list[int], list[int]]]:
     """T5's pretraining examples from code: about 15% of a window's tokens, in spans of about 3,
     replaced by sentinels in the input and spelled out after them in the target. The decoder can
     only lower this loss by reading the encoder, which is what the small summarization set alone
@@ -379,17 +404,45 @@ def span_corruption(tokenizer, texts: list[str], window: int, n: int, seed: int)
             src += toks[last:at] + [sentinel + i]
             tgt += [sentinel + i] + toks[at:at + length]
             last = at + length
-        out.append((src + toks[last:] + [1], tgt + [1]))
+        out.append((src + toks[last:] + [1], (toks if infill else tgt) + [1]))
     return out
+
+
+def prompt_head(example: dict) -> str:
+    """The prompt's first line: the task prefix, then the function's and its parameters' names in
+    words. A byte-level BPE cuts `get_user_name` into tokens such as `_user` and `_name`, while the
+    summary says ` user` and ` name`: different tokens, so a small model trained from scratch has to
+    learn that the one is a copy of the other. Code-summarization preprocessing splits identifiers
+    into subwords for the same reason (`Recipe.split_identifiers` does that to the code too); the
+    head puts the names first, each word a space-led token as in the summary:
+    `def get_user_name(self, user_id):` -> "summarize: get user name | user id"."""
+    params = [demo_data.identifier_words(a) for a in example.get("params", ()) if a not in ("self", "cls")]
+    head = TASK_PREFIX + demo_data.identifier_words(example["name"])
+    return head + (" | " + ", ".join(p for p in params if p) if any(params) else "")
+
+
+def prompt_text(example: dict, recipe: Recipe) -> str:
+    """What the model reads, in training and in the demo alike: the head line (if the recipe has
+    one), then the code."""
+    return prompt_head(example) + "\n" + example["code"] if recipe.name_head else TASK_PREFIX + example["code"]
+
+
+def _input_limit(tokenizer, example: dict, recipe: Recipe) -> int:
+    """Inputs are cut as they were before the head: `max_code_tokens` of prefix and code, plus
+    whatever the head line adds, so the head never costs the code a token."""
+    with_head, without = (len(tokenizer(t)["input_ids"])
+                          for t in (prompt_text(example, recipe), TASK_PREFIX + example["code"]))
+    return recipe.max_code_tokens + with_head - without
 
 
 def _encode(tokenizer, examples: list[dict], recipe: Recipe) -> list[tuple[list[int], list[int]]]:
     pairs = []
     for ex in examples:
-        src = tokenizer(TASK_PREFIX + ex["code"])["input_ids"]
+        src = tokenizer(prompt_text(ex, recipe))["input_ids"]
         tgt = tokenizer(ex["summary"])["input_ids"]
+        limit = _input_limit(tokenizer, ex, recipe)
         if len(tgt) <= recipe.max_summary_tokens:
-            pairs.append((src[: recipe.max_code_tokens - 1] + [1] if len(src) > recipe.max_code_tokens else src, tgt))
+            pairs.append((src[: limit - 1] + [1] if len(src) > limit else src, tgt))
     return pairs
 
 
@@ -408,7 +461,7 @@ def pick_prompts(tokenizer, examples: list[dict], recipe: Recipe) -> list[dict]:
         for file in sorted(by_file):
             if depth < len(by_file[file]) and len(rows) < recipe.prompts:
                 ex = by_file[file][depth]
-                rows.append({"id": f"stdlib-{len(rows):04d}", "prompt": TASK_PREFIX + ex["code"],
+                rows.append({"id": f"stdlib-{len(rows):04d}", "prompt": prompt_text(ex, recipe),
                              "reference": ex["summary"],
                              "source_file": ex["file"], "source_line": ex["line"], "function": ex["name"]})
         depth += 1
@@ -519,6 +572,8 @@ def retrain(out: Path = ASSETS, recipe: Recipe = FULL) -> dict:
     train_files = train_files[:: recipe.file_stride]
     train_ex, held_ex = ([e for e in demo_data.examples(files, root) if demo_data.grounding(e) >= recipe.min_grounding]
                          for files in (train_files, held_files))
+    code_of = demo_data.split_identifiers if recipe.split_identifiers else str
+    train_ex, held_ex = ([{**e, "code": code_of(e["code"])} for e in exs] for exs in (train_ex, held_ex))
     if len(train_ex) < 50 or not held_ex:
         raise DemoSetupError(f"too few documented functions under the stdlib directory {root} "
                              f"({len(train_ex)} to train on) to build the demo pair")
@@ -538,9 +593,10 @@ def retrain(out: Path = ASSETS, recipe: Recipe = FULL) -> dict:
     texts, size = [], 0
     for f in train_files:  # a few MB of code is plenty of windows
         if size < 6_000_000 and (text := demo_data.read_source(root, f)):
-            texts.append(text)
+            texts.append(code_of(text))
             size += len(text)
-    spans = span_corruption(tokenizer, texts, recipe.max_code_tokens, 50_000, recipe.seed + 5)
+    spans = span_corruption(tokenizer, texts, recipe.max_code_tokens, 50_000, recipe.seed + 5,
+                            infill=recipe.pretraining == "infill")
     target = make_model(recipe.target, len(tokenizer), recipe.seed)
     target_info = train(target, pairs, recipe.target_train, recipe.seed + 1, "target", extra_pairs=spans,
                         probe=probe)
@@ -564,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retrain", action="store_true", help="rebuild the pair and prompts from the stdlib")
     ap.add_argument("--out", default=str(ASSETS), help=f"where the pair goes (default {ASSETS})")
     ap.add_argument("--tiny", action="store_true", help="the CI-sized recipe (seconds; no real quality)")
+    ap.add_argument("--names", action="store_true", help="the names-in-words recipe (README: below its gate)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -571,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         if args.retrain:
-            manifest = retrain(Path(args.out), TINY if args.tiny else FULL)
+            manifest = retrain(Path(args.out), TINY if args.tiny else NAMES if args.names else FULL)
         else:
             manifest = verify_assets(Path(args.out))
     except DemoSetupError as e:

@@ -38,7 +38,23 @@ def test_functions_are_code_without_docstring_and_first_paragraph(tmp_path):
     (ex,) = demo_data.functions(tmp_path, "m.py")
     assert ex["summary"] == "Return the size in bytes of the file."
     assert ex["code"] == '@property\ndef size(self, unit="b"):\n    return self._size\n'
-    assert ex["name"] == "size" and ex["file"] == "m.py"
+    assert ex["name"] == "size" and ex["file"] == "m.py" and ex["params"] == ["self", "unit"]
+
+
+def test_prompt_leads_with_the_names_in_words():
+    """Identifiers tokenize as `_user`, summaries say ` user`: the head line gives the model the
+    names as the words a summary uses, and the code follows unchanged."""
+    ex = {"name": "get_userName", "params": ["self", "user_id", "kwargs"], "code": "def get_userName(self):\n"}
+    assert dm.prompt_head(ex) == "summarize: get user name | user id, kwargs"
+    assert dm.prompt_text(ex, dm.NAMES) == "summarize: get user name | user id, kwargs\ndef get_userName(self):\n"
+    assert dm.prompt_head({"name": "walk", "params": ["cls"]}) == "summarize: walk"
+    assert dm.prompt_text(ex, dm.FULL) == "summarize: def get_userName(self):\n"  # the committed pair's format
+
+
+def test_split_identifiers_writes_compound_names_as_words():
+    code = "def get_user_name(self, user_id=None):\n    self._size = getUserId(HTTPConnection, x)\n"
+    assert demo_data.split_identifiers(code) == (
+        "def get user name(self, user id=None):\n    self.size = get user id(HTTPConnection, x)\n")
 
 
 def test_committed_pair_is_verified_t5_sharing_one_tokenizer():
@@ -61,6 +77,11 @@ def test_committed_pair_is_verified_t5_sharing_one_tokenizer():
     rows = dm.demo_prompt_rows()
     assert len(rows) >= 40 and all(r["prompt"] and r["reference"] for r in rows)
     assert all(demo_data.is_heldout(r["source_file"]) for r in rows)
+    # The committed pair is what the recipe in this repository makes: a recipe edited since would
+    # no longer rebuild it (retrain, or leave FULL as it was).
+    recipe = {"full": dm.FULL, "names": dm.NAMES}[manifest["recipe"]]
+    assert manifest["recipe_hash"] == recipe.hash()
+    assert all(r["prompt"].startswith(dm.TASK_PREFIX) and f"def {r['function']}" in r["prompt"] for r in rows)
 
 
 @pytest.fixture
@@ -112,3 +133,19 @@ def test_recipe_builds_a_pair_and_the_gate_catches_a_weak_one(tmp_path):
     with pytest.raises(dm.DemoQualityError):
         dm.retrain(tmp_path / "pair", weak)
     assert dm.verify_assets(tmp_path / "pair") == manifest
+
+
+@pytest.mark.slow
+def test_names_recipe_options_run_end_to_end(tmp_path):
+    """The names-in-words options at CI size: the demo prompts it writes are in its training
+    format (names in words, then the code with its identifiers split)."""
+    import dataclasses
+
+    recipe = dataclasses.replace(dm.TINY, name="tiny-names", name_head=True, split_identifiers=True,
+                                 pretraining="infill")
+    manifest = dm.retrain(tmp_path / "pair", recipe)
+    assert manifest["recipe_hash"] == recipe.hash() != dm.TINY.hash()
+    for r in dm.demo_prompt_rows(tmp_path / "pair"):
+        head, code = r["prompt"].split("\n", 1)
+        assert head.startswith(dm.TASK_PREFIX + demo_data.identifier_words(r["function"]))
+        assert code == demo_data.split_identifiers(code) and "_" not in code.split("(", 1)[0]
