@@ -427,20 +427,16 @@ def prompt_text(example: dict, recipe: Recipe) -> str:
     return prompt_head(example) + "\n" + example["code"] if recipe.name_head else TASK_PREFIX + example["code"]
 
 
-def _input_limit(tokenizer, example: dict, recipe: Recipe) -> int:
-    """Inputs are cut as they were before the head: `max_code_tokens` of prefix and code, plus
-    whatever the head line adds, so the head never costs the code a token."""
-    with_head, without = (len(tokenizer(t)["input_ids"])
-                          for t in (prompt_text(example, recipe), TASK_PREFIX + example["code"]))
-    return recipe.max_code_tokens + with_head - without
-
-
 def _encode(tokenizer, examples: list[dict], recipe: Recipe) -> list[tuple[list[int], list[int]]]:
     pairs = []
     for ex in examples:
         src = tokenizer(prompt_text(ex, recipe))["input_ids"]
         tgt = tokenizer(ex["summary"])["input_ids"]
-        limit = _input_limit(tokenizer, ex, recipe)
+        # Inputs are cut as they were before the head: `max_code_tokens` of prefix and code, plus
+        # whatever the head line adds, so the head never costs the code a token.
+        limit = recipe.max_code_tokens
+        if recipe.name_head:
+            limit += len(src) - len(tokenizer(TASK_PREFIX + ex["code"])["input_ids"])
         if len(tgt) <= recipe.max_summary_tokens:
             pairs.append((src[: limit - 1] + [1] if len(src) > limit else src, tgt))
     return pairs

@@ -110,9 +110,9 @@ class BatchKV:
             self._widen(need - self.width)
             mine = self._layers()
         width = self.width
+        index = [torch.tensor(c, dtype=torch.long, device=self.device) for c in fresh.cols]
         for (k, v), (fk, fv) in zip(mine, theirs, strict=True) if theirs else ():  # none: one-token prompts
-            for j, slot in enumerate(slots):
-                cols = torch.tensor(fresh.cols[j], dtype=torch.long, device=self.device)
+            for j, (slot, cols) in enumerate(zip(slots, index, strict=True)):
                 k[slot, :, width - len(cols):] = fk[j, :, cols]
                 v[slot, :, width - len(cols):] = fv[j, :, cols]
         for j, slot in enumerate(slots):
