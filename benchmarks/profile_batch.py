@@ -1,0 +1,57 @@
+"""Scratch: where a batched run of our engine spends its time (cProfile), against plain HF batched
+generate, on the quick synthetic pair: 2*B prompts of 64 tokens, 48 new tokens, gamma 2, 1 thread.
+
+Run after `python -m pipeline.bench --quick` (uses its cached quick pair): python benchmarks/profile_batch.py 32
+(the source of the 7.04 s -> 6.02 s and select+merge 1.16 s -> 0.33 s figures in BENCHMARKS.md)."""
+import cProfile
+import glob
+import pstats
+import sys
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from pipeline.bench_pairs import QUICK_SYNTH, synthetic_prompts
+from pipeline.bench_throughput import hf_batched
+from specdec_core.batch_engine import BatchSpeculativeGenerator
+from specdec_core.cpu_speed import prepare_for_cpu
+from specdec_core.drafters import ModelDrafter
+
+torch.set_num_threads(1)
+B = int(sys.argv[1]) if len(sys.argv) > 1 else 32
+pair = sorted(glob.glob("benchmarks/.cache/synthetic-2000-*"))[0]
+target = prepare_for_cpu(AutoModelForCausalLM.from_pretrained(pair + "/target").eval())
+draft = prepare_for_cpu(AutoModelForCausalLM.from_pretrained(pair + "/draft").eval())
+tok = AutoTokenizer.from_pretrained(pair + "/target")
+ids = [tok(text)["input_ids"] for _, text in synthetic_prompts(QUICK_SYNTH, 2 * B, 64)]
+
+forwards = {"s": 0.0, "n": 0}
+for model in (target, draft):
+    def timed(*a, _forward=model.forward, **k):
+        t = time.perf_counter()
+        out = _forward(*a, **k)
+        forwards["s"] += time.perf_counter() - t
+        forwards["n"] += 1
+        return out
+    model.forward = timed
+
+gen = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=B, num_speculative_tokens=2,
+                                max_new_tokens=48)
+gen.generate_many([(p, 0) for p in ids[:B]])  # warm-up
+forwards.update(s=0.0, n=0)
+t0 = time.perf_counter()
+prof = cProfile.Profile()
+prof.enable()
+outs = gen.generate_many([(p, 0) for p in ids])
+prof.disable()
+wall = time.perf_counter() - t0
+print(f"ours B={B}: {wall:.2f} s, forwards {forwards['s']:.2f} s ({forwards['n']}), "
+      f"{sum(len(o.tokens) for o in outs) / wall:.0f} tokens/s")
+pstats.Stats(prof).sort_stats("cumulative").print_stats("batch_kv|batch_engine|kv_cache")
+forwards.update(s=0.0, n=0)
+t0 = time.perf_counter()
+hf_outs, _ = hf_batched(target, ids, B, 48)
+wall = time.perf_counter() - t0
+print(f"plain HF B={B}: {wall:.2f} s, forwards {forwards['s']:.2f} s ({forwards['n']}), "
+      f"{sum(len(x) for x in hf_outs) / wall:.0f} tokens/s")
