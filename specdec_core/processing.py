@@ -85,15 +85,23 @@ class LogitsTransform:
         self.processors = processors
         self.row_wise = all(isinstance(p, _ROW_WISE) for p in processors)
 
+    def _apply(self, ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        # Each processor called directly: `LogitsProcessorList.__call__` runs
+        # `inspect.signature` on every processor at every call (for optional kwargs, which
+        # ours never take), about 0.1 ms each, against a 2-5 ms step of a small model.
+        for processor in self.processors:
+            scores = processor(ids, scores)
+        return scores
+
     def __call__(self, seq: list[int], scores: torch.Tensor) -> torch.Tensor:
         """Row j of `scores` (m, V) predicts the token after seq[:len(seq)-m+1+j]."""
         if not self.processors:
             return scores
         m = scores.shape[0]
         if self.row_wise:  # these processors ignore the ids: skip building them
-            return self.processors(torch.zeros((m, 1), dtype=torch.long, device=scores.device), scores)
+            return self._apply(torch.zeros((m, 1), dtype=torch.long, device=scores.device), scores)
         ids = torch.tensor([seq], device=scores.device)
-        rows = [self.processors(ids[:, : len(seq) - m + 1 + j], scores[j : j + 1]) for j in range(m)]
+        rows = [self._apply(ids[:, : len(seq) - m + 1 + j], scores[j : j + 1]) for j in range(m)]
         return torch.cat(rows)
 
 
