@@ -2,8 +2,10 @@
 
 An offline job pays for machine hours, so the number its user compares is throughput. On the
 same prompts, in one run, this times plain Hugging Face batched greedy `generate` of the
-target alone (left padding) and our batched speculative engine (continuous batching) at each
-batch size B, and checks that our outputs equal the target's own greedy decoding per prompt.
+target alone (left padding; with its default cache and with its preallocated static one, so
+that "plain batching at its best" is) and our batched speculative engine (continuous batching)
+at each batch size B, and checks that every output equals the target's own greedy decoding per
+prompt.
 It writes (or replaces) a "Throughput" section in the report, between HTML markers, so
 `pipeline.bench` can run without erasing it (and `pipeline.bench --throughput` runs it too).
 """
@@ -30,8 +32,12 @@ _LOG = logging.getLogger("pipeline.bench_throughput")
 BEGIN, END = "<!-- throughput:begin -->", "<!-- throughput:end -->"
 
 
-def hf_batched(model, prompts: list[list[int]], batch: int, max_new: int) -> tuple[list[list[int]], float]:
-    """Plain batched greedy generate, B prompts at a time, left-padded; (outputs, seconds)."""
+def hf_batched(model, prompts: list[list[int]], batch: int, max_new: int,
+               cache: str = "dynamic") -> tuple[list[list[int]], float]:
+    """Plain batched greedy generate, B prompts at a time, left-padded; (outputs, seconds).
+    cache "static" is HF's preallocated cache (`cache_implementation="static"`), which writes
+    each step in place instead of concatenating: at long contexts it is plain batching's best."""
+    extra = {} if cache == "dynamic" else {"cache_implementation": cache}
     outs, t0 = [], time.perf_counter()
     for i in range(0, len(prompts), batch):
         chunk = prompts[i : i + batch]
@@ -40,7 +46,7 @@ def hf_batched(model, prompts: list[list[int]], batch: int, max_new: int) -> tup
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
         with torch.inference_mode():
             out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
-                                 min_new_tokens=max_new, pad_token_id=0, eos_token_id=None)
+                                 min_new_tokens=max_new, pad_token_id=0, eos_token_id=None, **extra)
         outs += out[:, width:].tolist()
     return outs, time.perf_counter() - t0
 
@@ -64,7 +70,8 @@ def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int,
 
 
 def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: list[int], gammas: list[int],
-        max_new: int, drafters: list[str], hf_kernels: list[str], reps: int) -> list[dict]:
+        max_new: int, drafters: list[str], hf_kernels: list[str], reps: int,
+        hf_caches: tuple[str, ...] = ("dynamic",)) -> list[dict]:
     """Every config at every B, `reps` times, alternating the order within a B (ABBA) so that
     load drifting on a shared machine does not favour whichever config runs last."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -85,15 +92,16 @@ def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: l
     hf_batched(target, ids[:2], 2, 4)
     ours_batched(target_p, makers[drafters[0]](), ids[:2], 2, gammas[0], 4)
     for b in batches:
-        configs = [(f"HF generate, target alone ({k} kernels)", "hf", k, None) for k in hf_kernels]
+        configs = [(f"HF generate, target alone ({k} kernels" + (f", {c} cache)" if c != "dynamic" else ")"),
+                    "hf", (k, c), None) for k in hf_kernels for c in hf_caches]
         configs += [(f"ours, drafter {d}" + (f", gamma {g}" if d != "none" else ""), d, None, g)
                     for d in drafters for g in (gammas if d != "none" else gammas[:1])]
         acc: dict[str, dict] = {label: {"seconds": 0.0, "runs": [], "acceptance": None, "equal": None}
                                 for label, *_ in configs}
         for rep in range(reps):
-            for label, kind, kernels, g in (configs if rep % 2 == 0 else configs[::-1]):
+            for label, kind, setting, g in (configs if rep % 2 == 0 else configs[::-1]):
                 if kind == "hf":
-                    outs, secs = hf_batched(models[kernels], ids, b, max_new)
+                    outs, secs = hf_batched(models[setting[0]], ids, b, max_new, setting[1])
                     if reference is None and b == 1:
                         reference = outs
                     st = {"acceptance": None}
@@ -103,7 +111,7 @@ def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: l
                 a["seconds"] += secs
                 a["runs"].append(n_tokens / secs)
                 a["acceptance"] = st["acceptance"]
-                if kind != "hf" and reference is not None:
+                if reference is not None:  # HF's own batched rows too: padding may round differently
                     equal = sum(o == r for o, r in zip(outs, reference, strict=True))
                     a["equal"] = equal if a["equal"] is None else min(a["equal"], equal)
                 _LOG.info("%s B=%d: %.1f tok/s", label, b, n_tokens / secs)
@@ -164,6 +172,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max_new_tokens", type=int, default=48)
     p.add_argument("--gammas", default="2,4", help="comma-separated fixed gammas for our engine")
     p.add_argument("--hf_kernels", default="stock,prepacked", help="kernels for plain HF: stock, prepacked or both")
+    p.add_argument("--hf_cache", default="dynamic,static",
+                   help="caches for plain HF: dynamic (generate's default), static (preallocated, written in "
+                        "place: the faster at large B) or both")
     p.add_argument("--reps", type=int, default=2, help="runs of every config, order alternating")
     p.add_argument("--batches", default="1,4,8,16", help="comma-separated batch sizes")
     p.add_argument("--drafters", default="model,none", help="comma-separated: model, ngram, none")
@@ -186,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     shown = [x for i, x in enumerate(argv) if x != "--note" and (i == 0 or argv[i - 1] != "--note")]
     t0 = time.perf_counter()
     rows = run(dirs["target"], dirs["draft"], prompts, batches, [int(g) for g in a.gammas.split(",")],
-               a.max_new_tokens, [d.strip() for d in a.drafters.split(",")], a.hf_kernels.split(","), a.reps)
+               a.max_new_tokens, [d.strip() for d in a.drafters.split(",")], a.hf_kernels.split(","), a.reps,
+               tuple(a.hf_cache.split(",")))
     header = (f"Synthetic pair of `pipeline.bench` ({spec.layers}-layer Llama target, hidden {spec.hidden}; "
               f"{spec.draft_layers}-layer early-exit draft), {a.prompts} prompts of {a.prompt_tokens} tokens "
               f"(mixed random/repetitive, as in the bench), {a.max_new_tokens} new tokens each, greedy, fixed gamma, "
