@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import re
 import shlex
 import statistics
 import time
@@ -244,7 +245,19 @@ def write_report(path: Path, csv_path: Path, results: list[dict], skipped: list[
     notes = Path(__file__).resolve().parent.parent / "benchmarks" / "NOTES.md"
     if notes.exists() and not args.quick:  # hand-written interpretation of the full run
         w(notes.read_text())
+    L += kept_sections(path)
     path.write_text("\n".join(L) + "\n")
+
+
+_MARKED = re.compile(r"<!-- ([\w-]+):begin -->.*?<!-- \1:end -->", re.S)
+
+
+def kept_sections(path: Path) -> list[str]:
+    """The old report's sections between `<!-- NAME:begin -->` and `<!-- NAME:end -->` markers:
+    runs of other tools (throughput, cross-tokenizer) and hand-written records of earlier runs.
+    A new bench run keeps them after its own sections instead of erasing them; a tool that
+    rewrites its own section replaces it in place (`bench_throughput.write_section`)."""
+    return [m.group(0) + "\n" for m in _MARKED.finditer(path.read_text())] if path.exists() else []
 
 
 def dtype_section(res: dict, by: dict) -> list[str]:

@@ -14,10 +14,13 @@ from tests.numerics import assert_logits_close
 @pytest.mark.slow
 def test_bench_quick_tiny_writes_report(tmp_path):
     out = tmp_path / "BENCHMARKS.md"
+    kept = "<!-- by-hand:begin -->\n## A run by hand\nkept\n<!-- by-hand:end -->"
+    out.write_text(f"# Old report\n\nstale table\n\n{kept}\n")
     rc = bench.main(["--tiny", "--out", str(out), "--cache_dir", str(tmp_path / "cache"), "--prompts", "2",
                      "--max_new_tokens", "12"])
     assert rc == 0  # every greedy output identical to the target alone
     text = out.read_text()
+    assert "stale table" not in text and kept in text
     for needle in ("ours: target alone", "HF greedy", "ours: model adaptive", "HF assisted g=4",
                    "HF prompt lookup g=4", "ours: ngram g=4", "v(5)", "Beam job vs bare engine loop",
                    "analytic bound", "torch 2.", "Draft dtypes", "| bfloat16 |", "| int8 |",
@@ -153,3 +156,12 @@ def _costs():
     from specdec_core.gamma import Costs
 
     return Costs(c=0.1, v={2: 1.1, 3: 1.2})
+
+
+def test_a_new_report_keeps_the_marked_sections_of_the_old_one(tmp_path):
+    old = tmp_path / "BENCHMARKS.md"
+    assert bench_report.kept_sections(old) == []
+    old.write_text("# Benchmarks\ngenerated\n<!-- a:begin -->\none\n<!-- a:end -->\nloose text\n"
+                   "<!-- b-2:begin -->\ntwo\n<!-- b-2:end -->\n<!-- c:begin -->\nno end marker\n")
+    assert bench_report.kept_sections(old) == ["<!-- a:begin -->\none\n<!-- a:end -->\n",
+                                               "<!-- b-2:begin -->\ntwo\n<!-- b-2:end -->\n"]
