@@ -180,7 +180,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--drafters", default="model,none", help="comma-separated: model, ngram, none")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--note", default="", help="free text added to the report (e.g. that the machine was shared)")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    # Checked here, in one line, rather than after the models load.
+    for flag, allowed in (("hf_kernels", ("stock", "prepacked")), ("hf_cache", ("dynamic", "static")),
+                          ("drafters", ("model", "ngram", "none"))):
+        bad = [x for x in getattr(a, flag).split(",") if x.strip() not in allowed]
+        if bad:
+            p.error(f"--{flag}: {', '.join(bad)} is not one of {', '.join(allowed)}")
+    return a
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,7 @@
 """`pipeline.bench_throughput` on tiny models: it writes its section and our outputs match HF's."""
 
+import pytest
+
 from pipeline import bench_throughput
 
 
@@ -30,3 +32,13 @@ def test_plain_batching_with_hf_static_cache_is_a_baseline(tmp_path):
     static = [line for line in rows if "static cache" in line]
     assert len(rows) == 4 and len(static) == 2, rows
     assert all(line.rstrip(" |").endswith("3/3") for line in rows), rows  # the same tokens as HF at B=1
+
+
+@pytest.mark.parametrize("flag, value", [("--hf_cache", "dynamic,statc"), ("--hf_kernels", "stok"),
+                                         ("--drafters", "model,ngrm")])
+def test_a_mistyped_setting_stops_before_any_work(tmp_path, capsys, flag, value):
+    with pytest.raises(SystemExit) as e:
+        bench_throughput.main(["--size", "tiny", "--cache_dir", str(tmp_path / "cache"), flag, value])
+    assert e.value.code == 2
+    assert f"{flag}: {value.split(',')[-1]} is not one of" in capsys.readouterr().err
+    assert not (tmp_path / "cache").exists()  # stopped before building the pair
