@@ -184,9 +184,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     # Checked here, in one line, rather than after the models load.
     for flag, allowed in (("hf_kernels", ("stock", "prepacked")), ("hf_cache", ("dynamic", "static")),
                           ("drafters", ("model", "ngram", "none"))):
-        bad = [x for x in getattr(a, flag).split(",") if x.strip() not in allowed]
+        values = [x.strip() for x in getattr(a, flag).split(",")]
+        bad = [x for x in values if x not in allowed]
         if bad:
             p.error(f"--{flag}: {', '.join(bad)} is not one of {', '.join(allowed)}")
+        setattr(a, flag, values)
     return a
 
 
@@ -204,8 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     shown = [x for i, x in enumerate(argv) if x != "--note" and (i == 0 or argv[i - 1] != "--note")]
     t0 = time.perf_counter()
     rows = run(dirs["target"], dirs["draft"], prompts, batches, [int(g) for g in a.gammas.split(",")],
-               a.max_new_tokens, [d.strip() for d in a.drafters.split(",")], a.hf_kernels.split(","), a.reps,
-               tuple(a.hf_cache.split(",")))
+               a.max_new_tokens, a.drafters, a.hf_kernels, a.reps, tuple(a.hf_cache))
     header = (f"Synthetic pair of `pipeline.bench` ({spec.layers}-layer Llama target, hidden {spec.hidden}; "
               f"{spec.draft_layers}-layer early-exit draft), {a.prompts} prompts of {a.prompt_tokens} tokens "
               f"(mixed random/repetitive, as in the bench), {a.max_new_tokens} new tokens each, greedy, fixed gamma, "
