@@ -91,6 +91,8 @@ def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: l
     # Warm-up (first-call allocations, oneDNN kernel selection) outside the clock.
     hf_batched(target, ids[:2], 2, 4)
     ours_batched(target_p, makers[drafters[0]](), ids[:2], 2, gammas[0], 4)
+    if 1 not in batches:  # every output is still checked against the prompt decoded alone
+        reference, _ = hf_batched(target, ids, 1, max_new)
     for b in batches:
         configs = [(f"HF generate, target alone ({k} kernels" + (f", {c} cache)" if c != "dynamic" else ")"),
                     "hf", (k, c), None) for k in hf_kernels for c in hf_caches]

@@ -27,6 +27,28 @@ from specdec_core.engine import FinishCheck, Generation, ItemStats, ItemTimeout,
 from specdec_core.gamma import GammaPolicy, GammaState
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
 
+# On a CPU one pass over many prompts is slower than several smaller passes: its activations
+# outgrow the caches, and every elementwise op then streams them from memory. Quick bench pair,
+# 2 threads (`benchmarks/prefill_passes.py`, four runs): 64 prompts of 511 tokens took 1.4-1.6x
+# as long in one pass as in passes of 4 rows, 128 prompts of 64 tokens 1.03-1.4x as long as in
+# passes of 32; the 325M pair, compute-bound, 1.0-1.2x. Whole jobs of 64 such long prompts at
+# B=64: 1.11-1.19x the tokens/s (`benchmarks/prefill_budget_ab.py`). GPUs want big passes.
+CPU_PREFILL_TOKENS = 2048
+
+
+def prefill_chunks(lengths: list[int], budget: int | None) -> list[list[int]]:
+    """Consecutive row indices per prefill pass: rows x longest row <= budget (one row at least)."""
+    chunks: list[list[int]] = []
+    longest = 0
+    for j, n in enumerate(lengths):
+        if chunks and (budget is None or (len(chunks[-1]) + 1) * max(longest, n) <= budget):
+            chunks[-1].append(j)
+            longest = max(longest, n)
+        else:
+            chunks.append([j])
+            longest = n
+    return chunks
+
 
 def unbatchable(config) -> str | None:
     """Why a model cannot decode in our padded batches, or None. The scheme needs a plain
@@ -74,7 +96,10 @@ class BatchSpeculativeGenerator:
         max_new_tokens: int = 128,
         sampling: SamplingSettings = SamplingSettings(),
         gamma_policy: GammaPolicy | None = None,
+        prefill_tokens: int | None = None,
     ):
+        """prefill_tokens: the most prompt tokens (rows x longest row) in one prefill pass; None
+        = `CPU_PREFILL_TOKENS` on a CPU, no limit elsewhere."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         for model in (target, drafter.model if isinstance(drafter, ModelDrafter) else None):
@@ -94,6 +119,9 @@ class BatchSpeculativeGenerator:
         self.draft_model = drafter.model if isinstance(drafter, ModelDrafter) else None
         pad = target.config.pad_token_id
         self.pad_id = int(pad) if isinstance(pad, int) else 0
+        if prefill_tokens is None and target.device.type == "cpu":
+            prefill_tokens = CPU_PREFILL_TOKENS
+        self.prefill_tokens = prefill_tokens
 
     # -- one row --------------------------------------------------------------------------------
 
@@ -183,21 +211,26 @@ class BatchSpeculativeGenerator:
 
     def _admit(self, waiting: deque, slots: int, tkv: BatchKV, dkv: BatchKV | None,
                into: list[int] | None = None) -> list[_Row]:
-        """Prefill up to `slots` waiting prompts in one pass per model, then merge them in after
-        the live rows, or write them over the finished rows `into` (one per prompt)."""
+        """Prefill up to `slots` waiting prompts (in passes of at most `prefill_tokens` tokens),
+        then merge them in after the live rows, or write them over the finished rows `into` (one
+        per prompt)."""
         rows = [self._new_row(i, list(ids), seed, check) for i, (ids, seed, check) in
                 (waiting.popleft() for _ in range(min(slots, len(waiting))))]
         # Invariant between rounds, as in the batch-1 engine: each cache holds every committed
         # token of a row except the newest.
+        feeds = [r.seq[:-1] for r in rows]
         for kv, model in ((tkv, self.target), (dkv, self.draft_model)):
             if kv is None:
                 continue
-            fresh = BatchKV(model, len(rows), self.pad_id)
-            fresh.forward([r.seq[:-1] for r in rows], logits=False)
+            parts = []
+            for chunk in prefill_chunks([len(f) for f in feeds], self.prefill_tokens):
+                fresh = BatchKV(model, len(chunk), self.pad_id)
+                fresh.forward([feeds[j] for j in chunk], logits=False)
+                if into is not None:
+                    kv.place([into[j] for j in chunk], fresh)
+                parts.append(fresh)
             if into is None:
-                kv.merge(fresh)
-            else:
-                kv.place(into, fresh)
+                kv.merge(*parts)
         now = time.perf_counter()
         for r in rows:
             r.stats.prefill_s = now - r.start

@@ -136,6 +136,8 @@ class BatchKV:
         """Each layer's keys/values with every row's valid columns right-aligned in `width`
         columns (left padding). `like` gives shapes when this cache has never run a pass."""
         layers = self._layers()
+        if layers and self.width == width and all(len(c) == width for c in self.cols):
+            return layers  # every column valid (prompts of one length): already aligned
         out = []
         if not layers:
             for k, v in like:
@@ -165,24 +167,25 @@ class BatchKV:
         self.merge(BatchKV(self.model, 0, self.pad_id))
 
     @torch.inference_mode()
-    def merge(self, other: BatchKV) -> None:
-        """Append `other`'s rows (e.g. freshly prefilled prompts) after this cache's rows,
-        compacting both on the way."""
-        width = max((len(c) for c in self.cols + other.cols), default=0)
-        mine, theirs = self._layers(), other._layers()
-        like = mine or theirs
-        if not like:  # neither cache has run a pass yet (one-token prompts): nothing to move
-            self.mask = torch.zeros((self.rows + other.rows, 0), dtype=torch.long, device=self.device)
-            self.cols = self.cols + other.cols
+    def merge(self, *others: BatchKV) -> None:
+        """Append the rows of `others` (e.g. freshly prefilled prompts, one cache per prefill
+        pass) after this cache's rows, compacting all on the way."""
+        every = [kv for kv in (self, *others) if kv.rows]
+        width = max((len(c) for kv in every for c in kv.cols), default=0)
+        holder = next((kv for kv in (self, *others) if kv._layers()), None)
+        if holder is None:  # no cache has run a pass yet (one-token prompts): nothing to move
+            self.mask = torch.zeros((sum(kv.rows for kv in every), 0), dtype=torch.long, device=self.device)
+            self.cols = [c for kv in every for c in kv.cols]
             return
-        parts = [p for p in (self._gathered(width, like) if self.rows else None,
-                             other._gathered(width, like) if other.rows else None) if p is not None]
-        masks = [m for m in (self._aligned_mask(width) if self.rows else None,
-                             other._aligned_mask(width) if other.rows else None) if m is not None]
-        cache = self.cache if mine else other.cache
-        for i, layer in enumerate(layer for layer in cache.layers if layer.is_initialized):
-            layer.keys = torch.cat([p[i][0] for p in parts], dim=0)
-            layer.values = torch.cat([p[i][1] for p in parts], dim=0)
-        self.cache = cache
+        like = holder._layers()
+        parts = [kv._gathered(width, like) for kv in every]
+        masks = [kv._aligned_mask(width) for kv in every]
+        for i, layer in enumerate(layer for layer in holder.cache.layers if layer.is_initialized):
+            if len(parts) == 1:  # no copy: an aligned cache keeps its buffer and its spare columns
+                layer.keys, layer.values = parts[0][i]
+            else:
+                layer.keys = torch.cat([p[i][0] for p in parts], dim=0)
+                layer.values = torch.cat([p[i][1] for p in parts], dim=0)
+        self.cache = holder.cache
         self.mask = torch.cat([m for m, _ in masks], dim=0)
         self.cols = [c for _, cols in masks for c in cols]

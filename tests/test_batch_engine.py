@@ -12,7 +12,8 @@ import itertools
 import pytest
 import torch
 
-from specdec_core.batch_engine import BatchSpeculativeGenerator
+from specdec_core import batch_engine
+from specdec_core.batch_engine import BatchSpeculativeGenerator, prefill_chunks
 from specdec_core.batch_kv import BatchKV
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
@@ -138,6 +139,33 @@ def test_greedy_rows_equal_batch_one_and_target_generate(models, prompts, kind, 
     assert calls[0] == (0, 3)
     assert any(before > 0 for before, _ in calls[1:])
     assert sum(k for _, k in calls) == len(prompts)
+
+
+def test_prefill_passes_keep_rows_times_longest_within_the_budget():
+    assert prefill_chunks([5, 3, 4, 9, 1], 10) == [[0, 1], [2], [3], [4]]
+    assert prefill_chunks([30, 2], 10) == [[0], [1]]  # a prompt over the budget passes alone
+    assert prefill_chunks([5, 3, 4], None) == [[0, 1, 2]]
+    assert prefill_chunks([], 10) == []
+
+
+@pytest.mark.parametrize("drafter", ["model", "none"])
+def test_prompts_prefilled_in_several_passes_decode_as_alone(models, prompts, monkeypatch, drafter):
+    """A small prefill budget splits each admission into several passes, merged (first wave) or
+    placed over finished rows (refills); every row still decodes as alone."""
+    target, draft = models["llama"]
+    passes = []
+
+    def recorded(lengths, budget):
+        passes.append(prefill_chunks(lengths, budget))
+        return passes[-1]
+    monkeypatch.setattr(batch_engine, "prefill_chunks", recorded)
+    single = SpeculativeGenerator(target, drafter_for(drafter, draft), num_speculative_tokens=3, max_new_tokens=10)
+    alone = [single.generate(p).tokens for p in prompts]
+    engine = BatchSpeculativeGenerator(target, drafter_for(drafter, draft), batch_size=4, num_speculative_tokens=3,
+                                       max_new_tokens=10, prefill_tokens=12)
+    out = engine.generate_many([(p, 0) for p in prompts])
+    assert [o.tokens for o in out] == alone
+    assert max(len(chunks) for chunks in passes) > 1
 
 
 def test_one_token_prompts_and_batch_larger_than_the_input(models):
