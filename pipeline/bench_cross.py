@@ -36,12 +36,12 @@ import torch  # noqa: E402
 
 from pipeline import demo_data  # noqa: E402
 from pipeline.bench_measure import ForwardMeter  # noqa: E402
+from pipeline.byte_bpe import train_byte_level_bpe  # noqa: E402
 
 _LOG = logging.getLogger("pipeline.bench_cross")
 RECIPE = {"target": {"n_embd": 256, "n_layer": 4, "n_head": 4}, "draft": {"n_embd": 128, "n_layer": 2, "n_head": 4},
           "vocab": {"target": 4096, "draft": 1024}, "ctx": 64, "batch": 8, "steps": {"target": 1000, "draft": 1500},
           "lr": 3e-3, "files": 80, "seed": 0, "version": 1}
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 HELD_OUT = ("textwrap.py", "shlex.py", "fractions.py", "bisect.py", "heapq.py", "string.py", "glob.py", "fnmatch.py")
 
 
@@ -52,19 +52,6 @@ def corpus(n_files: int) -> tuple[list[str], list[str]]:
     train = [p.read_text(errors="replace") for p in files if p.name not in HELD_OUT][:n_files]
     held = [(root / n).read_text(errors="replace") for n in HELD_OUT if (root / n).exists()]
     return train, held
-
-
-def build_tokenizer(texts: list[str], size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=size, special_tokens=SPECIALS, show_progress=False,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", model_max_length=1024)
 
 
 def train_lm(tok, texts: list[str], shape: dict, steps: int, seed: int):
@@ -110,7 +97,7 @@ def load_pair(cache_dir: Path):
             texts = texts or corpus(RECIPE["files"])[0]
             _LOG.info("training the %s once into %s (%d files, %.1f MB of text)", role, path, len(texts),
                       sum(map(len, texts)) / 1e6)
-            tok = build_tokenizer(texts, RECIPE["vocab"][role])
+            tok = train_byte_level_bpe(texts, RECIPE["vocab"][role])
             _LOG.info("%s: %d-token tokenizer, model %s", role, len(tok), RECIPE[role])
             model = train_lm(tok, texts, RECIPE[role], RECIPE["steps"][role], RECIPE["seed"])
             model.save_pretrained(path)

@@ -10,7 +10,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from tests.tiny_models import CORPUS, SPECIALS, build_tokenizer, make_model
+from pipeline.byte_bpe import SPECIALS
+from tests.tiny_models import CORPUS, build_tokenizer, make_model
 
 EXTRA = [
     "naïve café — crème brûlée, 日本語のテキスト, emoji 😀 and tabs\tand  double  spaces",

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -24,6 +23,8 @@ from transformers import (
     T5ForConditionalGeneration,
 )
 
+from pipeline.byte_bpe import train_byte_level_bpe
+
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Speculative decoding drafts a few tokens with a small model and verifies them with a large one.",
@@ -35,32 +36,12 @@ CORPUS = [
     "Hello world! How are you today? I am fine, thank you.",
 ] * 4
 
-SPECIALS = ["<pad>", "<s>", "</s>", "<unk>"]
 CAUSAL_KINDS = ("llama", "gpt2")
 SEQ2SEQ_KINDS = ("t5", "bart")
 
 
 def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer=trainer)
-    from tokenizers import decoders
-
-    tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        model_max_length=512,
-    )
+    return train_byte_level_bpe(CORPUS, vocab_size, model_max_length=512)
 
 
 def _ids(tok: PreTrainedTokenizerFast) -> dict:
