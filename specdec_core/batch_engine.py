@@ -219,11 +219,12 @@ class BatchSpeculativeGenerator:
         # Invariant between rounds, as in the batch-1 engine: each cache holds every committed
         # token of a row except the newest.
         feeds = [r.seq[:-1] for r in rows]
+        chunks = prefill_chunks([len(f) for f in feeds], self.prefill_tokens)
         for kv, model in ((tkv, self.target), (dkv, self.draft_model)):
             if kv is None:
                 continue
             parts = []
-            for chunk in prefill_chunks([len(f) for f in feeds], self.prefill_tokens):
+            for chunk in chunks:
                 fresh = BatchKV(model, len(chunk), self.pad_id)
                 fresh.forward([feeds[j] for j in chunk], logits=False)
                 if into is not None:
