@@ -26,20 +26,25 @@ vocab = {"quick": 2000, "full": 8000}[size]
 target = AutoModelForCausalLM.from_pretrained(sorted(glob.glob(f"benchmarks/.cache/synthetic-{vocab}-*"))[0]
                                               + "/target").eval()
 ids = torch.randint(3, vocab, (n, length))
+
+
+def passes(rows: int) -> None:
+    for i in range(0, n, rows):
+        chunk = ids[i : i + rows]
+        target(chunk, attention_mask=torch.ones_like(chunk), use_cache=True, logits_to_keep=1)
+
+
 with torch.inference_mode():
-    target(ids[:1], use_cache=True, logits_to_keep=1)  # warm-up
+    passes(n)  # warm-up
     for rep in range(1 if profile else 2):
         for rows in row_counts:
             if profile:
                 with torch.profiler.profile() as prof:
-                    for i in range(0, n, rows):
-                        target(ids[i : i + rows], use_cache=True, logits_to_keep=1)
+                    passes(rows)
                 print(f"{n} x {length} tokens in passes of {rows} rows:")
                 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10))
-                continue
-            t0 = time.perf_counter()
-            for i in range(0, n, rows):
-                target(ids[i : i + rows], attention_mask=torch.ones(len(ids[i : i + rows]), length, dtype=torch.long),
-                       use_cache=True, logits_to_keep=1)
-            print(f"{size} rep {rep}: {n} x {length} tokens in passes of {rows} rows ({rows * length} tokens): "
-                  f"{time.perf_counter() - t0:.2f} s", flush=True)
+            else:
+                t0 = time.perf_counter()
+                passes(rows)
+                print(f"{size} rep {rep}: {n} x {length} tokens in passes of {rows} rows ({rows * length} tokens): "
+                      f"{time.perf_counter() - t0:.2f} s", flush=True)
