@@ -27,6 +27,9 @@ from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cpu_speed import prepare_for_cpu, recommended_threads
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
+from specdec_core.gamma import AdaptiveGamma
+
+ADAPTIVE_MAX = 4  # `--gammas adaptive`: the job's default num_speculative_tokens caps the policy
 
 _LOG = logging.getLogger("pipeline.bench_throughput")
 BEGIN, END = "<!-- throughput:begin -->", "<!-- throughput:end -->"
@@ -51,16 +54,28 @@ def hf_batched(model, prompts: list[list[int]], batch: int, max_new: int,
     return outs, time.perf_counter() - t0
 
 
-def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int, gamma: int,
+def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int, gamma: int | str,
                  max_new: int) -> tuple[list[list[int]], float, dict]:
-    """Our engine as the pipeline runs it: batch-1 engine at B=1, the batched one above."""
+    """Our engine as the pipeline runs it: batch-1 engine at B=1, the batched one above.
+    gamma "adaptive": `--gamma_policy adaptive`, its costs measured at this B before the clock
+    starts (a job measures them once per worker, which a bench of a few hundred rows would
+    otherwise overstate)."""
+    policy, cap = (AdaptiveGamma(max_gamma=ADAPTIVE_MAX), ADAPTIVE_MAX) if gamma == "adaptive" else (None, gamma)
+    if policy is not None and not isinstance(drafter, NoDrafter):
+        if batch == 1:
+            one = SpeculativeGenerator(target, drafter, num_speculative_tokens=cap, gamma_policy=policy)
+            policy.set_costs(one.measure_costs(prompts[0]))
+        else:  # one new token: the rows never draft, so only the costs are learnt
+            BatchSpeculativeGenerator(target, drafter, batch_size=batch, num_speculative_tokens=cap, max_new_tokens=1,
+                                      gamma_policy=policy).generate_many([(p, 0) for p in prompts[:batch]])
     t0 = time.perf_counter()
     if batch == 1:
-        gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=gamma, max_new_tokens=max_new)
+        gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=cap, max_new_tokens=max_new,
+                                   gamma_policy=policy)
         outs = [gen.generate(p, 0) for p in prompts]
     else:
-        bgen = BatchSpeculativeGenerator(target, drafter, batch_size=batch, num_speculative_tokens=gamma,
-                                         max_new_tokens=max_new)
+        bgen = BatchSpeculativeGenerator(target, drafter, batch_size=batch, num_speculative_tokens=cap,
+                                         max_new_tokens=max_new, gamma_policy=policy)
         outs = bgen.generate_many([(p, 0) for p in prompts])
     secs = time.perf_counter() - t0
     drafted = sum(o.stats.draft_tokens for o in outs)
@@ -69,7 +84,7 @@ def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int,
     return [o.tokens for o in outs], secs, stats
 
 
-def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: list[int], gammas: list[int],
+def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: list[int], gammas: list[int | str],
         max_new: int, drafters: list[str], hf_kernels: list[str], reps: int,
         hf_caches: tuple[str, ...] = ("dynamic", "static")) -> list[dict]:
     """Every config at every B, `reps` times, alternating the order within a B (ABBA) so that
@@ -96,8 +111,9 @@ def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: l
     for b in batches:
         configs = [(f"HF generate, target alone ({k} kernels" + (f", {c} cache)" if c != "dynamic" else ")"),
                     "hf", (k, c), None) for k in hf_kernels for c in hf_caches]
-        configs += [(f"ours, drafter {d}" + (f", gamma {g}" if d != "none" else ""), d, None, g)
-                    for d in drafters for g in (gammas if d != "none" else gammas[:1])]
+        configs += [(f"ours, drafter {d}" + ("" if d == "none" else f", gamma {g}" if g != "adaptive"
+                                             else f", adaptive gamma (at most {ADAPTIVE_MAX})"), d, None, g)
+                    for d in drafters for g in (gammas if d != "none" else [1])]
         acc: dict[str, dict] = {label: {"seconds": 0.0, "runs": [], "acceptance": None, "equal": None}
                                 for label, *_ in configs}
         for rep in range(reps):
@@ -172,7 +188,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=32)
     p.add_argument("--prompt_tokens", type=int, default=128)
     p.add_argument("--max_new_tokens", type=int, default=48)
-    p.add_argument("--gammas", default="2,4", help="comma-separated fixed gammas for our engine")
+    p.add_argument("--gammas", default="2,4",
+                   help="comma-separated gammas for our engine: fixed numbers, or adaptive (--gamma_policy adaptive)")
     p.add_argument("--hf_kernels", default="stock,prepacked", help="kernels for plain HF: stock, prepacked or both")
     p.add_argument("--hf_cache", default="dynamic,static",
                    help="caches for plain HF: dynamic (generate's default), static (preallocated, written in "
@@ -191,6 +208,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         if bad:
             p.error(f"--{flag}: {', '.join(bad)} is not one of {', '.join(allowed)}")
         setattr(a, flag, values)
+    gammas = [g.strip() for g in a.gammas.split(",")]
+    bad = [g for g in gammas if g != "adaptive" and not (g.isdigit() and int(g) >= 1)]
+    if bad:
+        p.error(f"--gammas: {', '.join(bad)} is neither a gamma >= 1 nor adaptive")
+    a.gammas = [g if g == "adaptive" else int(g) for g in gammas]
     return a
 
 
@@ -207,11 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(b) for b in a.batches.split(",")]
     shown = [x for i, x in enumerate(argv) if x != "--note" and (i == 0 or argv[i - 1] != "--note")]
     t0 = time.perf_counter()
-    rows = run(dirs["target"], dirs["draft"], prompts, batches, [int(g) for g in a.gammas.split(",")],
+    rows = run(dirs["target"], dirs["draft"], prompts, batches, a.gammas,
                a.max_new_tokens, a.drafters, a.hf_kernels, a.reps, tuple(a.hf_cache))
     header = (f"Synthetic pair of `pipeline.bench` ({spec.layers}-layer Llama target, hidden {spec.hidden}; "
               f"{spec.draft_layers}-layer early-exit draft), {a.prompts} prompts of {a.prompt_tokens} tokens "
-              f"(mixed random/repetitive, as in the bench), {a.max_new_tokens} new tokens each, greedy, fixed gamma, "
+              f"(mixed random/repetitive, as in the bench), {a.max_new_tokens} new tokens each, greedy, "
               f"{torch.get_num_threads()} thread(s); {machine()}. Each run decodes all prompts; ours runs with "
               f"continuous batching (the batch-1 engine at B=1). Every config ran {a.reps} times per B in alternating "
               f"order; tokens/s is over all its runs. Run time {time.perf_counter() - t0:.0f} s. "

@@ -1,11 +1,11 @@
 """The demo's T5 target/draft pair: committed weights, checked by hash, and the recipe that made them.
 
-Decision: the weights are committed (``pipeline/demo_pair/``, fp16, about 16 MB) rather than
-trained on first use. A pair trained on the user's machine within a time budget came out worse
-on slower CPUs (an AVX2 machine got 167 of 390 steps and a degenerate target); a pair trained to
-a step budget would make a slow machine wait half an hour before the first result. Committed
-weights give every machine the same pair and a first run of about a minute. The recipe that
-made them stays here and reruns on any machine:
+Decision: the weights are committed (``pipeline/demo_pair/``, fp16, 5.7 MB with tokenizers and
+prompts) rather than trained on first use. A pair trained on the user's machine within a time
+budget came out worse on slower CPUs (an AVX2 machine got 167 of 390 steps and a degenerate
+target); a pair trained to a step budget would make a slow machine wait half an hour before the
+first result. Committed weights give every machine the same pair and a first run of about a
+minute. The recipe that made them stays here and reruns on any machine:
 
     python -m pipeline.demo_models --retrain [--out DIR]
 
@@ -13,7 +13,7 @@ It trains by steps, never by seconds, logging progress and an ETA, so a slower m
 longer for the same pair; it fails with one line if the pair misses its quality gate.
 
 Recipe (``FULL``): a byte-level BPE of 2048 tokens on the training functions' code and
-docstrings; a T5 target (2 encoder + 4 decoder layers, d_model 256) trained on function code ->
+docstrings; a T5 target (4 encoder + 4 decoder layers, d_model 128) trained on function code ->
 docstring summary; a T5 draft (1 + 1 layers) that starts from the target's embedding, first
 encoder and decoder blocks and final norms, then learns the target's own greedy summaries of the
 training functions (sequence-level distillation: what the draft must predict is what the target

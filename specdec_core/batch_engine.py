@@ -24,7 +24,7 @@ from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.batch_kv import BatchKV
 from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter
 from specdec_core.engine import FinishCheck, Generation, ItemStats, ItemTimeout, SpeculativeGenerator
-from specdec_core.gamma import GammaPolicy, GammaState
+from specdec_core.gamma import AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
 
 # On a CPU one pass over many prompts is slower than several smaller passes: its activations
@@ -34,6 +34,10 @@ from specdec_core.processing import LogitsTransform, SamplingSettings, build_pro
 # passes of 32; the 325M pair, compute-bound, 1.0-1.2x. Whole jobs of 64 such long prompts at
 # B=64: 1.11-1.19x the tokens/s (`benchmarks/prefill_budget_ab.py`). GPUs want big passes.
 CPU_PREFILL_TOKENS = 2048
+
+# When the adaptive policy finds that no drafting pays for the batch, it still drafts one token
+# per row every this many rounds, doubling after each such probe up to the maximum.
+FIRST_BATCH_PROBE_WAIT, MAX_BATCH_PROBE_WAIT = 8, 256
 
 
 def prefill_chunks(lengths: list[int], budget: int | None) -> list[list[int]]:
@@ -122,6 +126,8 @@ class BatchSpeculativeGenerator:
         if prefill_tokens is None and target.device.type == "cpu":
             prefill_tokens = CPU_PREFILL_TOKENS
         self.prefill_tokens = prefill_tokens
+        self._costs_width = 0  # the batch width of the costs this engine measured (0: none yet)
+        self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT
 
     # -- one row --------------------------------------------------------------------------------
 
@@ -162,8 +168,6 @@ class BatchSpeculativeGenerator:
         if not items:
             return []
         checks = list(finish_checks) if finish_checks is not None else [None] * len(items)
-        if self.gamma_policy.needs_costs and not isinstance(self.drafter, NoDrafter):
-            self.gamma_policy.set_costs(self.single.measure_costs(list(items[0][0])))
         waiting = deque((i, (ids, seed, check)) for i, ((ids, seed), check)
                         in enumerate(zip(items, checks, strict=True)))
         results: list[Generation | None] = [None] * len(items)
@@ -173,6 +177,8 @@ class BatchSpeculativeGenerator:
         while waiting or live:
             if waiting and len(live) < self.batch_size:
                 live += self._admit(waiting, self.batch_size - len(live), tkv, dkv)
+                if self._wants_costs(len(live)):
+                    self._measure_costs(live, tkv, dkv)
             self._round(live, tkv, dkv)
             if max_seconds is not None:
                 now = time.perf_counter()
@@ -237,17 +243,95 @@ class BatchSpeculativeGenerator:
             r.stats.prefill_s = now - r.start
         return rows
 
+    # -- costs at this batch width ---------------------------------------------------------------
+
+    def _wants_costs(self, width: int) -> bool:
+        """Costs given to the policy are kept; costs this engine measured are measured again
+        once for a wider batch (a job's first call may hold fewer rows than the rest)."""
+        if isinstance(self.drafter, NoDrafter):
+            return False
+        return self.gamma_policy.needs_costs or 0 < self._costs_width < width
+
+    def _measure_costs(self, live: list[_Row], tkv: BatchKV, dkv: BatchKV | None) -> None:
+        """c and v(k) at this batch width, timed on the live caches and rolled back.
+
+        Batch-1 costs would mislead a batch: once the rows fill the machine, a pass verifying
+        2 tokens per row costs about two plain steps (quick bench pair, 2-core CPU, 128 rows),
+        where at one row it costs about 1.1. The rows' clocks leave this time out, as the
+        batch-1 engine measures before an item's clock starts."""
+        t0 = time.perf_counter()
+        n, ks = len(live), tuple(range(2, self.gamma + 2))
+        fill = [(r.seq * (max(ks) // len(r.seq) + 2))[: max(ks)] for r in live]  # tokens to time with
+
+        # Each pass is timed with the per-row work a round does after it (processors, argmax,
+        # rollback): at 128 rows that is a tenth of a short pass.
+        def target_step(k: int) -> float:
+            bases = [tkv.length(b) for b in range(n)]
+            t = time.perf_counter()
+            logits = tkv.forward([[r.seq[-1]] + fill[b][: k - 1] for b, r in enumerate(live)])
+            for b, r in enumerate(live):
+                r.transform(r.seq + fill[b][: k - 1], logits[b]).argmax(-1)
+                tkv.rollback(b, bases[b])
+            return time.perf_counter() - t
+
+        def draft_step() -> float:  # consecutive steps, as in a round (a lone step runs cold)
+            bases = [dkv.length(b) for b in range(n)]
+            t = time.perf_counter()
+            for i in range(self.gamma):
+                logits = dkv.forward([[fill[b][i]] for b in range(n)])
+                for b, r in enumerate(live):
+                    int(r.transform(r.seq + fill[b][: i + 1], logits[b][-1:]).argmax(-1).item())
+            for b in range(n):
+                dkv.rollback(b, bases[b])
+            return (time.perf_counter() - t) / self.gamma
+
+        target_step(1)  # warm-up
+        costs = Costs.measure(target_step, draft_step if dkv is not None else None, ks, reps=2)
+        if dkv is None:
+            costs.c = 0.001  # prompt lookup: microseconds against a model pass
+        for kv in (tkv, dkv):
+            if kv is not None:
+                kv.compact()  # the timing passes left holes
+        self.gamma_policy.set_costs(costs, replace=True)
+        self._costs_width = n
+        spent = time.perf_counter() - t0
+        for r in live:
+            r.start += spent
+
+    def _batch_gamma(self, policy: AdaptiveGamma, live: list[_Row]) -> int:
+        """One gamma for all rows (`gamma.batch_gamma`): the verify pass is as wide as its
+        longest row, so a row drafting less than the others would waste its share of it."""
+        k = batch_gamma(policy.costs, [r.gamma_state.acceptance for r in live], min(self.gamma, policy.max_gamma))
+        if k > 0:
+            self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT
+            return k
+        # Rows learn their acceptance only from rounds that draft: now and then one draft per
+        # row, less often while drafting keeps not paying (as the batch-1 policy backs off).
+        self._rounds_without_drafts += 1
+        if self._rounds_without_drafts < self._probe_every:
+            return 0
+        self._rounds_without_drafts = 0
+        self._probe_every = min(2 * self._probe_every, MAX_BATCH_PROBE_WAIT)
+        return 1
+
+    # -- one round --------------------------------------------------------------------------------
+
     def _round(self, live: list[_Row], tkv: BatchKV, dkv: BatchKV | None) -> None:
         greedy = self.sampling.greedy
         ks = []
         for r in live:
             remaining = self.max_new_tokens - len(r.new)
             # Never draft past the budget: the round's extra target token needs one slot.
-            k = min(r.gamma_state.next(), remaining - 1)
+            ks.append(max(min(r.gamma_state.next(), remaining - 1), 0))
+        policy = self.gamma_policy
+        batch_k = isinstance(policy, AdaptiveGamma) and policy.costs is not None and len(live) > 1
+        if batch_k:
+            k = self._batch_gamma(policy, live)
+            ks = [max(min(k, self.max_new_tokens - len(r.new) - 1), 0) for r in live]
+        for r, k in zip(live, ks, strict=True):
             r.stats.gammas.append(k)
-            ks.append(max(k, 0))
         t0 = time.perf_counter()
-        drafts, qs, confs = self._draft(live, ks, dkv)
+        drafts, qs, confs = self._draft(live, ks, dkv, batch_k)
         t1 = time.perf_counter()
         logits = tkv.forward([r.seq[tkv.length(b):] + drafts[b] for b, r in enumerate(live)])
         t2 = time.perf_counter()
@@ -283,9 +367,11 @@ class BatchSpeculativeGenerator:
             elif r.session is not None:
                 r.session.rollback(valid)
 
-    def _draft(self, live: list[_Row], ks: list[int], dkv: BatchKV | None):
+    def _draft(self, live: list[_Row], ks: list[int], dkv: BatchKV | None, batch_k: bool = False):
         """Each row's drafts (its tokens, q and confidences): prompt lookup per row, a model
-        draft in one batched pass per draft step over the rows still drafting."""
+        draft in one batched pass per draft step over the rows still drafting. batch_k: the
+        batch chose one gamma for all rows, and a row that stopped early on its draft's
+        confidence would save nothing (the passes run while any row drafts)."""
         n = len(live)
         qs: list[torch.Tensor | None] = [None] * n
         confs: list[list[float] | None] = [None] * n
@@ -299,7 +385,7 @@ class BatchSpeculativeGenerator:
         keeps = []
         for b, r in enumerate(live):
             # As in batch 1: stopping on the draft's confidence is exact only for greedy drafting.
-            keeps.append(r.gamma_state.keep_drafting if greedy and r.gamma_state.stops_early else None)
+            keeps.append(r.gamma_state.keep_drafting if greedy and r.gamma_state.stops_early and not batch_k else None)
             if keeps[b] is not None:
                 confs[b] = []
         picks = [self._picker(r) for r in live]

@@ -20,6 +20,11 @@ back-off) in case the text became predictable. Within a round, drafting stops ea
 the draft is unsure: the draft's confidence in each token is mapped (by online calibration)
 to a probability that the target accepts it, and a token is proposed only while the
 expected tokens it adds outweigh its marginal cost.
+
+In a batch (`batch_engine`) all rows verify in one pass as wide as the longest draft, so the
+batch picks one gamma for all rows by the same rule summed over its rows (`batch_gamma`), from
+costs measured at the batch's width: once the rows fill the machine a wide pass is no longer
+nearly free, and batch-1 costs would draft where it does not pay.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ class GammaPolicy(ABC):
     @abstractmethod
     def start(self, gamma: int) -> GammaState: ...
 
-    def set_costs(self, costs: Costs) -> None:  # noqa: B027 (optional hook)
+    def set_costs(self, costs: Costs, replace: bool = False) -> None:  # noqa: B027 (optional hook)
         pass
 
 
@@ -236,9 +241,10 @@ class AdaptiveGamma(GammaPolicy):
     def needs_costs(self) -> bool:
         return self.costs is None
 
-    def set_costs(self, costs: Costs) -> None:
+    def set_costs(self, costs: Costs, replace: bool = False) -> None:
+        """replace: the engine measured costs that fit better (a wider batch than before)."""
         with self._lock:
-            if self.costs is None:
+            if self.costs is None or replace:
                 self.costs = costs
 
     def prior(self) -> float:
@@ -350,6 +356,22 @@ class _AdaptiveState(GammaState):
         elif accepted > 0:
             self.backed_off = False
             self.probe_wait = 4
+
+
+def batch_gamma(costs: Costs, acceptances: Sequence[float], max_gamma: int) -> int:
+    """Drafts per row for a round in which all rows verify in one pass.
+
+    A batched pass is as wide as its longest row, so once one row drafts K tokens every row
+    may draft K at no extra cost (the draft runs one pass per step for all rows too). The
+    round then costs K c + v(K + 1), with costs measured at this batch width, and yields
+    sum_b E(a_b, K): the paper's rule summed over the rows. K = 0, a plain step, yields one
+    token per row at cost 1. Where the rows already fill the machine (v(2) near 2), no K pays."""
+    best, best_rate = 0, float(len(acceptances))
+    for k in range(1, max_gamma + 1):
+        rate = sum(expected_tokens(a, k) for a in acceptances) / costs.round_cost(k)
+        if rate > best_rate * (1 + 1e-9):
+            best, best_rate = k, rate
+    return best
 
 
 def timed(fn: Callable[[], object]) -> float:

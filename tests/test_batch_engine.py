@@ -253,6 +253,54 @@ def test_adaptive_gamma_per_row_keeps_greedy_exact(models, prompts):
     assert len({k for o in out for k in o.stats.drafts}) > 1  # the rows' gammas varied
 
 
+def test_adaptive_costs_are_measured_at_the_batch_width_and_rolled_back(models, prompts):
+    """Without given costs the engine times the pair on its live rows (then rolls those passes
+    back: outputs stay exact), and times it again for a wider batch; given costs are kept."""
+    from specdec_core.gamma import AdaptiveGamma, Costs
+
+    target, draft = models["llama"]
+    policy = AdaptiveGamma(max_gamma=3)
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=3,
+                                       max_new_tokens=10, gamma_policy=policy)
+    out = engine.generate_many([(p, 0) for p in prompts[:2]])
+    first = policy.costs
+    assert engine._costs_width == 2 and first is not None and sorted(first.v) == [2, 3, 4] and first.c > 0
+    out += engine.generate_many([(p, 0) for p in prompts[2:]])
+    assert engine._costs_width == 4 and policy.costs is not first
+    assert [o.tokens for o in out] == [hf_greedy(target, p, 10) for p in prompts]
+    assert all(o.stats.latency_s >= o.stats.ttft_s > 0 for o in out)
+
+    given = Costs(c=0.05, v={k: 1.1 for k in range(2, 6)})
+    kept = AdaptiveGamma(given, max_gamma=3)
+    BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=3,
+                              max_new_tokens=4, gamma_policy=kept).generate_many([(p, 0) for p in prompts])
+    assert kept.costs is given
+
+
+def test_adaptive_batch_drafts_one_gamma_for_all_rows_or_none(models, prompts):
+    """Every row drafts the batch's gamma (capped by its budget); a batch whose verify pass costs
+    k plain steps drafts only in its occasional probes, one token per row."""
+    from specdec_core.gamma import AdaptiveGamma, Costs
+
+    target, draft = models["llama"]
+    cheap = AdaptiveGamma(Costs(c=0.05, v={k: 1.0 + 0.02 * k for k in range(2, 6)}), max_gamma=3,
+                          prior_acceptance=0.9, early_stop=False)
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=7, num_speculative_tokens=3,
+                                       max_new_tokens=12, gamma_policy=cheap)
+    out = engine.generate_many([(p, 0) for p in prompts])
+    assert [o.tokens for o in out] == [hf_greedy(target, p, 12) for p in prompts]
+    rounds = list(zip(*(o.stats.gammas for o in out), strict=False))  # round by round while all 7 rows live
+    assert len(set(rounds[0])) == 1 and rounds[0][0] > 0
+
+    full = AdaptiveGamma(Costs(c=0.2, v={k: float(k) for k in range(2, 6)}), max_gamma=4, prior_acceptance=0.95)
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=4,
+                                       max_new_tokens=24, gamma_policy=full)
+    out = engine.generate_many([(p, 0) for p in prompts])
+    assert [o.tokens for o in out] == [hf_greedy(target, p, 24) for p in prompts]
+    assert {k for o in out for k in o.stats.gammas} <= {0, 1}
+    assert sum(o.stats.draft_tokens for o in out) <= sum(len(o.stats.gammas) for o in out) / 8
+
+
 def test_stop_strings_end_each_row_where_batch_one_does(models, prompts, tokenizer):
     """A per-row finish check (stop strings) cuts each row at the token the batch-1 engine cuts at."""
     from specdec_core.stopping import StopStrings

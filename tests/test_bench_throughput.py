@@ -9,7 +9,7 @@ def test_throughput_section_is_written_and_replaced(tmp_path):
     out = tmp_path / "BENCH.md"
     out.write_text("# Report\n\nearlier text\n")
     args = ["--size", "tiny", "--cache_dir", str(tmp_path / "cache"), "--out", str(out), "--prompts", "4",
-            "--prompt_tokens", "12", "--max_new_tokens", "6", "--batches", "1,3", "--gammas", "2",
+            "--prompt_tokens", "12", "--max_new_tokens", "6", "--batches", "1,3", "--gammas", "2,adaptive",
             "--drafters", "model,none", "--reps", "1", "--threads", "1"]
     assert bench_throughput.main(args) == 0
     assert bench_throughput.main(args) == 0  # a second run replaces the section
@@ -17,7 +17,8 @@ def test_throughput_section_is_written_and_replaced(tmp_path):
     assert text.startswith("# Report\n\nearlier text\n")
     assert text.count(bench_throughput.BEGIN) == text.count(bench_throughput.END) == 1
     rows = [line for line in text.splitlines() if line.startswith("| ours")]
-    assert len(rows) == 4  # model and none at B=1 and B=3
+    assert len(rows) == 6  # model (gamma 2 and adaptive) and none at B=1 and B=3
+    assert sum("adaptive gamma (at most 4)" in line for line in rows) == 2
     assert all(line.rstrip(" |").endswith("4/4") for line in rows), rows  # greedy equal to HF, per prompt
 
 
@@ -36,11 +37,13 @@ def test_plain_batching_with_hf_static_cache_is_a_baseline(tmp_path):
     assert all(line.rstrip(" |").endswith("3/3") for line in rows + ours), rows + ours
 
 
-@pytest.mark.parametrize("flag, value", [("--hf_cache", "dynamic,statc"), ("--hf_kernels", "stok"),
-                                         ("--drafters", "model,ngrm")])
-def test_a_mistyped_setting_stops_before_any_work(tmp_path, capsys, flag, value):
+@pytest.mark.parametrize("flag, value, says", [("--hf_cache", "dynamic,statc", "is not one of"),
+                                               ("--hf_kernels", "stok", "is not one of"),
+                                               ("--drafters", "model,ngrm", "is not one of"),
+                                               ("--gammas", "2,adaptve", "is neither a gamma >= 1 nor adaptive")])
+def test_a_mistyped_setting_stops_before_any_work(tmp_path, capsys, flag, value, says):
     with pytest.raises(SystemExit) as e:
         bench_throughput.main(["--size", "tiny", "--cache_dir", str(tmp_path / "cache"), flag, value])
     assert e.value.code == 2
-    assert f"{flag}: {value.split(',')[-1]} is not one of" in capsys.readouterr().err
+    assert f"{flag}: {value.split(',')[-1]} {says}" in capsys.readouterr().err
     assert not (tmp_path / "cache").exists()  # stopped before building the pair

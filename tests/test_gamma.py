@@ -10,6 +10,7 @@ from specdec_core.gamma import (
     Costs,
     GammaPolicy,
     GammaState,
+    batch_gamma,
     expected_tokens,
     fixed_gamma,
     geometric_acceptance,
@@ -36,6 +37,19 @@ def test_best_gamma_grows_with_acceptance_and_backs_off_when_drafts_do_not_pay()
     # Expensive verification (v = 2 for any block) needs a higher acceptance before drafting pays.
     flat2 = Costs(c=0.1, v={k: 2.0 for k in range(2, 10)})
     assert flat2.best_gamma(0.6, 8) == 0 and flat2.best_gamma(0.9, 8) > 0
+
+
+def test_batch_gamma_weighs_one_shared_verify_pass():
+    cheap = Costs(c=0.1, v={k: 1.0 + 0.05 * k for k in range(2, 10)})  # a few rows: spare compute
+    full = Costs(c=0.1, v={k: float(k) for k in range(2, 10)})  # rows fill the machine: v(k) = k
+    assert batch_gamma(cheap, [0.9] * 8, 4) == 4
+    assert batch_gamma(full, [0.95] * 8, 4) == 0  # no acceptance pays for a pass k times dearer
+    dear = Costs(c=0.1, v={k: 1.0 + 0.3 * (k - 1) for k in range(2, 10)})
+    assert batch_gamma(dear, [0.9] * 8, 4) == 4
+    # Rows that rarely agree hold the batch back: the pass is paid for all of them.
+    assert batch_gamma(dear, [0.9] + [0.3] * 7, 4) == 0
+    assert batch_gamma(dear, [0.8] * 4 + [0.5] * 4, 4) == 1  # some rows agreeing less: a shorter block
+    assert batch_gamma(cheap, [0.9] * 8, 2) == 2  # never past the cap
 
 
 def test_costs_interpolate_and_extrapolate():
