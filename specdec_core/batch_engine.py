@@ -255,16 +255,18 @@ class BatchSpeculativeGenerator:
     def _measure_costs(self, live: list[_Row], tkv: BatchKV, dkv: BatchKV | None) -> None:
         """c and v(k) at this batch width, timed on the live caches and rolled back.
 
-        Batch-1 costs would mislead a batch: once the rows fill the machine, a pass verifying
-        2 tokens per row costs about two plain steps (quick bench pair, 2-core CPU, 128 rows),
-        where at one row it costs about 1.1. The rows' clocks leave this time out, as the
-        batch-1 engine measures before an item's clock starts."""
+        Batch-1 costs would mislead a batch: at one row a 2-token pass of the quick bench pair
+        costs 1.06 plain steps on a 2-core CPU, at 128 rows 1.4, and a round of gamma 1 (with
+        its draft step) 1.7 (`benchmarks/batch_round_costs.py`). The rows' clocks leave this
+        time out, as the batch-1 engine measures before an item's clock starts. In a batch, a
+        row's gammas depend on its batch-mates, so adaptive sampling does not reproduce a
+        seed's batch-1 sample (greedy output never depends on gamma)."""
         t0 = time.perf_counter()
         n, ks = len(live), tuple(range(2, self.gamma + 2))
         fill = [(r.seq * (max(ks) // len(r.seq) + 2))[: max(ks)] for r in live]  # tokens to time with
 
         # Each pass is timed with the per-row work a round does after it (processors, argmax,
-        # rollback): at 128 rows that is a tenth of a short pass.
+        # rollback), which grows with the rows.
         def target_step(k: int) -> float:
             bases = [tkv.length(b) for b in range(n)]
             t = time.perf_counter()
