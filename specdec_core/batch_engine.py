@@ -320,16 +320,12 @@ class BatchSpeculativeGenerator:
 
     def _round(self, live: list[_Row], tkv: BatchKV, dkv: BatchKV | None) -> None:
         greedy = self.sampling.greedy
-        ks = []
-        for r in live:
-            remaining = self.max_new_tokens - len(r.new)
-            # Never draft past the budget: the round's extra target token needs one slot.
-            ks.append(max(min(r.gamma_state.next(), remaining - 1), 0))
         policy = self.gamma_policy
         batch_k = isinstance(policy, AdaptiveGamma) and policy.costs is not None and len(live) > 1
-        if batch_k:
-            k = self._batch_gamma(policy, live)
-            ks = [max(min(k, self.max_new_tokens - len(r.new) - 1), 0) for r in live]
+        k = self._batch_gamma(policy, live) if batch_k else 0
+        # Never draft past the budget: the round's extra target token needs one slot.
+        ks = [max(min(k if batch_k else r.gamma_state.next(), self.max_new_tokens - len(r.new) - 1), 0)
+              for r in live]
         for r, k in zip(live, ks, strict=True):
             r.stats.gammas.append(k)
         t0 = time.perf_counter()
