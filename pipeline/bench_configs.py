@@ -12,7 +12,7 @@ import torch
 
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
-from specdec_core.gamma import AdaptiveGamma, Costs
+from specdec_core.gamma import LOOKUP_DRAFT_COST, AdaptiveGamma, Costs
 from specdec_core.processing import SamplingSettings
 
 
@@ -130,7 +130,7 @@ def greedy_configs(target, draft, target_p, draft_p, costs: dict[str, Costs], ar
             target_p, draft_p, "ours: target alone", cp)
     add(f"ours: ngram g={g}", "ours", "prepacked", "ngram", g, ours(target_p, NgramDrafter(), g, N), target_p,
         None, "ours: target alone", 0.0)
-    ngram_costs = Costs(c=0.001, v=costs["prepacked"].v)
+    ngram_costs = Costs(c=LOOKUP_DRAFT_COST, v=costs["prepacked"].v)
     add("ours: ngram adaptive", "ours", "prepacked", "ngram", "adaptive",
         ours(target_p, NgramDrafter(), args.max_gamma, N, AdaptiveGamma(ngram_costs, max_gamma=args.max_gamma)),
         target_p, None, "ours: target alone", 0.0)

@@ -24,7 +24,7 @@ from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.batch_kv import BatchKV
 from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter
 from specdec_core.engine import FinishCheck, Generation, ItemStats, ItemTimeout, SpeculativeGenerator
-from specdec_core.gamma import AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
+from specdec_core.gamma import LOOKUP_DRAFT_COST, AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
 
 # On a CPU one pass over many prompts is slower than several smaller passes: its activations
@@ -290,7 +290,7 @@ class BatchSpeculativeGenerator:
         target_step(1)  # warm-up
         costs = Costs.measure(target_step, draft_step if dkv is not None else None, ks, reps=2)
         if dkv is None:
-            costs.c = 0.001  # prompt lookup: microseconds against a model pass
+            costs.c = LOOKUP_DRAFT_COST
         for kv in (tkv, dkv):
             if kv is not None:
                 kv.compact()  # the timing passes left holes

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.decoder import CachedDecoder, initial_decoder_ids
 from specdec_core.drafters import Drafter, NoDrafter
-from specdec_core.gamma import Costs, GammaPolicy, fixed_gamma
+from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
 
 # An item's own end condition (e.g. stop strings, specdec_core/stopping.py): called with each
@@ -122,7 +122,7 @@ class SpeculativeGenerator:
         target_step(1)  # warm-up
         costs = Costs.measure(target_step, draft_step, ks, reps)
         if draft_step is None and not isinstance(self.drafter, NoDrafter):
-            costs.c = 0.001  # a lookup drafter: microseconds against a model pass
+            costs.c = LOOKUP_DRAFT_COST
         return costs
 
     def generate(self, prompt_ids: list[int], seed: int = 0, finish_check: FinishCheck | None = None,

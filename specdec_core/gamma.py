@@ -89,6 +89,9 @@ class FixedGamma(GammaPolicy):
 
 fixed_gamma = FixedGamma()
 
+# c of a drafter without a model (prompt lookup): microseconds against a model pass.
+LOOKUP_DRAFT_COST = 0.001
+
 
 def expected_tokens(a: float, g: int) -> float:
     """E(a, g): expected tokens per round with g drafts at acceptance a (paper, eq. 1)."""
