@@ -78,8 +78,9 @@ def summary_of(docstring: str) -> str:
     return " ".join(docstring.strip().split("\n\n")[0].split())
 
 
-def functions(root: Path, rel: str) -> Iterator[dict]:
-    """Documented functions of one file: {code (docstring removed), summary, file, name, params, line}."""
+def functions(root: Path, rel: str, undocumented: bool = False) -> Iterator[dict]:
+    """Documented functions of one file: {code (docstring removed), summary, file, name, params, line};
+    with `undocumented`, the functions without a docstring instead (summary None)."""
     try:
         source = (root / rel).read_text(encoding="utf-8")
         tree = ast.parse(source)
@@ -90,17 +91,25 @@ def functions(root: Path, rel: str) -> Iterator[dict]:
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(node.body) < 2:
             continue  # undocumented, or nothing but a docstring
         doc = ast.get_docstring(node, clean=True)
+        start = (node.decorator_list[0].lineno if node.decorator_list else node.lineno) - 1
+        if undocumented:
+            if doc is None:
+                yield {"code": textwrap.dedent("".join(lines[start:node.end_lineno])).rstrip() + "\n", "summary": None,
+                       "file": rel, "name": node.name, "params": _params(node), "line": node.lineno}
+            continue
         if not doc or not isinstance(node.body[0], ast.Expr):
             continue
         summary = summary_of(doc)
-        start = (node.decorator_list[0].lineno if node.decorator_list else node.lineno) - 1
         first = node.body[0]
         code = textwrap.dedent("".join(lines[start:first.lineno - 1] + lines[first.end_lineno:node.end_lineno]))
         if summary and code.strip():
-            args = node.args
-            params = [a.arg for a in (*args.posonlyargs, *args.args, args.vararg, *args.kwonlyargs, args.kwarg) if a]
             yield {"code": code.rstrip() + "\n", "summary": summary, "file": rel, "name": node.name,
-                   "params": params, "line": node.lineno}
+                   "params": _params(node), "line": node.lineno}
+
+
+def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    args = node.args
+    return [a.arg for a in (*args.posonlyargs, *args.args, args.vararg, *args.kwonlyargs, args.kwarg) if a]
 
 
 _WORD = re.compile(r"[A-Za-z]+")

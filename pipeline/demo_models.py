@@ -21,7 +21,8 @@ says, not what the reference says). fp32 training (bit-for-bit the same kernels'
 x86 CPU up to rounding); weights saved in fp16 and the gate measured on the saved weights.
 
 ``NAMES`` (``--retrain --names``) is the same recipe with the code's names given as words (a
-prompt head and split identifiers); it missed the gate too (README).
+prompt head and split identifiers); it missed the gate too (README). So did ``WEAK`` (``--weak``):
+NAMES plus undocumented functions labelled with their own names.
 """
 
 from __future__ import annotations
@@ -107,6 +108,9 @@ class QualityGate:
     min_distinct_share: float = 0.5  # a target that ignores its input repeats one summary everywhere
 
 
+_LATER_OPTIONS = ("split_identifiers", "name_head", "pretraining", "name_labels")
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str
@@ -138,13 +142,17 @@ class Recipe:
     # masked spans, which are not in its input); "infill" is BART's text infilling (the decoder
     # writes the whole window back, copying what it can read), which teaches copying from the input.
     pretraining: str = "span"
+    # Weak labels: undocumented training functions, as many as this share of the documented ones,
+    # each labelled with its own name as a sentence (`get_user_name` -> "Get user name."). They
+    # reward copying the input's names, which the few thousand real summaries alone did not teach.
+    name_labels: float = 0.0
     seed: int = 1234
 
     def hash(self) -> str:
         # Options added after a pair was committed count only when set, so the committed pair's
         # recipe keeps the hash its manifest records.
         recipe = {k: v for k, v in dataclasses.asdict(self).items()
-                  if not (k in ("split_identifiers", "name_head", "pretraining") and v == getattr(Recipe, k))}
+                  if not (k in _LATER_OPTIONS and v == getattr(Recipe, k))}
         payload = {"version": RECIPE_VERSION, "recipe": recipe,
                    "python": f"{sys.version_info.major}.{sys.version_info.minor}"}  # the stdlib is the data
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
@@ -173,6 +181,9 @@ FULL = Recipe(
 NAMES = dataclasses.replace(
     FULL, name="names", name_head=True, split_identifiers=True,
     draft=T5Spec(d_model=128, d_ff=512, heads=4, encoder_layers=2, decoder_layers=1))
+
+WEAK = dataclasses.replace(NAMES, name="weak", name_labels=0.5,
+                           draft_train=dataclasses.replace(NAMES.draft_train, steps=800))
 
 # CI-sized: trains in seconds; its gate is only "the code runs", so tests can also make it fail.
 TINY = Recipe(
@@ -560,6 +571,22 @@ def write_pair(out: Path, target, draft, tokenizer, rows: list[dict], recipe: Re
     return manifest
 
 
+def name_sentence(name: str) -> str | None:
+    """A function's name as a sentence, the weak label of an undocumented function; None for names
+    that say little (dunders, tests, single words)."""
+    words = demo_data.identifier_words(name).split()
+    if name.startswith("__") or len(words) < 2 or words[0] in ("test", "tear", "set") or any(map(str.isdigit, name)):
+        return None
+    return " ".join([words[0].capitalize(), *words[1:]]) + "."
+
+
+def name_labelled(files: list[str], root: Path, code_of, n: int, seed: int) -> list[dict]:
+    found = [{**e, "code": code_of(e["code"]), "summary": label}
+             for rel in files for e in demo_data.functions(root, rel, undocumented=True)
+             if (label := name_sentence(e["name"]))]
+    return random.Random(seed).sample(found, min(n, len(found)))
+
+
 def retrain(out: Path = ASSETS, recipe: Recipe = FULL) -> dict:
     """Build the pair and prompts from the stdlib into `out` (replaced only if the gate passes)."""
     t0 = time.monotonic()
@@ -578,6 +605,10 @@ def retrain(out: Path = ASSETS, recipe: Recipe = FULL) -> dict:
     tokenizer = train_tokenizer([e["code"] for e in train_ex] + [e["summary"] for e in train_ex], recipe.vocab_size)
     pairs = _encode(tokenizer, train_ex, recipe)
     rows = pick_prompts(tokenizer, held_ex, recipe)
+    if recipe.name_labels:
+        weak = name_labelled(train_files, root, code_of, round(recipe.name_labels * len(pairs)), recipe.seed + 7)
+        logger.info("%d undocumented functions labelled with their names", len(weak))
+        pairs += _encode(tokenizer, weak, recipe)
 
     probe_ids = [tokenizer(r["prompt"])["input_ids"] for r in rows[:4]]
 
@@ -617,6 +648,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ASSETS), help=f"where the pair goes (default {ASSETS})")
     ap.add_argument("--tiny", action="store_true", help="the CI-sized recipe (seconds; no real quality)")
     ap.add_argument("--names", action="store_true", help="the names-in-words recipe (README: below its gate)")
+    ap.add_argument("--weak", action="store_true", help="NAMES plus undocumented functions labelled by their names")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -624,7 +656,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         if args.retrain:
-            manifest = retrain(Path(args.out), TINY if args.tiny else NAMES if args.names else FULL)
+            recipe = TINY if args.tiny else NAMES if args.names else WEAK if args.weak else FULL
+            manifest = retrain(Path(args.out), recipe)
         else:
             manifest = verify_assets(Path(args.out))
     except DemoSetupError as e:

@@ -33,12 +33,22 @@ def test_functions_are_code_without_docstring_and_first_paragraph(tmp_path):
             """No body: skipped."""
 
         def undocumented():
-            return 1
+            x = 1
+            return x
         '''))
     (ex,) = demo_data.functions(tmp_path, "m.py")
     assert ex["summary"] == "Return the size in bytes of the file."
     assert ex["code"] == '@property\ndef size(self, unit="b"):\n    return self._size\n'
     assert ex["name"] == "size" and ex["file"] == "m.py" and ex["params"] == ["self", "unit"]
+    (plain,) = demo_data.functions(tmp_path, "m.py", undocumented=True)
+    assert plain["summary"] is None and plain["code"] == "def undocumented():\n    x = 1\n    return x\n"
+
+
+def test_weak_labels_are_the_names_that_say_something():
+    assert dm.name_sentence("_make_image") == "Make image."
+    assert dm.name_sentence("getUserName") == "Get user name."
+    for says_little in ("__init__", "close", "test_make_image", "setUp", "coro2"):
+        assert dm.name_sentence(says_little) is None
 
 
 def test_prompt_leads_with_the_names_in_words():
@@ -142,7 +152,7 @@ def test_names_recipe_options_run_end_to_end(tmp_path):
     import dataclasses
 
     recipe = dataclasses.replace(dm.TINY, name="tiny-names", name_head=True, split_identifiers=True,
-                                 pretraining="infill")
+                                 pretraining="infill", name_labels=0.5)
     manifest = dm.retrain(tmp_path / "pair", recipe)
     assert manifest["recipe_hash"] == recipe.hash() != dm.TINY.hash()
     for r in dm.demo_prompt_rows(tmp_path / "pair"):
