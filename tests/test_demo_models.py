@@ -118,6 +118,12 @@ def test_missing_file_is_a_one_line_error(pair_copy):
         dm.demo_pair_dirs(pair_copy)
 
 
+def test_two_recipes_at_once_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        dm.main(["--retrain", "--names", "--weak"])
+    assert e.value.code == 2 and "not allowed with argument --names" in capsys.readouterr().err
+
+
 def test_gate_names_every_shortfall():
     gate = dm.QualityGate(min_acceptance=0.6, min_rouge_l=0.2, max_degenerate_share=0.05)
     dm.check_gate(gate, {"acceptance": 0.7, "rougeL": 0.3, "degenerate_share": 0.0})
