@@ -3,9 +3,9 @@
 Issue 10's target kept writing generic summaries instead of the names it was given. This probe
 strips the task to its core: the input is a marker, a "name" of 2-4 random tokens, a second
 marker and 20-50 random tokens; the label is the name. A model that copies gets it right on names
-it never saw; a model that memorises does not. Same T5 shape as the demo's target (4 + 4 layers,
-d_model 128, vocab 2048), AdamW, warm-up and cosine decay, batches of 32, one thread (so a run is
-deterministic on one machine).
+it never saw; a model that memorises does not. The demo target's own T5 shape and vocabulary size
+(`demo_models.make_model` on `FULL`: 4 + 4 layers, d_model 128, vocab 2048), AdamW, warm-up and
+cosine decay, batches of 32, one thread (so a run is deterministic on one machine).
 
     python benchmarks/t5_copy_probe.py --data fresh --lr 3e-4 --steps 3000
     python benchmarks/t5_copy_probe.py --data fixed --lr 1e-3 --steps 3000   # 5000 examples, reused
@@ -24,7 +24,9 @@ import time
 
 import torch
 
-V = 2048
+from pipeline import demo_models
+
+V = demo_models.FULL.vocab_size
 
 
 def main() -> None:
@@ -43,12 +45,7 @@ def main() -> None:
         return [15, *name, 16, *noise, 1], [*name, 1]
 
     fixed = [example() for _ in range(5000)]
-    torch.manual_seed(1)
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    model = T5ForConditionalGeneration(T5Config(
-        vocab_size=V, d_model=128, d_kv=32, d_ff=512, num_layers=4, num_decoder_layers=4, num_heads=4,
-        dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0))
+    model = demo_models.make_model(demo_models.FULL.target, V, seed=1)  # the demo target's own shape
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     model.train()
     start, ema = time.time(), None
