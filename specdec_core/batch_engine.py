@@ -38,6 +38,9 @@ CPU_PREFILL_TOKENS = 2048
 # When the adaptive policy finds that no drafting pays for the batch, it still drafts one token
 # per row every this many rounds, doubling after each such probe up to the maximum.
 FIRST_BATCH_PROBE_WAIT, MAX_BATCH_PROBE_WAIT = 8, 256
+# Prompts admitted while the batch does not draft skip the draft's prefill; a probe drafts on
+# the rows that have a draft cache, catching up others until at least this many rows take part.
+PROBE_ROWS = 8
 
 
 def prefill_chunks(lengths: list[int], budget: int | None) -> list[list[int]]:
@@ -85,6 +88,7 @@ class _Row:
     finish: str = ""
     draft_steps: int = 0
     finish_check: FinishCheck | None = None  # the row's own end rule (stop strings)
+    draft_behind: bool = False  # admitted without the draft's prefill (the batch was not drafting)
 
 
 class BatchSpeculativeGenerator:
@@ -128,6 +132,11 @@ class BatchSpeculativeGenerator:
         self.prefill_tokens = prefill_tokens
         self._costs_width = 0  # the batch width of the costs this engine measured (0: none yet)
         self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT
+        self._drafting = True  # the batch policy's latest choice, probes aside
+        # For the draft's prefill in the batch policy: its seconds per prompt and the new tokens
+        # per finished row.
+        self._draft_prefill = [0.0, 0]  # seconds, prompts
+        self._row_tokens = [0, 0]  # new tokens, finished rows
 
     # -- one row --------------------------------------------------------------------------------
 
@@ -190,6 +199,8 @@ class BatchSpeculativeGenerator:
                 now = time.perf_counter()
                 for b in done:
                     r = live[b]
+                    self._row_tokens[0] += len(r.new)
+                    self._row_tokens[1] += 1
                     r.stats.latency_s = now - r.start
                     r.stats.new_tokens = len(r.new)
                     r.stats.finish_reason = r.finish
@@ -223,25 +234,64 @@ class BatchSpeculativeGenerator:
         rows = [self._new_row(i, list(ids), seed, check) for i, (ids, seed, check) in
                 (waiting.popleft() for _ in range(min(slots, len(waiting))))]
         # Invariant between rounds, as in the batch-1 engine: each cache holds every committed
-        # token of a row except the newest.
-        feeds = [r.seq[:-1] for r in rows]
-        chunks = prefill_chunks([len(f) for f in feeds], self.prefill_tokens)
-        for kv, model in ((tkv, self.target), (dkv, self.draft_model)):
-            if kv is None:
-                continue
-            parts = []
-            for chunk in chunks:
-                fresh = BatchKV(model, len(chunk), self.pad_id)
-                fresh.forward([feeds[j] for j in chunk], logits=False)
-                if into is not None:
-                    kv.place([into[j] for j in chunk], fresh)
-                parts.append(fresh)
-            if into is None:
-                kv.merge(*parts)
+        # token of a row except the newest. The draft's cache may hold fewer (`_draft` feeds it
+        # what it lacks); while the batch does not draft, newcomers skip the draft's prefill.
+        self._prefill(self.target, tkv, rows, into)
+        if dkv is not None:
+            if self._drafting:
+                self._prefill(self.draft_model, dkv, rows, into)
+            else:
+                for r in rows:
+                    r.draft_behind = True
+                if into is None:
+                    dkv.merge(BatchKV(self.draft_model, len(rows), self.pad_id))
+                else:
+                    dkv.place(into, BatchKV(self.draft_model, len(rows), self.pad_id))
         now = time.perf_counter()
         for r in rows:
             r.stats.prefill_s = now - r.start
         return rows
+
+    def _prefill(self, model: PreTrainedModel, kv: BatchKV, rows: list[_Row], into: list[int] | None) -> None:
+        """Each row's committed tokens but the newest into `kv`, in passes of at most
+        `prefill_tokens` tokens, merged after the rows there or written over the rows `into`."""
+        t0 = time.perf_counter()
+        feeds = [r.seq[:-1] for r in rows]
+        parts = []
+        for chunk in prefill_chunks([len(f) for f in feeds], self.prefill_tokens):
+            fresh = BatchKV(model, len(chunk), self.pad_id)
+            fresh.forward([feeds[j] for j in chunk], logits=False)
+            if into is not None:
+                kv.place([into[j] for j in chunk], fresh)
+            parts.append(fresh)
+        if into is None:
+            kv.merge(*parts)
+        if model is self.draft_model:
+            self._draft_prefill[0] += time.perf_counter() - t0
+            self._draft_prefill[1] += len(rows)
+            for r in rows:
+                r.draft_behind = False
+
+    def _catch_up(self, live: list[_Row], rows: list[int], dkv: BatchKV) -> None:
+        """Give rows admitted without the draft's prefill their draft cache."""
+        if dkv._layers():
+            self._prefill(self.draft_model, dkv, [live[b] for b in rows], rows)
+        else:  # the draft never ran a pass, so no row has a draft cache: feed the rows in place
+            t0 = time.perf_counter()
+            dkv.forward([live[b].seq[dkv.length(b):-1] if b in rows else [] for b in range(len(live))], logits=False)
+            self._draft_prefill[0] += time.perf_counter() - t0
+            self._draft_prefill[1] += len(rows)
+            for b in rows:
+                live[b].draft_behind = False
+
+    def _prefill_per_token(self, costs: Costs) -> float:
+        """The draft's prefill of a prompt spread over the tokens generated for it, in plain
+        rounds (`costs.step_s`): what drafting costs per token outside the rounds."""
+        seconds, prompts = self._draft_prefill
+        if not prompts or not costs.step_s:
+            return 0.0
+        tokens = self._row_tokens[0] / self._row_tokens[1] if self._row_tokens[1] else self.max_new_tokens
+        return seconds / prompts / max(tokens, 1.0) / costs.step_s
 
     # -- costs at this batch width ---------------------------------------------------------------
 
@@ -303,7 +353,9 @@ class BatchSpeculativeGenerator:
     def _batch_gamma(self, policy: AdaptiveGamma, live: list[_Row]) -> int:
         """One gamma for all rows (`gamma.batch_gamma`): the verify pass is as wide as its
         longest row, so a row drafting less than the others would waste its share of it."""
-        k = batch_gamma(policy.costs, [r.gamma_state.acceptance for r in live], min(self.gamma, policy.max_gamma))
+        k = batch_gamma(policy.costs, [r.gamma_state.acceptance for r in live], min(self.gamma, policy.max_gamma),
+                        per_token=self._prefill_per_token(policy.costs) if self.draft_model is not None else 0.0)
+        self._drafting = k > 0
         if k > 0:
             self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT
             return k
@@ -326,6 +378,15 @@ class BatchSpeculativeGenerator:
         # Never draft past the budget: the round's extra target token needs one slot.
         ks = [max(min(k if batch_k else r.gamma_state.next(), self.max_new_tokens - len(r.new) - 1), 0)
               for r in live]
+        behind = [b for b, r in enumerate(live) if r.draft_behind and ks[b] > 0]
+        if behind and dkv is not None:
+            if not self._drafting:  # a probe: the rows with a draft cache, and a few caught up
+                ready = sum(not r.draft_behind for r in live)
+                skip, behind = behind[max(PROBE_ROWS - ready, 0):], behind[:max(PROBE_ROWS - ready, 0)]
+                for b in skip:
+                    ks[b] = 0
+            if behind:
+                self._catch_up(live, behind, dkv)
         for r, k in zip(live, ks, strict=True):
             r.stats.gammas.append(k)
         t0 = time.perf_counter()

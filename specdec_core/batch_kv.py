@@ -93,7 +93,11 @@ class BatchKV:
     def select(self, keep: list[int]) -> None:
         """Keep only these rows (in this order)."""
         idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-        self.cache.batch_select_indices(idx)
+        # Not `DynamicCache.batch_select_indices`: it leaves a cache of no columns as it is (rows
+        # admitted without the draft's prefill can leave the draft's cache empty).
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.keys, layer.values = layer.keys[idx], layer.values[idx]
         self.mask = self.mask[idx]
         self.cols = [self.cols[i] for i in keep]
 

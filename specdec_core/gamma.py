@@ -109,6 +109,7 @@ class Costs:
 
     c: float
     v: dict[int, float] = field(default_factory=dict)
+    step_s: float | None = None  # seconds of the 1-token target pass these are relative to
     _best: dict[tuple[float, int], int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def verify(self, k: int) -> float:
@@ -160,19 +161,20 @@ class Costs:
         the ratio; the median ratio over reps is used."""
         v: dict[int, list[float]] = {k: [] for k in ks}
         d: list[float] = []
+        steps: list[float] = []
         for _ in range(reps):
             for k in ks:
-                t1 = target_step(1)
-                v[k].append(target_step(k) / t1)
+                steps.append(target_step(1))
+                v[k].append(target_step(k) / steps[-1])
             if draft_step is not None:
-                t1 = target_step(1)
-                d.append(draft_step() / t1)
+                steps.append(target_step(1))
+                d.append(draft_step() / steps[-1])
 
         def med(x: list[float]) -> float:
             x = sorted(x)
             return (x[(len(x) - 1) // 2] + x[len(x) // 2]) / 2
 
-        return cls(c=med(d) if d else 0.0, v={k: med(x) for k, x in v.items()})
+        return cls(c=med(d) if d else 0.0, v={k: med(x) for k, x in v.items()}, step_s=med(steps))
 
 
 class _Calibration:
@@ -361,17 +363,22 @@ class _AdaptiveState(GammaState):
             self.probe_wait = 4
 
 
-def batch_gamma(costs: Costs, acceptances: Sequence[float], max_gamma: int) -> int:
+def batch_gamma(costs: Costs, acceptances: Sequence[float], max_gamma: int, per_token: float = 0.0) -> int:
     """Drafts per row for a round in which all rows verify in one pass.
 
     A batched pass is as wide as its longest row, so once one row drafts K tokens every row
     may draft K at no extra cost (the draft runs one pass per step for all rows too). The
     round then costs K c + v(K + 1), with costs measured at this batch width, and yields
     sum_b E(a_b, K): the paper's rule summed over the rows. K = 0, a plain step, yields one
-    token per row at cost 1. Where the rows already fill the machine (v(2) near 2), no K pays."""
+    token per row at cost 1. Where the rows already fill the machine (v(2) near 2), no K pays.
+
+    per_token: what drafting costs per token it yields outside the rounds, in plain rounds: the
+    draft's prefill of each prompt spread over the tokens generated for it (a batch that does
+    not draft skips that prefill)."""
     best, best_rate = 0, float(len(acceptances))
     for k in range(1, max_gamma + 1):
-        rate = sum(expected_tokens(a, k) for a in acceptances) / costs.round_cost(k)
+        tokens = sum(expected_tokens(a, k) for a in acceptances)
+        rate = tokens / (costs.round_cost(k) + per_token * tokens)
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = k, rate
     return best

@@ -301,6 +301,49 @@ def test_adaptive_batch_drafts_one_gamma_for_all_rows_or_none(models, prompts):
     assert sum(o.stats.draft_tokens for o in out) <= sum(len(o.stats.gammas) for o in out) / 8
 
 
+def test_rows_admitted_while_the_batch_does_not_draft_skip_the_draft_prefill(models, prompts):
+    """While drafting does not pay, newcomers skip the draft's prefill; a probe catches up the
+    rows it drafts on, and so does a batch that starts drafting again. Outputs stay exact."""
+    from specdec_core.gamma import AdaptiveGamma, Costs
+
+    target, draft = models["llama"]
+
+    def run(policy, drafting_at_start):
+        engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=2, num_speculative_tokens=3,
+                                           max_new_tokens=24, gamma_policy=policy)
+        engine._drafting = drafting_at_start
+        prefilled, prefill = [], engine._prefill
+
+        def recorded(model, kv, rows, into):
+            if model is draft:
+                prefilled.extend(r.index for r in rows)
+            return prefill(model, kv, rows, into)
+        engine._prefill = recorded
+        caught, catch_up = [], engine._catch_up
+
+        def recorded_catch_up(live, rows, dkv):
+            caught.extend(live[b].index for b in rows)
+            return catch_up(live, rows, dkv)
+        engine._catch_up = recorded_catch_up
+        out = engine.generate_many([(p, 0) for p in prompts])
+        assert [o.tokens for o in out] == [hf_greedy(target, p, 24) for p in prompts]
+        return prefilled, caught, out
+
+    full = AdaptiveGamma(Costs(c=0.2, v={k: float(k) for k in range(2, 6)}), max_gamma=3, prior_acceptance=0.95)
+    prefilled, caught, out = run(full, True)
+    assert prefilled[:2] == [0, 1]  # the first rows, before the batch chose
+    assert caught and set(caught) <= set(prefilled)  # a probe caught rows up through the prefill
+    never = set(range(len(prompts))) - set(prefilled)
+    assert never and all(not any(out[i].stats.gammas) for i in never)  # skipped, and never drafted
+    assert all(i in prefilled for i, o in enumerate(out) if any(o.stats.gammas))  # caught up to probe
+
+    cheap = AdaptiveGamma(Costs(c=0.05, v={k: 1.0 + 0.02 * k for k in range(2, 6)}), max_gamma=3,
+                          prior_acceptance=0.9, early_stop=False)
+    prefilled, caught, out = run(cheap, False)  # admitted without the prefill, then the batch drafts
+    assert caught[:2] == [0, 1] and sorted(set(prefilled) | set(caught)) == list(range(len(prompts)))
+    assert all(o.stats.draft_tokens > 0 for o in out if o.stats.new_tokens > 1)
+
+
 def test_stop_strings_end_each_row_where_batch_one_does(models, prompts, tokenizer):
     """A per-row finish check (stop strings) cuts each row at the token the batch-1 engine cuts at."""
     from specdec_core.stopping import StopStrings

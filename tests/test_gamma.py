@@ -50,12 +50,24 @@ def test_batch_gamma_weighs_one_shared_verify_pass():
     assert batch_gamma(dear, [0.9] + [0.3] * 7, 4) == 0
     assert batch_gamma(dear, [0.8] * 4 + [0.5] * 4, 4) == 1  # some rows agreeing less: a shorter block
     assert batch_gamma(cheap, [0.9] * 8, 2) == 2  # never past the cap
+    # The draft's prefill of each prompt, spread over the tokens drafting yields, can outweigh
+    # a round's gain (K = 1 there yields 13.2 tokens at cost 1.4 against 8 at cost 1).
+    assert batch_gamma(dear, [0.8] * 4 + [0.5] * 4, 4, per_token=0.01) == 1
+    assert batch_gamma(dear, [0.8] * 4 + [0.5] * 4, 4, per_token=0.02) == 0
 
 
 def test_costs_interpolate_and_extrapolate():
     costs = Costs(c=0.1, v={2: 1.2, 5: 1.8})
     assert costs.verify(1) == 1.0 and costs.verify(2) == 1.2
     assert costs.verify(3) == pytest.approx(1.4) and costs.verify(7) > 1.8
+
+
+def test_costs_measure_takes_median_ratios_and_the_step_seconds():
+    times = iter([1.0, 1.5, 2.0, 2.0, 1.0, 0.1, 1.0, 1.2, 2.0, 2.4, 1.0, 0.3])  # t1, t(k) / t1, draft per rep
+
+    costs = Costs.measure(lambda k: next(times), lambda: next(times), ks=(2, 3), reps=2)
+    assert costs.v == {2: pytest.approx(1.35), 3: pytest.approx(1.1)}
+    assert costs.c == pytest.approx(0.2) and costs.step_s == pytest.approx(1.0)
 
 
 def test_geometric_acceptance():
