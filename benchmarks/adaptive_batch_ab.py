@@ -7,8 +7,9 @@ and prompts admitted while the batch does not draft skip that prefill), adaptive
 this B, before the clocks, and shared (as a job measures them once per worker).
 
 Run after `python -m pipeline.bench --quick` (or `--pairs synthetic` for `full`), on a quiet machine:
-python benchmarks/adaptive_batch_ab.py SIZE B PROMPTS PROMPT_TOKENS NEW_TOKENS REPS
+python benchmarks/adaptive_batch_ab.py SIZE B PROMPTS PROMPT_TOKENS NEW_TOKENS REPS [draft|bad_draft]
 python benchmarks/adaptive_batch_ab.py quick 128 512 128 48 2
+python benchmarks/adaptive_batch_ab.py quick 64 256 128 48 2 bad_draft   # the disagreeing draft
 """
 import glob
 import sys
@@ -41,7 +42,8 @@ size, (B, N, L, NEW, REPS) = sys.argv[1], (int(x) for x in sys.argv[2:7])
 spec = {"quick": QUICK_SYNTH, "full": FULL_SYNTH}[size]
 pair = sorted(glob.glob(f"benchmarks/.cache/synthetic-{spec.vocab}-*"))[0]
 target = prepare_for_cpu(AutoModelForCausalLM.from_pretrained(pair + "/target").eval())
-draft = prepare_for_cpu(AutoModelForCausalLM.from_pretrained(pair + "/draft").eval())
+which = sys.argv[7] if len(sys.argv) > 7 else "draft"
+draft = prepare_for_cpu(AutoModelForCausalLM.from_pretrained(f"{pair}/{which}").eval())
 tok = AutoTokenizer.from_pretrained(pair + "/target")
 ids = [tok(t)["input_ids"] for _, t in synthetic_prompts(spec, N, L)]
 costs = AdaptiveGamma(max_gamma=4)

@@ -8,6 +8,7 @@ it never saw; a model that memorises does not. The demo target's own T5 shape an
 cosine decay, batches of 32, one thread (so a run is deterministic on one machine).
 
     python benchmarks/t5_copy_probe.py --data fresh --lr 3e-4 --steps 3000
+    python benchmarks/t5_copy_probe.py --data fresh --lr 3e-4 --steps 10000 --log_every 500  # copies from ~3500
     python benchmarks/t5_copy_probe.py --data fixed --lr 1e-3 --steps 3000   # 5000 examples, reused
 
 `fresh` draws new examples every step (only copying lowers the loss); `fixed` reuses 5000
