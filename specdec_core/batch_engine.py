@@ -272,18 +272,6 @@ class BatchSpeculativeGenerator:
             for r in rows:
                 r.draft_behind = False
 
-    def _catch_up(self, live: list[_Row], rows: list[int], dkv: BatchKV) -> None:
-        """Give rows admitted without the draft's prefill their draft cache."""
-        if dkv._layers():
-            self._prefill(self.draft_model, dkv, [live[b] for b in rows], rows)
-        else:  # the draft never ran a pass, so no row has a draft cache: feed the rows in place
-            t0 = time.perf_counter()
-            dkv.forward([live[b].seq[dkv.length(b):-1] if b in rows else [] for b in range(len(live))], logits=False)
-            self._draft_prefill[0] += time.perf_counter() - t0
-            self._draft_prefill[1] += len(rows)
-            for b in rows:
-                live[b].draft_behind = False
-
     def _prefill_per_token(self, costs: Costs) -> float:
         """The draft's prefill of a prompt spread over the tokens generated for it, in plain
         rounds (`costs.step_s`): what drafting costs per token outside the rounds."""
@@ -385,8 +373,8 @@ class BatchSpeculativeGenerator:
                 skip, behind = behind[max(PROBE_ROWS - ready, 0):], behind[:max(PROBE_ROWS - ready, 0)]
                 for b in skip:
                     ks[b] = 0
-            if behind:
-                self._catch_up(live, behind, dkv)
+            if behind:  # their draft cache, written over their (empty) places
+                self._prefill(self.draft_model, dkv, [live[b] for b in behind], behind)
         for r, k in zip(live, ks, strict=True):
             r.stats.gammas.append(k)
         t0 = time.perf_counter()

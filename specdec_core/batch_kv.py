@@ -103,13 +103,17 @@ class BatchKV:
 
     @torch.inference_mode()
     def place(self, slots: list[int], fresh: BatchKV) -> None:
-        """Write `fresh`'s rows over these rows (whose items have left), right-aligned at this
-        cache's width; their old columns become holes. The rows that go on are not copied,
+        """Write `fresh`'s rows over these rows (whose items have left, or which have no cache
+        yet), right-aligned at this cache's width; their old columns become holes. The rows that go on are not copied,
         which is what makes refilling a finished row cheaper than `select` then `merge`."""
         assert len(slots) == fresh.rows
         need = max((len(c) for c in fresh.cols), default=0)
         mine, theirs = self._layers(), fresh._layers()
-        assert mine or not theirs, "place() needs a cache that has run a pass"
+        if theirs and not mine:  # no pass ran here, so every row is empty: start at no columns
+            for i, (fk, fv) in enumerate(theirs):
+                self.cache.update(fk.new_zeros((self.rows, fk.shape[1], 0, fk.shape[3])),
+                                  fv.new_zeros((self.rows, fv.shape[1], 0, fv.shape[3])), i)
+            mine = self._layers()
         if need > self.width:
             self._widen(need - self.width)
             mine = self._layers()

@@ -314,33 +314,28 @@ def test_rows_admitted_while_the_batch_does_not_draft_skip_the_draft_prefill(mod
         engine._drafting = drafting_at_start
         prefilled, prefill = [], engine._prefill
 
-        def recorded(model, kv, rows, into):
+        def recorded(model, kv, rows, into):  # (row, caught up rather than admitted) per draft prefill
             if model is draft:
-                prefilled.extend(r.index for r in rows)
+                prefilled.extend((r.index, r.draft_behind) for r in rows)
             return prefill(model, kv, rows, into)
         engine._prefill = recorded
-        caught, catch_up = [], engine._catch_up
-
-        def recorded_catch_up(live, rows, dkv):
-            caught.extend(live[b].index for b in rows)
-            return catch_up(live, rows, dkv)
-        engine._catch_up = recorded_catch_up
         out = engine.generate_many([(p, 0) for p in prompts])
         assert [o.tokens for o in out] == [hf_greedy(target, p, 24) for p in prompts]
-        return prefilled, caught, out
+        return prefilled, out
 
     full = AdaptiveGamma(Costs(c=0.2, v={k: float(k) for k in range(2, 6)}), max_gamma=3, prior_acceptance=0.95)
-    prefilled, caught, out = run(full, True)
-    assert prefilled[:2] == [0, 1]  # the first rows, before the batch chose
-    assert caught and set(caught) <= set(prefilled)  # a probe caught rows up through the prefill
-    never = set(range(len(prompts))) - set(prefilled)
+    prefilled, out = run(full, True)
+    assert prefilled[:2] == [(0, False), (1, False)]  # the first rows, admitted before the batch chose
+    assert any(late for _, late in prefilled)  # a probe caught rows up
+    never = set(range(len(prompts))) - {i for i, _ in prefilled}
     assert never and all(not any(out[i].stats.gammas) for i in never)  # skipped, and never drafted
-    assert all(i in prefilled for i, o in enumerate(out) if any(o.stats.gammas))  # caught up to probe
+    assert all(i in {j for j, _ in prefilled} for i, o in enumerate(out) if any(o.stats.gammas))
 
     cheap = AdaptiveGamma(Costs(c=0.05, v={k: 1.0 + 0.02 * k for k in range(2, 6)}), max_gamma=3,
                           prior_acceptance=0.9, early_stop=False)
-    prefilled, caught, out = run(cheap, False)  # admitted without the prefill, then the batch drafts
-    assert caught[:2] == [0, 1] and sorted(set(prefilled) | set(caught)) == list(range(len(prompts)))
+    prefilled, out = run(cheap, False)  # admitted without the prefill, then the batch drafts
+    assert prefilled[:2] == [(0, True), (1, True)]  # caught up, before any draft cache existed
+    assert sorted({i for i, _ in prefilled}) == list(range(len(prompts)))
     assert all(o.stats.draft_tokens > 0 for o in out if o.stats.new_tokens > 1)
 
 
