@@ -369,10 +369,10 @@ class BatchSpeculativeGenerator:
         behind = [b for b, r in enumerate(live) if r.draft_behind and ks[b] > 0]
         if behind and dkv is not None:
             if not self._drafting:  # a probe: the rows with a draft cache, and a few caught up
-                ready = sum(not r.draft_behind for r in live)
-                skip, behind = behind[max(PROBE_ROWS - ready, 0):], behind[:max(PROBE_ROWS - ready, 0)]
-                for b in skip:
+                room = max(PROBE_ROWS - sum(not r.draft_behind for r in live), 0)
+                for b in behind[room:]:
                     ks[b] = 0
+                behind = behind[:room]
             if behind:  # their draft cache, written over their (empty) places
                 self._prefill(self.draft_model, dkv, [live[b] for b in behind], behind)
         for r, k in zip(live, ks, strict=True):

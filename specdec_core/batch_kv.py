@@ -104,8 +104,9 @@ class BatchKV:
     @torch.inference_mode()
     def place(self, slots: list[int], fresh: BatchKV) -> None:
         """Write `fresh`'s rows over these rows (whose items have left, or which have no cache
-        yet), right-aligned at this cache's width; their old columns become holes. The rows that go on are not copied,
-        which is what makes refilling a finished row cheaper than `select` then `merge`."""
+        yet), right-aligned at this cache's width; their old columns become holes. The rows that
+        go on are not copied, which is what makes refilling a finished row cheaper than `select`
+        then `merge`."""
         assert len(slots) == fresh.rows
         need = max((len(c) for c in fresh.cols), default=0)
         mine, theirs = self._layers(), fresh._layers()
