@@ -1,5 +1,5 @@
 """Where a batched job's time goes: rounds, admissions (target and draft prefill), and the cache's
-row copies (`select` as rows leave without a successor, `compact`, `place`), drafting one token
+row copies (`drop` as rows leave without a successor, `compact`, `place`), drafting one token
 per row against no draft.
 
 Issue 17: at B=128 the adaptive rule drafted where drafting lost to no draft, though its model of a
@@ -46,7 +46,7 @@ def timed(owner, name: str, key: str) -> None:
     setattr(owner, name, wrapper)
 
 
-for name in ("select", "compact", "place"):
+for name in ("drop", "compact", "place"):
     timed(BatchKV, name, name)
 reference = None
 for label, drafter in (("gamma 1", lambda: ModelDrafter(draft)), ("no draft", NoDrafter)):
@@ -67,7 +67,7 @@ for label, drafter in (("gamma 1", lambda: ModelDrafter(draft)), ("no draft", No
     reference = reference or tokens
     assert tokens == reference, "outputs differ"
     rounds = sum(len(o.stats.gammas) for o in out) / len(out)
-    rest = total - sum(seconds[k] for k in ("rounds", "target prefill", "draft prefill", "select", "compact"))
+    rest = total - sum(seconds[k] for k in ("rounds", "target prefill", "draft prefill", "drop", "compact"))
     print(f"{label}: {N * NEW / total:.1f} tokens/s, {total:.1f} s: " + ", ".join(
-        f"{k} {seconds[k]:.2f} s" for k in ("rounds", "target prefill", "draft prefill", "select", "compact", "place"))
+        f"{k} {seconds[k]:.2f} s" for k in ("rounds", "target prefill", "draft prefill", "drop", "compact", "place"))
         + f", other {rest:.2f} s; {rounds:.1f} rounds per row", flush=True)

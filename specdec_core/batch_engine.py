@@ -214,12 +214,12 @@ class BatchSpeculativeGenerator:
                 if refill:
                     for b, row in zip(refill, self._admit(waiting, len(refill), tkv, dkv, into=refill), strict=True):
                         live[b] = row
-                if len(done) > len(refill):
-                    keep = [b for b, r in enumerate(live) if not r.finish]
-                    live = [live[b] for b in keep]
-                    for kv in (tkv, dkv):
-                        if kv is not None:
-                            kv.select(keep)
+                if len(done) > len(refill):  # the last rows move into the places left
+                    gone = [b for b, r in enumerate(live) if r.finish]
+                    order = tkv.drop(gone)
+                    if dkv is not None:
+                        dkv.drop(gone)
+                    live = [live[b] for b in order]
             for kv in (tkv, dkv):
                 # Holes cost attention work every pass; a gather costs about one cache copy.
                 if kv is not None and kv.rows and kv.wasted() > 8 + kv.width // 8:

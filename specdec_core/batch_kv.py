@@ -16,7 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec_core.decoder import _accepts_logits_to_keep
-from specdec_core.kv_cache import GrowingCache
+from specdec_core.kv_cache import GrowingCache, GrowingLayer
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows, heads, columns, dim)
 
@@ -90,22 +90,36 @@ class BatchKV:
         return self.width - max((len(c) for c in self.cols), default=0)
 
     @torch.inference_mode()
-    def select(self, keep: list[int]) -> None:
-        """Keep only these rows (in this order)."""
-        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-        # Not `DynamicCache.batch_select_indices`: it leaves a cache of no columns as it is (rows
-        # admitted without the draft's prefill can leave the draft's cache empty).
+    def drop(self, gone: list[int]) -> list[int]:
+        """Remove these rows. The last rows that stay move into the places of those that go and
+        the cache's row view is narrowed, so only the moved rows are copied (a gather of the
+        rows that stay copied the whole cache: a round's worth of time at 128 rows). Returns
+        the new order: row i is the old row order[i]."""
+        gone_set = set(gone)
+        n = self.rows - len(gone_set)
+        holes = sorted(b for b in gone_set if b < n)
+        movers = [b for b in range(n, self.rows) if b not in gone_set]
+        order = list(range(n))
+        for hole, mover in zip(holes, movers, strict=True):
+            order[hole] = mover
+        if holes:
+            dst = torch.tensor(holes, dtype=torch.long, device=self.device)
+            src = torch.tensor(movers, dtype=torch.long, device=self.device)
+            for k, v in self._layers():
+                k[dst] = k[src]
+                v[dst] = v[src]
         for layer in self.cache.layers:
             if layer.is_initialized:
-                layer.keys, layer.values = layer.keys[idx], layer.values[idx]
-        self.mask = self.mask[idx]
-        self.cols = [self.cols[i] for i in keep]
+                layer.keys, layer.values = layer.keys[:n], layer.values[:n]
+        self.mask = self.mask[order]
+        self.cols = [self.cols[i] for i in order]
+        return order
 
     @torch.inference_mode()
     def place(self, slots: list[int], fresh: BatchKV) -> None:
         """Write `fresh`'s rows over these rows (whose items have left, or which have no cache
         yet), right-aligned at this cache's width; their old columns become holes. The rows that
-        go on are not copied, which is what makes refilling a finished row cheaper than `select`
+        go on are not copied, which is what makes refilling a finished row cheaper than `drop`
         then `merge`."""
         assert len(slots) == fresh.rows
         need = max((len(c) for c in fresh.cols), default=0)
@@ -141,27 +155,33 @@ class BatchKV:
     def _layers(self) -> KV:
         return [(layer.keys, layer.values) for layer in self.cache.layers if layer.is_initialized]
 
-    def _gathered(self, width: int, like: KV) -> KV:
-        """Each layer's keys/values with every row's valid columns right-aligned in `width`
-        columns (left padding). `like` gives shapes when this cache has never run a pass."""
+    def _gather_into(self, i: int, width: int, k_out: torch.Tensor, v_out: torch.Tensor,
+                     index: torch.Tensor | None) -> None:
+        """Layer i's keys/values with every row's valid columns right-aligned in `width` columns
+        (left padding, zeros), written into k_out/v_out."""
         layers = self._layers()
-        if layers and self.width == width and all(len(c) == width for c in self.cols):
-            return layers  # every column valid (prompts of one length): already aligned
-        out = []
-        if not layers:
-            for k, v in like:
-                shape = (self.rows, k.shape[1], width, k.shape[3])
-                out.append((k.new_zeros(shape), v.new_zeros((self.rows, v.shape[1], width, v.shape[3]))))
-            return out
+        if not layers or not layers[i][0].shape[2]:  # no pass ran, or none left columns: rows empty
+            k_out.zero_()
+            v_out.zero_()
+            return
+        k, v = layers[i]
+        if index is None:  # every column valid (prompts of one length): already aligned
+            k_out.copy_(k)
+            v_out.copy_(v)
+            return
+        torch.gather(k, 2, index[:, None, :, None].expand(self.rows, k.shape[1], width, k.shape[3]), out=k_out)
+        torch.gather(v, 2, index[:, None, :, None].expand(self.rows, v.shape[1], width, v.shape[3]), out=v_out)
+
+    def _alignment(self, width: int) -> torch.Tensor | None:
+        """For each row, the cache column that goes to each of `width` right-aligned columns
+        (0 for padding, masked anyway); None when the cache is aligned already."""
+        if self.width == width and all(len(c) == width for c in self.cols):
+            return None
         index = torch.zeros((self.rows, width), dtype=torch.long, device=self.device)
         for b, c in enumerate(self.cols):
             if c:
                 index[b, width - len(c):] = torch.tensor(c, dtype=torch.long)
-        for k, v in layers:
-            ik = index[:, None, :, None].expand(self.rows, k.shape[1], width, k.shape[3])
-            iv = index[:, None, :, None].expand(self.rows, v.shape[1], width, v.shape[3])
-            out.append((k.gather(2, ik), v.gather(2, iv)))
-        return out
+        return index
 
     def _aligned_mask(self, width: int) -> tuple[torch.Tensor, list[list[int]]]:
         mask = torch.zeros((self.rows, width), dtype=torch.long, device=self.device)
@@ -178,7 +198,8 @@ class BatchKV:
     @torch.inference_mode()
     def merge(self, *others: BatchKV) -> None:
         """Append the rows of `others` (e.g. freshly prefilled prompts, one cache per prefill
-        pass) after this cache's rows, compacting all on the way."""
+        pass) after this cache's rows, compacting all on the way: each part is gathered straight
+        into the new cache's buffer, which keeps spare columns for the next appends."""
         every = [kv for kv in (self, *others) if kv.rows]
         width = max((len(c) for kv in every for c in kv.cols), default=0)
         holder = next((kv for kv in (self, *others) if kv._layers()), None)
@@ -186,15 +207,20 @@ class BatchKV:
             self.mask = torch.zeros((sum(kv.rows for kv in every), 0), dtype=torch.long, device=self.device)
             self.cols = [c for kv in every for c in kv.cols]
             return
-        like = holder._layers()
-        parts = [kv._gathered(width, like) for kv in every]
+        indexes = [kv._alignment(width) for kv in every]
+        if len(every) > 1 or indexes[0] is not None:  # else: aligned already, keep its buffer
+            rows = sum(kv.rows for kv in every)
+            layers = [layer for layer in holder.cache.layers if layer.is_initialized]
+            for i, (layer, (k, v)) in enumerate(zip(layers, holder._layers(), strict=True)):
+                kbuf, vbuf = GrowingLayer.buffers_for(k.new_empty((rows, *k.shape[1:])),
+                                                      v.new_empty((rows, *v.shape[1:])), width)
+                start = 0
+                for kv, index in zip(every, indexes, strict=True):
+                    part = slice(start, start + kv.rows)
+                    kv._gather_into(i, width, kbuf[part, :, :width], vbuf[part, :, :width], index)
+                    start += kv.rows
+                layer.adopt(kbuf, vbuf, width)
         masks = [kv._aligned_mask(width) for kv in every]
-        for i, layer in enumerate(layer for layer in holder.cache.layers if layer.is_initialized):
-            if len(parts) == 1:  # no copy: an aligned cache keeps its buffer and its spare columns
-                layer.keys, layer.values = parts[0][i]
-            else:
-                layer.keys = torch.cat([p[i][0] for p in parts], dim=0)
-                layer.values = torch.cat([p[i][1] for p in parts], dim=0)
         self.cache = holder.cache
         self.mask = torch.cat([m for m, _ in masks], dim=0)
         self.cols = [c for _, cols in masks for c in cols]

@@ -11,7 +11,9 @@ so the copies are amortised.
 
 Anything that assigns `keys`/`values` from outside (batch row selection, `BatchKV.merge`) just
 replaces the prefix; the next update sees it is no longer a view of the buffer and adopts it
-into a new one. Values are the same numbers `torch.cat` would produce.
+into a new one. A view of the buffer's first rows stays in place (`BatchKV.drop` narrows the
+batch that way), and `adopt` takes buffers someone else filled (compaction gathers straight into
+one). Values are the same numbers `torch.cat` would produce.
 """
 
 from __future__ import annotations
@@ -32,26 +34,37 @@ class GrowingLayer(DynamicLayer):
         self._vbuf: torch.Tensor | None = None
 
     def _holds_prefix(self, new: torch.Tensor) -> bool:
-        """True when keys/values are still views of the buffers' first columns, and the new
-        columns fit behind them."""
+        """True when keys/values are still views of the buffers' first rows and columns, and
+        the new columns fit behind them."""
         buf, keys = self._kbuf, self.keys
         return (buf is not None and keys.dim() == 4 and keys.data_ptr() == buf.data_ptr()
-                and keys.shape[:2] == buf.shape[:2] == new.shape[:2] and keys.stride() == buf.stride()
+                and keys.shape[0] == new.shape[0] <= buf.shape[0] and keys.shape[1] == buf.shape[1] == new.shape[1]
+                and keys.stride() == buf.stride()
                 and self.values.data_ptr() == self._vbuf.data_ptr()
                 and keys.shape[-2] + new.shape[-2] <= buf.shape[-2])
 
     def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """New buffers holding the current prefix, with room for the new columns and more."""
         old = self.keys.shape[-2] if self.keys.dim() == 4 else 0
-        need = old + key_states.shape[-2]
-        columns = need + max(MIN_SPARE, need // 2)
-        kbuf = key_states.new_empty((*key_states.shape[:2], columns, key_states.shape[-1]))
-        vbuf = value_states.new_empty((*value_states.shape[:2], columns, value_states.shape[-1]))
+        kbuf, vbuf = self.buffers_for(key_states, value_states, old + key_states.shape[-2])
         if old:
             kbuf[:, :, :old].copy_(self.keys)
             vbuf[:, :, :old].copy_(self.values)
+        self.adopt(kbuf, vbuf, old)
+
+    @staticmethod
+    def buffers_for(keys: torch.Tensor, values: torch.Tensor, need: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Empty buffers shaped like keys/values (rows, heads, _, dim): `need` columns and spare."""
+        columns = need + max(MIN_SPARE, need // 2)
+        return (keys.new_empty((*keys.shape[:2], columns, keys.shape[-1])),
+                values.new_empty((*values.shape[:2], columns, values.shape[-1])))
+
+    def adopt(self, kbuf: torch.Tensor, vbuf: torch.Tensor, columns: int) -> None:
+        """Take these buffers as the cache, their first `columns` columns holding it."""
+        if not self.is_initialized:
+            self.lazy_initialization(kbuf, vbuf)
         self._kbuf, self._vbuf = kbuf, vbuf
-        self.keys, self.values = kbuf[:, :, :old], vbuf[:, :, :old]
+        self.keys, self.values = kbuf[:, :, :columns], vbuf[:, :, :columns]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,11 +72,11 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         if not self._holds_prefix(key_states):
             self._grow(key_states, value_states)
-        start = self.keys.shape[-2]
+        rows, start = self.keys.shape[0], self.keys.shape[-2]
         end = start + key_states.shape[-2]
-        self._kbuf[:, :, start:end].copy_(key_states)
-        self._vbuf[:, :, start:end].copy_(value_states)
-        self.keys, self.values = self._kbuf[:, :, :end], self._vbuf[:, :, :end]
+        self._kbuf[:rows, :, start:end].copy_(key_states)
+        self._vbuf[:rows, :, start:end].copy_(value_states)
+        self.keys, self.values = self._kbuf[:rows, :, :end], self._vbuf[:rows, :, :end]
         return self.keys, self.values
 
     def reset(self) -> None:

@@ -46,16 +46,17 @@ def prompts(tokenizer):
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_row_logits_in_a_batch_equal_the_row_alone(models, prompts, kind):
-    """Padding, holes (rejected drafts), explicit positions, compaction, merging and refilling a
-    row's place leave each row's logits those of the row alone. Tolerance: fp32 with different GEMM shapes (a batch of
-    rows, masked columns) sums in a different order; the tiny models' logits are O(10) and
-    differ by under 1e-5 here (7e-6 measured), far below the top-2 gaps greedy decoding depends on;
-    tests/numerics.py scales the tolerance to the logits."""
+    """Padding, holes (rejected drafts), explicit positions, compaction, merging, dropping a row
+    and refilling a row's place leave each row's logits those of the row alone. Tolerance: fp32
+    with different GEMM shapes (a batch of rows, masked columns) sums in a different order; the
+    tiny models' logits are O(10) and differ by under 1e-5 here (7e-6 measured), far below the
+    top-2 gaps greedy decoding depends on; tests/numerics.py scales the tolerance to the logits."""
     target, _ = models[kind]
     rows = [list(prompts[i]) for i in (0, 2, 4)]
     kv = BatchKV(target, len(rows))
     kv.forward([r[:-1] for r in rows], logits=False)
     gen = torch.Generator().manual_seed(0)
+    compacted = None
     for step in range(4):
         blocks = [torch.randint(4, 300, (int(torch.randint(1, 4, (1,), generator=gen)),), generator=gen).tolist()
                   for _ in rows]
@@ -73,6 +74,8 @@ def test_row_logits_in_a_batch_equal_the_row_alone(models, prompts, kind):
             keep = len(r) + len(blocks[b]) // 2  # reject the second half of the block: holes
             kv.rollback(b, keep)
             rows[b] = full[: keep + 1]
+        if step == 3:  # the pass after compaction appended in place
+            assert kv.cache.layers[0]._kbuf.data_ptr() == compacted
         if step == 0:  # a finished row's place taken by a prompt longer than the cache is wide
             long = prompts[4] + prompts[6]
             new = BatchKV(target, 1)
@@ -82,13 +85,17 @@ def test_row_logits_in_a_batch_equal_the_row_alone(models, prompts, kind):
             rows[1] = list(long)
         if step == 2:
             kv.compact()
+            compacted = kv.cache.layers[0]._kbuf.data_ptr()  # gathered into a buffer with room
         if step == 1:  # a newly admitted row merged in, then an old one leaving
             new = BatchKV(target, 1)
             new.forward([prompts[5][:-1]], logits=False)
             kv.merge(new)
             rows.append(list(prompts[5]))
-            kv.select([0, 2, 3])
-            rows = [rows[i] for i in (0, 2, 3)]
+            buffer = kv.cache.layers[0]._kbuf.data_ptr()
+            order = kv.drop([1])  # the last row moves into its place; nothing else is copied
+            assert order == [0, 3, 2]
+            assert kv.cache.layers[0]._kbuf.data_ptr() == buffer
+            rows = [rows[i] for i in order]
 
 
 def _admissions(engine):

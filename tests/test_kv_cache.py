@@ -67,3 +67,17 @@ def test_model_logits_equal_with_either_cache(kind, models, tokenizer):
             ref.rollback(keep)
         a, b = ours.forward(seq[:end], 2), ref.forward(seq[:end], 2)
         assert torch.equal(a, b), (kind, end)
+
+
+def test_a_narrower_row_view_stays_in_the_buffer():
+    """BatchKV.drop narrows the rows to a prefix of the buffer's; appends go on in place and hold
+    what a concatenating cache holds for those rows."""
+    ours, ref = GrowingLayer(), DynamicCache().layer_class_to_replicate()
+    for layer in (ours, ref):
+        layer.update(*_kv(3, 6, 0))
+    buffer = ours._kbuf.data_ptr()
+    ours.keys, ours.values = ours.keys[:2], ours.values[:2]
+    ref.keys, ref.values = ref.keys[:2], ref.values[:2]
+    got, want = ours.update(*_kv(2, 3, 1)), ref.update(*_kv(2, 3, 1))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert ours._kbuf.data_ptr() == buffer
