@@ -92,9 +92,9 @@ class BatchKV:
     @torch.inference_mode()
     def drop(self, gone: list[int]) -> list[int]:
         """Remove these rows. The last rows that stay move into the places of those that go and
-        the cache's row view is narrowed, so only the moved rows are copied (a gather of the
-        rows that stay copied the whole cache: a round's worth of time at 128 rows). Returns
-        the new order: row i is the old row order[i]."""
+        the cache's row view is narrowed, so only the moved rows are copied (gathering the rows
+        that stay copied the whole cache, and the next pass copied it again into a buffer with
+        room). Returns the new order: row i is the old row order[i]."""
         gone_set = set(gone)
         n = self.rows - len(gone_set)
         holes = sorted(b for b in gone_set if b < n)
