@@ -9,11 +9,11 @@ layer's cache in a buffer with spare columns and writes a step's columns into th
 `crop`, masks and `get_seq_length` are untouched. The buffer grows by half its size when full,
 so the copies are amortised.
 
-Anything that assigns `keys`/`values` from outside (batch row selection, `BatchKV.merge`) just
-replaces the prefix; the next update sees it is no longer a view of the buffer and adopts it
-into a new one. A view of the buffer's first rows stays in place (`BatchKV.drop` narrows the
-batch that way), and `adopt` takes buffers someone else filled (compaction gathers straight into
-one). Values are the same numbers `torch.cat` would produce.
+Anything that assigns `keys`/`values` from outside (`DynamicCache.batch_select_indices`, say)
+just replaces the prefix; the next update sees it is no longer a view of the buffer and adopts
+it into a new one. A view of the buffer's first rows stays in place (`BatchKV.drop` narrows the
+batch that way), and `adopt` takes buffers someone else filled (`BatchKV.merge` gathers straight
+into one). Values are the same numbers `torch.cat` would produce.
 """
 
 from __future__ import annotations
