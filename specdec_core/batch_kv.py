@@ -212,8 +212,7 @@ class BatchKV:
             rows = sum(kv.rows for kv in every)
             layers = [layer for layer in holder.cache.layers if layer.is_initialized]
             for i, (layer, (k, v)) in enumerate(zip(layers, holder._layers(), strict=True)):
-                kbuf, vbuf = GrowingLayer.buffers_for(k.new_empty((rows, *k.shape[1:])),
-                                                      v.new_empty((rows, *v.shape[1:])), width)
+                kbuf, vbuf = GrowingLayer.buffers_for(k, v, width, rows)
                 start = 0
                 for kv, index in zip(every, indexes, strict=True):
                     part = slice(start, start + kv.rows)

@@ -53,11 +53,14 @@ class GrowingLayer(DynamicLayer):
         self.adopt(kbuf, vbuf, old)
 
     @staticmethod
-    def buffers_for(keys: torch.Tensor, values: torch.Tensor, need: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Empty buffers shaped like keys/values (rows, heads, _, dim): `need` columns and spare."""
+    def buffers_for(keys: torch.Tensor, values: torch.Tensor, need: int, rows: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Empty buffers like keys/values (rows, heads, _, dim): `rows` rows (as many as keys by
+        default), `need` columns and spare ones."""
         columns = need + max(MIN_SPARE, need // 2)
-        return (keys.new_empty((*keys.shape[:2], columns, keys.shape[-1])),
-                values.new_empty((*values.shape[:2], columns, values.shape[-1])))
+        rows = keys.shape[0] if rows is None else rows
+        return (keys.new_empty((rows, keys.shape[1], columns, keys.shape[-1])),
+                values.new_empty((rows, values.shape[1], columns, values.shape[-1])))
 
     def adopt(self, kbuf: torch.Tensor, vbuf: torch.Tensor, columns: int) -> None:
         """Take these buffers as the cache, their first `columns` columns holding it."""
