@@ -155,16 +155,15 @@ class BatchKV:
     def _layers(self) -> KV:
         return [(layer.keys, layer.values) for layer in self.cache.layers if layer.is_initialized]
 
-    def _gather_into(self, i: int, width: int, k_out: torch.Tensor, v_out: torch.Tensor,
-                     index: torch.Tensor | None) -> None:
-        """Layer i's keys/values with every row's valid columns right-aligned in `width` columns
-        (left padding, zeros), written into k_out/v_out."""
-        layers = self._layers()
-        if not layers or not layers[i][0].shape[2]:  # no pass ran, or none left columns: rows empty
+    def _gather_into(self, kv: tuple[torch.Tensor, torch.Tensor] | None, width: int, k_out: torch.Tensor,
+                     v_out: torch.Tensor, index: torch.Tensor | None) -> None:
+        """One layer's keys/values of this cache (None: it never ran a pass) with every row's
+        valid columns right-aligned in `width` columns (left padding, zeros), into k_out/v_out."""
+        if kv is None or not kv[0].shape[2]:  # no pass ran, or none left columns: rows empty
             k_out.zero_()
             v_out.zero_()
             return
-        k, v = layers[i]
+        k, v = kv
         if index is None:  # every column valid (prompts of one length): already aligned
             k_out.copy_(k)
             v_out.copy_(v)
@@ -211,12 +210,14 @@ class BatchKV:
         if len(every) > 1 or indexes[0] is not None:  # else: aligned already, keep its buffer
             rows = sum(kv.rows for kv in every)
             layers = [layer for layer in holder.cache.layers if layer.is_initialized]
+            layers_of = [kv._layers() for kv in every]
             for i, (layer, (k, v)) in enumerate(zip(layers, holder._layers(), strict=True)):
                 kbuf, vbuf = GrowingLayer.buffers_for(k, v, width, rows)
                 start = 0
-                for kv, index in zip(every, indexes, strict=True):
+                for kv, own, index in zip(every, layers_of, indexes, strict=True):
                     part = slice(start, start + kv.rows)
-                    kv._gather_into(i, width, kbuf[part, :, :width], vbuf[part, :, :width], index)
+                    kv._gather_into(own[i] if own else None, width, kbuf[part, :, :width], vbuf[part, :, :width],
+                                    index)
                     start += kv.rows
                 layer.adopt(kbuf, vbuf, width)
         masks = [kv._aligned_mask(width) for kv in every]
