@@ -50,6 +50,7 @@ from pipeline.bench_measure import (
     target_step_ms,
 )
 from pipeline.bench_pairs import (  # noqa: F401 (re-exported: other modules import them from pipeline.bench)
+    BENCH_DRAFT_DTYPES,
     FULL_SYNTH,
     QUICK_SYNTH,
     TINY_SYNTH,
@@ -62,7 +63,7 @@ from pipeline.bench_pairs import (  # noqa: F401 (re-exported: other modules imp
 )
 from pipeline.bench_report import machine, summarize, write_report  # noqa: F401 (machine: re-exported)
 from pipeline.flags import ArgumentParser
-from specdec_core.cpu_speed import prepare_for_cpu, recommended_threads
+from specdec_core.cpu_speed import packed_threshold, prepare_for_cpu, recommended_threads
 from specdec_core.drafters import ModelDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import Costs
@@ -117,7 +118,8 @@ def run_pair(label: str, target_dir: Path, draft_dir: Path, prompts: list[tuple[
             r["pair"] = label
     return {"label": label, "note": note, "rows": rows, "configs": configs, "costs": costs, "sampling": sampling,
             "params": n_params, "draft_params": d_params, "gamma": g, "max_new": N,
-            "step_ms": target_step_ms(target_p, ids_list[0]), "prompts": len(prompts),
+            "step_ms": target_step_ms(target_p, ids_list[0]), "packed_from_rows": packed_threshold(target_p),
+            "prompts": len(prompts),
             "prompt_tokens": statistics.fmean(len(x) for x in ids_list)}
 
 
@@ -156,9 +158,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--skip_sampling", action="store_true",
                    help="leave out the sampling rows (temperature 1, and 0.7 with top-p 0.9: the target alone, ours "
                    "and HF assisted sampling at the same gamma)")
-    p.add_argument("--draft_dtypes", default="float32,bfloat16,int8",
+    p.add_argument("--draft_dtypes", default="float32,auto,bfloat16,int8",
                    help="comma-separated draft dtypes measured side by side (acceptance, c, speed) with the fp32 "
-                   "target: float32, bfloat16, int8 (dynamic int8 linears); float32 alone to skip")
+                   "target: float32, auto (the job's default: large linears in bf16 where the CPU has native "
+                   "bf16), bfloat16, int8 (dynamic int8 linears); float32 alone to skip")
     p.add_argument("--throughput", action="store_true",
                    help="also run pipeline.bench_throughput (plain batched generate vs ours at B=1,4,8,16) on the "
                    "same synthetic pair and prompt settings, into the same report")
@@ -167,9 +170,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    "assisted generation at the same gamma) into the same report; trains its pair once (minutes)")
     a = p.parse_args(argv)
     a.draft_dtypes = [d.strip() for d in a.draft_dtypes.split(",") if d.strip()]
-    bad = [d for d in a.draft_dtypes if d not in ("float32", "bfloat16", "int8")]
+    bad = [d for d in a.draft_dtypes if d not in BENCH_DRAFT_DTYPES]
     if bad:
-        p.error(f"argument --draft_dtypes: unknown dtype {bad[0]!r} (choose from float32, bfloat16, int8)")
+        p.error(f"argument --draft_dtypes: unknown dtype {bad[0]!r} (choose from {', '.join(BENCH_DRAFT_DTYPES)})")
     quick = a.quick or a.tiny
     a.prompts = a.prompts or (3 if quick else 6)
     a.prompt_tokens = a.prompt_tokens or (24 if quick else 64)

@@ -160,6 +160,11 @@ def greedy_configs(target, draft, target_p, draft_p, costs: dict[str, Costs], ar
             add(f"ours: model g={g}, {dtype} draft", "ours", "prepacked", "model", g,
                 ours(target_p, ModelDrafter(model), g, N), target_p, model, "ours: target alone",
                 costs[f"{dtype} draft"].c, dtype)
+        if dtype == "auto":
+            # HF assisted with the very same draft: what the cheaper draft gives HF's loop too.
+            add(f"HF assisted g={g}, {dtype} draft", "hf", "stock", "model", g,
+                hf(target, N, assistant=model, gamma=g), target, model, "HF greedy", costs[f"{dtype} draft"].c,
+                dtype)
     for c in configs:
         if not c.baseline:
             c.baseline = c.name

@@ -129,19 +129,23 @@ def load_pair(target_dir: Path, draft_dir: Path):
     return target, draft, tok
 
 
+BENCH_DRAFT_DTYPES = ("float32", "auto", "bfloat16", "int8")
+
+
 def draft_variants(draft: torch.nn.Module, draft_p: torch.nn.Module, dtypes: list[str]) -> dict[str, torch.nn.Module]:
-    """The draft in each of `dtypes`, as `--draft_dtype` makes it ("float32": the prepacked fp32
-    draft used everywhere else; "bfloat16", "int8": a copy; int8 is left out where this torch
-    build cannot quantize). Only the draft changes, so greedy outputs stay identical and
-    sampling stays exact."""
+    """The draft in each of `dtypes`, as `--draft_dtype` with `--cpu_kernels prepacked` makes it
+    ("float32": the prepacked fp32 draft used everywhere else; "auto" (the job's default: large
+    linears with bf16 weights where the CPU has native bf16), "bfloat16" (packed where the CPU has
+    native bf16), "int8": a copy; int8 is left out where this torch build cannot quantize).
+    Only the draft changes, so greedy outputs stay identical and sampling stays exact."""
     import copy
 
-    from specdec_core.cpu_speed import draft_in_dtype
+    from specdec_core.cpu_speed import draft_in_dtype, prepare_for_cpu
 
     out: dict[str, torch.nn.Module] = {}
     for dtype in dtypes:
-        if dtype not in ("float32", "bfloat16", "int8"):
-            raise ValueError(f"unknown draft dtype {dtype!r} (float32, bfloat16, int8)")
+        if dtype not in BENCH_DRAFT_DTYPES:
+            raise ValueError(f"unknown draft dtype {dtype!r} ({', '.join(BENCH_DRAFT_DTYPES)})")
         if dtype == "float32":
             out[dtype] = draft_p
             continue
@@ -150,5 +154,5 @@ def draft_variants(draft: torch.nn.Module, draft_p: torch.nn.Module, dtypes: lis
         if dtype == "int8" and model is fresh:
             _LOG.warning("int8 draft skipped: dynamic quantization unavailable in this torch build")
             continue
-        out[dtype] = model.eval()
+        out[dtype] = prepare_for_cpu(model.eval())
     return out

@@ -160,7 +160,7 @@ def write_report(path: Path, csv_path: Path, results: list[dict], skipped: list[
         w(f"Target {res['params'] / 1e6:.1f}M parameters, draft {res['draft_params'] / 1e6:.1f}M "
           f"({100 * res['draft_params'] / res['params']:.1f}%); {res['prompts']} prompts of "
           f"{res['prompt_tokens']:.0f} tokens on average, {res['max_new']} new tokens each; gamma {res['gamma']}; "
-          f"1-token target step {res['step_ms']:.1f} ms (prepacked).\n")
+          f"1-token target step {res['step_ms']:.1f} ms (prepacked{_packed_note(res)}).\n")
         w("| configuration | tok/s | ms/tok (total) | ms/tok (decode) | acc. | a | tokens/step | mean g | c | "
           "speed-up | total | bound | eff. | identical | cpu/wall | load1 |")
         w("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -260,11 +260,16 @@ def kept_sections(path: Path) -> list[str]:
     return [m.group(0) + "\n" for m in _MARKED.finditer(path.read_text())] if path.exists() else []
 
 
+def _packed_note(res: dict) -> str:
+    rows = res.get("packed_from_rows")
+    return "" if rows is None else f"; oneDNN-packed weights used from {rows} input rows, as timed at load on this CPU"
+
+
 def dtype_section(res: dict, by: dict) -> list[str]:
     """The draft in fp32, bf16 and int8 side by side: acceptance, c and what they give."""
     g, costs = res["gamma"], res["costs"]
     rows = [(d, by.get(f"ours: model g={g}" if d == "float32" else f"ours: model g={g}, {d} draft"))
-            for d in ("float32", "bfloat16", "int8") if f"{d} draft" in costs]
+            for d in ("float32", "auto", "bfloat16", "int8") if f"{d} draft" in costs]
     rows = [(d, s) for d, s in rows if s]
     if len(rows) < 2:
         return []
@@ -283,6 +288,15 @@ def dtype_section(res: dict, by: dict) -> list[str]:
     if fp and best[0] != "float32":
         line += f", {fp['decode_ms_tok'] / best[1]['decode_ms_tok']:.2f}x the fp32 draft"
     out += [line + ".\n"]
+    hf32, hf16, ours16 = (by.get(n) for n in (f"HF assisted g={g}", f"HF assisted g={g}, auto draft",
+                                              f"ours: model g={g}, auto draft"))
+    if hf32 and hf16 and ours16:
+        same = "identical" if hf16["equal"] and ours16["equal"] else "NOT identical"
+        out += [f"The `auto` draft (the job's default) in both loops (gamma {g}): HF assisted "
+                f"{hf16['decode_ms_tok']:.1f} ms/token (fp32 draft: {hf32['decode_ms_tok']:.1f}), ours "
+                f"{ours16['decode_ms_tok']:.1f}: ours **{hf16['decode_ms_tok'] / ours16['decode_ms_tok']:.2f}x** HF "
+                f"with the same draft, {hf32['decode_ms_tok'] / ours16['decode_ms_tok']:.2f}x HF with the fp32 draft; "
+                f"outputs {same}.\n"]
     return out
 
 

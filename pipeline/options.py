@@ -32,10 +32,12 @@ class SpecDecOptions(PipelineOptions):
           "acceptance and costs, backing off when drafts do not pay (greedy only; best on large targets); "
           "auto: adaptive when greedy, fixed when sampling")
         a("--cpu_kernels", default="prepacked", choices=CPU_KERNELS,
-          help="CPU fp32 only: prepacked = oneDNN-prepacked linear weights (cheaper multi-token verify); "
-          "stock = PyTorch defaults")
-        a("--draft_dtype", default="same", choices=DRAFT_DTYPES,
-          help="the draft model's weights only (the target keeps --dtype, so outputs are unchanged): same = "
+          help="CPU fp32 only: prepacked = oneDNN-prepacked linear weights (cheaper multi-token verify; used "
+          "from the row count where they beat the stock kernels on this CPU, timed at load); stock = PyTorch "
+          "defaults")
+        a("--draft_dtype", default="auto", choices=DRAFT_DTYPES,
+          help="the draft model's weights only (the target keeps --dtype, so outputs are unchanged): auto = "
+          "--dtype, with the large linears of an fp32 CPU draft in bf16 where the CPU has native bf16; same = "
           "--dtype; int8 = dynamic int8 linears (CPU only): cheaper draft steps, see README 'Speed'")
         a("--max_new_tokens", type=int, default=128, help="generation length cap")
         a("--batch_size", type=int, default=1,

@@ -4,16 +4,25 @@ Speculative decoding on CPU pays for verification: a k-token target pass runs th
 layers as GEMMs, and the default fp32 path (MKL sgemm) re-packs each weight matrix on every
 call, so k=4..8 tokens cost about twice one token (measured v(k) ~ 2). oneDNN can pack each
 weight ONCE into its blocked layout; multi-token passes then stream the weights at close to
-the one-token (GEMV) rate. `prepare_for_cpu` swaps every `nn.Linear` for a `PrepackedLinear`
-that keeps the dense weight for inputs of 1-3 rows (where the default GEMV/small GEMM is
-already at the memory-bandwidth limit) and a oneDNN-packed copy for 4 rows and more.
-The packing is chosen for `pack_rows` input rows: oneDNN picks its blocked layout from that
-hint, and a layout packed for 1 row runs 5-row inputs about 1.3x slower.
-Measured on a 1024x2816 fp32 linear (2-core Xeon, quiet, microseconds per call at k = 1/4/5/8
-rows; benchmarks/linear_paths.py), 1 thread: default 813/1586/1637/2113, packed for 1 row
-856/1153/1193/1369, packed for 8 rows 888/906/926/1053 (v(5) 1.14); 2 threads: default
-551/908/934/1157, packed for 8 rows 586/603/622/677. MKL-packed (torch.ops.mkl._mkl_linear) is
-the same as default.
+the one-token (GEMV) rate. `prepare_for_cpu` swaps every large `nn.Linear` for a
+`PrepackedLinear`: the dense weight for inputs of few rows, a oneDNN-packed copy from
+`threshold_rows` rows on. The packing is chosen for `pack_rows` input rows: oneDNN picks its
+blocked layout from that hint, and a layout packed for 1 row runs 5-row inputs about 1.3x slower.
+
+Where the packed copy starts to pay depends on the CPU, so `prepare_for_cpu` times both paths on
+the model's own linears at load (`packed_from_rows`). Microseconds per call of a DRAM-resident
+1024x2816 fp32 linear at k rows (`benchmarks/linear_paths.py`, 2 threads):
+
+| CPU | path | k=1 | 2 | 3 | 4 | 5 | 8 |
+|---|---|---|---|---|---|---|---|
+| Xeon (AVX-512) | stock | 551 | | | 908 | 934 | 1157 |
+| Xeon (AVX-512) | packed for 8 rows | 586 | | | 603 | 622 | 677 |
+| AMD EPYC | stock | 739 | 1558 | 2339 | 1628 | 1492 | 1358 |
+| AMD EPYC | packed for 8 rows | 507 | 596 | 516 | 462 | 425 | 558 |
+
+On the Xeon one row stays on the stock GEMV (packed is slower there: the 325M target's 1-token
+step was 15-21% slower packed); on the EPYC packed wins from one row, and the 325M target's
+1-token step went from 90 to 65 ms. MKL-packed (torch.ops.mkl._mkl_linear) is no better than stock.
 
 Exactness: both paths compute the same fp32 products; they differ from the default kernels
 only by summation order (max |d logit| ~ 1e-5 on a 300M model), the same order of difference
@@ -21,14 +30,20 @@ that already exists between a 1-token and a k-token pass with stock kernels. Gre
 is a property of the engine (it takes the target's argmax of whichever pass it ran) and is
 checked by the tests and by `python -m pipeline.bench` on every run.
 
-`quantize_draft` makes a DRAFT cheaper (int8 dynamic linears). Never use it on a target: the
-draft's numerics only change which tokens get proposed, never what is accepted.
+A DRAFT may use bf16 weights. On CPUs with native bf16 arithmetic (AVX512-BF16, AMX), its large
+linears keep bf16 weights packed for oneDNN, fp32 in and out (`Bf16Linear`, `--draft_dtype auto`,
+the default), or the whole draft is cast (`bfloat16`, packed the same way). A bf16 weight streams
+half the bytes: the 325M pair's 1-layer draft costs c = 0.070 of a target step in fp32 and
+0.041-0.046 with bf16 linears, acceptance unchanged (AMD EPYC, 2 threads; BENCHMARKS.md "Round
+four"). `quantize_draft` makes a draft int8 (dynamic linears). Never use any of these on a
+target: the draft's numerics only change which tokens get proposed, never what is accepted.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -41,8 +56,18 @@ def prepack_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+def bf16_native() -> bool:
+    """Whether this CPU does bf16 arithmetic itself (AVX512-BF16, AMX): elsewhere oneDNN emulates
+    it and a bf16 model is slower than fp32."""
+    try:
+        return prepack_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 class PrepackedLinear(nn.Module):
-    """y = x W^T + b with W packed once for oneDNN; one-row inputs keep the dense GEMV path."""
+    """y = x W^T + b with W packed once for oneDNN; inputs of fewer than `threshold_rows` rows
+    keep the dense path, where the stock kernels are as fast on this CPU (`packed_from_rows`)."""
 
     def __init__(self, linear: nn.Linear, threshold_rows: int = 4, pack_rows: int = 8):
         super().__init__()
@@ -55,7 +80,7 @@ class PrepackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if rows < self.threshold_rows or x.dtype != torch.float32 or torch.is_grad_enabled():
+        if rows < self.threshold_rows or x.dtype != self.weight.dtype or torch.is_grad_enabled():
             return F.linear(x, self.weight, self.bias)
         bias = None if self.bias is None else self.bias.detach()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
@@ -64,30 +89,123 @@ class PrepackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, prepacked=oneDNN"
 
 
-def prepare_for_cpu(model: nn.Module, *, prepack: bool = True, threshold_rows: int = 4,
-                    pack_rows: int = 8, min_weight: int = 1_000_000) -> nn.Module:
-    """Make `model` (fp32, on CPU, eval) faster for batch-1 decoding, in place; returns it.
+def _median_time(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
 
-    A no-op for models on other devices or dtypes, or where oneDNN is missing. Idempotent.
-    Only linears with at least `min_weight` weights are packed: small ones stay in cache, where
-    the default kernels are as fast (a 384x1024 model ran slower prepacked).
+
+def packed_from_rows(linears: list[PrepackedLinear], max_rows: int = 4, reps: int = 5, margin: float = 0.85,
+                     timer=_median_time) -> int:
+    """The fewest input rows from which the oneDNN-packed weights beat the stock kernels on this
+    CPU, timed on `linears` run one after another (a model's own, so the weights stream from
+    memory as in a forward, not from cache); `max_rows` unless packed is at least 1/margin faster
+    below. A clear margin keeps timing noise from flipping the choice between runs."""
+    if not linears:
+        return max_rows
+    with torch.no_grad():
+        weights = [(lin.weight.detach(), lin.packed) for lin in linears]
+
+        def run(xs: dict, packed: bool) -> None:
+            for w, pw in weights:
+                if packed:
+                    torch.ops.mkldnn._linear_pointwise(xs[w.shape[1]], pw, None, "none", [], "")
+                else:
+                    F.linear(xs[w.shape[1]], w)
+
+        for rows in range(1, max_rows):
+            xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w, _ in weights}
+            run(xs, False), run(xs, True)  # warm-up
+            t_stock = timer(lambda xs=xs: run(xs, False), reps)
+            t_packed = timer(lambda xs=xs: run(xs, True), reps)
+            _LOG.info("prepare_for_cpu: %d rows: stock %.2f ms, packed %.2f ms", rows, 1e3 * t_stock, 1e3 * t_packed)
+            if t_packed < margin * t_stock:
+                return rows
+    return max_rows
+
+
+def prepare_for_cpu(model: nn.Module, *, prepack: bool = True, threshold_rows: int | None = None,
+                    pack_rows: int = 8, min_weight: int = 1_000_000) -> nn.Module:
+    """Make `model` (fp32 or bf16, on CPU, eval) faster for batch-1 decoding, in place; returns it.
+
+    A no-op for models on other devices or dtypes, for bf16 where the CPU lacks native bf16, or
+    where oneDNN is missing. Idempotent. fp32: only linears with at least `min_weight` weights
+    are packed (small ones stay in cache, where the default kernels are as fast: a 384x1024 model
+    ran slower prepacked), used from `threshold_rows` rows (None: `packed_from_rows` on those
+    linears, 1 to 4). bf16 (drafts only): every linear, packed for one row and used at every row
+    count (stock bf16 was slower at every shape timed).
     The model stays a normal Hugging Face model (generate(), caches, logits_to_keep all work);
     only saving it afterwards is not supported.
     """
     params = list(model.parameters())
-    if not params or params[0].device.type != "cpu" or params[0].dtype != torch.float32:
+    if not params or params[0].device.type != "cpu" or params[0].dtype not in (torch.float32, torch.bfloat16):
         return model
     if not prepack or not prepack_available():
         _LOG.info("prepare_for_cpu: oneDNN prepacking unavailable, model left as is")
         return model
+    if params[0].dtype == torch.bfloat16:
+        if not bf16_native():
+            _LOG.info("prepare_for_cpu: no native bf16 on this CPU, bf16 model left as is")
+            return model
+        threshold_rows, pack_rows, min_weight = 1, 1, 0
+    packed = []
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.weight.numel() >= min_weight:
+                packed.append(PrepackedLinear(child, threshold_rows or 4, pack_rows))
+                setattr(parent, name, packed[-1])
+    if threshold_rows is None:
+        threshold_rows = packed_from_rows(packed)
+        for lin in packed:
+            lin.threshold_rows = threshold_rows
+    _LOG.info("prepare_for_cpu: %d linear layers prepacked for oneDNN, used from %s input rows", len(packed),
+              threshold_rows)
+    return model
+
+
+class Bf16Linear(nn.Module):
+    """A draft's fp32 linear with a bf16 copy of its weight packed for oneDNN: half the bytes
+    streamed per step; input and output stay fp32, and so does everything else in the model."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight  # kept (shared) so ties and HF's accessors still see a weight
+        with torch.no_grad():
+            self.bias16 = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().to(torch.bfloat16), 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, self.bias16, "none", [], "")
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weights=bf16 (oneDNN)"
+
+
+# 512x512. A 128x512 linear cost more in bf16 than in fp32 (the call's overhead outweighs the
+# bytes saved); 384x1024 and larger cost less (single calls, EPYC, 2 threads).
+BF16_MIN_WEIGHT = 1 << 18
+
+
+def bf16_linears(model: nn.Module, min_weight: int = BF16_MIN_WEIGHT) -> int:
+    """Swap the large fp32 linears of a CPU draft for `Bf16Linear`, in place; returns how many.
+    Nothing happens without native bf16 (emulated bf16 is slower than fp32)."""
+    params = list(model.parameters())
+    if (not params or params[0].device.type != "cpu" or params[0].dtype != torch.float32
+            or not bf16_native()):
+        return 0
     count = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.numel() >= min_weight:
-                setattr(parent, name, PrepackedLinear(child, threshold_rows, pack_rows))
+                setattr(parent, name, Bf16Linear(child))
                 count += 1
-    _LOG.info("prepare_for_cpu: %d linear layers prepacked for oneDNN", count)
-    return model
+    _LOG.info("bf16_linears: %d linear layers of the draft hold bf16 weights", count)
+    return count
 
 
 def quantize_draft(model: nn.Module) -> nn.Module:
@@ -102,15 +220,19 @@ def quantize_draft(model: nn.Module) -> nn.Module:
         return model
 
 
-DRAFT_DTYPES = ("same", "float32", "bfloat16", "int8")
+DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "int8")
 
 
 def draft_in_dtype(model: nn.Module, name: str) -> nn.Module:
-    """The draft in the dtype `--draft_dtype` names ("same": as loaded; "int8": dynamic int8
-    linears, CPU only). Only the draft: its numerics change what is proposed, never what the
-    target accepts, so greedy output stays identical and sampling exact. Returns a new module
-    for int8 (the loaded one is left alone), the same module cast in place otherwise."""
+    """The draft in the dtype `--draft_dtype` names ("same": as loaded; "auto": as loaded, with
+    its large linears in bf16 on an fp32 CPU draft where the CPU has native bf16; "int8": dynamic
+    int8 linears, CPU only). Only the draft: its numerics change what is proposed, never what
+    the target accepts, so greedy output stays identical and sampling exact. Returns a new module
+    for int8 (the loaded one is left alone), the same module changed in place otherwise."""
     if name == "same":
+        return model
+    if name == "auto":
+        bf16_linears(model)
         return model
     if name not in DRAFT_DTYPES:
         raise ValueError(f"--draft_dtype {name!r}: expected one of {', '.join(DRAFT_DTYPES)}")
@@ -120,6 +242,11 @@ def draft_in_dtype(model: nn.Module, name: str) -> nn.Module:
             raise ValueError(f"--draft_dtype int8 is dynamic quantization, CPU only (the draft is on {device})")
         return quantize_draft(model.float())
     return model.to(getattr(torch, name))
+
+
+def packed_threshold(model: nn.Module) -> int | None:
+    """The row count from which `model`'s packed linears are used (None: nothing packed)."""
+    return next((m.threshold_rows for m in model.modules() if isinstance(m, PrepackedLinear)), None)
 
 
 def recommended_threads() -> int:

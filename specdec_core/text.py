@@ -155,7 +155,7 @@ class GeneratorSpec:
     dtype: str = "auto"
     gamma_policy: str = "fixed"
     cpu_kernels: str = "prepacked"
-    draft_dtype: str = "same"
+    draft_dtype: str = "auto"
     chat_template: bool = False
     system_prompt: str | None = None
     stop: tuple[str, ...] = ()
@@ -188,7 +188,7 @@ class GeneratorSpec:
 
 
 def load_model_drafter(path: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *,
-                       device: torch.device, dtype: torch.dtype, draft_dtype: str = "same",
+                       device: torch.device, dtype: torch.dtype, draft_dtype: str = "auto",
                        cpu_kernels: str = "stock", trust_remote_code: bool = False) -> Drafter:
     """A draft model checked against its target: same-tokenizer or cross-tokenizer drafting
     (logged), in its dtype and kernels; one place for the job and pipeline.tune."""

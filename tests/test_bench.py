@@ -99,7 +99,7 @@ def test_draft_dtypes_change_only_the_proposals(models, tokenizer):
 
 
 def test_draft_dtypes_flag_is_checked(capsys):
-    assert bench.parse(["--tiny"]).draft_dtypes == ["float32", "bfloat16", "int8"]
+    assert bench.parse(["--tiny"]).draft_dtypes == ["float32", "auto", "bfloat16", "int8"]
     assert bench.parse(["--tiny", "--draft_dtypes", "float32"]).draft_dtypes == ["float32"]
     with pytest.raises(SystemExit) as exit_info:
         bench.parse(["--tiny", "--draft_dtypes", "float32,fp8"])

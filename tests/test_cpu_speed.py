@@ -1,0 +1,80 @@
+"""CPU preparation: the packed kernels' row threshold chosen by timing on the machine at hand,
+and a draft's large linears with bf16 weights; neither may change what the target outputs."""
+
+import copy
+
+import pytest
+import torch
+
+from specdec_core import cpu_speed
+from specdec_core.cpu_speed import PrepackedLinear, bf16_linears, packed_from_rows, prepare_for_cpu
+from specdec_core.drafters import ModelDrafter
+from specdec_core.engine import SpeculativeGenerator
+
+needs_onednn = pytest.mark.skipif(not cpu_speed.prepack_available(), reason="oneDNN not in this torch build")
+
+
+def _fake_timer(times):
+    """Timings handed out in call order: stock then packed, for 1 row, 2 rows, ..."""
+    it = iter(times)
+    return lambda fn, reps: next(it)
+
+
+@needs_onednn
+@pytest.mark.parametrize(("times", "rows"), [
+    ([1.0, 0.5], 1),  # packed clearly faster from one row (as on the AMD EPYC measured)
+    ([1.0, 0.95, 1.0, 0.6], 2),  # within the margin at 1 row: not chosen there
+    ([1.0, 1.1, 1.0, 0.9, 1.0, 0.9], 4),  # never clearly faster below 4: the fixed rule
+])
+def test_packed_from_rows_takes_the_first_clearly_faster_row_count(models, times, rows):
+    target, _ = models["llama"]
+    packed = [m for m in prepare_for_cpu(copy.deepcopy(target), min_weight=0, threshold_rows=4).modules()
+              if isinstance(m, PrepackedLinear)]
+    assert packed_from_rows(packed, timer=_fake_timer(times)) == rows
+    assert packed_from_rows([]) == 4
+
+
+@needs_onednn
+def test_prepare_for_cpu_times_the_threshold_and_keeps_greedy_exact(models, tokenizer, monkeypatch):
+    target, draft = models["llama"]
+    real = cpu_speed.packed_from_rows
+    chosen = []
+    monkeypatch.setattr(cpu_speed, "packed_from_rows", lambda linears: chosen.append(real(linears)) or 1)
+    fast = prepare_for_cpu(copy.deepcopy(target), min_weight=0)
+    assert chosen and 1 <= chosen[0] <= 4  # really timed on this machine
+    layers = [m for m in fast.modules() if isinstance(m, PrepackedLinear)]
+    assert layers and all(m.threshold_rows == 1 for m in layers)  # what the timing chose is used everywhere
+    ids = tokenizer("def add(a, b):\n    return").input_ids
+    ref = SpeculativeGenerator(target, None, max_new_tokens=20).generate(ids).tokens
+    out = SpeculativeGenerator(fast, ModelDrafter(draft), num_speculative_tokens=4, max_new_tokens=20).generate(ids)
+    assert out.tokens == ref
+
+
+def test_bf16_linears_need_native_bf16(models, monkeypatch):
+    """Without native bf16 the draft is left as loaded (emulated bf16 is slower than fp32)."""
+    monkeypatch.setattr(cpu_speed, "bf16_native", lambda: False)
+    draft = copy.deepcopy(models["llama"][1])
+    assert bf16_linears(draft, min_weight=0) == 0
+    assert not any(isinstance(m, cpu_speed.Bf16Linear) for m in draft.modules())
+
+
+@pytest.mark.skipif(not cpu_speed.bf16_native(), reason="this CPU has no native bf16 (the test above covers it)")
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_bf16_linears_change_only_the_proposals(models, tokenizer, kind):
+    target, draft = models[kind]
+    d16 = copy.deepcopy(draft)
+    assert bf16_linears(d16, min_weight=0) > 0
+    assert next(d16.parameters()).dtype == torch.float32  # norms, embeddings stay fp32
+    ids = tokenizer("def add(a, b):\n    return a + b\n").input_ids
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        kw = {"decoder_input_ids": x[:, :4]} if draft.config.is_encoder_decoder else {}
+        a, b = draft(x, **kw).logits, d16(x, **kw).logits
+    assert b.dtype == torch.float32
+    assert not torch.equal(a, b)  # really bf16 weights
+    if kind == "llama":  # mostly the same proposals. Not asserted for the random tiny T5: its unscaled
+        # attention logits (q.k up to ~300) make its softmax one-hot, so bf16 rounding flips whole rows.
+        assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.8
+    ref = SpeculativeGenerator(target, None, max_new_tokens=20).generate(ids).tokens
+    out = SpeculativeGenerator(target, ModelDrafter(d16), num_speculative_tokens=4, max_new_tokens=20).generate(ids)
+    assert out.tokens == ref and out.stats.draft_tokens > 0
