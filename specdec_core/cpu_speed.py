@@ -186,9 +186,10 @@ class Bf16Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, weights=bf16 (oneDNN)"
 
 
-# 512x512. A 128x512 linear cost more in bf16 than in fp32 (the call's overhead outweighs the
-# bytes saved); 384x1024 and larger cost less (single calls, EPYC, 2 threads).
-BF16_MIN_WEIGHT = 1 << 18
+# As for packing fp32. One-row calls with the casts (`benchmarks/bf16_linears.py`, EPYC, 2 threads):
+# 512x512 took 44 us with bf16 weights against 28 in fp32, 2048x128 47 against 39, 1024x384 43
+# against 45, 1024x1024 50 against 88, 2816x1024 122 against 250.
+BF16_MIN_WEIGHT = 1_000_000
 
 
 def bf16_linears(model: nn.Module, min_weight: int = BF16_MIN_WEIGHT) -> int:
