@@ -266,7 +266,8 @@ def _packed_note(res: dict) -> str:
 
 
 def dtype_section(res: dict, by: dict) -> list[str]:
-    """The draft in fp32, bf16 and int8 side by side: acceptance, c and what they give."""
+    """The draft in fp32, `auto` (bf16 linears), bf16 and int8 side by side: acceptance, c and what
+    they give, and the `auto` draft in HF's loop too."""
     g, costs = res["gamma"], res["costs"]
     rows = [(d, by.get(f"ours: model g={g}" if d == "float32" else f"ours: model g={g}, {d} draft"))
             for d in ("float32", "auto", "bfloat16", "int8") if f"{d} draft" in costs]
@@ -288,15 +289,14 @@ def dtype_section(res: dict, by: dict) -> list[str]:
     if fp and best[0] != "float32":
         line += f", {fp['decode_ms_tok'] / best[1]['decode_ms_tok']:.2f}x the fp32 draft"
     out += [line + ".\n"]
-    hf32, hf16, ours16 = (by.get(n) for n in (f"HF assisted g={g}", f"HF assisted g={g}, auto draft",
-                                              f"ours: model g={g}, auto draft"))
-    if hf32 and hf16 and ours16:
-        same = "identical" if hf16["equal"] and ours16["equal"] else "NOT identical"
-        out += [f"The `auto` draft (the job's default) in both loops (gamma {g}): HF assisted "
-                f"{hf16['decode_ms_tok']:.1f} ms/token (fp32 draft: {hf32['decode_ms_tok']:.1f}), ours "
-                f"{ours16['decode_ms_tok']:.1f}: ours **{hf16['decode_ms_tok'] / ours16['decode_ms_tok']:.2f}x** HF "
-                f"with the same draft, {hf32['decode_ms_tok'] / ours16['decode_ms_tok']:.2f}x HF with the fp32 draft; "
-                f"outputs {same}.\n"]
+    hf32, hf_auto, ours_auto = (by.get(n) for n in (f"HF assisted g={g}", f"HF assisted g={g}, auto draft",
+                                                    f"ours: model g={g}, auto draft"))
+    if hf32 and hf_auto and ours_auto:
+        same = "identical" if hf_auto["equal"] and ours_auto["equal"] else "NOT identical"
+        hf_ms, hf32_ms, ours_ms = hf_auto["decode_ms_tok"], hf32["decode_ms_tok"], ours_auto["decode_ms_tok"]
+        out += [f"The `auto` draft (the job's default) in both loops (gamma {g}): HF assisted {hf_ms:.1f} ms/token "
+                f"(fp32 draft: {hf32_ms:.1f}), ours {ours_ms:.1f}: ours **{hf_ms / ours_ms:.2f}x** HF with the same "
+                f"draft, {hf32_ms / ours_ms:.2f}x HF with the fp32 draft; outputs {same}.\n"]
     return out
 
 

@@ -23,7 +23,8 @@ def test_bench_quick_tiny_writes_report(tmp_path):
     assert "stale table" not in text and kept in text
     for needle in ("ours: target alone", "HF greedy", "ours: model adaptive", "HF assisted g=4",
                    "HF prompt lookup g=4", "ours: ngram g=4", "v(5)", "Beam job vs bare engine loop",
-                   "analytic bound", "torch 2.", "Draft dtypes", "| bfloat16 |", "| int8 |",
+                   "analytic bound", "torch 2.", "Draft dtypes", "| auto |", "| bfloat16 |", "| int8 |",
+                   "The `auto` draft (the job's default) in both loops",
                    "Sampling against greedy", "| T=1 | HF assisted g=4 |", "| T=0.7, top-p 0.9 | ours: model g=4 |",
                    "acceptance a "):
         assert needle in text, needle
@@ -34,7 +35,14 @@ def test_bench_quick_tiny_writes_report(tmp_path):
     assert sampled and all(r["equal"] == "" for r in sampled)  # random draws: no identity check
     assert {r["config"] for r in rows} >= {"ours: target alone", "HF assisted g=4", "ours: model adaptive",
                                            "ours: model g=4, int8 draft", "ours: model g=4, bfloat16 draft",
+                                           "ours: model g=4, auto draft", "HF assisted g=4, auto draft",
                                            "HF assisted g=4, T=1", "ours: model g=4, T=0.7, top-p 0.9"}
+
+
+def test_report_says_from_how_many_rows_packed_weights_were_used():
+    assert "packed weights used from 1 input rows, as timed at load" in bench_report._packed_note(
+        {"packed_from_rows": 1})
+    assert bench_report._packed_note({"packed_from_rows": None}) == ""  # nothing packed (tiny models)
 
 
 def test_synthetic_pair_early_exit_draft_shares_the_target_weights(tmp_path):
