@@ -135,8 +135,9 @@ def prepare_for_cpu(model: nn.Module, *, prepack: bool = True, threshold_rows: i
     where oneDNN is missing. Idempotent. fp32: only linears with at least `min_weight` weights
     are packed (small ones stay in cache, where the default kernels are as fast: a 384x1024 model
     ran slower prepacked), used from `threshold_rows` rows (None: `packed_from_rows` on those
-    linears, 1 to 4). bf16 (drafts only): every linear, packed for one row and used at every row
-    count (stock bf16 was slower at every shape timed).
+    linears, 1 to 4). bf16 (a `--draft_dtype bfloat16` draft, or a `--dtype bfloat16` model):
+    every linear, packed for one row and used at every row count, so 1-token and k-token passes
+    share one kernel (stock bf16 was slower at every shape timed).
     The model stays a normal Hugging Face model (generate(), caches, logits_to_keep all work);
     only saving it afterwards is not supported.
     """

@@ -78,3 +78,18 @@ def test_bf16_linears_change_only_the_proposals(models, tokenizer, kind):
     ref = SpeculativeGenerator(target, None, max_new_tokens=20).generate(ids).tokens
     out = SpeculativeGenerator(target, ModelDrafter(d16), num_speculative_tokens=4, max_new_tokens=20).generate(ids)
     assert out.tokens == ref and out.stats.draft_tokens > 0
+
+
+@pytest.mark.skipif(not cpu_speed.bf16_native(), reason="this CPU has no native bf16: a bf16 model is left as is")
+def test_bf16_target_packed_keeps_speculative_output_its_own(models, tokenizer):
+    """`--dtype bfloat16` on CPU: every linear is packed (for one row, used at every row count), so
+    1-token and k-token passes share one kernel; speculative output equals the target alone's."""
+    target, draft = models["llama"]
+    t16 = prepare_for_cpu(copy.deepcopy(target).to(torch.bfloat16))
+    layers = [m for m in t16.modules() if isinstance(m, PrepackedLinear)]
+    assert layers and all(m.threshold_rows == 1 for m in layers)
+    d16 = prepare_for_cpu(copy.deepcopy(draft).to(torch.bfloat16))
+    ids = tokenizer("def add(a, b):\n    return a + b\n").input_ids
+    ref = SpeculativeGenerator(t16, None, max_new_tokens=20).generate(ids).tokens
+    out = SpeculativeGenerator(t16, ModelDrafter(d16), num_speculative_tokens=4, max_new_tokens=20).generate(ids)
+    assert out.tokens == ref and out.stats.draft_tokens > 0
