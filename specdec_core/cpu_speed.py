@@ -99,15 +99,23 @@ def _median_time(fn, reps: int) -> float:
 
 
 def packed_from_rows(linears: list[PrepackedLinear], max_rows: int = 4, reps: int = 5, margin: float = 0.85,
-                     timer=_median_time) -> int:
+                     timer=_median_time, sample_bytes: int = 256 << 20) -> int:
     """The fewest input rows from which the oneDNN-packed weights beat the stock kernels on this
     CPU, timed on `linears` run one after another (a model's own, so the weights stream from
-    memory as in a forward, not from cache); `max_rows` unless packed is at least 1/margin faster
-    below. A clear margin keeps timing noise from flipping the choice between runs."""
+    memory as in a forward, not from cache; the first `sample_bytes` of them, more than the L3
+    cache a few cores share, so the timing costs the same for a 7B model as for a 300M one,
+    about 0.2 s); `max_rows` unless
+    packed is at least 1/margin faster below. A clear margin keeps timing noise from flipping the
+    choice between runs."""
     if not linears:
         return max_rows
     with torch.no_grad():
-        weights = [(lin.weight.detach(), lin.packed) for lin in linears]
+        weights, size = [], 0
+        for lin in linears:
+            if size >= sample_bytes:
+                break
+            weights.append((lin.weight.detach(), lin.packed))
+            size += lin.weight.numel() * lin.weight.element_size()
 
         def run(xs: dict, packed: bool) -> None:
             for w, pw in weights:
