@@ -103,8 +103,8 @@ def packed_from_rows(linears: list[PrepackedLinear], max_rows: int = 4, reps: in
     """The fewest input rows from which the oneDNN-packed weights beat the stock kernels on this
     CPU, timed on `linears` run one after another (a model's own, so the weights stream from
     memory as in a forward, not from cache; the first `sample_bytes` of them, more than the L3
-    cache a few cores share, so the timing costs the same for a 7B model as for a 300M one,
-    about 0.2 s); `max_rows` unless
+    cache a few cores share, so the timing costs the same for a 7B model as for a 300M one:
+    under a second); `max_rows` unless
     packed is at least 1/margin faster below. A clear margin keeps timing noise from flipping the
     choice between runs."""
     if not linears:
