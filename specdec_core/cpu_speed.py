@@ -89,6 +89,17 @@ class PrepackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, prepacked=oneDNN"
 
 
+def _replace_linears(model: nn.Module, min_weight: int, make) -> list[nn.Module]:
+    """Swap every plain `nn.Linear` of at least `min_weight` weights for `make(linear)`, in place."""
+    made = []
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.weight.numel() >= min_weight:
+                made.append(make(child))
+                setattr(parent, name, made[-1])
+    return made
+
+
 def _median_time(fn, reps: int) -> float:
     times = []
     for _ in range(reps):
@@ -160,12 +171,7 @@ def prepare_for_cpu(model: nn.Module, *, prepack: bool = True, threshold_rows: i
             _LOG.info("prepare_for_cpu: no native bf16 on this CPU, bf16 model left as is")
             return model
         threshold_rows, pack_rows, min_weight = 1, 1, 0
-    packed = []
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.weight.numel() >= min_weight:
-                packed.append(PrepackedLinear(child, threshold_rows or 4, pack_rows))
-                setattr(parent, name, packed[-1])
+    packed = _replace_linears(model, min_weight, lambda lin: PrepackedLinear(lin, threshold_rows or 4, pack_rows))
     if threshold_rows is None:
         threshold_rows = packed_from_rows(packed)
         for lin in packed:
@@ -208,12 +214,7 @@ def bf16_linears(model: nn.Module, min_weight: int = BF16_MIN_WEIGHT) -> int:
     if (not params or params[0].device.type != "cpu" or params[0].dtype != torch.float32
             or not bf16_native()):
         return 0
-    count = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear and child.weight.numel() >= min_weight:
-                setattr(parent, name, Bf16Linear(child))
-                count += 1
+    count = len(_replace_linears(model, min_weight, Bf16Linear))
     _LOG.info("bf16_linears: %d linear layers of the draft hold bf16 weights", count)
     return count
 
