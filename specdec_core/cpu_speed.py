@@ -43,11 +43,13 @@ from __future__ import annotations
 
 import logging
 import os
-import time
+import statistics
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from specdec_core.gamma import timed
 
 _LOG = logging.getLogger(__name__)
 
@@ -101,12 +103,7 @@ def _replace_linears(model: nn.Module, min_weight: int, make) -> list[nn.Module]
 
 
 def _median_time(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    return statistics.median(timed(fn) for _ in range(reps))
 
 
 def packed_from_rows(linears: list[PrepackedLinear], max_rows: int = 4, reps: int = 5, margin: float = 0.85,
