@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nfor scale: restating each function's name (\"Return the <name>.\") scores ROUGE-L "
           f"{name_baseline(rows):.3f}")
     if not manifest.get("gate_passed", True):
-        print(f"NOTE: this pair was committed below its recipe's quality gate ({manifest['gate_missed']}): "
-              "its summaries are generic. The speed figures are real; the text is not yet a good summarizer.")
+        print(f"NOTE: this pair was committed below its recipe's quality gate ({manifest['gate_missed']}). "
+              "The figures above are real; README says where the pair falls short.")
     print(f"greedy outputs identical across drafters: {'yes' if exact else 'NO'}")
     print(f"files: {prompts}\n" + "".join(f"       {p}-*.parquet\n" for p, _ in runs.values())
           + f"       pair in {Path(args.pair)}")

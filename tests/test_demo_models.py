@@ -61,6 +61,26 @@ def test_prompt_leads_with_the_names_in_words():
     assert dm.prompt_text(ex, dm.FULL) == "summarize: def get_userName(self):\n"  # the committed pair's format
 
 
+def test_copy_school_renames_functions_and_marks_spans():
+    """Copy school's examples can only be solved by copying: a renamed function's label is its new
+    name, which replaces the old one everywhere in its code; a marked span's label is what lies
+    between the markers."""
+    fn = {"name": "get_size", "params": ["self"], "line": 1, "file": "m.py",
+          "code": "def get_size(self):\n    return self.get_size_of(get_size)\n"}
+    (ex,) = dm.renamed_functions([fn], ["alpha", "beta"], 1, seed=0, code_of=str)
+    words = ex["name"].split("_")
+    assert 2 <= len(words) <= 4 and set(words) <= {"alpha", "beta"}
+    assert ex["summary"] == " ".join([words[0].capitalize(), *words[1:]]) + "."
+    assert ex["code"] == f"def {ex['name']}(self):\n    return self.get_size_of({ex['name']})\n"
+    assert dm.prompt_head(ex) == "summarize: " + " ".join(words)
+
+    tokenizer = dm.train_tokenizer(["def f(x):\n    return x + 1\n"] * 20, 300)
+    open_, close = tokenizer.convert_tokens_to_ids([dm.SENTINELS[6], dm.SENTINELS[7]])
+    for src, label in dm.marked_spans(tokenizer, ["def f(x):\n    return x + 1\n" * 30], 20, seed=0):
+        a, b = src.index(open_), src.index(close)
+        assert label == src[a + 1:b] + [1] and 2 <= b - a - 1 <= 6 and src[-1] == 1
+
+
 def test_split_identifiers_writes_compound_names_as_words():
     code = "def get_user_name(self, user_id=None):\n    self._size = getUserId(HTTPConnection, x)\n"
     assert demo_data.split_identifiers(code) == (
@@ -158,10 +178,15 @@ def test_names_recipe_options_run_end_to_end(tmp_path):
     import dataclasses
 
     recipe = dataclasses.replace(dm.TINY, name="tiny-names", name_head=True, split_identifiers=True,
-                                 pretraining="infill", name_labels=0.5)
+                                 pretraining="infill", name_labels=0.5,
+                                 copy_school=dm.TrainSpec(steps=3, batch_size=8, lr=1e-3, extra_frac=0.3))
     manifest = dm.retrain(tmp_path / "pair", recipe)
     assert manifest["recipe_hash"] == recipe.hash() != dm.TINY.hash()
     for r in dm.demo_prompt_rows(tmp_path / "pair"):
         head, code = r["prompt"].split("\n", 1)
         assert head.startswith(dm.TASK_PREFIX + demo_data.identifier_words(r["function"]))
         assert code == demo_data.split_identifiers(code) and "_" not in code.split("(", 1)[0]
+    # `target_from` keeps that target (the same file, bit for bit) and trains only a new draft.
+    again = dm.retrain(tmp_path / "pair2", recipe, target_from=tmp_path / "pair")
+    assert again["files"]["target/model.safetensors"] == manifest["files"]["target/model.safetensors"]
+    assert again["target"]["reused_from"] == "pair" and again["draft"]["steps"] == recipe.draft_train.steps
