@@ -186,7 +186,9 @@ def test_names_recipe_options_run_end_to_end(tmp_path):
         head, code = r["prompt"].split("\n", 1)
         assert head.startswith(dm.TASK_PREFIX + demo_data.identifier_words(r["function"]))
         assert code == demo_data.split_identifiers(code) and "_" not in code.split("(", 1)[0]
-    # `target_from` keeps that target (the same file, bit for bit) and trains only a new draft.
+    # `target_from` keeps that target (the same file, bit for bit) and trains only the draft: the
+    # very draft the whole recipe trained on it.
     again = dm.retrain(tmp_path / "pair2", recipe, target_from=tmp_path / "pair")
-    assert again["files"]["target/model.safetensors"] == manifest["files"]["target/model.safetensors"]
+    for weights in ("target/model.safetensors", "draft/model.safetensors"):
+        assert again["files"][weights] == manifest["files"][weights]
     assert again["target"]["reused_from"] == "pair" and again["draft"]["steps"] == recipe.draft_train.steps
