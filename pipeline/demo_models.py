@@ -417,14 +417,18 @@ def greedy_summaries(model, sources: list[list[int]], max_new_tokens: int, batch
     return out
 
 
-def span_corruption(tokenizer, texts: list[str], window: int, n: int, seed: int,
+def code_ids(tokenizer, texts: list[str]) -> list[int]:
+    """The training code as one token stream (no end tokens), cut into windows by the pretraining data."""
+    return [t for text in texts for t in tokenizer(text)["input_ids"][:-1]]
+
+
+def span_corruption(tokenizer, ids: list[int], window: int, n: int, seed: int,
                     infill: bool = False) -> list[tuple[list[int], list[int]]]:
     """T5's pretraining examples from code: about 15% of a window's tokens, in spans of about 3,
     replaced by sentinels in the input and spelled out after them in the target. The decoder can
     only lower this loss by reading the encoder, which is what the small summarization set alone
     did not teach it (the target fell back to one generic summary for every input)."""
     rng = random.Random(seed)
-    ids = [t for text in texts for t in tokenizer(text)["input_ids"][:-1]]
     sentinel = tokenizer.convert_tokens_to_ids(SENTINELS[0])
     out = []
     for _ in range(n):
@@ -632,10 +636,9 @@ def renamed_functions(functions: list[dict], words: list[str], n: int, seed: int
     return out
 
 
-def marked_spans(tokenizer, texts: list[str], n: int, seed: int) -> list[tuple[list[int], list[int]]]:
-    """Windows of code with 2-6 tokens between two markers; the label is those tokens."""
+def marked_spans(tokenizer, ids: list[int], n: int, seed: int) -> list[tuple[list[int], list[int]]]:
+    """Windows of code (`code_ids`) with 2-6 tokens between two markers; the label is those tokens."""
     rng = random.Random(seed)
-    ids = [t for text in texts for t in tokenizer(text)["input_ids"][:-1]]
     open_, close = tokenizer.convert_tokens_to_ids([SENTINELS[6], SENTINELS[7]])
     out = []
     for _ in range(n):
@@ -691,9 +694,12 @@ def retrain(out: Path = ASSETS, recipe: Recipe = FULL, target_from: Path | None 
         if size < 6_000_000 and (text := demo_data.read_source(root, f)):
             texts.append(code_of(text))
             size += len(text)
-    funcs = [e for rel in train_files
-             for e in (*demo_data.functions(root, rel), *demo_data.functions(root, rel, undocumented=True))
-             if not e["name"].startswith("__")] if recipe.copy_school else []
+    ids = code_ids(tokenizer, texts) if target_from is None or recipe.copy_school else []
+    if recipe.copy_school is not None:  # what copy school renames, for the target's school and the draft alike
+        funcs = [e for rel in train_files
+                 for e in (*demo_data.functions(root, rel), *demo_data.functions(root, rel, undocumented=True))
+                 if not e["name"].startswith("__")]
+        words = name_vocabulary(texts)
     if target_from is not None:
         from transformers import T5ForConditionalGeneration
 
@@ -702,14 +708,13 @@ def retrain(out: Path = ASSETS, recipe: Recipe = FULL, target_from: Path | None 
         logger.info("target: reused from %s (only the draft is trained)", target_from)
     else:
         target = make_model(recipe.target, len(tokenizer), recipe.seed)
-        extra = span_corruption(tokenizer, texts, recipe.max_code_tokens, 50_000, recipe.seed + 5,
+        extra = span_corruption(tokenizer, ids, recipe.max_code_tokens, 50_000, recipe.seed + 5,
                                 infill=recipe.pretraining == "infill")
         if recipe.copy_school is not None:
             school = recipe.copy_school
-            renamed = _encode(tokenizer, renamed_functions(funcs, name_vocabulary(texts),
-                                                           school.steps * school.batch_size, recipe.seed + 8, code_of),
-                              recipe)
-            marked = marked_spans(tokenizer, texts, school.steps * school.batch_size, recipe.seed + 9)
+            renamed = _encode(tokenizer, renamed_functions(funcs, words, school.steps * school.batch_size,
+                                                           recipe.seed + 8, code_of), recipe)
+            marked = marked_spans(tokenizer, ids, school.steps * school.batch_size, recipe.seed + 9)
             logger.info("copy school: %d renamed functions, %d marked spans", len(renamed), len(marked))
             train(target, renamed, school, recipe.seed + 10, "copy school", extra_pairs=marked, probe=probe)
             extra = renamed[:40_000] + marked[:40_000]  # keeps copying alive while the summaries are learnt
@@ -721,9 +726,9 @@ def retrain(out: Path = ASSETS, recipe: Recipe = FULL, target_from: Path | None 
     sources, extra = [s for s, _ in pairs], pairs
     if recipe.copy_school is not None:
         seen = recipe.draft_train.steps * recipe.draft_train.batch_size  # more would go unused
-        renamed = renamed_functions(funcs, name_vocabulary(texts), min(20_000, seen), recipe.seed + 11, code_of)
+        renamed = renamed_functions(funcs, words, min(20_000, seen), recipe.seed + 11, code_of)
         sources += [s for s, _ in _encode(tokenizer, renamed, recipe)]
-        extra = marked_spans(tokenizer, texts, min(40_000, seen), recipe.seed + 12)
+        extra = marked_spans(tokenizer, ids, min(40_000, seen), recipe.seed + 12)
     labels = greedy_summaries(target, sources, recipe.max_summary_tokens)
     draft = make_model(recipe.draft, len(tokenizer), recipe.seed + 2)
     init_draft_from_target(draft, target)

@@ -76,7 +76,8 @@ def test_copy_school_renames_functions_and_marks_spans():
 
     tokenizer = dm.train_tokenizer(["def f(x):\n    return x + 1\n"] * 20, 300)
     open_, close = tokenizer.convert_tokens_to_ids([dm.SENTINELS[6], dm.SENTINELS[7]])
-    for src, label in dm.marked_spans(tokenizer, ["def f(x):\n    return x + 1\n" * 30], 20, seed=0):
+    ids = dm.code_ids(tokenizer, ["def f(x):\n    return x + 1\n" * 30])
+    for src, label in dm.marked_spans(tokenizer, ids, 20, seed=0):
         a, b = src.index(open_), src.index(close)
         assert label == src[a + 1:b] + [1] and 2 <= b - a - 1 <= 6 and src[-1] == 1
 
