@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -44,8 +45,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # Busy-waiting OpenMP threads collapse throughput when other processes share the cores; passive
 # waiting costs little at training sizes. Effective only before torch is imported.
@@ -651,11 +654,41 @@ def marked_spans(tokenizer, ids: list[int], n: int, seed: int) -> list[tuple[lis
     return out
 
 
-def retrain(out: Path = ASSETS, recipe: Recipe = FULL, target_from: Path | None = None) -> dict:
-    """Build the pair and prompts from the stdlib into `out` (replaced only if the gate passes).
-    `target_from`: a pair directory this recipe made (a rejected one too); its target and tokenizer
-    are kept and only the draft is trained, for trying drafts without an hour of target training."""
-    t0 = time.monotonic()
+@dataclass
+class TrainingData:
+    """What a recipe trains on, read from the stdlib once and shared by the target and draft stages."""
+
+    recipe: Recipe
+    tokenizer: Any  # a transformers fast tokenizer (imported lazily)
+    pairs: list[tuple[list[int], list[int]]]  # (prompt, summary) of the documented training functions
+    rows: list[dict]  # the demo prompts, from held-out files
+    texts: list[str]  # a few MB of training code, for the pretraining and copy-school windows
+    functions: list[dict]  # every training function (copy school renames them)
+    code_of: Callable[[str], str]  # how code is written into prompts (`split_identifiers` or as is)
+
+    @functools.cached_property
+    def ids(self) -> list[int]:
+        return code_ids(self.tokenizer, self.texts)
+
+    @functools.cached_property
+    def words(self) -> list[str]:
+        return name_vocabulary(self.texts)
+
+    def renamed(self, n: int, seed: int) -> list[tuple[list[int], list[int]]]:
+        return _encode(self.tokenizer, renamed_functions(self.functions, self.words, n, seed, self.code_of),
+                       self.recipe)
+
+    def probe(self, model) -> None:
+        """Log what the model writes for the first demo prompts, so a user sees it learn (or not)."""
+        ids = [self.tokenizer(r["prompt"])["input_ids"] for r in self.rows[:4]]
+        for src, summary in zip(ids, greedy_summaries(model, ids, self.recipe.max_summary_tokens), strict=True):
+            logger.info("  %r -> %r", self.tokenizer.decode(src[:12]) + "...",
+                        self.tokenizer.decode(summary, skip_special_tokens=True))
+
+
+def training_data(recipe: Recipe, tokenizer=None) -> TrainingData:
+    """The stdlib's training and held-out functions, the tokenizer (trained here unless given) and
+    the demo prompts."""
     root = demo_data.stdlib_root()
     train_files, held_files = demo_data.split_files(demo_data.stdlib_files(root), recipe.heldout_mod)
     train_files = train_files[:: recipe.file_stride]
@@ -668,11 +701,7 @@ def retrain(out: Path = ASSETS, recipe: Recipe = FULL, target_from: Path | None 
                              f"({len(train_ex)} to train on) to build the demo pair")
     logger.info("%d training functions from %d files, %d held-out functions", len(train_ex), len(train_files),
                 len(held_ex))
-    if target_from is not None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(Path(target_from) / "target")
-    else:
+    if tokenizer is None:
         tokenizer = train_tokenizer([e["code"] for e in train_ex] + [e["summary"] for e in train_ex],
                                     recipe.vocab_size)
     pairs = _encode(tokenizer, train_ex, recipe)
@@ -681,63 +710,73 @@ def retrain(out: Path = ASSETS, recipe: Recipe = FULL, target_from: Path | None 
         weak = name_labelled(train_files, root, code_of, round(recipe.name_labels * len(pairs)), recipe.seed + 7)
         logger.info("%d undocumented functions labelled with their names", len(weak))
         pairs += _encode(tokenizer, weak, recipe)
-
-    probe_ids = [tokenizer(r["prompt"])["input_ids"] for r in rows[:4]]
-
-    def probe(model) -> None:
-        for ids, summary in zip(probe_ids, greedy_summaries(model, probe_ids, recipe.max_summary_tokens), strict=True):
-            logger.info("  %r -> %r", tokenizer.decode(ids[:12]) + "...",
-                        tokenizer.decode(summary, skip_special_tokens=True))
-
     texts, size = [], 0
     for f in train_files:  # a few MB of code is plenty of windows
         if size < 6_000_000 and (text := demo_data.read_source(root, f)):
             texts.append(code_of(text))
             size += len(text)
-    ids = code_ids(tokenizer, texts) if target_from is None or recipe.copy_school else []
-    if recipe.copy_school is not None:  # what copy school renames, for the target's school and the draft alike
-        funcs = [e for rel in train_files
-                 for e in (*demo_data.functions(root, rel), *demo_data.functions(root, rel, undocumented=True))
-                 if not e["name"].startswith("__")]
-        words = name_vocabulary(texts)
-    if target_from is not None:
-        from transformers import T5ForConditionalGeneration
+    functions = []
+    if recipe.copy_school is not None:
+        functions = [e for rel in train_files
+                     for e in (*demo_data.functions(root, rel), *demo_data.functions(root, rel, undocumented=True))
+                     if not e["name"].startswith("__")]
+    return TrainingData(recipe, tokenizer, pairs, rows, texts, functions, code_of)
 
+
+def train_target(data: TrainingData):
+    """Span corruption (or infilling) beside the summaries, after the copy school if the recipe has one."""
+    recipe, tokenizer = data.recipe, data.tokenizer
+    target = make_model(recipe.target, len(tokenizer), recipe.seed)
+    extra = span_corruption(tokenizer, data.ids, recipe.max_code_tokens, 50_000, recipe.seed + 5,
+                            infill=recipe.pretraining == "infill")
+    if recipe.copy_school is not None:
+        school = recipe.copy_school
+        renamed = data.renamed(school.steps * school.batch_size, recipe.seed + 8)
+        marked = marked_spans(tokenizer, data.ids, school.steps * school.batch_size, recipe.seed + 9)
+        logger.info("copy school: %d renamed functions, %d marked spans", len(renamed), len(marked))
+        train(target, renamed, school, recipe.seed + 10, "copy school", extra_pairs=marked, probe=data.probe)
+        extra = renamed[:40_000] + marked[:40_000]  # keeps copying alive while the summaries are learnt
+    info = train(target, data.pairs, recipe.target_train, recipe.seed + 1, "target", extra_pairs=extra,
+                 probe=data.probe)
+    target.to(torch.float16).to(torch.float32)  # the draft learns its fp16-rounded self, as shipped
+    return target, info
+
+
+def train_draft(data: TrainingData, target):
+    """The draft learns what the target says. A target that copies names needs a draft that copies
+    them too: it also learns the target's summaries of renamed functions, and marked spans."""
+    recipe = data.recipe
+    sources, extra = [s for s, _ in data.pairs], data.pairs
+    if recipe.copy_school is not None:
+        seen = recipe.draft_train.steps * recipe.draft_train.batch_size  # more would go unused
+        sources += [s for s, _ in data.renamed(min(20_000, seen), recipe.seed + 11)]
+        extra = marked_spans(data.tokenizer, data.ids, min(40_000, seen), recipe.seed + 12)
+    labels = greedy_summaries(target, sources, recipe.max_summary_tokens)
+    draft = make_model(recipe.draft, len(data.tokenizer), recipe.seed + 2)
+    init_draft_from_target(draft, target)
+    draft_pairs = [(s, t) for s, t in zip(sources, labels, strict=True) if t]
+    return draft, train(draft, draft_pairs, recipe.draft_train, recipe.seed + 3, "draft", extra_pairs=extra)
+
+
+def retrain(out: Path = ASSETS, recipe: Recipe = FULL, target_from: Path | None = None) -> dict:
+    """Build the pair and prompts from the stdlib into `out` (replaced only if the gate passes).
+    `target_from`: a pair directory this recipe made (a rejected one too); its target and tokenizer
+    are kept and only the draft is trained, for trying drafts without an hour of target training."""
+    t0 = time.monotonic()
+    if target_from is None:
+        data = training_data(recipe)
+        target, target_info = train_target(data)
+    else:
+        from transformers import AutoTokenizer, T5ForConditionalGeneration
+
+        data = training_data(recipe, AutoTokenizer.from_pretrained(Path(target_from) / "target"))
         target = T5ForConditionalGeneration.from_pretrained(Path(target_from) / "target", dtype=torch.float32).eval()
         target_info = {"reused_from": Path(target_from).name}
         logger.info("target: reused from %s (only the draft is trained)", target_from)
-    else:
-        target = make_model(recipe.target, len(tokenizer), recipe.seed)
-        extra = span_corruption(tokenizer, ids, recipe.max_code_tokens, 50_000, recipe.seed + 5,
-                                infill=recipe.pretraining == "infill")
-        if recipe.copy_school is not None:
-            school = recipe.copy_school
-            renamed = _encode(tokenizer, renamed_functions(funcs, words, school.steps * school.batch_size,
-                                                           recipe.seed + 8, code_of), recipe)
-            marked = marked_spans(tokenizer, ids, school.steps * school.batch_size, recipe.seed + 9)
-            logger.info("copy school: %d renamed functions, %d marked spans", len(renamed), len(marked))
-            train(target, renamed, school, recipe.seed + 10, "copy school", extra_pairs=marked, probe=probe)
-            extra = renamed[:40_000] + marked[:40_000]  # keeps copying alive while the summaries are learnt
-        target_info = train(target, pairs, recipe.target_train, recipe.seed + 1, "target", extra_pairs=extra,
-                            probe=probe)
-        target.to(torch.float16).to(torch.float32)  # the draft learns its fp16-rounded self, as shipped
-    # The draft learns what the target says. A target that copies names needs a draft that copies
-    # them too: it also learns the target's summaries of renamed functions, and marked spans.
-    sources, extra = [s for s, _ in pairs], pairs
-    if recipe.copy_school is not None:
-        seen = recipe.draft_train.steps * recipe.draft_train.batch_size  # more would go unused
-        renamed = renamed_functions(funcs, words, min(20_000, seen), recipe.seed + 11, code_of)
-        sources += [s for s, _ in _encode(tokenizer, renamed, recipe)]
-        extra = marked_spans(tokenizer, ids, min(40_000, seen), recipe.seed + 12)
-    labels = greedy_summaries(target, sources, recipe.max_summary_tokens)
-    draft = make_model(recipe.draft, len(tokenizer), recipe.seed + 2)
-    init_draft_from_target(draft, target)
-    draft_pairs = [(s, t) for s, t in zip(sources, labels, strict=True) if t]
-    draft_info = train(draft, draft_pairs, recipe.draft_train, recipe.seed + 3, "draft", extra_pairs=extra)
-
+    draft, draft_info = train_draft(data, target)
     info = {"target": {**target_info, "params": sum(p.numel() for p in target.parameters())},
             "draft": {**draft_info, "params": sum(p.numel() for p in draft.parameters())}}
-    manifest = write_pair(Path(out), target, draft, tokenizer, rows, recipe, info)
+    manifest = write_pair(Path(out), target, draft, data.tokenizer, data.rows, recipe, info)
     logger.info("demo pair written to %s in %s", out, _fmt_s(time.monotonic() - t0))
     return manifest
 
