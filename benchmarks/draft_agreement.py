@@ -1,0 +1,104 @@
+"""How closely a demo draft follows its target, token by token, and what that makes acceptance.
+
+Greedy speculative decoding keeps the drafted tokens up to the first one whose argmax differs
+from the target's, and the draft always continues from the target's own tokens. So the whole run
+follows from one bit per position of the target's greedy output: does the draft's argmax (after the
+target's logits processors, as the engine applies them) equal the target's token there? This
+measures those bits teacher-forced, replays the engine's rounds on them (`replay`), and runs the
+engine itself beside, so the replay is checked against the acceptance the demo prints.
+
+If each position agrees with probability p, independently, a round of gamma drafts accepts
+p + p^2 + ... + p^gamma of them: acceptance 0.6 at gamma 4 (the demo gate) needs p of about 0.83.
+The agreement is split by what the target wrote at the position (its first token, a token copied
+from the prompt, another token, the end), beside the target's own confidence (mean top-1
+probability; share of positions whose top two are within 0.1).
+
+    python benchmarks/draft_agreement.py                 # the committed demo pair
+    python benchmarks/draft_agreement.py --pair DIR      # a pair `demo_models --retrain` wrote (DIR.rejected too)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, T5ForConditionalGeneration
+from transformers.generation import LogitsProcessorList, NoRepeatNGramLogitsProcessor
+
+from pipeline import demo_models
+
+
+def replay(agree: list[bool], gamma: int, max_new_tokens: int) -> tuple[int, int]:
+    """(drafted, accepted) of the engine's greedy rounds (`SpeculativeEngine.generate`) over a
+    target output whose positions the draft gets right where `agree` is true; the last position is
+    the target's end (or its budget)."""
+    pos = drafted = accepted = 0
+    while pos < len(agree):
+        k = min(gamma, max_new_tokens - pos - 1)
+        n = 0
+        while n < k and pos + n < len(agree) and agree[pos + n]:
+            n += 1
+        drafted += k
+        accepted += min(n, len(agree) - pos)  # an accepted end token ends the item
+        pos += n + 1
+    return drafted, accepted
+
+
+@torch.inference_mode()
+def measure(pair: Path, gamma: int, max_new_tokens: int) -> dict:
+    tok = AutoTokenizer.from_pretrained(pair / "target")
+    target, draft = (T5ForConditionalGeneration.from_pretrained(pair / name, dtype=torch.float32).eval()
+                     for name in ("target", "draft"))
+    ngram = target.generation_config.no_repeat_ngram_size
+    processors = LogitsProcessorList([NoRepeatNGramLogitsProcessor(ngram)] if ngram else [])
+    rows = demo_models.demo_prompt_rows(pair)
+    kinds = {k: [0, 0] for k in ("first", "copied", "other", "end")}
+    top1, near_ties, drafted, accepted = [], [], 0, 0
+    for row in rows:
+        prompt = tok(row["prompt"])["input_ids"]
+        x = torch.tensor([prompt])
+        out = target.generate(input_ids=x, do_sample=False, max_new_tokens=max_new_tokens)  # its own config
+        probs = target(input_ids=x, decoder_input_ids=out).logits[0].softmax(-1)
+        dlogits = draft(input_ids=x, decoder_input_ids=out).logits[0]
+        agree = []
+        for i, token in enumerate(out[0, 1:].tolist()):  # position i predicts the token after out[:i+1]
+            scores = processors(out[:, : i + 1], dlogits[i: i + 1].clone())
+            agree.append(int(scores.argmax(-1)) == token)
+            best = probs[i].topk(2).values
+            top1.append(float(best[0]))
+            near_ties.append(float(best[0] - best[1]) < 0.1)
+            kind = "first" if i == 0 else "end" if token == 1 else "copied" if token in prompt else "other"
+            kinds[kind][0] += agree[-1]
+            kinds[kind][1] += 1
+        d, a = replay(agree, gamma, max_new_tokens)
+        drafted, accepted = drafted + d, accepted + a
+    target_dir, draft_dir = pair / "target", pair / "draft"
+    engine = demo_models.evaluate_pair(target_dir, draft_dir, rows, max_new_tokens)
+    positions = sum(n for _, n in kinds.values())
+    return {
+        "pair": str(pair),
+        "positions": positions,
+        "agreement": round(sum(a for a, _ in kinds.values()) / positions, 3),
+        "agreement_by_kind": {k: {"positions": n, "agreement": round(a / n, 3) if n else None}
+                              for k, (a, n) in kinds.items()},
+        "target_mean_top1_prob": round(sum(top1) / len(top1), 3),
+        "target_near_tie_share": round(sum(near_ties) / len(near_ties), 3),
+        "acceptance_replayed": round(accepted / drafted, 3) if drafted else None,
+        "acceptance_engine": round(engine["acceptance"], 3),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pair", default=str(demo_models.ASSETS))
+    ap.add_argument("--gamma", type=int, default=4, help="drafts per round (the demo's --num_speculative_tokens)")
+    ap.add_argument("--max_new_tokens", type=int, default=demo_models.FULL.max_new_tokens)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    print(json.dumps(measure(Path(args.pair), args.gamma, args.max_new_tokens), indent=1))
+
+
+if __name__ == "__main__":
+    main()

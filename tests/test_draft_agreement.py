@@ -1,0 +1,32 @@
+"""benchmarks/draft_agreement.py: its replay of the engine's greedy rounds."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location(
+    "draft_agreement", Path(__file__).parents[1] / "benchmarks" / "draft_agreement.py")
+draft_agreement = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(draft_agreement)
+
+
+@pytest.mark.parametrize(("agree", "expected"), [
+    ([True] * 10, (8, 8)),  # two rounds accept all 4 drafts, each plus the target's token
+    ([False] * 3, (12, 0)),  # every round rejects its first draft and emits the target's token
+    ([True, False, True, True, True, True, True], (8, 5)),  # 1 of 4, then 4 of 4 (the 7th is the end)
+])
+def test_replay_counts_the_engines_rounds(agree, expected):
+    assert draft_agreement.replay(agree, gamma=4, max_new_tokens=64) == expected
+
+
+def test_replay_never_drafts_past_the_budget():
+    # 6 tokens of budget: a round of 4 (all accepted, plus the target's token), then one of 0.
+    assert draft_agreement.replay([True] * 6, gamma=4, max_new_tokens=6) == (4, 4)
+
+
+@pytest.mark.slow
+def test_replay_matches_the_engine_on_the_committed_pair():
+    measured = draft_agreement.measure(draft_agreement.demo_models.ASSETS, gamma=4, max_new_tokens=64)
+    assert measured["acceptance_replayed"] == measured["acceptance_engine"]
+    assert 0 < measured["agreement"] <= 1
