@@ -31,7 +31,7 @@ from pipeline import demo_models
 
 
 def replay(agree: list[bool], gamma: int, max_new_tokens: int) -> tuple[int, int]:
-    """(drafted, accepted) of the engine's greedy rounds (`SpeculativeEngine.generate`) over a
+    """(drafted, accepted) of the engine's greedy rounds (`SpeculativeGenerator.generate`) over a
     target output whose positions the draft gets right where `agree` is true; the last position is
     the target's end (or its budget)."""
     pos = drafted = accepted = 0
@@ -52,6 +52,7 @@ def measure(pair: Path, gamma: int, max_new_tokens: int) -> dict:
     target, draft = (T5ForConditionalGeneration.from_pretrained(pair / name, dtype=torch.float32).eval()
                      for name in ("target", "draft"))
     ngram = target.generation_config.no_repeat_ngram_size
+    eos = target.generation_config.eos_token_id
     processors = LogitsProcessorList([NoRepeatNGramLogitsProcessor(ngram)] if ngram else [])
     rows = demo_models.demo_prompt_rows(pair)
     kinds = {k: [0, 0] for k in ("first", "copied", "other", "end")}
@@ -69,7 +70,7 @@ def measure(pair: Path, gamma: int, max_new_tokens: int) -> dict:
             best = probs[i].topk(2).values
             top1.append(float(best[0]))
             near_ties.append(float(best[0] - best[1]) < 0.1)
-            kind = "first" if i == 0 else "end" if token == 1 else "copied" if token in prompt else "other"
+            kind = "first" if i == 0 else "end" if token == eos else "copied" if token in prompt else "other"
             kinds[kind][0] += agree[-1]
             kinds[kind][1] += 1
         d, a = replay(agree, gamma, max_new_tokens)
