@@ -38,10 +38,10 @@ def replay(agree: list[bool], gamma: int, max_new_tokens: int) -> tuple[int, int
     while pos < len(agree):
         k = min(gamma, max_new_tokens - pos - 1)
         n = 0
-        while n < k and pos + n < len(agree) and agree[pos + n]:
+        while n < k and pos + n < len(agree) and agree[pos + n]:  # an accepted end ends the item
             n += 1
         drafted += k
-        accepted += min(n, len(agree) - pos)  # an accepted end token ends the item
+        accepted += n
         pos += n + 1
     return drafted, accepted
 
@@ -75,8 +75,7 @@ def measure(pair: Path, gamma: int, max_new_tokens: int) -> dict:
             kinds[kind][1] += 1
         d, a = replay(agree, gamma, max_new_tokens)
         drafted, accepted = drafted + d, accepted + a
-    target_dir, draft_dir = pair / "target", pair / "draft"
-    engine = demo_models.evaluate_pair(target_dir, draft_dir, rows, max_new_tokens)
+    engine = demo_models.evaluate_pair(pair / "target", pair / "draft", rows, max_new_tokens)
     positions = sum(n for _, n in kinds.values())
     return {
         "pair": str(pair),
