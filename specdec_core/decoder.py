@@ -63,7 +63,7 @@ class CachedDecoder:
             raise ValueError("forward() needs at least one token the cache has not seen")
         ids = torch.tensor([new], device=self.device)
         key = "decoder_input_ids" if self.model.config.is_encoder_decoder else "input_ids"
-        kwargs = {key: ids, "past_key_values": self.cache, "use_cache": True, **self._fixed}
+        kwargs = {key: ids, "cache": self.cache, "use_cache": True, **self._fixed}
         if self._logits_kwarg:
             kwargs["logits_to_keep"] = max(num_logits, 1)
         out = self.model(**kwargs)

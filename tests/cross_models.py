@@ -87,9 +87,9 @@ class OracleLM(LlamaForCausalLM):
             return self.tok.unk_token_id
         return plan[len(done)]
 
-    def forward(self, input_ids=None, past_key_values=None, logits_to_keep=0, **kwargs):
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        out = super().forward(input_ids=input_ids, past_key_values=past_key_values, logits_to_keep=logits_to_keep,
+    def forward(self, input_ids=None, cache=None, logits_to_keep=0, **kwargs):
+        past = cache.get_seq_length() if cache is not None else 0
+        out = super().forward(input_ids=input_ids, cache=cache, logits_to_keep=logits_to_keep,
                               **kwargs)
         self.seen = self.seen[:past] + input_ids[0].tolist()
         self.fed += input_ids.shape[1]

@@ -7,7 +7,6 @@ installed by apache-beam[gcp]), which rejects unknown fields and unknown paramTy
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import re
 import shutil
@@ -15,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import apache_beam
 import pytest
 from google.cloud import dataflow_v1beta3
 from google.protobuf import json_format
@@ -212,12 +210,9 @@ def test_dockerfile_one_image_for_launcher_and_worker():
     # the worker base is Beam's SDK image of exactly the installed Beam and Python versions
     py = f"{sys.version_info.major}.{sys.version_info.minor}"
     assert froms[-1] == f"apache/beam_python{py}_sdk:${{BEAM_VERSION}}"
-    assert args["BEAM_VERSION"] == apache_beam.__version__
     assert f"python{py.replace('.', '')}-template-launcher-base" in args["LAUNCHER_IMAGE"]
     copies = [rest for word, rest in ins if word == "COPY"]
     assert any("/opt/google/dataflow/python_template_launcher" in rest for rest in copies)
-    # torch: the version the tests run with (without the local +cpu label)
-    assert args["TORCH_VERSION"] == importlib.metadata.version("torch").split("+")[0]
     # the entry point file exists in the image at the path the launcher is told
     env = " ".join(rest for word, rest in ins if word == "ENV")
     py_file = re.search(r"FLEX_TEMPLATE_PYTHON_PY_FILE=(\S+)", env).group(1)
@@ -241,18 +236,63 @@ def test_dockerfile_copies_the_whole_package():
     packages = re.search(r"include\s*=\s*\[([^\]]*)\]", pyproject).group(1)
     for pkg in re.findall(r'"(\w+)\*?"', packages):
         assert pkg in copied, f"package {pkg} is not copied into the image"
-    assert {"pyproject.toml", "README.md", "templates/requirements.txt", "templates/main.py"} <= copied
+    assert {"pyproject.toml", "README.md", "requirements.lock", "templates/main.py"} <= copied
 
 
-def test_requirements_pin_the_tested_versions():
-    for line in (TEMPLATES / "requirements.txt").read_text().splitlines():
+def _lock() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
         line = line.split("#")[0].strip()
-        if not line:
-            continue
-        name, _, version = line.partition("==")
-        assert version, f"{line}: pin an exact version"
-        assert importlib.metadata.version(name) == version, f"{name}: image {version}, tests run with " \
-            f"{importlib.metadata.version(name)}"
+        if line:
+            name, _, version = line.partition("==")
+            assert version and ";" not in line, f"{line}: the lock pins exact versions"
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+def test_image_installs_the_lock():
+    """The image runs what the tests ran: every pip install in it is held by requirements.lock, and
+    the Beam base image and CUDA torch it starts from are the lock's versions."""
+    lock = _lock()
+    args = dict(re.findall(r"^ARG (\w+)=(\S+)", DOCKERFILE, re.M))
+    assert args["BEAM_VERSION"] == lock["apache-beam"]
+    assert args["TORCH_VERSION"] == lock["torch"]
+    assert not any(k.startswith("nvidia-") for k in lock), "the lock holds the CUDA build's packages"
+    runs = [rest for word, rest in _instructions() if word == "RUN" and "pip install" in rest]
+    for rest in runs:
+        for cmd in re.split(r"&&", rest):
+            if "pip install" in cmd:
+                assert "-c /template/requirements.lock" in cmd or '"torch==${TORCH_VERSION}"' in cmd, cmd
+
+
+def test_tests_run_with_the_lock():
+    """What the tests run with is what the image installs: README's commands and CI install the lock."""
+    import importlib.metadata
+
+    differ = []
+    for name, version in _lock().items():
+        try:
+            installed = importlib.metadata.version(name).split("+")[0]
+        except importlib.metadata.PackageNotFoundError:
+            continue  # a platform-only package (the lock is for Linux x86_64)
+        if installed != version:
+            differ.append(f"{name} {installed} (lock {version})")
+    assert not differ, "not installed from requirements.lock: " + ", ".join(differ)
+
+
+def test_lock_satisfies_pyproject():
+    """A pyproject.toml edited without refreshing the lock (`bash .ci/lock`) fails here."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    lock = _lock()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for text in project["dependencies"] + project["optional-dependencies"]["test"]:
+        req = Requirement(text)
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        assert name in lock, f"{req.name} is not in requirements.lock"
+        assert req.specifier.contains(lock[name], prereleases=True), f"{req.name}: lock {lock[name]} is outside {req}"
 
 
 @pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint not installed")
