@@ -18,7 +18,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipeline.bench_pairs import FULL_SYNTH, QUICK_SYNTH, synthetic_prompts
+from pipeline.bench.pairs import FULL_SYNTH, QUICK_SYNTH, synthetic_prompts
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cpu_speed import prepare_for_cpu
 from specdec_core.drafters import ModelDrafter, NoDrafter

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline import bench  # noqa: E402
+from pipeline.bench import speed as bench  # noqa: E402
 from specdec_core.cpu_speed import prepare_for_cpu  # noqa: E402
 from specdec_core.decoder import CachedDecoder, initial_decoder_ids  # noqa: E402
 from specdec_core.loading import load_model, load_tokenizer  # noqa: E402

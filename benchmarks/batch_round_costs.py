@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipeline.bench import FULL_SYNTH, QUICK_SYNTH, build_synthetic_pair, synthetic_prompts
+from pipeline.bench.pairs import FULL_SYNTH, QUICK_SYNTH, build_synthetic_pair, synthetic_prompts
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cpu_speed import prepare_for_cpu
 from specdec_core.drafters import ModelDrafter, NoDrafter

@@ -13,7 +13,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipeline.bench import QUICK_SYNTH, synthetic_prompts
+from pipeline.bench.pairs import QUICK_SYNTH, synthetic_prompts
 from specdec_core.batch_engine import CPU_PREFILL_TOKENS, BatchSpeculativeGenerator
 from specdec_core.cpu_speed import prepare_for_cpu
 from specdec_core.drafters import ModelDrafter, NoDrafter

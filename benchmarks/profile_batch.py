@@ -14,8 +14,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from pipeline.bench_pairs import QUICK_SYNTH, synthetic_prompts
-from pipeline.bench_throughput import hf_batched
+from pipeline.bench.pairs import QUICK_SYNTH, synthetic_prompts
+from pipeline.bench.throughput import hf_batched
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cpu_speed import prepare_for_cpu
 from specdec_core.drafters import ModelDrafter, NoDrafter

@@ -7,7 +7,11 @@ from argparse import Namespace
 import pytest
 import torch
 
-from pipeline import bench, bench_configs, bench_measure, bench_pairs, bench_report
+from pipeline.bench import configs as bench_configs
+from pipeline.bench import measure as bench_measure
+from pipeline.bench import pairs as bench_pairs
+from pipeline.bench import report as bench_report
+from pipeline.bench import speed as bench
 from tests.numerics import assert_logits_close
 
 

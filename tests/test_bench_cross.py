@@ -1,9 +1,9 @@
-"""pipeline.bench_cross end to end on a tiny random cross-tokenizer pair (no training): every
+"""pipeline.bench.cross end to end on a tiny random cross-tokenizer pair (no training): every
 method runs, outputs are compared with the target alone, and the table reports it."""
 
 import argparse
 
-from pipeline import bench_cross
+from pipeline.bench import cross as bench_cross
 from tests.cross_models import byte_level
 from tests.tiny_models import make_model
 
@@ -30,7 +30,7 @@ def test_bench_cross_runs_every_method_and_checks_identity(monkeypatch, tmp_path
 def test_pipeline_bench_cross_writes_its_section_once(monkeypatch, tmp_path):
     """`pipeline.bench --cross` puts the cross-tokenizer table in the report, and a second run
     replaces it rather than appending another."""
-    from pipeline import bench
+    from pipeline.bench import speed as bench
 
     ttok, dtok = byte_level(420), byte_level(300)
     pair = [make_model("gpt2", ttok, seed=1), ttok, make_model("gpt2", dtok, seed=2), dtok]

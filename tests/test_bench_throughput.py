@@ -1,8 +1,8 @@
-"""`pipeline.bench_throughput` on tiny models: it writes its section and our outputs match HF's."""
+"""`pipeline.bench.throughput` on tiny models: it writes its section and our outputs match HF's."""
 
 import pytest
 
-from pipeline import bench_throughput
+from pipeline.bench import throughput as bench_throughput
 
 
 def test_throughput_section_is_written_and_replaced(tmp_path):

@@ -262,7 +262,7 @@ def test_tune_takes_a_cross_tokenizer_draft_at_batch_1(tmp_path, cross_pair, mon
     (the job refuses them)."""
     import json
 
-    from pipeline import tune
+    from pipeline.tune import tuner as tune
     from tests.test_pipeline import write_prompts
 
     real = tune.best_setting

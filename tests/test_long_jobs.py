@@ -313,7 +313,9 @@ def test_mistyped_flags_stop_every_entry_point_in_one_line(tmp_path, saved_pairs
     assert "did you mean --temperature?" in _one_line_error(capsys)
     assert not out.parent.exists()
 
-    from pipeline import bench, demo, prepare, report
+    from pipeline import demo, prepare
+    from pipeline.bench import speed as bench
+    from pipeline.report import summary as report
 
     for entry, argv, needle in [
         (prepare.main, ["--dataset", "x", "--template", "{t}", "--output", "o", "--num_shard", "2"],

@@ -14,8 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import report, report_html
-from pipeline.report_stats import compare, run_stats, sections
+from pipeline.report import html as report_html
+from pipeline.report import summary as report
+from pipeline.report.stats import compare, run_stats, sections
 
 STATS = ["new_tokens", "draft_tokens", "accepted_tokens", "verify_steps", "draft_steps", "prompt_tokens"]
 

@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline import tune
-from pipeline.bench_pairs import TINY_SYNTH, build_synthetic_pair, synthetic_prompts
+from pipeline.bench.pairs import TINY_SYNTH, build_synthetic_pair, synthetic_prompts
 from pipeline.flags import check_pipeline_flags
-from pipeline.tune_model import (
+from pipeline.tune import tuner as tune
+from pipeline.tune.model import (
     PAY_MARGIN,
     Candidate,
     SampleRun,

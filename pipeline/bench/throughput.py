@@ -1,4 +1,4 @@
-"""`python -m pipeline.bench_throughput`: tokens per second per worker, batched.
+"""`python -m pipeline.bench.throughput`: tokens per second per worker, batched.
 
 An offline job pays for machine hours, so the number its user compares is throughput. On the
 same prompts, in one run, this times plain Hugging Face batched greedy `generate` of the
@@ -31,7 +31,7 @@ from specdec_core.gamma import AdaptiveGamma
 
 ADAPTIVE_MAX = 4  # `--gammas adaptive`: the job's default num_speculative_tokens caps the policy
 
-_LOG = logging.getLogger("pipeline.bench_throughput")
+_LOG = logging.getLogger("pipeline.bench.throughput")
 BEGIN, END = "<!-- throughput:begin -->", "<!-- throughput:end -->"
 
 
@@ -150,7 +150,7 @@ def report(rows: list[dict], header: str, n_prompts: int) -> str:
              for b in sorted({r["B"] for r in rows})}
     best_plain = max(plain.values())
     best_b = max(plain, key=plain.get)
-    lines = [BEGIN, "## Throughput per worker: batched (`pipeline.bench_throughput`)\n", header, "",
+    lines = [BEGIN, "## Throughput per worker: batched (`pipeline.bench.throughput`)\n", header, "",
              f"| config | B | tokens/s | each run | x plain HF at this B | x plain HF at its best (B={best_b}) | "
              "acceptance | greedy equal to HF B=1 |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -180,7 +180,7 @@ def write_section(path: Path, section: str, begin: str = BEGIN, end: str = END) 
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pipeline.bench_throughput", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m pipeline.bench.throughput", description=__doc__)
     p.add_argument("--size", default="full", choices=("full", "quick", "tiny"),
                    help="synthetic pair of pipeline.bench: full (325M target), quick, tiny (tests)")
     p.add_argument("--cache_dir", default="benchmarks/.cache", help="where the synthetic pair is (built if missing)")
@@ -217,7 +217,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.bench import FULL_SYNTH, QUICK_SYNTH, TINY_SYNTH, build_synthetic_pair, machine, synthetic_prompts
+    from pipeline.bench.pairs import FULL_SYNTH, QUICK_SYNTH, TINY_SYNTH, build_synthetic_pair, synthetic_prompts
+    from pipeline.bench.report import machine
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{torch.get_num_threads()} thread(s); {machine()}. Each run decodes all prompts; ours runs with "
               f"continuous batching (the batch-1 engine at B=1). Every config ran {a.reps} times per B in alternating "
               f"order; tokens/s is over all its runs. Run time {time.perf_counter() - t0:.0f} s. "
-              f"Command: `python -m pipeline.bench_throughput {shlex.join(shown)}{' --note TEXT' if a.note else ''}`. "
+              f"Command: `python -m pipeline.bench.throughput {shlex.join(shown)}{' --note TEXT' if a.note else ''}`. "
               f"{a.note}")
     write_section(Path(a.out), report(rows, header, a.prompts))
     return 0

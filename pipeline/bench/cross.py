@@ -1,4 +1,4 @@
-"""`python -m pipeline.bench_cross [--quick]`: a draft with ANOTHER tokenizer, against HF.
+"""`python -m pipeline.bench.cross [--quick]`: a draft with ANOTHER tokenizer, against HF.
 
 The pair: two small causal LMs trained here on the same text (Python standard-library
 sources) with two different byte-level BPE tokenizers (4096 and 1024 tokens), so the draft
@@ -35,10 +35,10 @@ if "torch" not in sys.modules:
 import torch  # noqa: E402
 
 from pipeline import demo_data  # noqa: E402
-from pipeline.bench_measure import ForwardMeter  # noqa: E402
+from pipeline.bench.measure import ForwardMeter  # noqa: E402
 from pipeline.byte_bpe import train_byte_level_bpe  # noqa: E402
 
-_LOG = logging.getLogger("pipeline.bench_cross")
+_LOG = logging.getLogger("pipeline.bench.cross")
 RECIPE = {"target": {"n_embd": 256, "n_layer": 4, "n_head": 4}, "draft": {"n_embd": 128, "n_layer": 2, "n_head": 4},
           "vocab": {"target": 4096, "draft": 1024}, "ctx": 64, "batch": 8, "steps": {"target": 1000, "draft": 1500},
           "lr": 3e-3, "files": 80, "seed": 0, "version": 1}
@@ -207,7 +207,7 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipeline.bench_cross", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m pipeline.bench.cross", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="4 prompts x 48 tokens instead of 12 x 96")
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--prompts", type=int, default=None)
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     args.max_new_tokens = args.max_new_tokens or (48 if args.quick else 96)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     result = run(args)
-    cmd = "python -m pipeline.bench_cross " + shlex.join(sys.argv[1:] if argv is None else argv)
+    cmd = "python -m pipeline.bench.cross " + shlex.join(sys.argv[1:] if argv is None else argv)
     print(f"command: {cmd.strip()}")
     print(f"target {result['params'][0] / 1e6:.1f}M params / {result['vocab'][0]} tokens, draft "
           f"{result['params'][1] / 1e6:.2f}M params / {result['vocab'][1]} tokens; {result['prompts']} prompts x "

@@ -5,7 +5,7 @@ Prints counts, failures, acceptance, tokens per target step, latency, throughput
 measured step costs; with --baseline (a `--drafter none` run of the same prompts) the speed-up
 overall and per item and whether the generations are identical; with --references the quality
 of the generations against a passthrough column; with --html one self-contained page with plots.
-The numbers live in pipeline/report_stats.py, the page in pipeline/report_html.py.
+The numbers live in pipeline/report/stats.py, the page in pipeline/report/html.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser
 from pipeline.quality import METRICS
-from pipeline.report_stats import (
+from pipeline.report.stats import (
     Summary,
     compare,
     format_sections,
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"report: {args.prefix}" + (f" (baseline: {args.baseline})" if args.baseline else ""))
     print(format_sections(parts), end="")
     if args.html:
-        from pipeline import report_html  # matplotlib: loaded only for the page
+        from pipeline.report import html as report_html  # matplotlib: loaded only for the page
 
         figures = report_html.plots(stats, comparison, run_stats(base, base_failed) if base is not None else None)
         subtitle = f"baseline: {args.baseline}" if args.baseline else "no baseline given"

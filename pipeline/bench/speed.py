@@ -18,9 +18,9 @@ COSTS are those of a real 325M model, the ACCEPTANCE is whatever the damping giv
 disagreeing variant (a random draft: acceptance ~0, to check the back-off). The demo pair is
 encoder-decoder now and is measured by `python -m pipeline.demo`.
 
-Where things are: `pipeline.bench_pairs` (the synthetic pair and prompts), `pipeline.bench_configs`
-(the configurations run side by side), `pipeline.bench_measure` (timing, step costs, the
-interleaved runs, Beam overhead, v(k) under CPU settings), `pipeline.bench_report` (aggregates
+Where things are: `pipeline.bench.pairs` (the synthetic pair and prompts), `pipeline.bench.configs`
+(the configurations run side by side), `pipeline.bench.measure` (timing, step costs, the
+interleaved runs, Beam overhead, v(k) under CPU settings), `pipeline.bench.report` (aggregates
 and BENCHMARKS.md); this module is the command line and the order of the run.
 """
 
@@ -40,8 +40,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline.bench_configs import Config, greedy_configs, sampling_configs
-from pipeline.bench_measure import (
+from pipeline.bench.configs import Config, greedy_configs, sampling_configs
+from pipeline.bench.measure import (
     _fmt_v,
     beam_overhead,
     kernel_experiments,
@@ -49,7 +49,7 @@ from pipeline.bench_measure import (
     run_interleaved,
     target_step_ms,
 )
-from pipeline.bench_pairs import (  # noqa: F401 (re-exported: other modules import them from pipeline.bench)
+from pipeline.bench.pairs import (  # noqa: F401 (re-exported: other modules import them from pipeline.bench)
     BENCH_DRAFT_DTYPES,
     FULL_SYNTH,
     QUICK_SYNTH,
@@ -61,7 +61,7 @@ from pipeline.bench_pairs import (  # noqa: F401 (re-exported: other modules imp
     load_pair,
     synthetic_prompts,
 )
-from pipeline.bench_report import machine, summarize, write_report  # noqa: F401 (machine: re-exported)
+from pipeline.bench.report import machine, summarize, write_report  # noqa: F401 (machine: re-exported)
 from pipeline.flags import ArgumentParser
 from specdec_core.cpu_speed import packed_threshold, prepare_for_cpu, recommended_threads
 from specdec_core.drafters import ModelDrafter
@@ -163,10 +163,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    "target: float32, auto (the job's default: large linears in bf16 where the CPU has native "
                    "bf16), bfloat16, int8 (dynamic int8 linears); float32 alone to skip")
     p.add_argument("--throughput", action="store_true",
-                   help="also run pipeline.bench_throughput (plain batched generate vs ours at B=1,4,8,16) on the "
+                   help="also run pipeline.bench.throughput (plain batched generate vs ours at B=1,4,8,16) on the "
                    "same synthetic pair and prompt settings, into the same report")
     p.add_argument("--cross", action="store_true",
-                   help="also run pipeline.bench_cross (a pair with two tokenizers: ours against HF universal "
+                   help="also run pipeline.bench.cross (a pair with two tokenizers: ours against HF universal "
                    "assisted generation at the same gamma) into the same report; trains its pair once (minutes)")
     a = p.parse_args(argv)
     a.draft_dtypes = [d.strip() for d in a.draft_dtypes.split(",") if d.strip()]
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                                        indent=1, default=str))
     write_report(out, csv_path, results, skipped, beam, kernels, argv, started, args)
     if args.throughput:
-        from pipeline import bench_throughput
+        from pipeline.bench import throughput as bench_throughput
 
         size = "tiny" if args.tiny else "quick" if args.quick else "full"
         bench_throughput.main(["--size", size, "--cache_dir", str(cache), "--out", str(out), "--prompts",
@@ -259,9 +259,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cross_section(out: Path, cache: Path, args: argparse.Namespace, argv: list[str]) -> None:
-    """The cross-tokenizer pair (pipeline.bench_cross) at this run's gamma, prompts and length."""
-    from pipeline import bench_cross
-    from pipeline.bench_throughput import write_section
+    """The cross-tokenizer pair (pipeline.bench.cross) at this run's gamma, prompts and length."""
+    from pipeline.bench import cross as bench_cross
+    from pipeline.bench.throughput import write_section
 
     res = bench_cross.run(argparse.Namespace(gamma=args.gamma, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                                              threads=args.threads or 0, cache_dir=str(cache / "cross")))
@@ -270,7 +270,7 @@ def cross_section(out: Path, cache: Path, args: argparse.Namespace, argv: list[s
         begin, "## Cross-tokenizer pair in this run (`pipeline.bench --cross`)\n",
         f"Command: `python -m pipeline.bench {shlex.join(argv)}`. Target {res['params'][0] / 1e6:.1f}M parameters and "
         f"{res['vocab'][0]} tokens, draft {res['params'][1] / 1e6:.2f}M and {res['vocab'][1]} tokens (trained by "
-        f"`pipeline/bench_cross.py`); {res['prompts']} prompts x {res['max_new_tokens']} new tokens, greedy, gamma "
+        f"`pipeline/bench/cross.py`); {res['prompts']} prompts x {res['max_new_tokens']} new tokens, greedy, gamma "
         f"{res['gamma']}, {res['threads']} thread(s).\n", bench_cross.table(res), end, ""]), begin, end)
 
 

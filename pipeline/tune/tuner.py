@@ -4,7 +4,7 @@ The paper's serving lesson is that the best draft is not the most accurate one b
 balances acceptance against its cost, on the machine that runs the job. So tune measures, on
 this machine and on a sample of the job's own prompts (encoded exactly as `pipeline.run`
 encodes them): each candidate's acceptance a, its step cost c and the target's verify costs
-v(k); predicts the speed-up at every gamma (`pipeline.tune_model`); runs the most promising
+v(k); predicts the speed-up at every gamma (`pipeline.tune.model`); runs the most promising
 settings for real next to the target alone; then, for decoder-only targets, measures
 throughput per worker at several batch sizes (what an offline job pays for). It prints a
 table, the recommended `pipeline.run` flags and the job's estimated time, and with
@@ -29,8 +29,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser, FlagError, check_pipeline_flags
 from pipeline.logs import setup_logging
-from pipeline.tune_model import Candidate, SampleRun, best_setting, fit_overhead, pick_to_verify, relative_error
-from pipeline.tune_report import format_report
+from pipeline.tune.model import Candidate, SampleRun, best_setting, fit_overhead, pick_to_verify, relative_error
+from pipeline.tune.report import format_report
 from specdec_core.batch_engine import BatchSpeculativeGenerator, unbatchable
 from specdec_core.cross_tokenizer import CrossTokenizerDrafter
 from specdec_core.drafters import Drafter, NgramDrafter, NoDrafter

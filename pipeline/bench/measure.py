@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.bench_configs import Config
+from pipeline.bench.configs import Config
 from specdec_core.cpu_speed import prepare_for_cpu
 from specdec_core.drafters import NoDrafter
 from specdec_core.engine import SpeculativeGenerator

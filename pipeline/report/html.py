@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from matplotlib.figure import Figure
 
-from pipeline.report_stats import Comparison, RunStats, Section
+from pipeline.report.stats import Comparison, RunStats, Section
 
 RUN_COLOUR, BASE_COLOUR, REF_COLOUR = "#1f77b4", "#ff7f0e", "#444444"
 

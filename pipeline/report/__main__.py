@@ -1,0 +1,7 @@
+"""`python -m pipeline.report`: `pipeline.report.summary`."""
+
+import sys
+
+from pipeline.report.summary import main
+
+sys.exit(main())

@@ -1,0 +1,2 @@
+"""Choose the drafter, gamma and batch size before a large job: `tuner` (the command, `python -m
+pipeline.tune`), `model` (the speed-up model fitted to measured costs) and `report` (its table)."""
