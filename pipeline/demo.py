@@ -33,8 +33,8 @@ from pipeline import run
 from pipeline.flags import ArgumentParser
 from pipeline.logs import setup_logging
 from pipeline.quality import score_generations
-from pipeline.report import read_results, summarize
-from pipeline.report_stats import format_rows
+from pipeline.report.summary import read_results, summarize
+from pipeline.report.stats import format_rows
 
 DEFAULT_WORKDIR = "specdec-demo"
 JOBS = {  # name -> extra flags; the last one is the baseline every speed-up is measured against
