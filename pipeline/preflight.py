@@ -218,8 +218,9 @@ def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
 
 
 def _check_batching(opts: SpecDecOptions) -> None:
-    """--batch_size > 1 decodes decoder-only full-attention models only (gs:// models are
-    checked on load)."""
+    """--batch_size > 1 decodes every attention model, decoder-only or encoder-decoder, full or
+    sliding-window; models with other layer kinds (chunked, linear or state-space layers) are
+    refused (gs:// models are checked on load)."""
     if opts.batch_size == 1:
         return
     from transformers import AutoConfig
@@ -235,7 +236,7 @@ def _check_batching(opts: SpecDecOptions) -> None:
         why = unbatchable(AutoConfig.from_pretrained(path, trust_remote_code=opts.trust_remote_code))
         if why:
             raise JobConfigError(f"--batch_size {opts.batch_size}: {flag} {path!r} {why}; batching needs "
-                                 "decoder-only models with full attention (use --batch_size 1)")
+                                 "attention layers, full or sliding-window (use --batch_size 1)")
 
 
 def preflight(opts: SpecDecOptions) -> pa.Schema:

@@ -6,12 +6,15 @@ rows' drafts in ONE target pass, and accepts per row with the batch-1 rule, so e
 its own accepted length, gamma state and random generator. A row that finishes leaves the
 batch and the next waiting prompt is prefilled and merged in, so the batch stays full rather
 than waiting for its slowest row. Rows of different lengths share one padded cache per model
-(`BatchKV`). Decoder-only targets only: an encoder-decoder would need per-row encoder outputs
-and cross-attention masks in the same scheme.
+(`BatchKV`). Encoder-decoder models run their encoder once per prompt when it enters (rows
+padded and masked) and keep each row's cross-attention keys/values in the batch cache; a draft
+whose encoder is the target's own module reuses the target's encoder outputs. Sliding-window
+models get per-row window masks by position once a row can reach the window.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -21,11 +24,14 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec_core.acceptance import verify_greedy, verify_sampled
-from specdec_core.batch_kv import BatchKV
+from specdec_core.batch_kv import BatchKV, sliding_window
+from specdec_core.decoder import initial_decoder_ids
 from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter
 from specdec_core.engine import FinishCheck, Generation, ItemStats, ItemTimeout, SpeculativeGenerator
 from specdec_core.gamma import LOOKUP_DRAFT_COST, AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
+
+log = logging.getLogger(__name__)
 
 # On a CPU one pass over many prompts is slower than several smaller passes: its activations
 # outgrow the caches, and every elementwise op then streams them from memory. Quick bench pair,
@@ -58,17 +64,28 @@ def prefill_chunks(lengths: list[int], budget: int | None) -> list[list[int]]:
 
 
 def unbatchable(config) -> str | None:
-    """Why a model cannot decode in our padded batches, or None. The scheme needs a plain
-    key/value cache per layer over all positions: an encoder-decoder would need per-row encoder
-    outputs, and a sliding window counts cache columns (holes included), not a row's tokens."""
-    if config.is_encoder_decoder:
-        return "is an encoder-decoder"
-    types = set(getattr(config, "layer_types", None) or ())
-    if types - {"full_attention"}:
-        return f"has {', '.join(sorted(types - {'full_attention'}))} layers"
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return "uses sliding-window attention"
+    """Why a model cannot decode in our padded batches, or None. The scheme needs a key/value
+    cache per layer over all positions, attention that depends on the mask and the positions
+    only (full or sliding-window attention, `BatchKV`): other layer kinds (chunked, linear or
+    state-space layers) keep state that rows cannot roll back or share."""
+    types = set(getattr(config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}
+    if types:
+        return f"has {', '.join(sorted(types))} layers"
     return None
+
+
+def window_note(model: PreTrainedModel, longest: int) -> str | None:
+    """A log line on a sliding-window model: whether rows of at most `longest` decoder tokens
+    (prompt + new tokens + drafts) can reach its window; None for a model without one."""
+    window = sliding_window(model.config)
+    if window is None:
+        return None
+    name = type(model).__name__
+    if longest <= window:
+        return (f"{name}: sliding window of {window} tokens is never reached (rows of at most {longest} tokens): "
+                "full attention, plain masks")
+    return (f"{name}: sliding window of {window} tokens can be reached (rows up to {longest} tokens): rows past it "
+            "get per-row window masks by position")
 
 
 @dataclass
@@ -77,6 +94,7 @@ class _Row:
 
     index: int  # position in the caller's list
     seed: int
+    prompt: list[int]  # the prompt's ids (an encoder-decoder's encoder input)
     seq: list[int]
     start: float
     transform: LogitsTransform
@@ -113,7 +131,7 @@ class BatchSpeculativeGenerator:
         for model in (target, drafter.model if isinstance(drafter, ModelDrafter) else None):
             why = model is not None and unbatchable(model.config)
             if why:
-                raise ValueError(f"batch_size > 1 needs decoder-only models with full attention; "
+                raise ValueError(f"batch_size > 1 needs attention layers (full or sliding-window); "
                                  f"{type(model).__name__} {why} (use batch_size 1)")
         # The batch-1 engine holds the settings, their validation, the cost measurement and the
         # per-row finish rule (`_truncate`), so both engines stop rows the same way.
@@ -125,6 +143,12 @@ class BatchSpeculativeGenerator:
         self.gamma, self.max_new_tokens = num_speculative_tokens, max_new_tokens
         self.sampling, self.gamma_policy = sampling, self.single.gamma_policy
         self.draft_model = drafter.model if isinstance(drafter, ModelDrafter) else None
+        self.encdec = bool(target.config.is_encoder_decoder)
+        # A draft whose encoder is the target's own module: the target's encoder outputs serve both.
+        self.shared_encoder = (self.encdec and self.draft_model is not None
+                               and self.draft_model.get_encoder() is target.get_encoder())
+        self._encoded: dict[tuple[int, ...], torch.Tensor] = {}  # rows -> the target's encoder outputs
+        self._noted: set[tuple[str, int]] = set()
         pad = target.config.pad_token_id
         self.pad_id = int(pad) if isinstance(pad, int) else 0
         if prefill_tokens is None and target.device.type == "cpu":
@@ -143,9 +167,9 @@ class BatchSpeculativeGenerator:
     def _new_row(self, index: int, prompt_ids: list[int], seed: int, finish_check: FinishCheck | None = None
                  ) -> _Row:
         device = self.target.device
-        seq = list(prompt_ids)
+        seq = initial_decoder_ids(self.target, prompt_ids)
         procs = build_processors(self.sampling, self.target.generation_config, len(seq) + self.max_new_tokens, device)
-        row = _Row(index=index, seed=seed, seq=seq, start=time.perf_counter(),
+        row = _Row(index=index, seed=seed, prompt=list(prompt_ids), seq=seq, start=time.perf_counter(),
                    transform=LogitsTransform(procs),
                    generator=torch.Generator(device=device).manual_seed(seed),
                    gamma_state=self.gamma_policy.start(self.gamma),
@@ -177,6 +201,12 @@ class BatchSpeculativeGenerator:
         if not items:
             return []
         checks = list(finish_checks) if finish_checks is not None else [None] * len(items)
+        longest = self.max_new_tokens + self.gamma + (0 if self.encdec else max(len(ids) for ids, _ in items))
+        for model in (self.target, self.draft_model):
+            note = model is not None and window_note(model, longest)
+            if note and (note, id(model)) not in self._noted:
+                self._noted.add((note, id(model)))
+                log.info(note)
         waiting = deque((i, (ids, seed, check)) for i, ((ids, seed), check)
                         in enumerate(zip(items, checks, strict=True)))
         results: list[Generation | None] = [None] * len(items)
@@ -238,7 +268,9 @@ class BatchSpeculativeGenerator:
         # what it lacks); while the batch does not draft, newcomers skip the draft's prefill.
         self._prefill(self.target, tkv, rows, into)
         if dkv is not None:
-            if self._drafting:
+            # An encoder-decoder draft is always prefilled: its encoding is the row's cross cache,
+            # and a row without one would have nothing to attend to in the draft's passes.
+            if self._drafting or self.encdec:
                 self._prefill(self.draft_model, dkv, rows, into)
             else:
                 for r in rows:
@@ -258,9 +290,17 @@ class BatchSpeculativeGenerator:
         t0 = time.perf_counter()
         feeds = [r.seq[:-1] for r in rows]
         parts = []
-        for chunk in prefill_chunks([len(f) for f in feeds], self.prefill_tokens):
+        lengths = [len(r.prompt) for r in rows] if self.encdec else [len(f) for f in feeds]
+        for chunk in prefill_chunks(lengths, self.prefill_tokens):
             fresh = BatchKV(model, len(chunk), self.pad_id)
-            fresh.forward([feeds[j] for j in chunk], logits=False)
+            if self.encdec:  # the decoder holds no prompt: the encoder runs, the cross cache fills
+                key = tuple(rows[j].index for j in chunk)
+                shared = self._encoded.pop(key, None) if model is self.draft_model else None
+                hidden = fresh.encode([rows[j].prompt for j in chunk], shared)
+                if model is self.target and self.shared_encoder:
+                    self._encoded[key] = hidden
+            else:
+                fresh.forward([feeds[j] for j in chunk], logits=False)
             if into is not None:
                 kv.place([into[j] for j in chunk], fresh)
             parts.append(fresh)

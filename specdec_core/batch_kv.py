@@ -1,4 +1,4 @@
-"""One decoder-only model's KV cache shared by rows of different lengths (continuous batching).
+"""One model's KV cache shared by rows of different lengths (continuous batching).
 
 The cache is a `DynamicCache` (`kv_cache.GrowingCache`, appending in place) whose batch
 dimension is the rows. Every forward appends the same number of columns to every row, so rows
@@ -8,17 +8,50 @@ explicit per row (a token's position is the number of valid tokens before it), a
 gathers each row's valid columns again when the holes grow. Masked columns get exactly zero
 attention weight, so a row's logits equal the row decoded alone up to float rounding (different
 GEMM shapes sum in a different order).
+
+The scheme needs each row's attention to depend only on its valid columns and its tokens'
+positions. Three kinds of model compute something from cache COLUMNS instead, and get the row's
+true positions here (`_true_positions`, `_window_masks`), so that no row is ever recomputed:
+
+- encoder-decoder decoders that take no position ids (BART, mBART, Marian, Pegasus, M2M100/NLLB
+  compute `arange + cache length`): the output of their `embed_positions` module is replaced,
+  per row, by the module's own output at that row's cache length;
+- relative position biases (T5, mT5, UMT5: `compute_bias` from column indices): the bias is
+  looked up per row from the true distance between each query and each column;
+- sliding windows (Mistral, Phi-3, Gemma 2/3, StarCoder2, Qwen2): once a row can reach its
+  window, the masks are built here, per row, from positions (a column is visible when it is
+  valid, not after the query, and less than the window behind it by position). The cache keeps
+  every column (`GrowingCache` has no sliding layers), so rejected drafts roll back anywhere.
+
+An encoder-decoder model's rows also carry their encoder's cross-attention keys/values (computed
+once, when the row enters) and the encoder's padding mask; they move with the rows on `drop`,
+`place` and `merge`.
 """
 
 from __future__ import annotations
 
-import torch
-from transformers import PreTrainedModel
+import inspect
+from contextlib import ExitStack, contextmanager
 
-from specdec_core.decoder import _accepts_logits_to_keep
+import torch
+from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput
+
+from specdec_core.decoder import _accepts_logits_to_keep, initial_decoder_ids
 from specdec_core.kv_cache import GrowingCache, GrowingLayer
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows, heads, columns, dim)
+
+
+def sliding_window(config) -> int | None:
+    """The sliding window (tokens) of a decoder-only model with such layers, or None."""
+    window = getattr(config, "sliding_window", None)
+    if not window or config.is_encoder_decoder or not getattr(config, "use_sliding_window", True):
+        return None
+    types = getattr(config, "layer_types", None)
+    if types is not None and "sliding_attention" not in types:
+        return None
+    return int(window)
 
 
 class BatchKV:
@@ -31,6 +64,26 @@ class BatchKV:
         self.cache = GrowingCache()
         self.mask = torch.zeros((rows, 0), dtype=torch.long, device=self.device)
         self.cols: list[list[int]] = [[] for _ in range(rows)]
+        config = model.config
+        self.encdec = bool(config.is_encoder_decoder)
+        # Encoder-decoder: each row's cross-attention keys/values (written once, by `encode`) and
+        # the encoder's padding mask over their columns.
+        self.cross = DynamicCache() if self.encdec else None
+        self.enc_mask = torch.zeros((rows, 0), dtype=torch.long, device=self.device)
+        self.window = sliding_window(config)
+        self.layer_types = getattr(config, "layer_types", None)
+        self._pos_modules, self._bias_modules = [], []
+        if self.encdec:
+            decoder = model.get_decoder()
+            for name, module in decoder.named_modules():
+                if name.rsplit(".", 1)[-1] == "embed_positions":
+                    if "cache_length" not in inspect.signature(module.forward).parameters:
+                        raise ValueError(f"{type(model).__name__}: its decoder's position embedding takes no cache "
+                                         "length, so rows of different lengths cannot share a batch")
+                    self._pos_modules.append(module)
+                if getattr(module, "has_relative_attention_bias", False) and callable(getattr(module, "compute_bias",
+                                                                                               None)):
+                    self._bias_modules.append(module)
 
     @property
     def rows(self) -> int:
@@ -43,6 +96,30 @@ class BatchKV:
     def length(self, b: int) -> int:
         """Valid tokens of row b in the cache: the position of the next token it feeds."""
         return len(self.cols[b])
+
+    @torch.inference_mode()
+    def encode(self, prompts: list[list[int]], hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """Encoder-decoder: run the encoder over these rows' prompts (right-padded, masked) unless
+        `hidden` (another model's outputs from the same encoder) is given, and write each row's
+        cross-attention keys/values, with a one-token decoder pass whose self-attention cache is
+        thrown away. Returns the encoder's outputs."""
+        assert self.encdec and len(prompts) == self.rows and not self.cross.layers
+        width = max(len(p) for p in prompts)
+        ids = torch.full((self.rows, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((self.rows, width), dtype=torch.long)
+        for b, p in enumerate(prompts):
+            ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
+            mask[b, : len(p)] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        if hidden is None:
+            hidden = self.model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        start = initial_decoder_ids(self.model, [])[0]
+        kwargs = {"logits_to_keep": 1} if _accepts_logits_to_keep(type(self.model)) else {}
+        self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=mask,
+                   decoder_input_ids=torch.full((self.rows, 1), start, dtype=torch.long, device=self.device),
+                   cache=EncoderDecoderCache(DynamicCache(), self.cross), use_cache=True, **kwargs)
+        self.enc_mask = mask
+        return hidden
 
     @torch.inference_mode()
     def forward(self, feeds: list[list[int]], logits: bool = True) -> list[torch.Tensor]:
@@ -67,8 +144,25 @@ class BatchKV:
         kwargs = {}
         if not logits and _accepts_logits_to_keep(type(self.model)):
             kwargs["logits_to_keep"] = 1  # a prefill: no logits wanted
-        out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=pos.to(self.device),
-                         past_key_values=self.cache, use_cache=True, **kwargs)
+        pos = pos.to(self.device)
+        aligned = all(len(c) == width for c in self.cols)  # no holes, one length: columns are positions
+        with ExitStack() as stack:
+            if self.encdec:
+                if not aligned:
+                    stack.enter_context(self._true_positions(pos, width))
+                d = getattr(self.model.config, "d_model", None) or self.model.config.hidden_size
+                # The cross-attention keys/values are cached: the encoder outputs are not read again.
+                unused = torch.zeros((), dtype=self.model.dtype, device=self.device).expand(
+                    self.rows, self.enc_mask.shape[1], d)
+                out = self.model(decoder_input_ids=ids.to(self.device), decoder_attention_mask=mask,
+                                 attention_mask=self.enc_mask,
+                                 encoder_outputs=BaseModelOutput(last_hidden_state=unused),
+                                 cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
+            else:
+                if self.window is not None and not aligned and int(pos.max()) >= self.window:
+                    mask = self._window_masks(mask, pos, width)
+                out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=pos,
+                                 cache=self.cache, use_cache=True, **kwargs)
         new = torch.zeros((self.rows, m), dtype=torch.long, device=self.device)
         for b, f in enumerate(feeds):
             new[b, : len(f)] = 1
@@ -77,6 +171,84 @@ class BatchKV:
         if not logits:
             return []
         return [out.logits[b, : len(f)].float() for b, f in enumerate(feeds)]
+
+    def _column_positions(self, pos: torch.Tensor, width: int) -> torch.Tensor:
+        """(rows, width + fed) the position of the token in each column (holes: 0, masked)."""
+        colpos = torch.zeros((self.rows, width + pos.shape[1]), dtype=torch.long, device=self.device)
+        for b, c in enumerate(self.cols):
+            if c:
+                colpos[b, c] = torch.arange(len(c), device=self.device)
+        colpos[:, width:] = pos
+        return colpos
+
+    def _window_masks(self, mask: torch.Tensor, pos: torch.Tensor, width: int) -> torch.Tensor | dict:
+        """The 4D masks of this pass by true positions: a column is visible to a query when it is
+        valid, not after it, and (sliding layers) less than the window behind it. Float, additive,
+        as the models' own masks (0 visible, the dtype's minimum hidden): one tensor for a model
+        whose every layer slides, a dict by layer type for a hybrid one."""
+        m = pos.shape[1]
+        colpos = self._column_positions(pos, width)
+        cols = torch.arange(width + m, device=self.device)
+        causal = (cols[None, :] <= cols[width:, None])[None] & mask.bool()[:, None, :]  # (rows, m, columns)
+        near = (pos[:, :, None] - colpos[:, None, :]) < self.window
+        dtype = self.model.dtype
+        low = torch.finfo(dtype).min
+
+        def additive(allowed: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(allowed.shape, dtype=dtype, device=self.device).masked_fill(~allowed, low)[:, None]
+
+        if self.layer_types is None:
+            return additive(causal & near)
+        return {kind: additive(causal & near if kind == "sliding_attention" else causal)
+                for kind in set(self.layer_types)}
+
+    @contextmanager
+    def _true_positions(self, pos: torch.Tensor, width: int):
+        """While an encoder-decoder pass runs: each row's position embeddings at its own cache
+        length, and relative position biases from its true query-key distances."""
+        lengths = [len(c) for c in self.cols]
+        rows = self.rows
+        handles, patched = [], []
+
+        def embed_hook(module, args, kwargs, output):
+            bound = inspect.signature(module.forward).bind(*args, **kwargs)
+            given = dict(bound.arguments)
+            base = given["cache_length"]
+            out = output.expand(rows, *output.shape[-2:]).clone() if output.dim() == 2 or output.shape[0] == 1 \
+                else output.clone()
+            for length in sorted(set(lengths)):
+                which = [b for b, n in enumerate(lengths) if n == length]
+                call = dict(given, cache_length=length)
+                if call.get("position_ids") is not None:
+                    call["position_ids"] = call["position_ids"] - base + length
+                res = module.forward(**call)
+                res = res[which] if res.dim() == 3 and res.shape[0] == rows else res.reshape(1, *res.shape[-2:])
+                out[which] = res.to(out.dtype)
+            return out
+
+        colpos = self._column_positions(pos, width)
+        top = int(max(colpos.max(), pos.max())) + 1
+
+        def biased(original):
+            def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
+                # The bias of every distance 0..top-1 (query after key), from the module itself.
+                table = original(1, top, device=device, past_seen_tokens=top - 1)[0, :, 0]  # (heads, top)
+                distance = (colpos[:, None, :key_length] - pos[:, :, None]).clamp(1 - top, 0) + top - 1
+                return table[:, distance].permute(1, 0, 2, 3)  # (rows, heads, queries, keys)
+            return compute_bias
+
+        try:
+            for module in self._pos_modules:
+                handles.append(module.register_forward_hook(embed_hook, with_kwargs=True))
+            for module in self._bias_modules:
+                module.compute_bias = biased(module.compute_bias)
+                patched.append(module)
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+            for module in patched:
+                del module.compute_bias
 
     @torch.inference_mode()
     def rollback(self, b: int, length: int) -> None:
@@ -105,13 +277,15 @@ class BatchKV:
         if holes:
             dst = torch.tensor(holes, dtype=torch.long, device=self.device)
             src = torch.tensor(movers, dtype=torch.long, device=self.device)
-            for k, v in self._layers():
+            for k, v in self._layers() + self._cross_layers():
                 k[dst] = k[src]
                 v[dst] = v[src]
-        for layer in self.cache.layers:
+        for layer in self.cache.layers + (self.cross.layers if self.encdec else []):
             if layer.is_initialized:
                 layer.keys, layer.values = layer.keys[:n], layer.values[:n]
         self.mask = self.mask[order]
+        if self.encdec:
+            self.enc_mask = self.enc_mask[order]
         self.cols = [self.cols[i] for i in order]
         return order
 
@@ -122,6 +296,8 @@ class BatchKV:
         go on are not copied, which is what makes refilling a finished row cheaper than `drop`
         then `merge`."""
         assert len(slots) == fresh.rows
+        if self.encdec:
+            self._place_cross(slots, fresh)
         need = max((len(c) for c in fresh.cols), default=0)
         mine, theirs = self._layers(), fresh._layers()
         if theirs and not mine:  # no pass ran here, so every row is empty: start at no columns
@@ -143,6 +319,51 @@ class BatchKV:
             self.mask[slot] = 0
             self.mask[slot, width - n:] = 1
             self.cols[slot] = list(range(width - n, width))
+
+    def _cross_layers(self) -> KV:
+        return [(layer.keys, layer.values) for layer in self.cross.layers if layer.is_initialized] if self.encdec \
+            else []
+
+    def _place_cross(self, slots: list[int], fresh: BatchKV) -> None:
+        """Cross-attention keys/values and encoder masks of `fresh`'s rows over these rows."""
+        theirs = fresh._cross_layers()
+        if not self._cross_layers():  # no row here has been encoded yet: start from zeros
+            for i, (fk, fv) in enumerate(theirs):
+                self.cross.update(fk.new_zeros((self.rows, *fk.shape[1:])), fv.new_zeros((self.rows, *fv.shape[1:])),
+                                  i)
+            self.enc_mask = fresh.enc_mask.new_zeros((self.rows, fresh.enc_mask.shape[1]))
+        need = fresh.enc_mask.shape[1]
+        if need > self.enc_mask.shape[1]:  # wider prompts: pad every row's columns (masked)
+            grow = need - self.enc_mask.shape[1]
+            for layer in self.cross.layers:
+                k, v = layer.keys, layer.values
+                layer.keys = torch.cat([k, k.new_zeros((*k.shape[:2], grow, k.shape[3]))], dim=2)
+                layer.values = torch.cat([v, v.new_zeros((*v.shape[:2], grow, v.shape[3]))], dim=2)
+            self.enc_mask = torch.cat([self.enc_mask, self.enc_mask.new_zeros((self.rows, grow))], dim=1)
+        index = torch.tensor(slots, dtype=torch.long, device=self.device)
+        for (k, v), (fk, fv) in zip(self._cross_layers(), theirs, strict=True):
+            k[index, :, :need] = fk
+            v[index, :, :need] = fv
+        self.enc_mask[index] = 0
+        self.enc_mask[index, :need] = fresh.enc_mask
+
+    def _merge_cross(self, every: list[BatchKV]) -> None:
+        """The rows' cross-attention keys/values and encoder masks, one after another, padded
+        (masked) to the widest encoder input."""
+        width = max(kv.enc_mask.shape[1] for kv in every)
+        per_kv = [kv._cross_layers() for kv in every]
+        merged = DynamicCache()
+        for i in range(max(len(layers) for layers in per_kv)):
+            ks, vs = [], []
+            for layers in per_kv:
+                k, v = layers[i]
+                pad = width - k.shape[2]
+                ks.append(torch.nn.functional.pad(k, (0, 0, 0, pad)) if pad else k)
+                vs.append(torch.nn.functional.pad(v, (0, 0, 0, pad)) if pad else v)
+            merged.update(torch.cat(ks), torch.cat(vs), i)
+        self.cross = merged
+        self.enc_mask = torch.cat([torch.nn.functional.pad(kv.enc_mask, (0, width - kv.enc_mask.shape[1]))
+                                   for kv in every])
 
     def _widen(self, n: int) -> None:
         """n more columns for every row, all holes (zeros: a masked column must not hold NaN)."""
@@ -200,6 +421,8 @@ class BatchKV:
         pass) after this cache's rows, compacting all on the way: each part is gathered straight
         into the new cache's buffer, which keeps spare columns for the next appends."""
         every = [kv for kv in (self, *others) if kv.rows]
+        if self.encdec and every and (len(every) > 1 or every[0] is not self):
+            self._merge_cross(every)
         width = max((len(c) for kv in every for c in kv.cols), default=0)
         holder = next((kv for kv in (self, *others) if kv._layers()), None)
         if holder is None:  # no cache has run a pass yet (one-token prompts): nothing to move

@@ -16,6 +16,7 @@ from transformers.generation.logits_process import (
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
     LogitsProcessorList,
+    NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     SuppressTokensLogitsProcessor,
@@ -62,6 +63,8 @@ def build_processors(
         procs.append(RepetitionPenaltyLogitsProcessor(gc.repetition_penalty))
     if gc.no_repeat_ngram_size:
         procs.append(NoRepeatNGramLogitsProcessor(gc.no_repeat_ngram_size))
+    if gc.bad_words_ids:  # Marian's configs forbid the pad token this way
+        procs.append(NoBadWordsLogitsProcessor(gc.bad_words_ids, gc.eos_token_id))
     if gc.forced_bos_token_id is not None:
         procs.append(ForcedBOSTokenLogitsProcessor(gc.forced_bos_token_id))
     if gc.forced_eos_token_id is not None:

@@ -36,7 +36,7 @@ def hf_greedy(model, ids, n):
     with torch.inference_mode():
         out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n,
                              pad_token_id=model.config.pad_token_id)
-    return out[0, len(ids):].tolist()
+    return out[0, 1 if model.config.is_encoder_decoder else len(ids):].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -185,9 +185,19 @@ def test_one_token_prompts_and_batch_larger_than_the_input(models):
         assert o.tokens == hf_greedy(target, ids, 6)
 
 
-def test_encoder_decoder_target_is_refused(models):
-    with pytest.raises(ValueError, match="is an encoder-decoder"):
-        BatchSpeculativeGenerator(models["t5"][0], NoDrafter(), batch_size=2)
+@pytest.mark.parametrize("kind", ["t5", "bart"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "none"])
+def test_encoder_decoder_rows_equal_batch_one_and_target_generate(models, prompts, kind, drafter):
+    """Every family and the per-row positions: tests/test_batch_families.py."""
+    target, draft = models[kind]
+    single = SpeculativeGenerator(target, drafter_for(drafter, draft), num_speculative_tokens=3, max_new_tokens=12)
+    alone = [single.generate(p) for p in prompts]
+    engine = BatchSpeculativeGenerator(target, drafter_for(drafter, draft), batch_size=3, num_speculative_tokens=3,
+                                       max_new_tokens=12)
+    batched = engine.generate_many([(p, 0) for p in prompts])
+    for a, b, p in zip(alone, batched, prompts, strict=True):
+        assert b.tokens == a.tokens == hf_greedy(target, p, 12)
+        assert b.stats.verify_steps == a.stats.verify_steps
 
 
 # -- sampling ------------------------------------------------------------------------------------

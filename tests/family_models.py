@@ -1,0 +1,131 @@
+"""Tiny random models of the families users pair, each with its family's special-token layout
+and generation config (decoder start, forced BOS/EOS, pad = EOS, several EOS ids, bad words),
+built offline (no hub). Sliding-window families get a window shorter than a test's generations.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    M2M100Config,
+    M2M100ForConditionalGeneration,
+    MarianConfig,
+    MarianMTModel,
+    MBartConfig,
+    MBartForConditionalGeneration,
+    MistralConfig,
+    MistralForCausalLM,
+    MT5Config,
+    MT5ForConditionalGeneration,
+    PegasusConfig,
+    PegasusForConditionalGeneration,
+    Phi3Config,
+    Phi3ForCausalLM,
+    PreTrainedModel,
+    Starcoder2Config,
+    Starcoder2ForCausalLM,
+    T5Config,
+    T5ForConditionalGeneration,
+    UMT5Config,
+    UMT5ForConditionalGeneration,
+)
+
+V = 128  # vocabulary
+WINDOW = 6  # sliding window of the sliding-window families (tokens)
+SEQ2SEQ_FAMILIES = ("t5", "mt5", "umt5", "bart", "pegasus", "marian", "m2m100", "mbart")
+WINDOW_FAMILIES = ("mistral", "phi3", "gemma2", "gemma3", "starcoder2")
+
+
+def _seq2seq(family: str):
+    """(model class, config, generation-config fields) in the family's layout."""
+    small = dict(vocab_size=V, d_model=32)
+    t5 = dict(d_ff=64, d_kv=8, num_layers=1, num_decoder_layers=2, num_heads=4, pad_token_id=0, eos_token_id=1,
+              decoder_start_token_id=0, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+              initializer_factor=3.0, tie_word_embeddings=False)
+    bartish = dict(encoder_layers=1, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                   encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128, init_std=0.3)
+    if family == "t5":
+        return T5ForConditionalGeneration, T5Config(**small, **t5), {}
+    if family == "mt5":
+        return MT5ForConditionalGeneration, MT5Config(**small, **t5), {}
+    if family == "umt5":  # a relative bias in every layer
+        return UMT5ForConditionalGeneration, UMT5Config(**small, **t5), {}
+    if family == "bart":  # <s>=0 <pad>=1 </s>=2; decoding starts at </s>, forced <s> then </s> at the end
+        cfg = BartConfig(**small, **bartish, bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2)
+        return BartForConditionalGeneration, cfg, dict(forced_bos_token_id=0, forced_eos_token_id=2)
+    if family == "pegasus":  # <pad>=0 </s>=1, start = pad, sinusoidal positions
+        cfg = PegasusConfig(**small, **bartish, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+                            scale_embedding=True)
+        return PegasusForConditionalGeneration, cfg, dict(forced_eos_token_id=1)
+    if family == "marian":  # </s>=0, <pad> = the last id = decoder start, and pad is a bad word
+        pad = V - 1
+        cfg = MarianConfig(**small, **bartish, pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad,
+                           forced_eos_token_id=0, scale_embedding=True)
+        return MarianMTModel, cfg, dict(forced_eos_token_id=0, bad_words_ids=[[pad]])
+    if family == "m2m100":  # NLLB-style: start </s>=2, forced target-language token first
+        cfg = M2M100Config(**small, **bartish, bos_token_id=0, pad_token_id=1, eos_token_id=2,
+                           decoder_start_token_id=2, scale_embedding=True)
+        return M2M100ForConditionalGeneration, cfg, dict(forced_bos_token_id=V - 3, forced_eos_token_id=2)
+    if family == "mbart":  # mBART-50: start </s>=2, forced language code, then </s> at the end
+        cfg = MBartConfig(**small, **bartish, bos_token_id=0, pad_token_id=1, eos_token_id=2,
+                          decoder_start_token_id=2, scale_embedding=True)
+        return MBartForConditionalGeneration, cfg, dict(forced_bos_token_id=V - 5, forced_eos_token_id=2)
+    raise ValueError(family)
+
+
+def _causal(family: str, window: int | None):
+    small = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.3, tie_word_embeddings=False)
+    if family == "mistral":  # <s>=1 </s>=2, no pad
+        cfg = MistralConfig(**small, sliding_window=window, bos_token_id=1, eos_token_id=2, pad_token_id=None)
+        return MistralForCausalLM, cfg, {}
+    if family == "phi3":  # pad = <|endoftext|> = EOS, and the chat end tokens are EOS too
+        cfg = Phi3Config(**small, sliding_window=window, bos_token_id=1, eos_token_id=V - 4, pad_token_id=V - 4)
+        return Phi3ForCausalLM, cfg, dict(eos_token_id=[V - 4, V - 3, V - 2])
+    if family == "gemma2":  # <pad>=0 <eos>=1 <bos>=2, <end_of_turn> is an EOS too; local/global layers
+        cfg = Gemma2Config(**small, head_dim=8, sliding_window=window or 4096, pad_token_id=0, eos_token_id=1,
+                           bos_token_id=2, layer_types=["sliding_attention", "full_attention"])
+        return Gemma2ForCausalLM, cfg, dict(eos_token_id=[1, V - 2])
+    if family == "gemma3":
+        cfg = Gemma3TextConfig(**small, head_dim=8, sliding_window=window or 4096, pad_token_id=0, eos_token_id=1,
+                               bos_token_id=2, layer_types=["sliding_attention", "full_attention"])
+        return Gemma3ForCausalLM, cfg, dict(eos_token_id=[1, V - 3])
+    if family == "starcoder2":  # <|endoftext|>=0 is BOS and EOS
+        cfg = Starcoder2Config(**small, sliding_window=window, bos_token_id=0, eos_token_id=0, pad_token_id=None)
+        return Starcoder2ForCausalLM, cfg, {}
+    raise ValueError(family)
+
+
+def family_model(family: str, seed: int, window: int | None = WINDOW, **overrides) -> PreTrainedModel:
+    """A random model of `family` (window: the sliding window; None or large = none reached)."""
+    cls, cfg, gen = _seq2seq(family) if family in SEQ2SEQ_FAMILIES else _causal(family, window)
+    for key, value in overrides.items():
+        setattr(cfg, key, value)
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    if family not in SEQ2SEQ_FAMILIES:  # peaked distributions: greedy ties are then vanishingly rare
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.normal_(0, 0.3)
+    for key, value in gen.items():
+        setattr(model.generation_config, key, value)
+    model.generation_config.decoder_start_token_id = getattr(cfg, "decoder_start_token_id", None)
+    return model
+
+
+def with_window(model: PreTrainedModel, window: int) -> PreTrainedModel:
+    """The same weights with another sliding window (a window no row reaches: none)."""
+    cls = type(model)
+    cfg = model.config.__class__.from_dict(model.config.to_dict())
+    cfg.sliding_window = window
+    other = cls(cfg).eval()
+    other.load_state_dict(model.state_dict())
+    other.generation_config = model.generation_config
+    return other

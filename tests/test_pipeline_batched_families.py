@@ -1,0 +1,43 @@
+"""End-to-end jobs with --batch_size > 1 on an encoder-decoder pair (the Beam job on the
+in-process runner), and the one refusal left: layers that are not attention."""
+
+import json
+import shutil
+
+from pipeline.run import main
+from specdec_core.batch_engine import BatchSpeculativeGenerator
+from tests.test_pipeline import GOOD, greedy_reference, run_job, write_prompts
+
+
+def test_batched_t5_job_equals_target_generate(tmp_path, saved_pairs, monkeypatch):
+    target, draft = saved_pairs["t5"]
+    lists = []
+    generate_many = BatchSpeculativeGenerator.generate_many
+
+    def spy(self, items, *args, **kwargs):
+        lists.append(len(items))
+        return generate_many(self, items, *args, **kwargs)
+    monkeypatch.setattr(BatchSpeculativeGenerator, "generate_many", spy)
+    results, failed = run_job(tmp_path, target, draft, "--batch_size", "4")
+    assert failed.num_rows == 0
+    got = dict(zip(results["id"].to_pylist(), results["generation"].to_pylist(), strict=True))
+    for i, prompt in enumerate(GOOD):
+        assert got[f"g{i}"] == greedy_reference(target, prompt, 12), prompt
+    assert sum(lists) == len(GOOD) and max(lists) > 1, lists
+    assert min(results["verify_steps"].to_pylist()) >= 1
+
+
+def test_batching_a_model_with_other_layers_stops_before_any_work(tmp_path, saved_pairs, capsys):
+    target, draft = saved_pairs["llama"]
+    odd = tmp_path / "chunked"
+    shutil.copytree(target, odd)
+    config = json.loads((odd / "config.json").read_text())
+    config["layer_types"] = ["chunked_attention"] * config["num_hidden_layers"]
+    (odd / "config.json").write_text(json.dumps(config))
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": "hi"}])
+    capsys.readouterr()
+    assert main(["--input", src, "--output", str(tmp_path / "out/gens"), "--target_model", str(odd),
+                 "--draft_model", str(draft), "--batch_size", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "chunked_attention" in err and "\n" not in err, err
+    assert not (tmp_path / "out").exists()
