@@ -47,3 +47,19 @@ def test_a_mistyped_setting_stops_before_any_work(tmp_path, capsys, flag, value,
     assert e.value.code == 2
     assert f"{flag}: {value.split(',')[-1]} {says}" in capsys.readouterr().err
     assert not (tmp_path / "cache").exists()  # stopped before building the pair
+
+
+@pytest.mark.parametrize("pair", ["t5", "mistral"])
+def test_encoder_decoder_and_sliding_window_pairs_get_their_own_section(tmp_path, pair):
+    out = tmp_path / "BENCH.md"
+    out.write_text(f"# Report\n\n{bench_throughput.BEGIN}\nthe llama section\n{bench_throughput.END}\n")
+    args = ["--pair", pair, "--size", "tiny", "--cache_dir", str(tmp_path / "cache"), "--out", str(out),
+            "--prompts", "3", "--prompt_tokens", "12", "--max_new_tokens", "5", "--batches", "1,3", "--gammas", "2",
+            "--drafters", "model,none", "--hf_kernels", "stock", "--hf_cache", "dynamic", "--reps", "1",
+            "--threads", "1"]
+    assert bench_throughput.main(args) == 0
+    text = out.read_text()
+    begin, end = bench_throughput.markers(pair)
+    assert "the llama section" in text and text.count(begin) == text.count(end) == 1
+    rows = [line for line in text.splitlines() if line.startswith("| ours")]
+    assert len(rows) == 4 and all(line.rstrip(" |").endswith("3/3") for line in rows), rows

@@ -41,16 +41,20 @@ def hf_batched(model, prompts: list[list[int]], batch: int, max_new: int,
     cache "static" is HF's preallocated cache (`cache_implementation="static"`), which writes
     each step in place instead of concatenating: at long contexts it is plain batching's best."""
     extra = {} if cache == "dynamic" else {"cache_implementation": cache}
+    encdec = model.config.is_encoder_decoder
     outs, t0 = [], time.perf_counter()
     for i in range(0, len(prompts), batch):
         chunk = prompts[i : i + batch]
         width = max(len(p) for p in chunk)
         ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        if encdec:  # lazy caches: generate() sizes T5's self-attention cache by the (shallower) encoder
+            from transformers import DynamicCache, EncoderDecoderCache
+            extra = {"cache": EncoderDecoderCache(DynamicCache(), DynamicCache())}
         with torch.inference_mode():
             out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
                                  min_new_tokens=max_new, pad_token_id=0, eos_token_id=None, **extra)
-        outs += out[:, width:].tolist()
+        outs += out[:, 1 if encdec else width:].tolist()
     return outs, time.perf_counter() - t0
 
 
@@ -86,19 +90,23 @@ def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int,
 
 def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: list[int], gammas: list[int | str],
         max_new: int, drafters: list[str], hf_kernels: list[str], reps: int,
-        hf_caches: tuple[str, ...] = ("dynamic", "static")) -> list[dict]:
+        hf_caches: tuple[str, ...] = ("dynamic", "static"), share_encoder: bool = False) -> list[dict]:
     """Every config at every B, `reps` times, alternating the order within a B (ABBA) so that
     load drifting on a shared machine does not favour whichever config runs last."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    from specdec_core.loading import load_model
+
+    cpu = torch.device("cpu")
+    target = load_model(str(target_dir), cpu, torch.float32)
     tok = AutoTokenizer.from_pretrained(target_dir)
     ids = [tok(p)["input_ids"] for p in prompts]
     target_p = prepare_for_cpu(copy.deepcopy(target))
     draft_p = None
     if draft_dir is not None and "model" in drafters:
-        draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
-        draft_p = prepare_for_cpu(draft)
+        draft_p = prepare_for_cpu(load_model(str(draft_dir), cpu, torch.float32))
+        if share_encoder and target.config.is_encoder_decoder:
+            draft_p.encoder = target_p.get_encoder()  # one encoder pass per prompt serves both models
     makers = {"model": lambda: ModelDrafter(draft_p), "ngram": lambda: NgramDrafter(), "none": lambda: NoDrafter()}
     models = {"stock": target, "prepacked": target_p}
     n_tokens = len(ids) * max_new
@@ -142,7 +150,14 @@ def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: l
     return rows
 
 
-def report(rows: list[dict], header: str, n_prompts: int) -> str:
+def markers(pair: str) -> tuple[str, str]:
+    """The report section's markers: one section per pair family."""
+    if pair == "llama":
+        return BEGIN, END
+    return f"<!-- throughput-{pair}:begin -->", f"<!-- throughput-{pair}:end -->"
+
+
+def report(rows: list[dict], header: str, n_prompts: int, pair: str = "llama") -> str:
     def f(x, fmt="{:.1f}"):
         return "–" if x is None else fmt.format(x)
 
@@ -150,7 +165,9 @@ def report(rows: list[dict], header: str, n_prompts: int) -> str:
              for b in sorted({r["B"] for r in rows})}
     best_plain = max(plain.values())
     best_b = max(plain, key=plain.get)
-    lines = [BEGIN, "## Throughput per worker: batched (`pipeline.bench.throughput`)\n", header, "",
+    begin, end = markers(pair)
+    title = "" if pair == "llama" else f", {pair} pair"
+    lines = [begin, f"## Throughput per worker: batched (`pipeline.bench.throughput`{title})\n", header, "",
              f"| config | B | tokens/s | each run | x plain HF at this B | x plain HF at its best (B={best_b}) | "
              "acceptance | greedy equal to HF B=1 |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -163,7 +180,7 @@ def report(rows: list[dict], header: str, n_prompts: int) -> str:
     best = max(ours, key=lambda r: r["tokens_per_s"])
     lines += ["", f"Plain batching at its best: {best_plain:.1f} tokens/s (B={best_b}). Ours at its best: "
               f"{best['tokens_per_s']:.1f} tokens/s ({best['config']}, B={best['B']}), "
-              f"{best['tokens_per_s'] / best_plain:.2f}x plain batching at its best.", END]
+              f"{best['tokens_per_s'] / best_plain:.2f}x plain batching at its best.", end]
     return "\n".join(lines) + "\n"
 
 
@@ -182,7 +199,11 @@ def write_section(path: Path, section: str, begin: str = BEGIN, end: str = END) 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m pipeline.bench.throughput", description=__doc__)
     p.add_argument("--size", default="full", choices=("full", "quick", "tiny"),
-                   help="synthetic pair of pipeline.bench: full (325M target), quick, tiny (tests)")
+                   help="synthetic pair of pipeline.bench: full (325M target), quick, tiny (tests); with --pair "
+                        "t5/mistral: full or tiny")
+    p.add_argument("--pair", default="llama", choices=("llama", "t5", "mistral"),
+                   help="llama: the bench's pair; t5: an encoder-decoder pair (draft sharing the target's encoder); "
+                        "mistral: a sliding-window pair whose window the rows pass (pipeline/bench/family_pairs.py)")
     p.add_argument("--cache_dir", default="benchmarks/.cache", help="where the synthetic pair is (built if missing)")
     p.add_argument("--out", default="BENCHMARKS.md", help="report whose Throughput section is replaced")
     p.add_argument("--prompts", type=int, default=32)
@@ -225,22 +246,30 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     torch.set_num_threads(a.threads or recommended_threads())
     spec = {"full": FULL_SYNTH, "quick": QUICK_SYNTH, "tiny": TINY_SYNTH}[a.size]
-    dirs = build_synthetic_pair(spec, Path(a.cache_dir))
+    if a.pair == "llama":
+        dirs = build_synthetic_pair(spec, Path(a.cache_dir))
+        described = (f"Synthetic pair of `pipeline.bench` ({spec.layers}-layer Llama target, hidden {spec.hidden}; "
+                     f"{spec.draft_layers}-layer early-exit draft)")
+    else:
+        from pipeline.bench.family_pairs import FAMILY_PAIRS, TINY_FAMILY_PAIRS, build_family_pair, describe
+
+        spec = (TINY_FAMILY_PAIRS if a.size == "tiny" else FAMILY_PAIRS)[a.pair]
+        dirs = build_family_pair(spec, Path(a.cache_dir))
+        described = describe(spec)[0].upper() + describe(spec)[1:]
     prompts = [text for _, text in synthetic_prompts(spec, a.prompts, a.prompt_tokens)]
     batches = [int(b) for b in a.batches.split(",")]
     shown = [x for i, x in enumerate(argv) if x != "--note" and (i == 0 or argv[i - 1] != "--note")]
     t0 = time.perf_counter()
     rows = run(dirs["target"], dirs["draft"], prompts, batches, a.gammas,
-               a.max_new_tokens, a.drafters, a.hf_kernels, a.reps, tuple(a.hf_cache))
-    header = (f"Synthetic pair of `pipeline.bench` ({spec.layers}-layer Llama target, hidden {spec.hidden}; "
-              f"{spec.draft_layers}-layer early-exit draft), {a.prompts} prompts of {a.prompt_tokens} tokens "
+               a.max_new_tokens, a.drafters, a.hf_kernels, a.reps, tuple(a.hf_cache), share_encoder=a.pair == "t5")
+    header = (f"{described}, {a.prompts} prompts of {a.prompt_tokens} tokens "
               f"(mixed random/repetitive, as in the bench), {a.max_new_tokens} new tokens each, greedy, "
               f"{torch.get_num_threads()} thread(s); {machine()}. Each run decodes all prompts; ours runs with "
               f"continuous batching (the batch-1 engine at B=1). Every config ran {a.reps} times per B in alternating "
               f"order; tokens/s is over all its runs. Run time {time.perf_counter() - t0:.0f} s. "
               f"Command: `python -m pipeline.bench.throughput {shlex.join(shown)}{' --note TEXT' if a.note else ''}`. "
               f"{a.note}")
-    write_section(Path(a.out), report(rows, header, a.prompts))
+    write_section(Path(a.out), report(rows, header, a.prompts, a.pair), *markers(a.pair))
     return 0
 
 

@@ -475,7 +475,7 @@ class Tuner:
             if isinstance(drafter, CrossTokenizerDrafter):
                 why = "has another tokenizer: cross-tokenizer drafting runs at --batch_size 1 only"
             elif why := unbatchable(drafter.model.config):
-                why += ": batching needs decoder-only full-attention models"
+                why += ": batching needs attention layers (full or sliding-window)"
             if why and self.batches:
                 self.why_no_batch = f"the draft {why}"
                 self.batches = []
