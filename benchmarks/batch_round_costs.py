@@ -1,12 +1,14 @@
-"""Scratch: what the adaptive policy measures at a batch width against what a round really costs.
+"""What the adaptive gamma rule measures at batch width B against what a round really costs.
 
 Prints the costs the batched engine measures at width B (c and v(k), in 1-token passes over the
 same rows), the gammas the adaptive policy then drafts, and, for fixed gamma 1 and no draft, the
-median time of a round while all B rows are live.
+median time of a round while all B rows are live. Cited in docs/batching.md and BENCHMARKS.md
+("Adaptive gamma at batch width").
 
-Run after `python -m pipeline.bench --quick` (builds the pair), on a quiet machine:
-python benchmarks/batch_round_costs.py quick|full B PROMPTS PROMPT_TOKENS NEW_TOKENS
-python benchmarks/batch_round_costs.py quick 128 128 64 48
+Run after `python -m pipeline.bench --quick` (builds the quick pair), on a quiet machine:
+
+    python benchmarks/batch_round_costs.py quick|full B PROMPTS PROMPT_TOKENS NEW_TOKENS
+    python benchmarks/batch_round_costs.py quick 128 128 64 48
 """
 import collections
 import sys

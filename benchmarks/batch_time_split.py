@@ -1,11 +1,9 @@
 """Where a batched job's time goes: rounds, admissions (target and draft prefill), and the cache's
 row copies (`drop` as rows leave without a successor, `compact`, `place`), drafting one token
-per row against no draft.
+per row against no draft, on the same prompts (outputs identical). Cited in docs/batching.md and
+BENCHMARKS.md ("Where a B=128 job's time goes").
 
-Issue 17: at B=128 the adaptive rule drafted where drafting lost to no draft, though its model of a
-round was only about 8% optimistic (`batch_round_costs.py`: 1.46 plain rounds modelled, 1.57
-timed). This splits the job's time to show what the rule leaves out. Run after
-`python -m pipeline.bench --quick`, on a quiet machine:
+Run after `python -m pipeline.bench --quick` (builds the quick pair), on a quiet machine:
 
     python benchmarks/batch_time_split.py quick 128 512 128 48
 """

@@ -1,7 +1,11 @@
-"""Scratch: one-row cost of a linear with fp32 weights against `Bf16Linear` (bf16 weights packed
-for oneDNN, fp32 in and out, casts included), by shape: where the draft's bf16 linears start to pay.
+"""One-row cost of a linear with fp32 weights against `Bf16Linear` (bf16 weights packed for oneDNN,
+fp32 in and out, casts included), by shape: where the draft's bf16 linears (`--draft_dtype auto`)
+start to pay. Cited in docs/performance.md and BENCHMARKS.md ("Costs behind the CPU choices").
 
-Run: NT=2 python benchmarks/bf16_linears.py (needs a CPU with native bf16; weights stay in cache)."""
+Needs a CPU with native bf16 (the weights stay in cache):
+
+    NT=2 python benchmarks/bf16_linears.py
+"""
 import os
 import time
 

@@ -1,9 +1,13 @@
-"""Scratch: 1-token step and k-token verify pass of the synthetic 325M bench target with
-transformers' DynamicCache (torch.cat per step) against specdec_core.kv_cache.GrowingCache
-(writes in place), interleaved, median of rounds; also checks the logits are equal.
+"""The 1-token step and the k-token verify pass of the bench's 325M target with transformers'
+`DynamicCache` (a `torch.cat` per step) against `specdec_core.kv_cache.GrowingCache` (writes in
+place), interleaved, median of rounds; also checks that the logits are equal. Cited in
+docs/performance.md and BENCHMARKS.md ("Costs behind the CPU choices").
 
-Run after `python -m pipeline.bench` (uses its cached synthetic pair):
-NT=2 python benchmarks/cache_inplace.py"""
+Run after `python -m pipeline.bench --pairs synthetic` (builds the 325M pair); CTX sets the context:
+
+    NT=1 CTX=112 python benchmarks/cache_inplace.py
+    NT=1 CTX=512 python benchmarks/cache_inplace.py
+"""
 import glob
 import os
 import statistics

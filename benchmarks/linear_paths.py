@@ -1,7 +1,11 @@
-"""Scratch: per-call cost of a DRAM-resident 1024x2816 Linear at k rows under several CPU matmul paths.
+"""Per-call cost of a DRAM-resident 1024x2816 linear at k rows under several CPU matmul paths: stock,
+oneDNN-packed for 1 and for 8 rows (`onednn_packed_for_N`: the hint picks the blocked layout) and
+MKL's packed GEMM; it records the load and CPU/wall. Why `--cpu_kernels prepacked` packs for 8 rows
+and times its row threshold per CPU. Cited in docs/performance.md and BENCHMARKS.md.
 
-Run: NT=1 python benchmarks/linear_paths.py (records load and CPU/wall); NT=2 for two threads.
-`onednn_packed_for_N`: the weight packed once by oneDNN for N-row inputs (the hint picks its blocked layout)."""
+    NT=1 python benchmarks/linear_paths.py
+    NT=2 python benchmarks/linear_paths.py
+"""
 import os
 import time
 

@@ -1,11 +1,10 @@
-"""Scratch: a cost behind BENCHMARKS' "Plain batching with HF's static cache, and long prompts".
-
-Attention over a long cache by query length: one `scaled_dot_product_attention` call at B=64
+"""Attention over a long cache by query length: one `scaled_dot_product_attention` call at B=64
 rows, 6 heads, 640 cache columns, head dim 64 (the quick pair at 512 + 128 tokens), for 1, 2, 3
-and 5 query tokens, without a mask and with bool/float masks. Prefill by pass size, the other
-cost of long prompts, is `benchmarks/prefill_passes.py`.
+and 5 query tokens, without a mask and with bool/float masks. Why decoding with speculation gets
+cheaper per token at long contexts in a batch. Cited in BENCHMARKS.md ("Costs behind the CPU
+choices"); prefill by pass size, the other cost of long prompts, is `prefill_passes.py`.
 
-python benchmarks/long_prompt_costs.py
+    python benchmarks/long_prompt_costs.py
 """
 import time
 

@@ -1,10 +1,11 @@
-"""Scratch: our batched engine with the CPU prefill budget (`CPU_PREFILL_TOKENS`, 2048 prompt
-tokens per pass) against one prefill pass per admission, alternating, 3 runs each, on the quick
-bench pair; outputs must be identical.
+"""Whole batched jobs with the CPU prefill budget (`CPU_PREFILL_TOKENS`, 2048 prompt tokens per
+pass) against one prefill pass per admission, alternating, 3 runs each, on the quick bench pair;
+outputs must be identical. Cited in docs/batching.md and BENCHMARKS.md ("Prefill in passes").
 
-Run after `python -m pipeline.bench --quick` (builds the pair), on a quiet machine:
-python benchmarks/prefill_budget_ab.py B PROMPTS PROMPT_TOKENS NEW_TOKENS GAMMA   (GAMMA 0: no draft)
-python benchmarks/prefill_budget_ab.py 64 64 512 128 0
+Run after `python -m pipeline.bench --quick` (builds the quick pair), on a quiet machine:
+
+    python benchmarks/prefill_budget_ab.py B PROMPTS PROMPT_TOKENS NEW_TOKENS GAMMA   # GAMMA 0: no draft
+    python benchmarks/prefill_budget_ab.py 64 64 512 128 0
 """
 import glob
 import sys

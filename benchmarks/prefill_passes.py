@@ -1,15 +1,15 @@
-"""Scratch: prefill of many prompts in one pass against passes of fewer rows (why
-`specdec_core.batch_engine.CPU_PREFILL_TOKENS` is 2048).
+"""Prefill of many prompts in one target pass against passes of fewer rows: why
+`specdec_core.batch_engine.CPU_PREFILL_TOKENS` is 2048. One pass over N prompts of L tokens, then
+the same prompts in passes of R rows, twice in order. Cited in docs/batching.md and BENCHMARKS.md
+("Prefill in passes").
 
-One target pass over N prompts of L tokens, then the same prompts in passes of R rows, twice in
-order. Run after `python -m pipeline.bench --quick` (quick) or `python -m pipeline.bench`
-(full), which build the pairs under benchmarks/.cache, on a quiet machine:
+Run after `python -m pipeline.bench --quick` (quick pair) or `python -m pipeline.bench --pairs
+synthetic` (full), which build the pairs under benchmarks/.cache, on a quiet machine:
 
-python benchmarks/prefill_passes.py quick 64 511 64,32,16,8,4,2,1
-python benchmarks/prefill_passes.py quick 128 64 128,64,32,16,8,4
-python benchmarks/prefill_passes.py full 32 128 32,16,8,4
-python benchmarks/prefill_passes.py full 8 512 8,4,2,1
-python benchmarks/prefill_passes.py quick 64 511 64,8 profile   # torch.profiler, per pass size
+    python benchmarks/prefill_passes.py quick 64 511 64,8,4,2
+    python benchmarks/prefill_passes.py quick 128 64 128,64,32,16,8,4
+    python benchmarks/prefill_passes.py full 32 128 32,16,8,4
+    python benchmarks/prefill_passes.py quick 64 511 64,8 profile   # torch.profiler, per pass size
 """
 import glob
 import sys

@@ -1,7 +1,10 @@
-"""Scratch: 1-token and 5-token pass of the synthetic 325M target, and one small KV-cache torch.cat,
-under the current thread count and OpenMP wait policy (prepacked kernels).
+"""The 1-token step and the 5-token pass of the bench's 325M target (packed kernels), and one small
+KV-cache `torch.cat`, under the current thread count and OpenMP wait policy: why
+`OMP_WAIT_POLICY` is best left unset on a machine of your own. Cited in docs/performance.md and
+BENCHMARKS.md ("Costs behind the CPU choices").
 
-Run after `python -m pipeline.bench` (uses its cached synthetic pair), e.g.
+Run after `python -m pipeline.bench --pairs synthetic` (builds the 325M pair):
+
     for p in PASSIVE ACTIVE; do for n in 1 2; do OMP_WAIT_POLICY=$p NT=$n python benchmarks/step_times.py; done; done
 """
 import glob
