@@ -38,11 +38,11 @@ class SpecDecOptions(PipelineOptions):
         a("--draft_dtype", default="auto", choices=DRAFT_DTYPES,
           help="the draft model's weights only (the target keeps --dtype, so outputs are unchanged): auto = "
           "--dtype, with the large linears of an fp32 CPU draft in bf16 where the CPU has native bf16; same = "
-          "--dtype; int8 = dynamic int8 linears (CPU only): cheaper draft steps, see README 'Speed'")
+          "--dtype; int8 = dynamic int8 linears (CPU only): cheaper draft steps, see docs/performance.md")
         a("--max_new_tokens", type=int, default=128, help="generation length cap")
         a("--batch_size", type=int, default=1,
           help="prompts a worker decodes together (continuous batching, exact per prompt); "
-          "1 = one prompt at a time. Decoder-only targets only")
+          "1 = one prompt at a time. Decoder-only and encoder-decoder targets alike")
         a("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
         a("--top_k", type=_none_or(int), default=None, help="top-k sampling (sampling only)")
         a("--top_p", type=_none_or(float), default=None, help="nucleus sampling (sampling only)")

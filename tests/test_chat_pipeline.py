@@ -130,7 +130,7 @@ def test_instruct_settings_that_cannot_work_stop_before_any_work(tmp_path, chat_
 
 
 def test_dataset_to_instruct_results_with_prepare_and_run(tmp_path, chat_pair):
-    """The README's instruct recipe: prepare writes conversations, run applies the chat template."""
+    """The instruct recipe of docs/instruct-models.md: prepare writes conversations, run applies the chat template."""
     from pipeline import prepare
 
     target, draft = chat_pair

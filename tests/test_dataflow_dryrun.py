@@ -135,7 +135,7 @@ def test_gpu_job_environment(offline):
     assert pool.autoscaling_settings.max_num_workers == 4
     assert {c.container_image for c in pool.sdk_harness_container_images} == {IMAGE}
     # process layout: Dataflow's default (one SDK process per vCPU) is kept, and the pair is shared
-    # across those processes by RunInference's large_model instead (see README, "Running on Dataflow").
+    # across those processes by RunInference's large_model instead (see docs/dataflow.md).
     assert "use_multiple_sdk_containers" in list(env.experiments)
     assert "no_use_multiple_sdk_containers" not in list(env.experiments)
     assert opts.large_model

@@ -1,5 +1,5 @@
 """What `pipeline.bench` writes: per-configuration aggregates (speed-ups, acceptance, the
-paper's bound and how close we get to it), the headline checks against the issue's targets,
+paper's bound and how close we get to it), the headline checks against the project's speed targets,
 and BENCHMARKS.md itself."""
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def write_report(path: Path, csv_path: Path, results: list[dict], skipped: list[
         by = {s["config"]: s for s in summ}
         checks = headline(res, by)
         if checks:
-            w("Targets of issue 5 (ratios from this run):\n")
+            w("Speed targets (ratios from this run):\n")
             for line in checks:
                 w(f"- {line}")
             w("")
@@ -242,9 +242,6 @@ def write_report(path: Path, csv_path: Path, results: list[dict], skipped: list[
         w(f"| Beam job | {beam['job_wall']:.2f} | {beam['job_gen']:.2f} |")
         w(f"\nBeam overhead = (job − bare) / job = **{100 * beam['overhead_frac']:.1f}%** of the job's time "
           f"(target < 10%); same generations: {'yes' if beam['same_outputs'] else 'NO'}.\n")
-    notes = Path(__file__).resolve().parent.parent / "benchmarks" / "NOTES.md"
-    if notes.exists() and not args.quick:  # hand-written interpretation of the full run
-        w(notes.read_text())
     L += kept_sections(path)
     path.write_text("\n".join(L) + "\n")
 

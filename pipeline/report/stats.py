@@ -1,6 +1,6 @@
 """The numbers of `pipeline.report`, computed from a run's output tables alone.
 
-Everything here follows from the result and failed rows (README, "Output"): no logs, no job
+Everything here follows from the result and failed rows (docs/outputs.md): no logs, no job
 metadata. Each figure is defined once, so that the printed summary, the HTML page and the demo
 agree. Per-item distributions are kept next to the run-wide figures because a mean hides
 exactly what a user wants to find: the prompts where speculation did not help.
