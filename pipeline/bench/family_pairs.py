@@ -4,11 +4,11 @@ the Llama pair: random weights, the target's deeper decoder layers damped so tha
 its first decoder layer agrees with it part of the time. The COSTS are those of real models of
 that shape; the ACCEPTANCE is whatever the damping gives.
 
-- t5: a 6-layer encoder under a 12-layer decoder (d_model 768, d_ff 2048: ~135M parameters);
+- t5: a 6-layer encoder under a 12-layer decoder (d_model 768, d_ff 2048: ~140M parameters);
   the draft is the same encoder and embeddings with the first decoder layer only (saved as its
   own model; the bench gives it the target's encoder module, so the batched engine encodes each
   prompt once for both).
-- mistral: a 12-layer Mistral (hidden 768, ~100M) with a sliding window shorter than the jobs
+- mistral: a 12-layer Mistral (hidden 768, ~90M) with a sliding window shorter than the jobs
   (`WINDOW` tokens), so per-row window masks are built on every pass; draft: its first layer.
 """
 
@@ -45,7 +45,9 @@ class FamilySpec:
                                           self.encoder_layers, self.heads, self.damp))
 
 
-FAMILY_PAIRS = {"t5": FamilySpec("t5"), "mistral": FamilySpec("mistral")}
+# Damping: the first-layer draft agreed with the target on 0.72-0.74 of greedy drafts at 0.02-0.03
+# (T5, 4 prompts of 64 tokens, gamma 3) and 0.75 at 0.015 (Mistral).
+FAMILY_PAIRS = {"t5": FamilySpec("t5", damp=0.025), "mistral": FamilySpec("mistral")}
 TINY_FAMILY_PAIRS = {"t5": FamilySpec("t5", vocab=300, hidden=64, ffn=128, layers=3, encoder_layers=2, heads=2,
                                       damp=0.02),
                      "mistral": FamilySpec("mistral", vocab=300, hidden=64, ffn=128, layers=3, heads=2, damp=0.02)}
@@ -56,7 +58,8 @@ def _t5(spec: FamilySpec, layers: int):
 
     cfg = T5Config(vocab_size=spec.vocab, d_model=spec.hidden, d_ff=spec.ffn, d_kv=spec.hidden // spec.heads,
                    num_layers=spec.encoder_layers, num_decoder_layers=layers, num_heads=spec.heads,
-                   pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, tie_word_embeddings=False)
+                   pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, tie_word_embeddings=False,
+                   initializer_factor=10.0)  # at the default 1.0 a random T5 emits one token whatever it reads
     return T5ForConditionalGeneration(cfg).eval()
 
 
