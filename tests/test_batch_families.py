@@ -269,3 +269,31 @@ def test_layers_that_are_not_attention_are_still_refused(pairs):
             BatchSpeculativeGenerator(target, NoDrafter(), batch_size=2)
     finally:
         target.config.layer_types = saved
+
+
+@pytest.mark.parametrize("family", ["t5", "bart"])
+def test_prompts_encoded_in_several_passes_decode_as_alone(pairs, prompts, family):
+    """A small prefill budget splits each admission's encoding into several passes (merged, or
+    placed over finished rows); a draft sharing the target's encoder takes each pass's outputs."""
+    target, _ = pairs[family]
+    draft = family_model(family, seed=4, **({"num_decoder_layers": 1} if family == "t5" else {"decoder_layers": 1}))
+    if family == "t5":
+        draft.encoder = target.get_encoder()
+    else:
+        draft.model.encoder = target.get_encoder()
+    draft.generation_config = target.generation_config
+    assert draft.get_encoder() is target.get_encoder()
+    n = new_tokens(family)
+    calls = []
+    hook = target.get_encoder().register_forward_hook(lambda m, a, k, o: calls.append(k["input_ids"].shape),
+                                                      with_kwargs=True)
+    try:
+        engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=GAMMA,
+                                           max_new_tokens=n, prefill_tokens=20)
+        out = engine.generate_many([(p, 0) for p in prompts])
+    finally:
+        hook.remove()
+    assert [o.tokens for o in out] == [hf_greedy(target, p, n) for p in prompts]
+    assert sum(rows for rows, _ in calls) == len(prompts) and len(calls) > 2  # once per prompt, several passes
+    assert all(rows * width <= max(20, width) for rows, width in calls)
+    assert not engine._encoded  # every pass's outputs were taken by the draft
