@@ -159,7 +159,9 @@ class BatchKV:
                                  encoder_outputs=BaseModelOutput(last_hidden_state=unused),
                                  cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
             else:
-                if self.window is not None and not aligned and int(pos.max()) >= self.window:
+                # The model's own window counts columns: right only while they are the positions
+                # (aligned), or while no two columns are a window apart (then no key is hidden).
+                if self.window is not None and not aligned and width + m > self.window:
                     mask = self._window_masks(mask, pos, width)
                 out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=pos,
                                  cache=self.cache, use_cache=True, **kwargs)

@@ -297,3 +297,21 @@ def test_prompts_encoded_in_several_passes_decode_as_alone(pairs, prompts, famil
     assert sum(rows for rows, _ in calls) == len(prompts) and len(calls) > 2  # once per prompt, several passes
     assert all(rows * width <= max(20, width) for rows, width in calls)
     assert not engine._encoded  # every pass's outputs were taken by the draft
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_short_rows_with_holes_wider_than_the_window(pairs, family):
+    """Rows whose tokens are all within the window, but whose columns (holes included) span more
+    than it: the model's own window would hide some of their tokens; per-row masks do not."""
+    target, _ = pairs[family]
+    rows = [[5, 9], [7], [11, 12]]
+    kv = BatchKV(target, len(rows), 0)
+    kv.forward([r[:-1] for r in rows], logits=False)
+    for _ in range(3):  # 4 columns per pass, 1 token kept: holes
+        feeds = [r[kv.length(b):] + [20, 21, 22] for b, r in enumerate(rows)]
+        logits = kv.forward(feeds)
+        for b, r in enumerate(rows):
+            assert_logits_close(logits[b], _alone_logits(target, [], r + [20, 21, 22], len(feeds[b])))
+            kv.rollback(b, len(r))
+            r.append(20)
+    assert kv.width > WINDOW > max(kv.length(b) for b in range(kv.rows))
