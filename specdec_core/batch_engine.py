@@ -83,7 +83,7 @@ def window_note(model: PreTrainedModel, longest: int) -> str | None:
     name = type(model).__name__
     if longest <= window:
         return (f"{name}: sliding window of {window} tokens is never reached (rows of at most {longest} tokens): "
-                "full attention, plain masks")
+                "full attention for every row")
     return (f"{name}: sliding window of {window} tokens can be reached (rows up to {longest} tokens): rows past it "
             "get per-row window masks by position")
 

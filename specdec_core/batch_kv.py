@@ -18,9 +18,11 @@ true positions here (`_true_positions`, `_window_masks`), so that no row is ever
   per row, by the module's own output at that row's cache length;
 - relative position biases (T5, mT5, UMT5: `compute_bias` from column indices): the bias is
   looked up per row from the true distance between each query and each column;
-- sliding windows (Mistral, Phi-3, Gemma 2/3, StarCoder2, Qwen2): once a row can reach its
-  window, the masks are built here, per row, from positions (a column is visible when it is
-  valid, not after the query, and less than the window behind it by position). The cache keeps
+- sliding windows (Mistral, Phi-3, Gemma 2/3, StarCoder2, Qwen2): the models count their window
+  in columns, so once a pass's columns span more than the window (and holes or rows of different
+  lengths make columns differ from positions) the masks are built here, per row, from positions
+  (a column is visible when it is valid, not after the query, and less than the window behind it
+  by position; for rows shorter than the window that is plain causal attention). The cache keeps
   every column (`GrowingCache` has no sliding layers), so rejected drafts roll back anywhere.
 
 An encoder-decoder model's rows also carry their encoder's cross-attention keys/values (computed
