@@ -15,14 +15,13 @@ that shape; the ACCEPTANCE is whatever the damping gives.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from pipeline.bench.pairs import _word_tokenizer
+from pipeline.bench.pairs import _word_tokenizer, save_models
 
 _LOG = logging.getLogger("pipeline.bench")
 
@@ -99,13 +98,7 @@ def build_family_pair(spec: FamilySpec, dest: Path, window: int = WINDOW) -> dic
     missing = draft.load_state_dict(target.state_dict(), strict=False)
     assert not missing.missing_keys, missing.missing_keys
     tok = _word_tokenizer(spec.vocab)
-    for name, model in (("target", target), ("draft", draft)):
-        model.generation_config.eos_token_id = None
-        model.generation_config.pad_token_id = 0
-        tmp = dirs[name].with_name(dirs[name].name + ".tmp")
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        os.replace(tmp, dirs[name])
+    save_models(dirs, {"target": target, "draft": draft}, tok)
     _LOG.info("built synthetic %s pair in %s (%.0f s)", spec.family, dest, time.perf_counter() - t0)
     return dirs
 

@@ -84,15 +84,21 @@ def build_synthetic_pair(spec: SynthSpec, dest: Path) -> dict[str, Path]:
     torch.manual_seed(1)
     bad = LlamaForCausalLM(_llama_config(spec, spec.draft_layers)).eval()
     tok = _word_tokenizer(spec.vocab)
-    for name, model in (("target", target), ("draft", draft), ("bad_draft", bad)):
+    save_models(dirs, {"target": target, "draft": draft, "bad_draft": bad}, tok)
+    _LOG.info("built synthetic pair in %s (%.0f s)", dest, time.perf_counter() - t0)
+    return dirs
+
+
+def save_models(dirs: dict[str, Path], models: dict, tok) -> None:
+    """Each model with the tokenizer into its directory, written aside and renamed into place (a
+    cache directory is either whole or absent); no end token, so every row runs to its length."""
+    for name, model in models.items():
         model.generation_config.eos_token_id = None
         model.generation_config.pad_token_id = 0
         tmp = dirs[name].with_name(dirs[name].name + ".tmp")
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         os.replace(tmp, dirs[name])
-    _LOG.info("built synthetic pair in %s (%.0f s)", dest, time.perf_counter() - t0)
-    return dirs
 
 
 def synthetic_prompts(spec: SynthSpec, n: int, length: int, seed: int = 0) -> list[tuple[str, str]]:
