@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.pairs:
         t0 = time.perf_counter()
         if name == "demo":
-            from pipeline.demo_models import demo_pair_dirs, demo_prompt_rows
+            from pipeline.demo.models import demo_pair_dirs, demo_prompt_rows
 
             target_dir, _ = demo_pair_dirs()
             target, tok = load_model(str(target_dir), torch.device("cpu"), torch.float32), load_tokenizer(target_dir)

@@ -1,118 +1,90 @@
-"""The demo's summarization data, its committed T5 pair (checked by hash) and the recipe's quality gate."""
+"""The demo's task generator, tokenizer, committed pair (hash-checked, at its gate) and recipe."""
 
+import dataclasses
+import datetime
+import random
 import shutil
-import textwrap
 
 import pytest
+import torch
 
-from pipeline import demo_data
-from pipeline import demo_models as dm
-
-
-def test_split_is_deterministic_and_disjoint():
-    files = demo_data.stdlib_files()
-    train, held = demo_data.split_files(files)
-    assert files and train and held
-    assert not set(train) & set(held) and len(train) + len(held) == len(files)
-    assert demo_data.split_files(files) == (train, held)
+from pipeline.demo import data
+from pipeline.demo import models as dm
 
 
-def test_functions_are_code_without_docstring_and_first_paragraph(tmp_path):
-    (tmp_path / "m.py").write_text(textwrap.dedent('''
-        class A:
-            @property
-            def size(self, unit="b"):
-                """Return the size in
-                bytes of the file.
-
-                More details that are not the summary.
-                """
-                return self._size
-
-        def only_doc():
-            """No body: skipped."""
-
-        def undocumented():
-            x = 1
-            return x
-        '''))
-    (ex,) = demo_data.functions(tmp_path, "m.py")
-    assert ex["summary"] == "Return the size in bytes of the file."
-    assert ex["code"] == '@property\ndef size(self, unit="b"):\n    return self._size\n'
-    assert ex["name"] == "size" and ex["file"] == "m.py" and ex["params"] == ["self", "unit"]
-    (plain,) = demo_data.functions(tmp_path, "m.py", undocumented=True)
-    assert plain["summary"] is None and plain["code"] == "def undocumented():\n    x = 1\n    return x\n"
+def test_references_come_from_num2words_and_cldr():
+    rng = random.Random(0)
+    assert data.words(4312) == "viertausenddreihundertzwölf"
+    en, de = data.amount(random.Random(1), 9999)
+    assert en[0] in "$€£" and de.split()[-1] in ("Cent", "Pence")
+    assert data.time(_Fixed([1, 5]), 0) == ("at 1:05", "um ein Uhr fünf")
+    assert data.time(_Fixed([14, 0]), 0) == ("at 14:00", "um vierzehn Uhr")
+    for _ in range(50):  # the weekday in the prompt is the date's own, and translated
+        en, de = data.date(rng, 0)
+        day, rest = en.removeprefix("on ").split(", ", 1)
+        when = datetime.datetime.strptime(rest, "%B %d, %Y").date()
+        assert day == when.strftime("%A")
+        assert de.startswith(f"am {data._cldr()['days_de'][when.weekday()]}, dem ")
+    en, de = data.example(random.Random(3), 4)
+    assert en.startswith(data.TASK_PREFIX) and en.count(data.SEPARATOR) == de.count(data.SEPARATOR) == 3
+    assert not any(ch.isdigit() for ch in de)
 
 
-def test_weak_labels_are_the_names_that_say_something():
-    assert dm.name_sentence("_make_image") == "Make image."
-    assert dm.name_sentence("getUserName") == "Get user name."
-    for says_little in ("__init__", "close", "test_make_image", "setUp", "coro2"):
-        assert dm.name_sentence(says_little) is None
+class _Fixed(random.Random):
+    """randrange/randint answer from a list: to pin one item."""
+
+    def __init__(self, values):
+        super().__init__(0)
+        self.values = list(values)
+
+    def randrange(self, *a):
+        return self.values.pop(0)
 
 
-def test_prompt_leads_with_the_names_in_words():
-    """Identifiers tokenize as `_user`, summaries say ` user`: the head line gives the model the
-    names as the words a summary uses, and the code follows unchanged."""
-    ex = {"name": "get_userName", "params": ["self", "user_id", "kwargs"], "code": "def get_userName(self):\n"}
-    assert dm.prompt_head(ex) == "summarize: get user name | user id, kwargs"
-    assert dm.prompt_text(ex, dm.NAMES) == "summarize: get user name | user id, kwargs\ndef get_userName(self):\n"
-    assert dm.prompt_head({"name": "walk", "params": ["cls"]}) == "summarize: walk"
-    assert dm.prompt_text(ex, dm.FULL) == "summarize: def get_userName(self):\n"  # the committed pair's format
+def test_tokenizer_round_trips_with_one_digit_per_token():
+    tok = dm.train_tokenizer(data.tokenizer_corpus(300, 1), 320)
+    rng = random.Random(5)
+    for _ in range(20):
+        for text in data.example(rng, 3):
+            ids = tok(text)["input_ids"]
+            assert ids[-1] == 1 and tok.decode(ids, skip_special_tokens=True) == text
+            pieces = [tok.decode([i]) for i in ids]
+            assert all(sum(ch.isdigit() for ch in p) <= 1 for p in pieces)
 
 
-def test_copy_school_renames_functions_and_marks_spans():
-    """Copy school's examples can only be solved by copying: a renamed function's label is its new
-    name, which replaces the old one everywhere in its code; a marked span's label is what lies
-    between the markers."""
-    fn = {"name": "get_size", "params": ["self"], "line": 1, "file": "m.py",
-          "code": "def get_size(self):\n    return self.get_size_of(get_size)\n"}
-    (ex,) = dm.renamed_functions([fn], ["alpha", "beta"], 1, seed=0, code_of=str)
-    words = ex["name"].split("_")
-    assert 2 <= len(words) <= 4 and set(words) <= {"alpha", "beta"}
-    assert ex["summary"] == " ".join([words[0].capitalize(), *words[1:]]) + "."
-    assert ex["code"] == f"def {ex['name']}(self):\n    return self.get_size_of({ex['name']})\n"
-    assert dm.prompt_head(ex) == "summarize: " + " ".join(words)
-
-    tokenizer = dm.train_tokenizer(["def f(x):\n    return x + 1\n"] * 20, 300)
-    open_, close = tokenizer.convert_tokens_to_ids([dm.SENTINELS[6], dm.SENTINELS[7]])
-    ids = dm.code_ids(tokenizer, ["def f(x):\n    return x + 1\n" * 30])
-    for src, label in dm.marked_spans(tokenizer, ids, 20, seed=0):
-        a, b = src.index(open_), src.index(close)
-        assert label == src[a + 1:b] + [1] and 2 <= b - a - 1 <= 6 and src[-1] == 1
+def test_early_exit_logits_are_the_cut_drafts_own():
+    spec = dm.T5Spec(d_model=32, d_ff=64, heads=2, encoder_layers=1, decoder_layers=3)
+    target = dm.make_model(spec, 50, 0).eval()
+    draft = dm.cut_draft(target, 1)
+    x = torch.randint(3, 50, (2, 7))
+    y = torch.randint(3, 50, (2, 5))
+    with torch.inference_mode():
+        out = target(input_ids=x, decoder_input_ids=y, output_hidden_states=True)
+        exit_logits = dm.early_exit_logits(target, out.decoder_hidden_states[1])
+        assert torch.allclose(exit_logits, draft(input_ids=x, decoder_input_ids=y).logits, atol=1e-5)
 
 
-def test_split_identifiers_writes_compound_names_as_words():
-    code = "def get_user_name(self, user_id=None):\n    self._size = getUserId(HTTPConnection, x)\n"
-    assert demo_data.split_identifiers(code) == (
-        "def get user name(self, user id=None):\n    self.size = get user id(HTTPConnection, x)\n")
-
-
-def test_committed_pair_is_verified_t5_sharing_one_tokenizer():
-    from transformers import AutoConfig, AutoTokenizer
+def test_committed_pair_is_verified_and_at_its_gate():
+    from transformers import AutoConfig
 
     manifest = dm.verify_assets()
     target, draft = dm.demo_pair_dirs()
-    configs = [AutoConfig.from_pretrained(d) for d in (target, draft)]
-    assert all(c.model_type == "t5" and c.is_encoder_decoder for c in configs)
-    assert AutoTokenizer.from_pretrained(target).get_vocab() == AutoTokenizer.from_pretrained(draft).get_vocab()
-    # The manifest tells the truth about the gate (measured on the saved fp16 weights), and the
-    # bars issue 10 sets hold: acceptance >= 0.6 on outputs that neither loop nor all say the same.
+    t, d = (AutoConfig.from_pretrained(p) for p in (target, draft))
+    assert t.model_type == d.model_type == "t5" and d.num_decoder_layers < t.num_decoder_layers
+    assert (target / "tokenizer.json").read_bytes() == (draft / "tokenizer.json").read_bytes()
     gate, quality = dm.QualityGate(**manifest["gate"]), manifest["quality"]
     if manifest["gate_passed"]:
         dm.check_gate(gate, quality)
     else:
         with pytest.raises(dm.DemoQualityError):
             dm.check_gate(gate, quality)
-    assert quality["acceptance"] >= 0.6 and quality["degenerate_share"] <= 0.05 and quality["distinct_share"] >= 0.5
-    rows = dm.demo_prompt_rows()
-    assert len(rows) >= 40 and all(r["prompt"] and r["reference"] for r in rows)
-    assert all(demo_data.is_heldout(r["source_file"]) for r in rows)
-    # The committed pair is what the recipe in this repository makes: a recipe edited since would
-    # no longer rebuild it (retrain, or leave FULL as it was).
-    recipe = {"full": dm.FULL, "names": dm.NAMES}[manifest["recipe"]]
+    # The committed pair is what the recipe in this repository makes (an edited recipe no longer
+    # passes for it: rebuild), on the prompts that recipe writes.
+    recipe = dm.RECIPES[manifest["recipe"]]
     assert manifest["recipe_hash"] == recipe.hash()
-    assert all(r["prompt"].startswith(dm.TASK_PREFIX) and f"def {r['function']}" in r["prompt"] for r in rows)
+    assert dm.demo_prompt_rows() == dm.demo_prompts(recipe)
+    files = [p for p in dm.ASSETS.rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in files) < 25e6
 
 
 @pytest.fixture
@@ -124,9 +96,9 @@ def pair_copy(tmp_path):
 
 def test_damaged_weights_are_a_one_line_error(pair_copy):
     weights = pair_copy / "target" / "model.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    weights.write_bytes(bytes(data))
+    blob = bytearray(weights.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    weights.write_bytes(bytes(blob))
     with pytest.raises(dm.DemoSetupError) as e:
         dm.demo_pair_dirs(pair_copy)
     message = str(e.value)
@@ -139,57 +111,39 @@ def test_missing_file_is_a_one_line_error(pair_copy):
         dm.demo_pair_dirs(pair_copy)
 
 
-def test_two_recipes_at_once_is_a_usage_error(capsys):
-    with pytest.raises(SystemExit) as e:
-        dm.main(["--retrain", "--names", "--weak"])
-    assert e.value.code == 2 and "not allowed with argument --names" in capsys.readouterr().err
-
-
 def test_gate_names_every_shortfall():
-    gate = dm.QualityGate(min_acceptance=0.6, min_rouge_l=0.2, max_degenerate_share=0.05)
-    dm.check_gate(gate, {"acceptance": 0.7, "rougeL": 0.3, "degenerate_share": 0.0})
+    gate = dm.QualityGate()
+    good = {"exact": 0.9, "chrf": 95.0, "acceptance": 0.8, "speedup": 1.6, "identical": 1.0}
+    dm.check_gate(gate, good)
     with pytest.raises(dm.DemoQualityError) as e:
-        dm.check_gate(gate, {"acceptance": 0.41, "rougeL": 0.05, "degenerate_share": 0.5})
+        dm.check_gate(gate, {**good, "exact": 0.5, "speedup": 1.2})
     message = str(e.value)
-    assert "acceptance 0.410 < 0.6" in message and "ROUGE-L 0.050 < 0.2" in message and "50%" in message
+    assert "exact matches 50% < 80%" in message and "speed-up 1.20x < 1.5x" in message and "chrF" not in message
 
 
 @pytest.mark.slow
-def test_recipe_builds_a_pair_and_the_gate_catches_a_weak_one(tmp_path):
-    """The CI-sized recipe runs end to end into a verified directory; the real gate then refuses
-    what a few training steps make (degenerate, no overlap with the references)."""
-    manifest = dm.retrain(tmp_path / "pair", dm.TINY)
-    assert dm.verify_assets(tmp_path / "pair") == manifest
-    target, draft = dm.demo_pair_dirs(tmp_path / "pair")
-    rows = dm.demo_prompt_rows(tmp_path / "pair")
-    measured = dm.evaluate_pair(target, draft, rows, max_new_tokens=12)
-    with pytest.raises(dm.DemoQualityError, match="misses its quality gate"):
-        dm.check_gate(dm.FULL.gate, measured)
-    # A failed gate leaves an existing pair untouched.
-    weak = dm.Recipe(**{**dm.TINY.__dict__, "gate": dm.FULL.gate})
-    with pytest.raises(dm.DemoQualityError):
-        dm.retrain(tmp_path / "pair", weak)
-    assert dm.verify_assets(tmp_path / "pair") == manifest
+def test_recipe_builds_a_pair_and_the_gate_refuses_a_weak_one(tmp_path, capsys):
+    """The CI-sized recipe runs end to end into a verified directory; with the real gate, what a
+    few steps make is kept aside as DIR.rejected, nothing is written, and the command exits 2
+    with one line naming the missed bars."""
+    manifest = dm.retrain(tmp_path / "pair", dm.TINY, workdir=tmp_path / "work")
+    assert dm.verify_assets(tmp_path / "pair") == manifest and manifest["gate_passed"]
+    assert [h["step"] for h in manifest["target"]["history"]] == [3, 6]
+    # A rerun with the same workdir resumes from its checkpoint (the last step): the same target.
+    again = dm.retrain(tmp_path / "pair2", dm.TINY, workdir=tmp_path / "work")
+    assert again["files"]["target/model.safetensors"] == manifest["files"]["target/model.safetensors"]
 
+    strict = dataclasses.replace(dm.TINY, gate=dm.FULL.gate)
+    with pytest.raises(dm.DemoQualityError, match="misses its quality gate: exact matches"):
+        dm.retrain(tmp_path / "strict", strict)
+    assert not (tmp_path / "strict").exists() and (tmp_path / "strict.rejected" / "MANIFEST.json").is_file()
 
-@pytest.mark.slow
-def test_names_recipe_options_run_end_to_end(tmp_path):
-    """The names-in-words options at CI size: the demo prompts it writes are in its training
-    format (names in words, then the code with its identifiers split)."""
-    import dataclasses
-
-    recipe = dataclasses.replace(dm.TINY, name="tiny-names", name_head=True, split_identifiers=True,
-                                 pretraining="infill", name_labels=0.5,
-                                 copy_school=dm.TrainSpec(steps=3, batch_size=8, lr=1e-3, extra_frac=0.3))
-    manifest = dm.retrain(tmp_path / "pair", recipe)
-    assert manifest["recipe_hash"] == recipe.hash() != dm.TINY.hash()
-    for r in dm.demo_prompt_rows(tmp_path / "pair"):
-        head, code = r["prompt"].split("\n", 1)
-        assert head.startswith(dm.TASK_PREFIX + demo_data.identifier_words(r["function"]))
-        assert code == demo_data.split_identifiers(code) and "_" not in code.split("(", 1)[0]
-    # `target_from` keeps that target (the same file, bit for bit) and trains only the draft: the
-    # very draft the whole recipe trained on it.
-    again = dm.retrain(tmp_path / "pair2", recipe, target_from=tmp_path / "pair")
-    for weights in ("target/model.safetensors", "draft/model.safetensors"):
-        assert again["files"][weights] == manifest["files"][weights]
-    assert again["target"]["reused_from"] == "pair" and again["draft"]["steps"] == recipe.draft_train.steps
+    dm.RECIPES["tiny-strict"] = dataclasses.replace(strict, name="tiny-strict")
+    try:
+        rc = dm.main(["--retrain", "--recipe", "tiny-strict", "--out", str(tmp_path / "cli"), "--threads", "1"])
+    finally:
+        del dm.RECIPES["tiny-strict"]
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert rc == 2 and len(errors) == 1 and errors[0].startswith("error: the demo pair misses its quality gate")
+    assert "exact matches" in errors[0] and "cli.rejected" in errors[0]
+    assert not (tmp_path / "cli").exists()

@@ -1,0 +1,699 @@
+"""The demo's T5 pair: committed weights, checked by hash, and the recipe that made them.
+
+The weights are committed (``pipeline/demo/pair/``, fp16, loaded as fp32) rather than trained
+on first use, so every machine runs the same pair and the first run takes a minute or two. The
+recipe stays here and reruns on any machine (docs/demo.md):
+
+    python -m pipeline.demo.models --retrain [--out DIR] [--threads N]
+
+It trains by steps, never by seconds, logging progress, an ETA and, every few hundred steps, the
+exact-match share on held-out prompts. A pair that misses its gate is not put in place: it is
+kept aside as ``DIR.rejected`` and the command exits 2 with one line naming the missed bar.
+
+Recipe (``FULL``): the task of `pipeline.demo.data` (English with digits -> German with the
+numbers in words), a fresh batch of examples at every step (1-item examples first, then up to 6
+items); a byte-level BPE with one digit per token and German number words cut into their parts
+(``drei|tausend|vier|hundert|zwölf``); a T5 target, deep and narrow (its decoder has many more
+layers than the draft needs), trained with LayerSkip's early-exit loss (Elhoushi et al. 2024):
+the outputs of its first decoder layers, read through its final norm and tied head, learn the
+same labels. The draft is the target's encoder, embedding and first ``draft_layers`` decoder
+layers cut out, untrained: a draft that agrees with the target and costs a fraction of a step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# Busy-waiting OpenMP threads collapse throughput when other processes share the cores; passive
+# waiting costs little at these sizes. Effective only before torch is imported.
+if "torch" not in sys.modules:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+from pipeline.demo import data  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+ASSETS = Path(__file__).with_name("pair")
+MANIFEST = "MANIFEST.json"
+PROMPTS = "prompts.parquet"
+SPECIALS = ("<pad>", "</s>", "<unk>")  # T5's ids: pad 0 (also the decoder start), eos 1, unk 2
+RECIPE_VERSION = 1  # bump when the code changes what a recipe produces
+# German number words cut into their parts before BPE, so that one token stands for one digit's
+# word and BPE never learns "dreitausendvier" as a unit. Longest alternatives first.
+# A leading space stays with its word; "und" only inside a word ("Pfund", " und " stay whole).
+NUMBER_PARTS = (" ?(?:tausend|hundert|zwanzig|dreißig|vierzig|fünfzig|sechzig|siebzig|achtzig|neunzig|"
+                 "zwölf|zehn|elf|eins|ein|zwei|drei|vier|fünf|sechs|sech|sieben|sieb|acht|neun|null)|und(?=[a-zß])")
+
+
+DIGIT_GROUPS = r"\d{1,3}(?=(?:\d{3})*(?!\d))"
+
+
+class DemoSetupError(RuntimeError):
+    """A problem the user must fix (damaged assets, unwritable directory), as one line."""
+
+
+class DemoQualityError(DemoSetupError):
+    """A pair missed the quality gate."""
+
+
+@dataclass(frozen=True)
+class T5Spec:
+    d_model: int
+    d_ff: int
+    heads: int
+    encoder_layers: int
+    decoder_layers: int
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    steps: int
+    batch_size: int
+    lr: float
+    warmup_frac: float = 0.05
+    final_lr_frac: float = 0.05
+    weight_decay: float = 0.01
+    # Curriculum: the share of the steps on 1-item examples, then on 1..3 items; then 1..max.
+    one_item_frac: float = 0.15
+    few_items_frac: float = 0.3
+    max_items: int = 6
+    # LayerSkip: (decoder layers, loss weight) of each early exit trained beside the full model.
+    exits: tuple[tuple[int, float], ...] = ((1, 0.5), (2, 0.5))
+    eval_every: int = 500
+    # The exits' losses count from this share of the steps on: first the whole target learns to
+    # read its input, unhindered, then its first layers learn to agree with it.
+    exit_start_frac: float = 0.0
+
+
+@dataclass(frozen=True)
+class QualityGate:
+    """What a pair must reach on the demo prompts, run as the job runs them, to be kept."""
+
+    min_exact: float = 0.8  # share of the target alone's outputs equal to the reference
+    min_chrf: float = 90.0
+    min_acceptance: float = 0.75  # greedy, model draft
+    min_speedup: float = 1.5  # model draft over the target alone, side by side
+
+
+_LATER_OPTIONS = {"labels": False, "digits": "single", "compose_digits": False, "distinct_kinds": False,
+                  "init_from": None}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    vocab_size: int
+    target: T5Spec
+    draft_layers: int  # the draft: the target's encoder and its first decoder layers
+    train: TrainSpec
+    gate: QualityGate
+    kinds: tuple[str, ...] = data.KINDS
+    max_number: int = 9999
+    prompts: int = 40
+    prompt_items: tuple[int, int] = (4, 6)  # items per demo prompt: long outputs, decoding dominates
+    max_new_tokens: int = 160
+    num_speculative_tokens: int = 4
+    # Each item starts with its letter, "(a) ", in prompt and reference: a key the decoder's
+    # cross-attention can find by content, so it knows which item it is reading.
+    labels: bool = False
+    digits: str = "single"  # the tokenizer's (`train_tokenizer`)
+    # With digit groups: each group's embedding starts as a sum of one random vector per (place,
+    # digit) ("739" = hundreds 7 + tens 3 + units 9), so that groups sharing a digit in a place
+    # share a part from the first step (`compose_digit_embeddings`); it is trained freely after.
+    compose_digits: bool = False
+    # At most one item of each kind per prompt: the decoder finds the item it writes by what it is
+    # (the number after "$", after "at", ...), not by counting items.
+    distinct_kinds: bool = False
+    # The name of the recipe whose pair (`--init_from DIR`, DIR.rejected too) this one starts from:
+    # its target's weights and tokenizer; this recipe's steps continue its training.
+    init_from: str | None = None
+    seed: int = 1234
+
+    def hash(self) -> str:
+        recipe = dataclasses.asdict(self)
+        for key, default in _LATER_OPTIONS.items():  # options added later count only when set
+            if recipe.get(key) == default:
+                del recipe[key]
+        if recipe["train"].get("exit_start_frac") == 0.0:
+            del recipe["train"]["exit_start_frac"]
+        payload = {"version": RECIPE_VERSION, "recipe": recipe}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+FULL = Recipe(
+    name="full",
+    vocab_size=640,
+    target=T5Spec(d_model=256, d_ff=512, heads=4, encoder_layers=4, decoder_layers=6),
+    draft_layers=1,
+    train=TrainSpec(steps=3500, batch_size=32, lr=5e-4, max_items=5, eval_every=250),
+    gate=QualityGate(),
+    prompt_items=(3, 5),
+)
+
+# The narrowed task (issue 38's fallback): amounts of money left out, numbers below 1000, up to 4
+# items per prompt.
+NARROW = dataclasses.replace(
+    FULL, name="narrow", kinds=("quantity", "date", "time"), max_number=999, prompt_items=(3, 4),
+    train=dataclasses.replace(FULL.train, max_items=4))
+
+# CI-sized: trains in seconds; its gate is only "the code runs", so tests can also make it fail.
+TINY = Recipe(
+    name="tiny",
+    vocab_size=320,
+    target=T5Spec(d_model=32, d_ff=64, heads=2, encoder_layers=1, decoder_layers=2),
+    draft_layers=1,
+    train=TrainSpec(steps=6, batch_size=8, lr=3e-3, eval_every=3, exits=((1, 0.5),)),
+    gate=QualityGate(min_exact=0.0, min_chrf=0.0, min_acceptance=0.0, min_speedup=0.0),
+    prompts=4,
+    prompt_items=(1, 2),
+    max_new_tokens=12,
+)
+
+# Items labelled "(a) ", "(b) ", ...; the exits' losses from 40% of the steps on.
+LABELLED = dataclasses.replace(
+    FULL, name="labelled", labels=True, prompt_items=(3, 4),
+    train=dataclasses.replace(FULL.train, steps=3000, max_items=4, exit_start_frac=0.4))
+
+# LABELLED with each group of up to three digits one token: a number is read as a few tokens, each
+# of which the model maps to its words, instead of digits whose place it must work out.
+GROUPS = dataclasses.replace(
+    LABELLED, name="groups", digits="groups", vocab_size=2200,
+    train=dataclasses.replace(LABELLED.train, steps=2500))
+
+# GROUPS with each digit group's embedding composed from its digits' places at the start.
+COMPOSED = dataclasses.replace(GROUPS, name="composed", compose_digits=True)
+
+# COMPOSED narrowed (the issue's fallback): 2 or 3 items per demo prompt, up to 3 in training.
+COMPOSED3 = dataclasses.replace(COMPOSED, name="composed3", prompt_items=(2, 3),
+                                train=dataclasses.replace(COMPOSED.train, max_items=3))
+
+# Second stage on COMPOSED3's pair: 3 or 4 items per prompt, each of another kind, 1000 steps at 3e-4.
+DISTINCT = dataclasses.replace(
+    COMPOSED3, name="distinct", init_from="composed3", distinct_kinds=True, prompt_items=(3, 4),
+    train=dataclasses.replace(COMPOSED3.train, steps=1000, lr=3e-4, max_items=4, one_item_frac=0.0,
+                              few_items_frac=0.2, exit_start_frac=0.0))
+
+RECIPES = {r.name: r for r in (FULL, NARROW, LABELLED, GROUPS, COMPOSED, COMPOSED3, DISTINCT, TINY)}
+COMMITTED = COMPOSED3  # the recipe of the committed pair
+
+
+# --------------------------------------------------------------------------------------------
+# The committed pair: checked by hash before use
+# --------------------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_manifest(assets: Path = ASSETS) -> dict:
+    try:
+        return json.loads((assets / MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise DemoSetupError(f"{assets / MANIFEST}: cannot read the demo pair's manifest ({e}); restore it "
+                             "from git or rebuild with `python -m pipeline.demo.models --retrain`") from None
+
+
+def verify_assets(assets: Path = ASSETS) -> dict:
+    """The manifest, once every file it lists has its recorded SHA-256; else a one-line error."""
+    manifest = read_manifest(assets)
+    for rel, digest in sorted(manifest["files"].items()):
+        path = assets / rel
+        if not path.is_file():
+            problem = "is missing"
+        elif _sha256(path) != digest:
+            problem = "does not match its recorded SHA-256 (damaged or changed)"
+        else:
+            continue
+        raise DemoSetupError(f"demo pair file {path} {problem}; restore it (git checkout -- {assets}) "
+                             f"or rebuild the pair with `python -m pipeline.demo.models --retrain`")
+    return manifest
+
+
+def demo_pair_dirs(assets: Path = ASSETS) -> tuple[Path, Path]:
+    """(target dir, draft dir): ordinary Hugging Face directories, verified."""
+    verify_assets(assets)
+    return assets / "target", assets / "draft"
+
+
+def demo_prompt_rows(assets: Path = ASSETS) -> list[dict]:
+    """The committed demo prompts: id, prompt (English), reference (German), items."""
+    import pyarrow.parquet as pq
+
+    return pq.read_table(assets / PROMPTS).to_pylist()
+
+
+# --------------------------------------------------------------------------------------------
+# Recipe: prompts, tokenizer, models, training
+# --------------------------------------------------------------------------------------------
+
+
+def demo_prompts(recipe: Recipe, seed_offset: int = 7) -> list[dict]:
+    """The demo prompts: from a seed no training batch uses (training seeds are per step)."""
+    rng = random.Random(f"{recipe.seed}-prompts-{seed_offset}")
+    rows = []
+    for i in range(recipe.prompts):
+        n = rng.randint(*recipe.prompt_items)
+        prompt, reference = data.example(rng, n, recipe.kinds, recipe.max_number, recipe.labels,
+                                         recipe.distinct_kinds)
+        rows.append({"id": f"de-{i:03d}", "prompt": prompt, "reference": reference, "items": n})
+    return rows
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, digits: str = "single"):
+    """Byte-level BPE, number words cut into their parts; appends </s> as T5's does. `digits`:
+    "single", one digit per token; "groups", digit runs cut into groups of three from the right
+    ("7739" -> "7", "739"), as Llama 3's and GPT-4's tokenizers cut them, each group one token."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    numbers = (pre_tokenizers.Digits(individual_digits=True) if digits == "single"
+               else pre_tokenizers.Split(Regex(DIGIT_GROUPS), behavior="isolated"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(NUMBER_PARTS), behavior="isolated"),
+        numbers,
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS), max_token_length=10,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+                                   model_max_length=1_000_000)
+
+
+def make_model(spec: T5Spec, vocab_size: int, seed: int):
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = T5Config(vocab_size=vocab_size, d_model=spec.d_model, d_kv=spec.d_model // spec.heads,
+                      d_ff=spec.d_ff, num_layers=spec.encoder_layers, num_decoder_layers=spec.decoder_layers,
+                      num_heads=spec.heads, dropout_rate=0.0, pad_token_id=0, eos_token_id=1,
+                      decoder_start_token_id=0, tie_word_embeddings=True)
+    model = T5ForConditionalGeneration(config)
+    model.generation_config.decoder_start_token_id = 0
+    model.generation_config.eos_token_id = 1
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def compose_digit_embeddings(model, tokenizer, seed: int) -> int:
+    """Set the embedding of every all-digit token to the sum of a random vector per (place from the
+    right, digit), scaled to the embedding's own spread; returns how many tokens it set."""
+    gen = torch.Generator().manual_seed(seed)
+    emb = model.get_input_embeddings().weight
+    parts = torch.randn(3, 10, emb.shape[1], generator=gen) * emb.detach().std()
+    n = 0
+    with torch.no_grad():
+        for token, i in tokenizer.get_vocab().items():
+            if re.fullmatch("[0-9]{1,3}", token):
+                places = [parts[p, int(d)] for p, d in enumerate(reversed(token))]
+                emb[i] = sum(places) / len(places) ** 0.5
+                n += 1
+    return n
+
+
+def cut_draft(target, layers: int):
+    """The draft: the target's embedding, encoder, first `layers` decoder layers and final norms."""
+    spec = T5Spec(d_model=target.config.d_model, d_ff=target.config.d_ff, heads=target.config.num_heads,
+                  encoder_layers=target.config.num_layers, decoder_layers=layers)
+    draft = make_model(spec, target.config.vocab_size, 0)
+    own = draft.state_dict()
+    draft.load_state_dict({k: v for k, v in target.state_dict().items() if k in own})
+    return draft.eval()
+
+
+def early_exit_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """What a T5 decoder cut after the layer that gave `hidden` predicts: the final norm, the tied
+    head's d_model**-0.5 scaling, the head. A draft made of those first layers computes the same."""
+    hidden = model.decoder.final_layer_norm(hidden)
+    if model.config.tie_word_embeddings:
+        hidden = hidden * model.model_dim**-0.5
+    return model.lm_head(hidden)
+
+
+def _fmt_s(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def items_at(spec: TrainSpec, step: int, rng: random.Random) -> int:
+    progress = (step - 1) / spec.steps
+    if progress < spec.one_item_frac:
+        return 1
+    if progress < spec.one_item_frac + spec.few_items_frac:
+        return rng.randint(1, min(3, spec.max_items))
+    return rng.randint(1, spec.max_items)
+
+
+def batch_at(recipe: Recipe, tokenizer, step: int):
+    """Step `step`'s batch: fresh examples from a seed of its own (so a resumed run sees the same)."""
+    rng = random.Random(f"{recipe.seed}-train-{step}")
+    pairs = [data.example(rng, items_at(recipe.train, step, rng), recipe.kinds, recipe.max_number, recipe.labels,
+                          recipe.distinct_kinds)
+             for _ in range(recipe.train.batch_size)]
+    x = tokenizer([p for p, _ in pairs], padding=True, return_tensors="pt")
+    y = tokenizer([r for _, r in pairs], padding=True, return_tensors="pt")["input_ids"]
+    y = y.masked_fill(y == 0, -100)
+    return x["input_ids"], x["attention_mask"], y
+
+
+def lr_at(spec: TrainSpec, step: int) -> float:
+    progress = (step - 1) / spec.steps
+    if progress < spec.warmup_frac:
+        return spec.lr * max(progress / spec.warmup_frac, 0.02)
+    t = (progress - spec.warmup_frac) / (1 - spec.warmup_frac)
+    return spec.lr * (spec.final_lr_frac + (1 - spec.final_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+@torch.inference_mode()
+def greedy(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
+    """Batched greedy decoding on a KV cache (`generate()` cannot run a decoder deeper than its
+    encoder in transformers 5); each output ends with its end token unless cut by the budget."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    x = tokenizer(prompts, padding=True, return_tensors="pt")
+    enc = model.encoder(input_ids=x["input_ids"], attention_mask=x["attention_mask"])
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    nxt = torch.zeros(len(prompts), 1, dtype=torch.long)
+    done = torch.zeros(len(prompts), dtype=torch.bool)
+    out = []
+    for _ in range(max_new_tokens):
+        logits = model(encoder_outputs=enc, attention_mask=x["attention_mask"], decoder_input_ids=nxt,
+                       cache=cache, use_cache=True).logits
+        nxt = logits[:, -1:].argmax(-1).masked_fill(done[:, None], 0)
+        out.append(nxt[:, 0])
+        done |= nxt[:, 0] == 1
+        if done.all():
+            break
+    ys = torch.stack(out, 1).tolist()
+    return [row[: row.index(1) + 1] if 1 in row else row for row in ys]
+
+
+@torch.inference_mode()
+def exit_agreement(model, tokenizer, prompts: list[str], outputs: list[list[int]], layers: int) -> float:
+    """Teacher-forced share of the model's own greedy tokens that an early exit predicts too."""
+    x = tokenizer(prompts, padding=True, return_tensors="pt")
+    n = max(map(len, outputs))
+    y = torch.full((len(outputs), n), -100, dtype=torch.long)
+    for r, o in enumerate(outputs):
+        y[r, :len(o)] = torch.tensor(o, dtype=torch.long)
+    out = model(input_ids=x["input_ids"], attention_mask=x["attention_mask"], labels=y, output_hidden_states=True)
+    full = out.logits.argmax(-1)
+    early = early_exit_logits(model, out.decoder_hidden_states[layers]).argmax(-1)
+    mask = y != -100
+    return float(((full == early) & mask).sum() / mask.sum())
+
+
+def probe(model, tokenizer, recipe: Recipe, rows: list[dict]) -> dict:
+    from pipeline.quality import chrf
+
+    model.eval()
+    outs = greedy(model, tokenizer, [r["prompt"] for r in rows], recipe.max_new_tokens)
+    texts = tokenizer.batch_decode(outs, skip_special_tokens=True)
+    refs = [r["reference"] for r in rows]
+    res = {"exact": sum(t == r for t, r in zip(texts, refs, strict=True)) / len(rows), "chrf": chrf(texts, refs)}
+    for k, _ in recipe.train.exits:
+        res[f"agree{k}"] = exit_agreement(model, tokenizer, [r["prompt"] for r in rows], outs, k)
+    model.train()
+    return res
+
+
+def train(recipe: Recipe, tokenizer, workdir: Path | None = None, init: Path | None = None) -> tuple[object, dict]:
+    """Train the target by steps (never by seconds), with its early exits; checkpoints in `workdir`
+    (a rerun with the same workdir resumes where the last checkpoint was). `init`: a pair directory
+    whose target's weights it starts from."""
+    spec = recipe.train
+    model = make_model(recipe.target, len(tokenizer), recipe.seed)
+    if init is not None:
+        from transformers import T5ForConditionalGeneration
+
+        model.load_state_dict(T5ForConditionalGeneration.from_pretrained(init / "target", dtype=torch.float32)
+                              .state_dict())
+        logger.info("target: starts from %s", init / "target")
+    elif recipe.compose_digits:
+        logger.info("digit-group embeddings composed from places: %d tokens",
+                    compose_digit_embeddings(model, tokenizer, recipe.seed + 3))
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    rest = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": spec.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}], lr=spec.lr)
+    first, history = 1, []
+    ckpt = workdir / "checkpoint.pt" if workdir else None
+    if workdir:
+        workdir.mkdir(parents=True, exist_ok=True)
+    if ckpt is not None and ckpt.is_file():
+        state = torch.load(ckpt, weights_only=False)
+        if state["recipe_hash"] == recipe.hash():
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            first, history = state["step"] + 1, state["history"]
+            logger.info("resumed from %s at step %d", ckpt, state["step"])
+    heldout = demo_prompts(recipe, seed_offset=99)  # not the demo's own prompts
+    model.train()
+    start = last = time.monotonic()
+    ema = None
+    logger.info("target: %.2fM parameters, %d steps of %d examples, exits %s", sum(p.numel() for p in
+                model.parameters()) / 1e6, spec.steps, spec.batch_size, spec.exits)
+    for step in range(first, spec.steps + 1):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(spec, step)
+        x, mask, y = batch_at(recipe, tokenizer, step)
+        exits = spec.exits if step > spec.exit_start_frac * spec.steps else ()
+        out = model(input_ids=x, attention_mask=mask, labels=y, output_hidden_states=bool(exits))
+        loss = out.loss
+        for k, weight in exits:
+            logits = early_exit_logits(model, out.decoder_hidden_states[k])
+            loss = loss + weight * torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(),
+                                                                     ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        ema = out.loss.item() if ema is None else 0.95 * ema + 0.05 * out.loss.item()
+        now = time.monotonic()
+        if now - last >= 30 or step == spec.steps:
+            last = now
+            done = step - first + 1
+            logger.info("target: step %d/%d (%d%%) loss %.3f elapsed %s ETA %s", step, spec.steps,
+                        100 * step // spec.steps, ema, _fmt_s(now - start),
+                        _fmt_s((now - start) / done * (spec.steps - step)))
+        if step % spec.eval_every == 0 or step == spec.steps:
+            res = {"step": step, "loss": round(ema, 4), **probe(model, tokenizer, recipe, heldout)}
+            history.append(res)
+            logger.info("held-out prompts at step %d: %s", step, json.dumps(res))
+            if ckpt is not None:
+                tmp = ckpt.with_suffix(".tmp")
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                            "history": history, "recipe_hash": recipe.hash()}, tmp)
+                os.replace(tmp, ckpt)
+    model.eval()
+    return model, {"steps": spec.steps, "final_loss": round(ema, 4) if ema is not None else None,
+                   "train_seconds": round(time.monotonic() - start, 1), "history": history}
+
+
+# --------------------------------------------------------------------------------------------
+# The gate: the saved pair, run by the engine as the job runs it
+# --------------------------------------------------------------------------------------------
+
+
+def evaluate_pair(target_dir: Path, draft_dir: Path, rows: list[dict], max_new_tokens: int,
+                  gamma: int = 4) -> dict:
+    """Greedy decoding of the demo prompts by the engine: the target alone and with the model draft,
+    interleaved prompt by prompt so that both see the same machine load."""
+    from pipeline.quality import chrf
+    from specdec_core.text import GeneratorSpec, TextGenerator
+
+    def load(drafter):
+        return TextGenerator.load(GeneratorSpec(target_model=str(target_dir), draft_model=str(draft_dir),
+                                                drafter=drafter, max_new_tokens=max_new_tokens,
+                                                num_speculative_tokens=gamma))
+
+    alone, spec = load("none"), load("model")
+    alone.generate(rows[0]["prompt"])  # warm-up, not timed
+    spec.generate(rows[0]["prompt"])
+    a, s = [], []
+    for r in rows:
+        a.append(alone.generate(r["prompt"]))
+        s.append(spec.generate(r["prompt"]))
+    texts = [o["generation"] for o in a]
+    refs = [r["reference"] for r in rows]
+    drafted = sum(o["draft_tokens"] for o in s)
+    draft_step = sum(o["draft_s"] for o in s) / max(sum(o["draft_steps"] for o in s), 1)
+    target_step = sum(o["verify_s"] for o in a) / max(sum(o["verify_steps"] for o in a), 1)
+    return {"exact": sum(t == r for t, r in zip(texts, refs, strict=True)) / len(rows),
+            "chrf": chrf(texts, refs),
+            "acceptance": sum(o["accepted_tokens"] for o in s) / drafted if drafted else 0.0,
+            "tokens_per_target_step": sum(o["new_tokens"] for o in s) / sum(o["verify_steps"] for o in s),
+            "c": draft_step / target_step if target_step else None,
+            "speedup": sum(o["latency_s"] for o in a) / sum(o["latency_s"] for o in s),
+            "identical": sum(x["generation"] == y["generation"] for x, y in zip(a, s, strict=True)) / len(rows),
+            "new_tokens": sum(o["new_tokens"] for o in a),
+            "threads": torch.get_num_threads()}
+
+
+def check_gate(gate: QualityGate, measured: dict) -> None:
+    problems = []
+    if measured["exact"] < gate.min_exact:
+        problems.append(f"exact matches {measured['exact']:.0%} < {gate.min_exact:.0%}")
+    if measured["chrf"] < gate.min_chrf:
+        problems.append(f"chrF {measured['chrf']:.1f} < {gate.min_chrf:g}")
+    if measured["acceptance"] < gate.min_acceptance:
+        problems.append(f"acceptance {measured['acceptance']:.3f} < {gate.min_acceptance}")
+    if measured["speedup"] < gate.min_speedup:
+        problems.append(f"speed-up {measured['speedup']:.2f}x < {gate.min_speedup}x")
+    if measured["identical"] < 1.0:
+        problems.append(f"outputs identical to the target alone's {measured['identical']:.0%} < 100%")
+    if problems:
+        raise DemoQualityError("the demo pair misses its quality gate: " + "; ".join(problems))
+
+
+def _save(model, tokenizer, dest: Path) -> None:
+    model.to(torch.float16).save_pretrained(dest)  # fp16 halves the repository's weight; loads as fp32 exactly
+    tokenizer.save_pretrained(dest)
+    model.to(torch.float32)
+
+
+def write_pair(out: Path, target, tokenizer, rows: list[dict], recipe: Recipe, info: dict,
+               enforce_gate: bool = True) -> dict:
+    """Save, measure against the gate, and put in place with its manifest (only if it passes, unless
+    `enforce_gate` is off: then the manifest records which bars it missed, `gate_passed: false`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    try:
+        target.to(torch.float16).to(torch.float32)  # the draft is cut from the target as shipped
+        draft = cut_draft(target, recipe.draft_layers)
+        _save(target, tokenizer, tmp / "target")
+        _save(draft, tokenizer, tmp / "draft")
+        pq.write_table(pa.Table.from_pylist(rows), tmp / PROMPTS)
+        measured = evaluate_pair(tmp / "target", tmp / "draft", rows, recipe.max_new_tokens,
+                                 recipe.num_speculative_tokens)
+        logger.info("measured on the demo prompts: %s", json.dumps(measured))
+        missed = None
+        try:
+            check_gate(recipe.gate, measured)
+        except DemoQualityError as e:  # keep the rejected pair for a look, never in place of the good one
+            missed = str(e)
+        files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        manifest = {"recipe": recipe.name, "recipe_hash": recipe.hash(), "files": files, **info,
+                    "quality": measured, "gate": dataclasses.asdict(recipe.gate),
+                    "gate_passed": missed is None, "gate_missed": missed,
+                    "built_with": {"python": sys.version.split()[0], "torch": torch.__version__,
+                                   "cpu": torch.backends.cpu.get_cpu_capability()}}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        dest = out
+        if missed and enforce_gate:
+            dest = out.with_name(f"{out.name}.rejected")
+        if dest.exists():
+            old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+            os.replace(dest, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, dest)
+        dest.chmod(0o755)  # mkdtemp made it private
+        if missed and enforce_gate:
+            raise DemoQualityError(f"{missed} (the rejected pair is in {dest})")
+        if missed:
+            logger.warning("%s: written anyway (--keep_below_gate), recorded as gate_passed: false", missed)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def retrain(out: Path = ASSETS, recipe: Recipe = FULL, workdir: Path | None = None,
+            target_from: Path | None = None, enforce_gate: bool = True, init_from: Path | None = None) -> dict:
+    """Build the pair and prompts into `out` (put in place only if the gate passes).
+    `target_from`: a pair directory (a rejected one too) whose target is kept; only the draft is cut
+    again (with this recipe's `draft_layers`) and measured."""
+    from transformers import AutoTokenizer, T5ForConditionalGeneration
+
+    t0 = time.monotonic()
+    rows = demo_prompts(recipe)
+    if target_from is not None:
+        tokenizer = AutoTokenizer.from_pretrained(Path(target_from) / "target")
+        target = T5ForConditionalGeneration.from_pretrained(Path(target_from) / "target", dtype=torch.float32).eval()
+        info = {"target": {**read_manifest(Path(target_from)).get("target", {}), "reused_from": Path(target_from).name}}
+    else:
+        if recipe.init_from is not None:
+            if init_from is None or read_manifest(init_from).get("recipe") != recipe.init_from:
+                raise DemoSetupError(f"recipe {recipe.name} starts from a pair of recipe {recipe.init_from}: "
+                                     f"give its directory with --init_from (DIR.rejected too)")
+            tokenizer = AutoTokenizer.from_pretrained(init_from / "target")
+        else:
+            corpus = data.tokenizer_corpus(20_000, recipe.seed + 1, recipe.kinds, recipe.labels)
+            tokenizer = train_tokenizer(corpus, recipe.vocab_size, recipe.digits)
+        bad = [r["prompt"] for r in rows if tokenizer.decode(tokenizer(r["prompt"])["input_ids"],
+                                                              skip_special_tokens=True) != r["prompt"]]
+        if bad:
+            raise DemoSetupError(f"the tokenizer does not round-trip {bad[0]!r}")
+        target, train_info = train(recipe, tokenizer, workdir, init_from if recipe.init_from else None)
+        info = {"target": train_info}
+        if recipe.init_from:
+            info["target"]["init_from"] = {"recipe": recipe.init_from, **read_manifest(init_from).get("target", {})}
+    info["target"]["params"] = sum(p.numel() for p in target.parameters())
+    info["draft"] = {"decoder_layers": recipe.draft_layers, "note": "the target's encoder and first decoder layers"}
+    manifest = write_pair(Path(out), target, tokenizer, rows, recipe, info, enforce_gate)
+    logger.info("demo pair written to %s in %s", out, _fmt_s(time.monotonic() - t0))
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Check the committed demo pair, or rebuild it with its recipe.")
+    ap.add_argument("--retrain", action="store_true", help="rebuild the pair and its prompts (about an hour)")
+    ap.add_argument("--out", default=str(ASSETS), help=f"where the pair goes (default {ASSETS})")
+    ap.add_argument("--recipe", choices=sorted(RECIPES), default=COMMITTED.name,
+                    help="tiny: the CI-sized recipe (seconds; no real quality)")
+    ap.add_argument("--workdir", default=None, help="checkpoints (a rerun with the same one resumes)")
+    ap.add_argument("--target_from", default=None, metavar="DIR",
+                    help="keep the target of a pair this recipe made (DIR.rejected too); cut and measure the draft")
+    ap.add_argument("--init_from", default=None, metavar="DIR",
+                    help="the pair (DIR.rejected too) a recipe with a first stage starts from")
+    ap.add_argument("--keep_below_gate", action="store_true",
+                    help="write the pair even below its gate, recorded in the manifest as gate_passed: false")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        if args.retrain:
+            if args.target_from and not (Path(args.target_from) / "target" / "config.json").is_file():
+                raise DemoSetupError(f"--target_from {args.target_from}: no target/config.json there")
+            manifest = retrain(Path(args.out), RECIPES[args.recipe], Path(args.workdir) if args.workdir else None,
+                               Path(args.target_from) if args.target_from else None, not args.keep_below_gate,
+                               Path(args.init_from) if args.init_from else None)
+        else:
+            manifest = verify_assets(Path(args.out))
+    except DemoSetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: manifest[k] for k in ("recipe", "quality", "gate_passed")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
