@@ -104,12 +104,17 @@ MAKERS = {"quantity": quantity, "amount": amount, "date": date, "time": time}
 
 
 def example(rng: random.Random, n_items: int, kinds: tuple[str, ...] = KINDS,
-            max_number: int = 9999, labels: bool = False, distinct: bool = False) -> tuple[str, str]:
+            max_number: int = 9999, labels: bool = False, distinct: bool = False,
+            ordered: bool = False) -> tuple[str, str]:
     """(English prompt, German reference) with `n_items` items of the given kinds. `labels`: each
     item starts with its letter, "(a) ", "(b) ", ..., in the prompt and the reference alike.
-    `distinct`: no kind twice in a prompt (at most one item of each kind, in random order)."""
-    if distinct:
-        items = [MAKERS[kind](rng, max_number) for kind in rng.sample(kinds, n_items)]
+    `distinct`: no kind twice in a prompt (at most one item of each kind, in random order);
+    `ordered`: and the items in the order of `kinds` (an order line: what, price, day, time)."""
+    if distinct or ordered:
+        chosen = rng.sample(kinds, n_items)
+        if ordered:
+            chosen.sort(key=kinds.index)
+        items = [MAKERS[kind](rng, max_number) for kind in chosen]
     else:
         items = [MAKERS[rng.choice(kinds)](rng, max_number) for _ in range(n_items)]
     if labels:

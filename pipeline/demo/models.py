@@ -112,7 +112,7 @@ class QualityGate:
 
 
 _LATER_OPTIONS = {"labels": False, "digits": "single", "compose_digits": False, "distinct_kinds": False,
-                  "init_from": None}
+                  "ordered_kinds": False, "init_from": None}
 
 
 @dataclass(frozen=True)
@@ -140,6 +140,9 @@ class Recipe:
     # At most one item of each kind per prompt: the decoder finds the item it writes by what it is
     # (the number after "$", after "at", ...), not by counting items.
     distinct_kinds: bool = False
+    # And the items always in the order of `kinds` (quantity, amount, date, time): the decoder
+    # writes them in the order they come, finding each by its kind.
+    ordered_kinds: bool = False
     # The name of the recipe whose pair (`--init_from DIR`, DIR.rejected too) this one starts from:
     # its target's weights and tokenizer; this recipe's steps continue its training.
     init_from: str | None = None
@@ -209,8 +212,11 @@ DISTINCT = dataclasses.replace(
     train=dataclasses.replace(COMPOSED3.train, steps=1000, lr=3e-4, max_items=4, one_item_frac=0.0,
                               few_items_frac=0.2, exit_start_frac=0.0))
 
-RECIPES = {r.name: r for r in (FULL, NARROW, LABELLED, GROUPS, COMPOSED, COMPOSED3, DISTINCT, TINY)}
-COMMITTED = COMPOSED3  # the recipe of the committed pair
+# DISTINCT with the items always in the kinds' order (quantity, amount, date, time).
+ORDERED = dataclasses.replace(DISTINCT, name="ordered", ordered_kinds=True)
+
+RECIPES = {r.name: r for r in (FULL, NARROW, LABELLED, GROUPS, COMPOSED, COMPOSED3, DISTINCT, ORDERED, TINY)}
+COMMITTED = ORDERED  # the recipe of the committed pair (a second stage on a `composed3` pair)
 
 
 # --------------------------------------------------------------------------------------------
@@ -275,7 +281,7 @@ def demo_prompts(recipe: Recipe, seed_offset: int = 7) -> list[dict]:
     for i in range(recipe.prompts):
         n = rng.randint(*recipe.prompt_items)
         prompt, reference = data.example(rng, n, recipe.kinds, recipe.max_number, recipe.labels,
-                                         recipe.distinct_kinds)
+                                         recipe.distinct_kinds, recipe.ordered_kinds)
         rows.append({"id": f"de-{i:03d}", "prompt": prompt, "reference": reference, "items": n})
     return rows
 
@@ -372,7 +378,7 @@ def batch_at(recipe: Recipe, tokenizer, step: int):
     """Step `step`'s batch: fresh examples from a seed of its own (so a resumed run sees the same)."""
     rng = random.Random(f"{recipe.seed}-train-{step}")
     pairs = [data.example(rng, items_at(recipe.train, step, rng), recipe.kinds, recipe.max_number, recipe.labels,
-                          recipe.distinct_kinds)
+                          recipe.distinct_kinds, recipe.ordered_kinds)
              for _ in range(recipe.train.batch_size)]
     x = tokenizer([p for p, _ in pairs], padding=True, return_tensors="pt")
     y = tokenizer([r for _, r in pairs], padding=True, return_tensors="pt")["input_ids"]
