@@ -4,20 +4,22 @@ The weights are committed (``pipeline/demo/pair/``, fp16, loaded as fp32) rather
 on first use, so every machine runs the same pair and the first run takes a minute or two. The
 recipe stays here and reruns on any machine (docs/demo.md):
 
-    python -m pipeline.demo.models --retrain [--out DIR] [--threads N]
+    python -m pipeline.demo.models --retrain --recipe composed3 --out DIR      # stage 1 (kept as DIR.rejected)
+    python -m pipeline.demo.models --retrain --init_from DIR.rejected          # stage 2: the committed pair
 
 It trains by steps, never by seconds, logging progress, an ETA and, every few hundred steps, the
 exact-match share on held-out prompts. A pair that misses its gate is not put in place: it is
 kept aside as ``DIR.rejected`` and the command exits 2 with one line naming the missed bar.
 
-Recipe (``FULL``): the task of `pipeline.demo.data` (English with digits -> German with the
-numbers in words), a fresh batch of examples at every step (1-item examples first, then up to 6
-items); a byte-level BPE with one digit per token and German number words cut into their parts
-(``drei|tausend|vier|hundert|zwölf``); a T5 target, deep and narrow (its decoder has many more
-layers than the draft needs), trained with LayerSkip's early-exit loss (Elhoushi et al. 2024):
-the outputs of its first decoder layers, read through its final norm and tied head, learn the
-same labels. The draft is the target's encoder, embedding and first ``draft_layers`` decoder
-layers cut out, untrained: a draft that agrees with the target and costs a fraction of a step.
+The recipes are the tries of docs/demo.md, in order: ``FULL`` (one digit per token), ``NARROW``,
+``LABELLED``, ``GROUPS`` (digit groups of up to three as tokens), ``COMPOSED`` (their embeddings
+composed from their digits' places), ``COMPOSED3`` (2-3 items), and two second stages on a
+``COMPOSED3`` pair (``--init_from DIR``): ``DISTINCT`` and ``ORDERED`` (items one per kind, in a
+fixed order), the committed pair's. Every one: a T5 target, deep and narrow, trained on a fresh
+batch of the task of `pipeline.demo.data` at every step with LayerSkip's early-exit loss
+(Elhoushi et al. 2024): the outputs of its first decoder layers, read through its final norm and
+tied head, learn the same labels. The draft is the target's encoder, embedding and first
+``draft_layers`` decoder layers cut out, untrained.
 """
 
 from __future__ import annotations
