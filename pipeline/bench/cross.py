@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 # Busy-waiting OpenMP threads collapse throughput when other processes share the cores (as in
-# pipeline/demo_models.py). Effective only before torch is imported.
+# the demo recipe, pipeline/demo/models.py). Effective only before torch is imported.
 if "torch" not in sys.modules:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
