@@ -147,7 +147,6 @@ class BatchSpeculativeGenerator:
         # A draft whose encoder is the target's own module: the target's encoder outputs serve both.
         self.shared_encoder = (self.encdec and self.draft_model is not None
                                and self.draft_model.get_encoder() is target.get_encoder())
-        self._encoded: dict[tuple[int, ...], torch.Tensor] = {}  # rows -> the target's encoder outputs
         self._noted: set[tuple[str, int]] = set()
         pad = target.config.pad_token_id
         self.pad_id = int(pad) if isinstance(pad, int) else 0
@@ -266,12 +265,12 @@ class BatchSpeculativeGenerator:
         # Invariant between rounds, as in the batch-1 engine: each cache holds every committed
         # token of a row except the newest. The draft's cache may hold fewer (`_draft` feeds it
         # what it lacks); while the batch does not draft, newcomers skip the draft's prefill.
-        self._prefill(self.target, tkv, rows, into)
+        encoded = self._prefill(self.target, tkv, rows, into)
         if dkv is not None:
             # An encoder-decoder draft is always prefilled: its encoding is the row's cross cache,
             # and a row without one would have nothing to attend to in the draft's passes.
             if self._drafting or self.encdec:
-                self._prefill(self.draft_model, dkv, rows, into)
+                self._prefill(self.draft_model, dkv, rows, into, encoded if self.shared_encoder else None)
             else:
                 for r in rows:
                     r.draft_behind = True
@@ -284,21 +283,20 @@ class BatchSpeculativeGenerator:
             r.stats.prefill_s = now - r.start
         return rows
 
-    def _prefill(self, model: PreTrainedModel, kv: BatchKV, rows: list[_Row], into: list[int] | None) -> None:
+    def _prefill(self, model: PreTrainedModel, kv: BatchKV, rows: list[_Row], into: list[int] | None,
+                 encoded: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Each row's committed tokens but the newest into `kv`, in passes of at most
-        `prefill_tokens` tokens, merged after the rows there or written over the rows `into`."""
+        `prefill_tokens` tokens, merged after the rows there or written over the rows `into`.
+        Encoder-decoder: returns the encoder's outputs per pass; `encoded` (those of a model with
+        the same encoder module, over the same rows) spares running the encoder again."""
         t0 = time.perf_counter()
         feeds = [r.seq[:-1] for r in rows]
-        parts = []
+        parts, hidden = [], []
         lengths = [len(r.prompt) for r in rows] if self.encdec else [len(f) for f in feeds]
-        for chunk in prefill_chunks(lengths, self.prefill_tokens):
+        for i, chunk in enumerate(prefill_chunks(lengths, self.prefill_tokens)):
             fresh = BatchKV(model, len(chunk), self.pad_id)
             if self.encdec:  # the decoder holds no prompt: the encoder runs, the cross cache fills
-                key = tuple(rows[j].index for j in chunk)
-                shared = self._encoded.pop(key, None) if model is self.draft_model else None
-                hidden = fresh.encode([rows[j].prompt for j in chunk], shared)
-                if model is self.target and self.shared_encoder:
-                    self._encoded[key] = hidden
+                hidden.append(fresh.encode([rows[j].prompt for j in chunk], encoded[i] if encoded else None))
             else:
                 fresh.forward([feeds[j] for j in chunk], logits=False)
             if into is not None:
@@ -311,6 +309,7 @@ class BatchSpeculativeGenerator:
             self._draft_prefill[1] += len(rows)
             for r in rows:
                 r.draft_behind = False
+        return hidden
 
     def _prefill_per_token(self, costs: Costs) -> float:
         """The draft's prefill of a prompt spread over the tokens generated for it, in plain

@@ -331,10 +331,10 @@ def test_rows_admitted_while_the_batch_does_not_draft_skip_the_draft_prefill(mod
         engine._drafting = drafting_at_start
         prefilled, prefill = [], engine._prefill
 
-        def recorded(model, kv, rows, into):  # (row, caught up rather than admitted) per draft prefill
+        def recorded(model, kv, rows, into, *encoded):  # (row, caught up rather than admitted) per draft prefill
             if model is draft:
                 prefilled.extend((r.index, r.draft_behind) for r in rows)
-            return prefill(model, kv, rows, into)
+            return prefill(model, kv, rows, into, *encoded)
         engine._prefill = recorded
         out = engine.generate_many([(p, 0) for p in prompts])
         assert [o.tokens for o in out] == [hf_greedy(target, p, 24) for p in prompts]

@@ -296,7 +296,6 @@ def test_prompts_encoded_in_several_passes_decode_as_alone(pairs, prompts, famil
     assert [o.tokens for o in out] == [hf_greedy(target, p, n) for p in prompts]
     assert sum(rows for rows, _ in calls) == len(prompts) and len(calls) > 2  # once per prompt, several passes
     assert all(rows * width <= max(20, width) for rows, width in calls)
-    assert not engine._encoded  # every pass's outputs were taken by the draft
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma2"])
