@@ -398,26 +398,14 @@ def lr_at(spec: TrainSpec, step: int) -> float:
 
 @torch.inference_mode()
 def greedy(model, tokenizer, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
-    """Batched greedy decoding on a KV cache (`generate()` cannot run a decoder deeper than its
-    encoder in transformers 5); each output ends with its end token unless cut by the budget."""
-    from transformers import DynamicCache, EncoderDecoderCache
+    """The model's greedy outputs, each ending with its end token unless cut by the budget: the
+    target alone through the project's batch engine (`generate()` cannot run a decoder deeper than
+    its encoder in transformers 5)."""
+    from specdec_core.batch_engine import BatchSpeculativeGenerator
+    from specdec_core.drafters import NoDrafter
 
-    x = tokenizer(prompts, padding=True, return_tensors="pt")
-    enc = model.encoder(input_ids=x["input_ids"], attention_mask=x["attention_mask"])
-    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-    nxt = torch.zeros(len(prompts), 1, dtype=torch.long)
-    done = torch.zeros(len(prompts), dtype=torch.bool)
-    out = []
-    for _ in range(max_new_tokens):
-        logits = model(encoder_outputs=enc, attention_mask=x["attention_mask"], decoder_input_ids=nxt,
-                       cache=cache, use_cache=True).logits
-        nxt = logits[:, -1:].argmax(-1).masked_fill(done[:, None], 0)
-        out.append(nxt[:, 0])
-        done |= nxt[:, 0] == 1
-        if done.all():
-            break
-    ys = torch.stack(out, 1).tolist()
-    return [row[: row.index(1) + 1] if 1 in row else row for row in ys]
+    engine = BatchSpeculativeGenerator(model, NoDrafter(), batch_size=len(prompts), max_new_tokens=max_new_tokens)
+    return [g.tokens for g in engine.generate_many([(ids, 0) for ids in tokenizer(prompts)["input_ids"]])]
 
 
 @torch.inference_mode()
