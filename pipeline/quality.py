@@ -79,6 +79,11 @@ def chrf(predictions: Sequence[str], references: Sequence[str]) -> float:
     return sacrebleu.corpus_chrf(*_sacrebleu_args(predictions, references)).score
 
 
+def exact_match(predictions: Sequence[str], references: Sequence[str]) -> float:
+    """Share of predictions equal to their reference, character for character (0 for none)."""
+    return sum(p == r for p, r in zip(predictions, references, strict=True)) / max(len(predictions), 1)
+
+
 def score_generations(predictions: Sequence[str], references: Sequence[str] | None = None,
                       metric: str = "rouge") -> dict[str, float]:
     """`metric` against references (when given) and how many outputs are degenerate."""

@@ -63,3 +63,10 @@ def test_bleu_and_chrf_are_sacrebleu_corpus_scores():
         score_generations(preds, refs, metric="meteor")
     with pytest.raises(ValueError):
         bleu(["a"], [])
+
+
+def test_exact_match_is_the_share_of_equal_strings():
+    from pipeline.quality import exact_match
+
+    assert exact_match(["a b", "c", "d"], ["a b", "c ", "d"]) == pytest.approx(2 / 3)
+    assert exact_match([], []) == 0.0

@@ -34,7 +34,7 @@ import torch
 from pipeline import run
 from pipeline.flags import ArgumentParser
 from pipeline.logs import setup_logging
-from pipeline.quality import chrf
+from pipeline.quality import chrf, exact_match
 from pipeline.report.stats import format_rows, summarize
 from pipeline.report.summary import main as report_main
 from pipeline.report.summary import read_results
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         gens, refs = table["generation"].to_pylist(), table["reference"].to_pylist()
         gen = dict(zip(table["id"].to_pylist(), gens, strict=True))
         identical[name] = sum(gen.get(k) == v for k, v in base_gen.items())
-        exact[name] = sum(g == r for g, r in zip(gens, refs, strict=True)) / max(len(gens), 1)
+        exact[name] = exact_match(gens, refs)
         speedup = summaries[base_name].total_latency_s / s.total_latency_s
         columns[name] = [*s.rows(),
                          ("chrF vs references", f"{chrf(gens, refs):.1f}"),

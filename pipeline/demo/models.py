@@ -424,13 +424,13 @@ def exit_agreement(model, tokenizer, prompts: list[str], outputs: list[list[int]
 
 
 def probe(model, tokenizer, recipe: Recipe, rows: list[dict]) -> dict:
-    from pipeline.quality import chrf
+    from pipeline.quality import chrf, exact_match
 
     model.eval()
     outs = greedy(model, tokenizer, [r["prompt"] for r in rows], recipe.max_new_tokens)
     texts = tokenizer.batch_decode(outs, skip_special_tokens=True)
     refs = [r["reference"] for r in rows]
-    res = {"exact": sum(t == r for t, r in zip(texts, refs, strict=True)) / len(rows), "chrf": chrf(texts, refs)}
+    res = {"exact": exact_match(texts, refs), "chrf": chrf(texts, refs)}
     for k, _ in recipe.train.exits:
         res[f"agree{k}"] = exit_agreement(model, tokenizer, [r["prompt"] for r in rows], outs, k)
     model.train()
@@ -519,7 +519,7 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, rows: list[dict], max_new_t
                   gamma: int = 4) -> dict:
     """Greedy decoding of the demo prompts by the engine: the target alone and with the model draft,
     interleaved prompt by prompt so that both see the same machine load."""
-    from pipeline.quality import chrf
+    from pipeline.quality import chrf, exact_match
     from specdec_core.text import GeneratorSpec, TextGenerator
 
     def load(drafter):
@@ -539,7 +539,7 @@ def evaluate_pair(target_dir: Path, draft_dir: Path, rows: list[dict], max_new_t
     drafted = sum(o["draft_tokens"] for o in s)
     draft_step = sum(o["draft_s"] for o in s) / max(sum(o["draft_steps"] for o in s), 1)
     target_step = sum(o["verify_s"] for o in a) / max(sum(o["verify_steps"] for o in a), 1)
-    return {"exact": sum(t == r for t, r in zip(texts, refs, strict=True)) / len(rows),
+    return {"exact": exact_match(texts, refs),
             "chrf": chrf(texts, refs),
             "acceptance": sum(o["accepted_tokens"] for o in s) / drafted if drafted else 0.0,
             "tokens_per_target_step": sum(o["new_tokens"] for o in s) / sum(o["verify_steps"] for o in s),
