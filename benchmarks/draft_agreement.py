@@ -29,17 +29,25 @@ from transformers import AutoTokenizer, T5ForConditionalGeneration
 from pipeline.demo import models as demo_models
 
 
-def replay(agree: list[bool], gamma: int, max_new_tokens: int) -> tuple[int, int]:
+def replay(agree: list[bool], gamma: int, max_new_tokens: int, ended: bool = True,
+           draft_ends: list[bool] | None = None) -> tuple[int, int]:
     """(drafted, accepted) of the engine's greedy rounds (`SpeculativeGenerator.generate`) over a
     target output whose positions the draft gets right where `agree` is true; the last position is
-    the target's end (or its budget)."""
+    the target's end (`ended`) or its budget. A draft stops at an end token it proposes: the
+    target's end, or a wrong end where `draft_ends` says so (its later wrong tokens are unknown
+    here and counted as drafted)."""
     pos = drafted = accepted = 0
     while pos < len(agree):
         k = min(gamma, max_new_tokens - pos - 1)
         n = 0
         while n < k and pos + n < len(agree) and agree[pos + n]:  # an accepted end ends the item
             n += 1
-        drafted += k
+        if ended and pos + n == len(agree):
+            drafted += n
+        elif n < k and draft_ends and draft_ends[pos + n]:
+            drafted += n + 1
+        else:
+            drafted += k
         accepted += n
         pos += n + 1
     return drafted, accepted
@@ -61,9 +69,10 @@ def measure(pair: Path, gamma: int, max_new_tokens: int) -> dict:
         out = torch.tensor([[0, *ids]])
         probs = target(input_ids=x, decoder_input_ids=out).logits[0].softmax(-1)
         dlogits = draft(input_ids=x, decoder_input_ids=out).logits[0]
-        agree = []
+        agree, draft_ends = [], []
         for i, token in enumerate(ids):  # position i predicts the token after out[:i+1]
             agree.append(int(dlogits[i].argmax(-1)) == token)
+            draft_ends.append(int(dlogits[i].argmax(-1)) == eos)
             best = probs[i].topk(2).values
             top1.append(float(best[0]))
             near_ties.append(float(best[0] - best[1]) < 0.1)
@@ -71,7 +80,7 @@ def measure(pair: Path, gamma: int, max_new_tokens: int) -> dict:
             kind = "first" if i == 0 else "end" if token == eos else "number word" if number else "other"
             kinds[kind][0] += agree[-1]
             kinds[kind][1] += 1
-        d, a = replay(agree, gamma, max_new_tokens)
+        d, a = replay(agree, gamma, max_new_tokens, ended=ids[-1] == eos, draft_ends=draft_ends)
         drafted, accepted = drafted + d, accepted + a
     engine = demo_models.evaluate_pair(pair / "target", pair / "draft", rows, max_new_tokens, gamma)
     positions = sum(n for _, n in kinds.values())

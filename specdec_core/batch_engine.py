@@ -477,6 +477,7 @@ class BatchSpeculativeGenerator:
         picks = [self._picker(r) for r in live]
         draft_q: list[list[torch.Tensor]] = [[] for _ in live]
         active = [k > 0 for k in ks]
+        ends = self.drafter.ends if isinstance(self.drafter, ModelDrafter) else set()
         for i in range(max(ks, default=0)):
             rows = [b for b in range(n) if active[b] and i < ks[b]]
             if not rows:
@@ -495,6 +496,8 @@ class BatchSpeculativeGenerator:
                 curs[b].append(token)
                 if q is not None:
                     draft_q[b].append(q)
+                if token in ends:  # as at batch 1: nothing after an end is ever kept
+                    active[b] = False
         drafts = [curs[b][len(r.seq):] for b, r in enumerate(live)]
         for b in range(n):
             if draft_q[b]:

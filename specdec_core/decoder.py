@@ -36,6 +36,16 @@ def initial_decoder_ids(model: PreTrainedModel, prompt_ids: list[int]) -> list[i
     return [int(start)]
 
 
+def eos_ids(model: PreTrainedModel) -> set[int]:
+    """The token ids that end a generation (generation config first, as generate() reads them)."""
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = model.config.eos_token_id
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, list) else [eos])}
+
+
 class CachedDecoder:
     """A model plus the KV cache of the decoder tokens it has already processed."""
 

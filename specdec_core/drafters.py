@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from specdec_core.decoder import CachedDecoder
+from specdec_core.decoder import CachedDecoder, eos_ids
 
 # (sequence so far, logits row (1, V)) -> (chosen token, its distribution (1, V) or None when greedy)
 Picker = Callable[[list[int], torch.Tensor], tuple[int, torch.Tensor | None]]
@@ -86,9 +86,11 @@ class ModelDrafter(Drafter):
 
     def __init__(self, model: PreTrainedModel):
         self.model = model
+        # A round's drafts end at the draft's end token: nothing after an end is ever kept.
+        self.ends = eos_ids(model)
 
     def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession:
-        return _ModelSession(CachedDecoder(self.model, prompt_ids), decoder_ids, pick)
+        return _ModelSession(CachedDecoder(self.model, prompt_ids), decoder_ids, pick, self.ends)
 
     def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer:
         decoder = CachedDecoder(self.model, prompt_ids)
@@ -111,9 +113,10 @@ class _ModelSession(DraftSession):
     pass, so an item whose gamma policy never drafts never pays the draft's prefill, and
     rounds without drafts leave a gap that the next proposal feeds in one pass."""
 
-    def __init__(self, decoder: CachedDecoder, decoder_ids: list[int], pick: Picker):
+    def __init__(self, decoder: CachedDecoder, decoder_ids: list[int], pick: Picker, ends: set[int] = frozenset()):
         self.decoder = decoder
         self.pick = pick
+        self.ends = ends
 
     def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
         cur = list(seq)
@@ -130,6 +133,8 @@ class _ModelSession(DraftSession):
                 confs.append(conf)
             cur.append(token)
             qs.append(q)
+            if token in self.ends:
+                break
         q = torch.cat(qs) if qs and qs[0] is not None else None
         return Draft(cur[len(seq) :], q, confs)
 

@@ -16,7 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec_core.acceptance import verify_greedy, verify_sampled
-from specdec_core.decoder import CachedDecoder, initial_decoder_ids
+from specdec_core.decoder import CachedDecoder, eos_ids, initial_decoder_ids
 from specdec_core.drafters import Drafter, NoDrafter
 from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
@@ -64,15 +64,6 @@ class ItemStats:
 class Generation:
     tokens: list[int]  # new tokens only, EOS included if produced
     stats: ItemStats = field(default_factory=ItemStats)
-
-
-def eos_ids(model: PreTrainedModel) -> set[int]:
-    eos = model.generation_config.eos_token_id
-    if eos is None:
-        eos = model.config.eos_token_id
-    if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, list) else [eos])}
 
 
 class SpeculativeGenerator:

@@ -385,3 +385,23 @@ def test_rows_past_the_time_limit_leave_as_item_timeouts(models, prompts):
     assert "longer than" in str(out[0])
     ok = engine.generate_many([(p, 0) for p in prompts[:2]], max_seconds=600)
     assert all(len(o.tokens) == 40 or o.stats.finish_reason == "eos" for o in ok)
+
+
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_drafts_end_at_an_end_token(models, prompts, kind):
+    """A draft that proposes an end token proposes nothing after it (nothing after an end is ever
+    kept), at batch 1 and in a batch; the outputs stay the target's."""
+    import copy
+
+    target, _ = models[kind]
+    plain = SpeculativeGenerator(target, NoDrafter(), max_new_tokens=8).generate(prompts[0]).tokens
+    model = copy.deepcopy(target)  # the draft is the target itself, so every draft is accepted ...
+    model.generation_config.eos_token_id = plain[2]  # ... and its third token now ends the text
+    expected = plain[:3]
+    single = SpeculativeGenerator(model, ModelDrafter(model), num_speculative_tokens=6, max_new_tokens=8)
+    out = single.generate(prompts[0])
+    assert out.tokens == expected and out.stats.draft_tokens == 3 and out.stats.draft_steps == 3
+    engine = BatchSpeculativeGenerator(model, ModelDrafter(model), batch_size=2, num_speculative_tokens=6,
+                                       max_new_tokens=8)
+    [row, _] = engine.generate_many([(prompts[0], 0), (prompts[1], 0)])
+    assert row.tokens == expected and row.stats.draft_tokens == 3

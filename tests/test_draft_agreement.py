@@ -20,6 +20,13 @@ def test_replay_counts_the_engines_rounds(agree, expected):
     assert draft_agreement.replay(agree, gamma=4, max_new_tokens=64) == expected
 
 
+def test_replay_stops_drafting_at_a_proposed_end():
+    # The end (5th token) is the 3rd draft of round 2: 3 drafted there, not 4.
+    assert draft_agreement.replay([True, False, True, True, True], gamma=4, max_new_tokens=64) == (7, 4)
+    # A wrong end proposed as a round's first draft: 1 drafted; then the right end: 1.
+    assert draft_agreement.replay([False, True], gamma=4, max_new_tokens=64, draft_ends=[True, False]) == (2, 1)
+
+
 def test_replay_never_drafts_past_the_budget():
     # 6 tokens of budget: a round of 4 (all accepted, plus the target's token), then one of 0.
     assert draft_agreement.replay([True] * 6, gamma=4, max_new_tokens=6) == (4, 4)
@@ -28,5 +35,7 @@ def test_replay_never_drafts_past_the_budget():
 @pytest.mark.slow
 def test_replay_matches_the_engine_on_the_committed_pair():
     measured = draft_agreement.measure(draft_agreement.demo_models.ASSETS, gamma=4, max_new_tokens=64)
-    assert measured["acceptance_replayed"] == measured["acceptance_engine"]
+    # A draft that, after a wrong token, proposes an end on its own path stops there; the replay
+    # sees only teacher-forced logits and counts those rounds' later drafts, so it can be a little low.
+    assert 0 <= measured["acceptance_engine"] - measured["acceptance_replayed"] <= 0.005
     assert 0 < measured["agreement"] <= 1
