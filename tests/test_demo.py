@@ -40,18 +40,18 @@ def test_damaged_pair_stops_the_demo_in_one_line(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("error: demo pair file ") and "model.safetensors" in err[0]
 
 
-@pytest.mark.slow
-def test_pair_written_below_its_gate_says_so_under_the_table(tmp_path, capsys):
-    """`--retrain` never puts a pair below its gate in place (tests/test_demo_models.py); one written
-    anyway (`--keep_below_gate`, recorded in its manifest) runs with a note naming the missed bars."""
+def test_pair_below_its_gate_stops_the_demo_in_one_line(tmp_path, capsys):
+    """`--retrain` never puts a pair below its gate in place (tests/test_demo_models.py); a pair
+    whose manifest says it missed its gate stops the demo before any work, naming the missed bars."""
     pair = tmp_path / "pair"
     shutil.copytree(ASSETS, pair)
     manifest = json.loads((pair / "MANIFEST.json").read_text())
     manifest.update(gate_passed=False, gate_missed="the demo pair misses its quality gate: exact matches 10% < 80%")
     (pair / "MANIFEST.json").write_text(json.dumps(manifest))
-    assert demo.main(["--tiny", "--prompts", "1", "--pair", str(pair), "--workdir", str(tmp_path / "w")]) == 0
-    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("NOTE:")]
-    assert len(notes) == 1 and "exact matches 10% < 80%" in notes[0]
+    assert demo.main(["--tiny", "--pair", str(pair), "--workdir", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {pair}: ") and "exact matches 10% < 80%" in err[0]
+    assert not (tmp_path / "w").exists()
 
 
 def test_unwritable_workdir_is_a_one_line_error(tmp_path, capsys):

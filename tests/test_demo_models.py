@@ -52,6 +52,23 @@ def test_tokenizer_round_trips_with_one_digit_per_token():
             assert all(sum(ch.isdigit() for ch in p) <= 1 for p in pieces)
 
 
+def test_training_never_sees_an_evaluation_prompt():
+    """One-item prompts repeat (a time is one of 1,440): the demo's and the probe's prompts are
+    redrawn out of every training batch. Times only, 1,920 draws: without the rule, some of the 8
+    evaluation times come up (the chance that none does is under 1e-4)."""
+    recipe = dataclasses.replace(dm.TINY, kinds=("time",), prompt_items=(1, 1),
+                                 train=dataclasses.replace(dm.TINY.train, batch_size=64, max_items=1))
+    held_out = dm.evaluation_prompts(recipe)
+    assert len(held_out) == 8 and all(r["prompt"] in held_out for r in dm.demo_prompts(recipe))
+    tok = dm.train_tokenizer(data.tokenizer_corpus(300, 1, exclude=held_out), 320)
+    seen = set()
+    for step in range(1, 31):
+        x, _, y = dm.batch_at(recipe, tok, step)
+        assert len(x) == len(y) == 64
+        seen.update(tok.batch_decode(x, skip_special_tokens=True))
+    assert len(seen) > 700 and not seen & held_out
+
+
 def test_early_exit_logits_are_the_cut_drafts_own():
     spec = dm.T5Spec(d_model=32, d_ff=64, heads=2, encoder_layers=1, decoder_layers=3)
     target = dm.make_model(spec, 50, 0).eval()

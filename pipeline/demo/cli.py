@@ -58,7 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="default 160 (24 with --tiny); translations end at their end token before")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: these small models are bound by per-op overhead)")
-    p.add_argument("--num_speculative_tokens", type=int, default=4)
+    p.add_argument("--num_speculative_tokens", type=int, default=None,
+                   help="gamma (default: the one the pair was measured at, in its manifest)")
     return p.parse_args(argv)
 
 
@@ -106,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir).expanduser()
     try:
         manifest = verify_assets(Path(args.pair))
+        if not manifest.get("gate_passed"):
+            raise DemoSetupError(f"{Path(args.pair)}: {manifest.get('gate_missed') or 'the pair has no gate result'}; "
+                                 "the demo runs only a pair at its gate (docs/demo.md)")
+        args.num_speculative_tokens = args.num_speculative_tokens or manifest["quality"].get("num_speculative_tokens", 4)
         target, draft = Path(args.pair) / "target", Path(args.pair) / "draft"
         rows = demo_prompt_rows(Path(args.pair))
         rows = rows[: args.prompts or (4 if args.tiny else 40)]
@@ -136,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                          ("outputs identical to target alone", f"{identical[name]}/{len(base_gen)}"),
                          ("whole job, loading included", f"{runs[name][1]:.1f} s")]
     print()
-    print("English with digits -> German with the numbers in words (greedy; prompts the models never saw)")
+    print(f"English with digits -> German with the numbers in words (greedy, {args.num_speculative_tokens} "
+          "drafted tokens per step; prompts the models never saw)")
     print(format_rows(columns))
 
     print("\nexamples (target alone's output, which every drafter reproduces):")
@@ -148,9 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  generated: {base_gen[row_id]}" + ("  (= reference)" if base_gen[row_id] == r["reference"] else ""))
     same = all(n == len(base_gen) for n in identical.values())
     page = _report_page(runs["model draft"][0], runs[base_name][0])
-    if manifest.get("gate_passed") is False:
-        print(f"NOTE: this pair was written below its recipe's gate ({manifest.get('gate_missed')}); "
-              "docs/demo.md says where it falls short.")
     print(f"greedy outputs identical across drafters: {'yes' if same else 'NO'}")
     print(f"report page of the model-draft run: {page}")
     print(f"files: {prompts}\n" + "".join(f"       {p}-*.parquet\n" for p, _ in runs.values())

@@ -122,12 +122,15 @@ def example(rng: random.Random, n_items: int, kinds: tuple[str, ...] = KINDS,
     return TASK_PREFIX + SEPARATOR.join(e for e, _ in items), SEPARATOR.join(d for _, d in items)
 
 
-def tokenizer_corpus(n: int, seed: int, kinds: tuple[str, ...] = KINDS, labels: bool = False) -> list[str]:
+def tokenizer_corpus(n: int, seed: int, kinds: tuple[str, ...] = KINDS, labels: bool = False,
+                     exclude: frozenset[str] = frozenset()) -> list[str]:
+    """Texts to learn the tokenizer from: `n` examples of 1 to 4 items, none of whose prompts is in `exclude`."""
     rng = random.Random(seed)
     out = []
-    for _ in range(n):
+    while len(out) < 2 * n:
         en, de = example(rng, rng.randint(1, 4), kinds, labels=labels)
-        out += [en, de]
+        if en not in exclude:
+            out += [en, de]
     return out
 
 
