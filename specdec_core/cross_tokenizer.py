@@ -158,7 +158,8 @@ class CrossTokenizerDrafter(Drafter):
 
         return timer
 
-    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> CrossTokenizerSession:
+    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker,
+              encoded: dict | None = None) -> CrossTokenizerSession:
         if self.model.config.is_encoder_decoder:
             # The draft encodes the prompt's text in its own tokens; its decoder starts afresh.
             draft_prompt = self.draft_tokenizer(_decode(self.target_tokenizer, prompt_ids))["input_ids"]

@@ -49,20 +49,25 @@ def eos_ids(model: PreTrainedModel) -> set[int]:
 class CachedDecoder:
     """A model plus the KV cache of the decoder tokens it has already processed."""
 
-    def __init__(self, model: PreTrainedModel, prompt_ids: list[int]):
+    def __init__(self, model: PreTrainedModel, prompt_ids: list[int], encoded: dict | None = None):
+        """encoded: another decoder's `encoded`, over the same prompt and from this model's own
+        encoder module (a draft sharing the target's encoder): the encoder does not run again."""
         self.model = model
         self.device = model.device
         self.length = 0  # decoder tokens held in the cache
         self._logits_kwarg = _accepts_logits_to_keep(type(model))
-        self._fixed: dict = {}
+        self.encoded: dict = {}
         if model.config.is_encoder_decoder:
-            ids = torch.tensor([prompt_ids], device=self.device)
-            mask = torch.ones_like(ids)
-            # Encode once per item; every decoder step reuses the encoder outputs.
-            self._fixed = {
-                "encoder_outputs": model.get_encoder()(input_ids=ids, attention_mask=mask),
-                "attention_mask": mask,
-            }
+            if encoded is not None:
+                self.encoded = encoded
+            else:
+                ids = torch.tensor([prompt_ids], device=self.device)
+                mask = torch.ones_like(ids)
+                # Encode once per item; every decoder step reuses the encoder outputs.
+                self.encoded = {
+                    "encoder_outputs": model.get_encoder()(input_ids=ids, attention_mask=mask),
+                    "attention_mask": mask,
+                }
         self.cache = new_cache(model.config.is_encoder_decoder)
 
     @torch.inference_mode()
@@ -73,7 +78,7 @@ class CachedDecoder:
             raise ValueError("forward() needs at least one token the cache has not seen")
         ids = torch.tensor([new], device=self.device)
         key = "decoder_input_ids" if self.model.config.is_encoder_decoder else "input_ids"
-        kwargs = {key: ids, "cache": self.cache, "use_cache": True, **self._fixed}
+        kwargs = {key: ids, "cache": self.cache, "use_cache": True, **self.encoded}
         if self._logits_kwarg:
             kwargs["logits_to_keep"] = max(num_logits, 1)
         out = self.model(**kwargs)

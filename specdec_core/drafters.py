@@ -55,7 +55,11 @@ class Drafter(ABC):
     name: str
 
     @abstractmethod
-    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession: ...
+    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker,
+              encoded: dict | None = None) -> DraftSession:
+        """A drafting session for one item. `encoded`: the target's encoder outputs for this prompt
+        (`CachedDecoder.encoded`), given when the drafter's model runs the target's own encoder
+        module (`specdec_core.loading.share_encoder`); other drafters ignore it."""
 
     def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer | None:
         """A timer of this drafter's cost per proposed token after `seq` (`extra`: tokens to feed,
@@ -69,7 +73,8 @@ class NoDrafter(Drafter):
 
     name = "none"
 
-    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession:
+    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker,
+              encoded: dict | None = None) -> DraftSession:
         return _EmptySession()
 
 
@@ -89,8 +94,9 @@ class ModelDrafter(Drafter):
         # A round's drafts end at the draft's end token: nothing after an end is ever kept.
         self.ends = eos_ids(model)
 
-    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession:
-        return _ModelSession(CachedDecoder(self.model, prompt_ids), decoder_ids, pick, self.ends)
+    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker,
+              encoded: dict | None = None) -> DraftSession:
+        return _ModelSession(CachedDecoder(self.model, prompt_ids, encoded), decoder_ids, pick, self.ends)
 
     def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer:
         decoder = CachedDecoder(self.model, prompt_ids)
@@ -157,7 +163,8 @@ class NgramDrafter(Drafter):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession:
+    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker,
+              encoded: dict | None = None) -> DraftSession:
         # For encoder-decoder models the prompt is not in the decoder sequence: search it too.
         prefix = [] if decoder_ids[: len(prompt_ids)] == prompt_ids else list(prompt_ids)
         return _NgramSession(prefix, self.max_ngram, self.min_ngram)

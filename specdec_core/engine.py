@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 
 from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.decoder import CachedDecoder, eos_ids, initial_decoder_ids
-from specdec_core.drafters import Drafter, NoDrafter
+from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
 from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
 
@@ -90,6 +90,9 @@ class SpeculativeGenerator:
         self.sampling = sampling
         self.gamma_policy = gamma_policy or fixed_gamma
         self.eos = eos_ids(target)
+        # A draft running the target's own encoder module takes the target's encoder outputs.
+        self.shared_encoder = (target.config.is_encoder_decoder and isinstance(self.drafter, ModelDrafter)
+                               and self.drafter.model.get_encoder() is target.get_encoder())
 
     def measure_costs(self, prompt_ids: list[int], ks: tuple[int, ...] | None = None, reps: int = 2) -> Costs:
         """Time this pair on this machine: target passes over k tokens and one draft step, both
@@ -141,7 +144,7 @@ class SpeculativeGenerator:
         verifier = CachedDecoder(target, prompt_ids)
         if len(seq) > 1:
             verifier.forward(seq[:-1], 0)
-        session = self.drafter.start(prompt_ids, seq, pick)
+        session = self.drafter.start(prompt_ids, seq, pick, verifier.encoded if self.shared_encoder else None)
         gamma_state = self.gamma_policy.start(self.gamma)
         # Stopping a round on the draft's confidence in the token it just drew changes the
         # distribution the kept drafts come from: that is exact only for greedy drafting.

@@ -127,6 +127,27 @@ def check_pair(
     return mode
 
 
+def share_encoder(target: PreTrainedModel, draft: PreTrainedModel) -> bool:
+    """Make an encoder-decoder draft run the target's own encoder module when its encoder holds the
+    same weights (a draft cut from the target's first layers, LayerSkip-style): then one encoder
+    pass per prompt serves both models, and the engines hand the target's outputs to the draft.
+    Returns whether the encoder is shared. Only the draft's inputs could change, never the output:
+    every token is still the target's."""
+    if not (target.config.is_encoder_decoder and draft.config.is_encoder_decoder):
+        return False
+    mine, theirs = draft.get_encoder(), target.get_encoder()
+    if mine is theirs:
+        return True
+    a, b = mine.state_dict(), theirs.state_dict()
+    if a.keys() != b.keys() or not all(a[k].shape == b[k].shape and a[k].dtype == b[k].dtype
+                                       and a[k].device == b[k].device and torch.equal(a[k], b[k]) for k in a):
+        return False
+    name = next(n for n, m in draft.named_modules() if m is mine)
+    parent, _, attr = name.rpartition(".")
+    setattr(draft.get_submodule(parent), attr, theirs)
+    return draft.get_encoder() is theirs
+
+
 def context_limit(*models: PreTrainedModel) -> int | None:
     """The longest decoder sequence every model can position (None for relative positions, like T5)."""
     limits = []

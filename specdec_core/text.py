@@ -33,6 +33,7 @@ from specdec_core.loading import (
     load_tokenizer,
     resolve_device,
     resolve_dtype,
+    share_encoder,
 )
 from specdec_core.processing import SamplingSettings
 from specdec_core.stopping import StopStrings, check_stop_strings, cut_at_stop
@@ -200,6 +201,10 @@ def load_model_drafter(path: str, target: PreTrainedModel, tokenizer: PreTrained
     if cpu_kernels == "prepacked":
         prepare_for_cpu(draft)
     if mode == SAME_TOKENIZER:
+        # After the draft's dtype and kernels: an encoder they changed is not the target's.
+        if share_encoder(target, draft):
+            log.info("--draft_model %s: its encoder holds the target's weights; one encoder pass per prompt "
+                     "serves both", path)
         return ModelDrafter(draft)
     return CrossTokenizerDrafter(draft, tokenizer, draft_tokenizer)
 

@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         if not manifest.get("gate_passed"):
             raise DemoSetupError(f"{Path(args.pair)}: {manifest.get('gate_missed') or 'the pair has no gate result'}; "
                                  "the demo runs only a pair at its gate (docs/demo.md)")
-        args.num_speculative_tokens = args.num_speculative_tokens or manifest["quality"].get("num_speculative_tokens", 4)
+        gamma = manifest["quality"].get("num_speculative_tokens", 4)  # the gamma the pair was measured at
+        args.num_speculative_tokens = args.num_speculative_tokens or gamma
         target, draft = Path(args.pair) / "target", Path(args.pair) / "draft"
         rows = demo_prompt_rows(Path(args.pair))
         rows = rows[: args.prompts or (4 if args.tiny else 40)]

@@ -239,8 +239,8 @@ SINGLE = dataclasses.replace(
     num_speculative_tokens=8,  # every draft is accepted on these short outputs: 1.46x at 4, 1.61x at 6, 1.71x at 8
     train=dataclasses.replace(ORDERED.train, steps=800, max_items=1, few_items_frac=0.0, eval_every=200))
 
-RECIPES = {r.name: r for r in (FULL, NARROW, LABELLED, GROUPS, COMPOSED, COMPOSED3, DISTINCT, ORDERED, FEW, PAIRS, SINGLE,
-                               TINY)}
+RECIPES = {r.name: r for r in (FULL, NARROW, LABELLED, GROUPS, COMPOSED, COMPOSED3, DISTINCT, ORDERED, FEW, PAIRS,
+                               SINGLE, TINY)}
 COMMITTED = SINGLE  # the recipe of the committed pair (a third stage, on an `ordered` pair)
 
 
