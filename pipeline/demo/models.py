@@ -174,7 +174,7 @@ FULL = Recipe(
     prompt_items=(3, 5),
 )
 
-# The narrowed task (issue 38's fallback): amounts of money left out, numbers below 1000, up to 4
+# A narrowed task: amounts of money left out, numbers below 1000, up to 4
 # items per prompt.
 NARROW = dataclasses.replace(
     FULL, name="narrow", kinds=("quantity", "date", "time"), max_number=999, prompt_items=(3, 4),
@@ -207,7 +207,7 @@ GROUPS = dataclasses.replace(
 # GROUPS with each digit group's embedding composed from its digits' places at the start.
 COMPOSED = dataclasses.replace(GROUPS, name="composed", compose_digits=True)
 
-# COMPOSED narrowed (the issue's fallback): 2 or 3 items per demo prompt, up to 3 in training.
+# COMPOSED narrowed: 2 or 3 items per demo prompt, up to 3 in training.
 COMPOSED3 = dataclasses.replace(COMPOSED, name="composed3", prompt_items=(2, 3),
                                 train=dataclasses.replace(COMPOSED.train, max_items=3))
 
