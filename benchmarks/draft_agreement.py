@@ -24,9 +24,10 @@ import re
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, T5ForConditionalGeneration
+from transformers import AutoTokenizer
 
 from pipeline.demo import models as demo_models
+from specdec_core.loading import load_model
 
 
 def replay(agree: list[bool], gamma: int, max_new_tokens: int, ended: bool = True,
@@ -53,24 +54,27 @@ def replay(agree: list[bool], gamma: int, max_new_tokens: int, ended: bool = Tru
     return drafted, accepted
 
 
+def output_logits(model, x: torch.Tensor, mask: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Row 0's logits at the positions that predict its labelled (output) tokens."""
+    logits, labels = demo_models.aligned(model, model(input_ids=x, attention_mask=mask, labels=y).logits, y)
+    return logits[0][labels[0] != -100]
+
+
 @torch.inference_mode()
 def measure(pair: Path, gamma: int, max_new_tokens: int) -> dict:
     tok = AutoTokenizer.from_pretrained(pair / "target")
-    target, draft = (T5ForConditionalGeneration.from_pretrained(pair / name, dtype=torch.float32).eval()
-                     for name in ("target", "draft"))
+    target, draft = (load_model(str(pair / name), torch.device("cpu"), torch.float32) for name in ("target", "draft"))
     eos = target.generation_config.eos_token_id
     rows = demo_models.demo_prompt_rows(pair)
     kinds = {k: [0, 0] for k in ("first", "number word", "other", "end")}
     top1, near_ties, drafted, accepted = [], [], 0, 0
     for row in rows:
-        x = torch.tensor([tok(row["prompt"])["input_ids"]])
         # The target's own greedy output (generate() cannot run a decoder deeper than its encoder).
         (ids,) = demo_models.greedy(target, tok, [row["prompt"]], max_new_tokens)
-        out = torch.tensor([[0, *ids]])
-        probs = target(input_ids=x, decoder_input_ids=out).logits[0].softmax(-1)
-        dlogits = draft(input_ids=x, decoder_input_ids=out).logits[0]
+        forced = demo_models.teacher_forced(target.config.is_encoder_decoder, [tok(row["prompt"])["input_ids"]], [ids])
+        probs, dlogits = output_logits(target, *forced).softmax(-1), output_logits(draft, *forced)
         agree, draft_ends = [], []
-        for i, token in enumerate(ids):  # position i predicts the token after out[:i+1]
+        for i, token in enumerate(ids):  # position i predicts output token i
             agree.append(int(dlogits[i].argmax(-1)) == token)
             draft_ends.append(int(dlogits[i].argmax(-1)) == eos)
             best = probs[i].topk(2).values

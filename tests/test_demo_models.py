@@ -69,16 +69,28 @@ def test_training_never_sees_an_evaluation_prompt():
     assert len(seen) > 700 and not seen & held_out
 
 
-def test_early_exit_logits_are_the_cut_drafts_own():
-    spec = dm.T5Spec(d_model=32, d_ff=64, heads=2, encoder_layers=1, decoder_layers=3)
+@pytest.mark.parametrize("encoder_layers", [1, 0])
+def test_early_exit_logits_are_the_cut_drafts_own(encoder_layers):
+    spec = dm.ModelSpec(d_model=32, d_ff=64, heads=2, encoder_layers=encoder_layers, decoder_layers=3)
     target = dm.make_model(spec, 50, 0).eval()
     draft = dm.cut_draft(target, 1)
+    assert dm.spec_of(draft) == dataclasses.replace(spec, decoder_layers=1)
     x = torch.randint(3, 50, (2, 7))
     y = torch.randint(3, 50, (2, 5))
+    kwargs = {"input_ids": x, "decoder_input_ids": y} if encoder_layers else {"input_ids": torch.cat([x, y], 1)}
     with torch.inference_mode():
-        out = target(input_ids=x, decoder_input_ids=y, output_hidden_states=True)
-        exit_logits = dm.early_exit_logits(target, out.decoder_hidden_states[1])
-        assert torch.allclose(exit_logits, draft(input_ids=x, decoder_input_ids=y).logits, atol=1e-5)
+        out = target(**kwargs, output_hidden_states=True)
+        exit_logits = dm.early_exit_logits(target, dm.decoder_states(target, out)[1])
+        assert torch.allclose(exit_logits, draft(**kwargs).logits, atol=1e-5)
+
+
+def test_a_decoder_only_target_is_labelled_on_its_output_only():
+    x, mask, y = dm.teacher_forced(False, [[5, 6, 1], [7, 1]], [[8, 9, 1], [4, 1]])
+    assert x.tolist() == [[5, 6, 1, 8, 9, 1], [7, 1, 4, 1, 0, 0]]
+    assert mask.tolist() == [[1] * 6, [1, 1, 1, 1, 0, 0]]
+    assert y.tolist() == [[-100, -100, -100, 8, 9, 1], [-100, -100, 4, 1, -100, -100]]
+    x, mask, y = dm.teacher_forced(True, [[5, 6, 1], [7, 1]], [[8, 9, 1], [4, 1]])
+    assert x.tolist() == [[5, 6, 1], [7, 1, 0]] and y.tolist() == [[8, 9, 1], [4, 1, -100]]
 
 
 def test_committed_pair_is_verified_and_at_its_gate():
@@ -154,6 +166,12 @@ def test_recipe_builds_a_pair_and_the_gate_refuses_a_weak_one(tmp_path, capsys):
     with pytest.raises(dm.DemoQualityError, match="misses its quality gate: exact matches"):
         dm.retrain(tmp_path / "strict", strict)
     assert not (tmp_path / "strict").exists() and (tmp_path / "strict.rejected" / "MANIFEST.json").is_file()
+
+    decoder = dm.retrain(tmp_path / "decoder", dm.TINY_DECODER)  # a decoder-only pair, the same way
+    assert dm.verify_assets(tmp_path / "decoder") == decoder and decoder["gate_passed"]
+    from transformers import AutoConfig
+
+    assert AutoConfig.from_pretrained(tmp_path / "decoder" / "draft").num_hidden_layers == 1
 
     dm.RECIPES["tiny-strict"] = dataclasses.replace(strict, name="tiny-strict")
     try:
