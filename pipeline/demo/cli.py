@@ -4,9 +4,9 @@ The job: translate short English lists with digits in (amounts of money, quantit
 dates, times) into German with every number written out in words. A narrow domain, chosen so that
 a pair trained on a 2-core CPU gets it right; real jobs bring their own models. The references
 come from `num2words` and Babel's CLDR data (`pipeline.demo.data`), and the prompts are
-combinations the models never saw. The pair is a T5 target and a draft cut from its first layers,
-committed to the repository (``pipeline/demo/pair/``, checked by SHA-256 before use;
-`pipeline.demo.models` holds the recipe). The demo runs the Beam job three times over the same
+combinations the models never saw. The pair is a small decoder-only target and a draft cut from
+its first layer, committed to the repository (``pipeline/demo/pair/``, checked by SHA-256 before
+use; `pipeline.demo.models` holds the recipe). The demo runs the Beam job three times over the same
 prompts: with the model draft, with prompt lookup (`--drafter ngram`) and with the target alone,
 then judges its own output: speed per drafter, chrF and exact matches against the references, and
 whether every generation equals the target alone's. It exits 1 if one does not.
