@@ -74,7 +74,7 @@ def test_early_exit_logits_are_the_cut_drafts_own(encoder_layers):
     spec = dm.ModelSpec(d_model=32, d_ff=64, heads=2, encoder_layers=encoder_layers, decoder_layers=3)
     target = dm.make_model(spec, 50, 0).eval()
     draft = dm.cut_draft(target, 1)
-    assert dm.spec_of(draft) == dataclasses.replace(spec, decoder_layers=1)
+    assert dm.spec_of(draft.config) == dataclasses.replace(spec, decoder_layers=1)
     x = torch.randint(3, 50, (2, 7))
     y = torch.randint(3, 50, (2, 5))
     kwargs = {"input_ids": x, "decoder_input_ids": y} if encoder_layers else {"input_ids": torch.cat([x, y], 1)}
@@ -99,10 +99,7 @@ def test_committed_pair_is_verified_and_at_its_gate():
     manifest = dm.verify_assets()
     target, draft = dm.demo_pair_dirs()
     t, d = (AutoConfig.from_pretrained(p) for p in (target, draft))
-    def layers(c):  # the decoder's
-        return c.num_decoder_layers if c.is_encoder_decoder else c.num_hidden_layers
-
-    assert t.model_type == d.model_type and layers(d) < layers(t)
+    assert t.model_type == d.model_type and dm.spec_of(d).decoder_layers < dm.spec_of(t).decoder_layers
     assert (target / "tokenizer.json").read_bytes() == (draft / "tokenizer.json").read_bytes()
     gate, quality = dm.QualityGate(**manifest["gate"]), manifest["quality"]
     if manifest["gate_passed"]:

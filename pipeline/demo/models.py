@@ -385,8 +385,8 @@ def make_model(spec: ModelSpec, vocab_size: int, seed: int):
     return model
 
 
-def spec_of(model) -> ModelSpec:
-    c = model.config
+def spec_of(c) -> ModelSpec:
+    """The shape a model's config describes."""
     if c.is_encoder_decoder:
         return ModelSpec(c.d_model, c.d_ff, c.num_heads, c.num_layers, c.num_decoder_layers)
     return ModelSpec(c.hidden_size, c.intermediate_size, c.num_attention_heads, 0, c.num_hidden_layers)
@@ -410,7 +410,7 @@ def compose_digit_embeddings(model, tokenizer, seed: int) -> int:
 
 def cut_draft(target, layers: int):
     """The draft: the target's embedding, encoder, first `layers` decoder layers and final norms."""
-    spec = dataclasses.replace(spec_of(target), decoder_layers=layers)
+    spec = dataclasses.replace(spec_of(target.config), decoder_layers=layers)
     draft = make_model(spec, target.config.vocab_size, 0)
     own = draft.state_dict()
     draft.load_state_dict({k: v for k, v in target.state_dict().items() if k in own})
@@ -517,9 +517,9 @@ def exit_agreement(model, tokenizer, prompts: list[str], outputs: list[list[int]
     """Teacher-forced share of the model's own greedy tokens that an early exit predicts too."""
     x, mask, y = teacher_forced(model.config.is_encoder_decoder, tokenizer(prompts)["input_ids"], outputs)
     out = model(input_ids=x, attention_mask=mask, labels=y, output_hidden_states=True)
-    full, y = aligned(model, out.logits.argmax(-1), y)
+    full, labels = aligned(model, out.logits.argmax(-1), y)
     early, _ = aligned(model, early_exit_logits(model, decoder_states(model, out)[layers]).argmax(-1), y)
-    mask = y != -100
+    mask = labels != -100
     return float(((full == early) & mask).sum() / mask.sum())
 
 
