@@ -12,9 +12,10 @@ import torch
 from specdec_core.processing import residual
 
 
-def verify_greedy(drafts: list[int], target_choice: torch.Tensor) -> tuple[int, int]:
-    """Keep drafts while they equal the target's argmax; `target_choice` has len(drafts)+1 entries."""
-    choice = target_choice.tolist()
+def verify_greedy(drafts: list[int], target_choice: torch.Tensor | list[int]) -> tuple[int, int]:
+    """Keep drafts while they equal the target's argmax; `target_choice` has len(drafts)+1 entries
+    (a tensor, read back here, or a list the caller read back with other rows')."""
+    choice = target_choice if isinstance(target_choice, list) else target_choice.tolist()
     n = 0
     while n < len(drafts) and drafts[n] == choice[n]:
         n += 1

@@ -24,6 +24,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec_core.acceptance import verify_greedy, verify_sampled
+from specdec_core.attention import attention_kernels
 from specdec_core.batch_kv import BatchKV, sliding_window
 from specdec_core.decoder import initial_decoder_ids
 from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter
@@ -199,6 +200,12 @@ class BatchSpeculativeGenerator:
         """
         if not items:
             return []
+        with attention_kernels(self.target.device):
+            return self._generate_many(items, finish_checks, max_seconds)
+
+    def _generate_many(self, items: Sequence[tuple[list[int], int]],
+                       finish_checks: Sequence[FinishCheck | None] | None,
+                       max_seconds: float | None) -> list[Generation | ItemTimeout]:
         checks = list(finish_checks) if finish_checks is not None else [None] * len(items)
         longest = self.max_new_tokens + self.gamma + (0 if self.encdec else max(len(ids) for ids, _ in items))
         for model in (self.target, self.draft_model):
@@ -419,14 +426,19 @@ class BatchSpeculativeGenerator:
         t0 = time.perf_counter()
         drafts, qs, confs = self._draft(live, ks, dkv, batch_k)
         t1 = time.perf_counter()
-        logits = tkv.forward([r.seq[tkv.length(b):] + drafts[b] for b, r in enumerate(live)])
+        feeds = [r.seq[tkv.length(b):] + drafts[b] for b, r in enumerate(live)]
+        logits = tkv.forward(feeds)
+        choices = self._argmax_rows(live, tkv.logits)
         t2 = time.perf_counter()
         for b, r in enumerate(live):
             d = drafts[b]
-            scores = r.transform(r.seq + d, logits[b][-(len(d) + 1):])
-            if greedy:
+            if choices is not None:
+                n, token = verify_greedy(d, choices[b][len(feeds[b]) - len(d) - 1: len(feeds[b])])
+            elif greedy:
+                scores = r.transform(r.seq + d, logits[b][-(len(d) + 1):])
                 n, token = verify_greedy(d, scores.argmax(-1))
             else:
+                scores = r.transform(r.seq + d, logits[b][-(len(d) + 1):])
                 n, token = verify_sampled(d, scores.softmax(-1), qs[b], r.generator)
             s = r.stats
             s.draft_s += t1 - t0  # the row waited for the whole batched pass
@@ -452,6 +464,14 @@ class BatchSpeculativeGenerator:
                 dkv.rollback(b, valid)
             elif r.session is not None:
                 r.session.rollback(valid)
+
+    def _argmax_rows(self, live: list[_Row], logits: torch.Tensor) -> list[list[int]] | None:
+        """Greedy with no logits processor on any row: every row's argmax at every fed position,
+        read back in one transfer (per row, it was a read-back each, which a GPU waits for).
+        None when some row's picks need its own processing."""
+        if not self.sampling.greedy or any(r.transform.processors for r in live):
+            return None
+        return logits.argmax(-1).tolist()
 
     def _draft(self, live: list[_Row], ks: list[int], dkv: BatchKV | None, batch_k: bool = False):
         """Each row's drafts (its tokens, q and confidences): prompt lookup per row, a model
@@ -484,9 +504,13 @@ class BatchSpeculativeGenerator:
                 break
             feeds = [curs[b][dkv.length(b):] if b in rows else [] for b in range(n)]
             logits = dkv.forward(feeds)
+            choices = self._argmax_rows(live, dkv.logits) if all(keep is None for keep in keeps) else None
             for b in rows:
                 live[b].draft_steps += 1
-                token, q = picks[b](curs[b], logits[b][-1:])
+                if choices is not None:
+                    token, q = choices[b][len(feeds[b]) - 1], None
+                else:
+                    token, q = picks[b](curs[b], logits[b][-1:])
                 if keeps[b] is not None:
                     conf = float(q[0, token]) if q is not None else float(torch.softmax(logits[b][-1], -1)[token])
                     if not keeps[b](i, conf):

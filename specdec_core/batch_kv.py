@@ -64,7 +64,10 @@ class BatchKV:
         self.device = model.device
         self.pad_id = pad_id
         self.cache = GrowingCache()
-        self.mask = torch.zeros((rows, 0), dtype=torch.long, device=self.device)
+        # The mask lives on the CPU: rollbacks and refills change a few entries of a few rows
+        # each round, which on a GPU would be a kernel launch per row; a pass sends it over once.
+        self.mask = torch.zeros((rows, 0), dtype=torch.long)
+        self.logits: torch.Tensor | None = None  # the last pass's float32 logits (rows, fed, V)
         self.cols: list[list[int]] = [[] for _ in range(rows)]
         config = model.config
         self.encdec = bool(config.is_encoder_decoder)
@@ -142,7 +145,7 @@ class BatchKV:
         # Pads attend too (to themselves and the row's valid prefix, so no query sees an empty
         # row and no NaN enters the cache); they sit after the row's real tokens, so causality
         # hides them from those, and they become holes right after this pass.
-        mask = torch.cat([self.mask, torch.ones((self.rows, m), dtype=torch.long, device=self.device)], dim=1)
+        mask = torch.cat([self.mask, torch.ones((self.rows, m), dtype=torch.long)], dim=1).to(self.device)
         kwargs = {}
         if not logits and _accepts_logits_to_keep(type(self.model)):
             kwargs["logits_to_keep"] = 1  # a prefill: no logits wanted
@@ -167,14 +170,16 @@ class BatchKV:
                     mask = self._window_masks(mask, pos, width)
                 out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=pos,
                                  cache=self.cache, use_cache=True, **kwargs)
-        new = torch.zeros((self.rows, m), dtype=torch.long, device=self.device)
+        new = torch.zeros((self.rows, m), dtype=torch.long)
         for b, f in enumerate(feeds):
             new[b, : len(f)] = 1
             self.cols[b].extend(range(width, width + len(f)))
         self.mask = torch.cat([self.mask, new], dim=1)
         if not logits:
+            self.logits = None
             return []
-        return [out.logits[b, : len(f)].float() for b, f in enumerate(feeds)]
+        self.logits = out.logits.float()  # one conversion for all rows; the rows below are views
+        return [self.logits[b, : len(f)] for b, f in enumerate(feeds)]
 
     def _column_positions(self, pos: torch.Tensor, width: int) -> torch.Tensor:
         """(rows, width + fed) the position of the token in each column (holes: 0, masked)."""
@@ -408,7 +413,7 @@ class BatchKV:
         return index
 
     def _aligned_mask(self, width: int) -> tuple[torch.Tensor, list[list[int]]]:
-        mask = torch.zeros((self.rows, width), dtype=torch.long, device=self.device)
+        mask = torch.zeros((self.rows, width), dtype=torch.long)
         cols = []
         for b, c in enumerate(self.cols):
             mask[b, width - len(c):] = 1
@@ -430,7 +435,7 @@ class BatchKV:
         width = max((len(c) for kv in every for c in kv.cols), default=0)
         holder = next((kv for kv in (self, *others) if kv._layers()), None)
         if holder is None:  # no cache has run a pass yet (one-token prompts): nothing to move
-            self.mask = torch.zeros((sum(kv.rows for kv in every), 0), dtype=torch.long, device=self.device)
+            self.mask = torch.zeros((sum(kv.rows for kv in every), 0), dtype=torch.long)
             self.cols = [c for kv in every for c in kv.cols]
             return
         indexes = [kv._alignment(width) for kv in every]

@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec_core.decoder import CachedDecoder, eos_ids
+from specdec_core.static_decoder import StaticDecoder, static_decoder_for
 
 # (sequence so far, logits row (1, V)) -> (chosen token, its distribution (1, V) or None when greedy)
 Picker = Callable[[list[int], torch.Tensor], tuple[int, torch.Tensor | None]]
@@ -44,6 +45,9 @@ class DraftSession(ABC):
 
     def rollback(self, valid_len: int) -> None:  # noqa: B027 (an optional hook: stateless drafters keep nothing)
         """The first `valid_len` tokens of the decoder sequence are now final."""
+
+    def close(self) -> None:  # noqa: B027 (an optional hook: most sessions hold nothing shared)
+        """The item is over: give back what the session held (a model draft's static cache)."""
 
 
 # Seconds of drafting per proposed token, timed on this machine (the paper's c, before dividing by
@@ -89,13 +93,18 @@ class ModelDrafter(Drafter):
 
     name = "model"
 
-    def __init__(self, model: PreTrainedModel):
+    def __init__(self, model: PreTrainedModel, cuda_graphs: str = "auto"):
+        """cuda_graphs: the draft's steps over a static cache replayed as CUDA graphs, as the
+        engine's option of that name."""
         self.model = model
         # A round's drafts end at the draft's end token: nothing after an end is ever kept.
         self.ends = eos_ids(model)
+        self.static = static_decoder_for(model, cuda_graphs)
 
     def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker,
               encoded: dict | None = None) -> DraftSession:
+        if self.static is not None and self.static.acquire():
+            return _ModelSession(self.static, decoder_ids, pick, self.ends, release=self.static.release)
         return _ModelSession(CachedDecoder(self.model, prompt_ids, encoded), decoder_ids, pick, self.ends)
 
     def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer:
@@ -119,10 +128,17 @@ class _ModelSession(DraftSession):
     pass, so an item whose gamma policy never drafts never pays the draft's prefill, and
     rounds without drafts leave a gap that the next proposal feeds in one pass."""
 
-    def __init__(self, decoder: CachedDecoder, decoder_ids: list[int], pick: Picker, ends: set[int] = frozenset()):
+    def __init__(self, decoder: CachedDecoder | StaticDecoder, decoder_ids: list[int], pick: Picker,
+                 ends: set[int] = frozenset(), release: Callable[[], None] | None = None):
         self.decoder = decoder
         self.pick = pick
         self.ends = ends
+        self._release = release
+
+    def close(self) -> None:
+        if self._release is not None:
+            self._release()
+            self._release = None
 
     def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
         cur = list(seq)

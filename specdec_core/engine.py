@@ -8,6 +8,7 @@ rounds: each cache holds every committed decoder token except the newest one.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,10 +17,12 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec_core.acceptance import verify_greedy, verify_sampled
+from specdec_core.attention import attention_kernels
 from specdec_core.decoder import CachedDecoder, eos_ids, initial_decoder_ids
 from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
 from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
+from specdec_core.static_decoder import StaticDecoder, static_decoder_for
 
 # An item's own end condition (e.g. stop strings, specdec_core/stopping.py): called with each
 # round's committed tokens, once each and in order; returns the index of the token that ends
@@ -78,7 +81,10 @@ class SpeculativeGenerator:
         max_new_tokens: int = 128,
         sampling: SamplingSettings = SamplingSettings(),
         gamma_policy: GammaPolicy | None = None,
+        cuda_graphs: str = "auto",
     ):
+        """cuda_graphs: the target's passes over a static cache replayed as CUDA graphs
+        (`specdec_core.static_decoder`): "auto" (on CUDA, for models that allow it), "on", "off"."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if num_speculative_tokens < 1:
@@ -90,6 +96,7 @@ class SpeculativeGenerator:
         self.sampling = sampling
         self.gamma_policy = gamma_policy or fixed_gamma
         self.eos = eos_ids(target)
+        self.static = static_decoder_for(target, cuda_graphs)
         # A draft running the target's own encoder module takes the target's encoder outputs.
         self.shared_encoder = (target.config.is_encoder_decoder and isinstance(self.drafter, ModelDrafter)
                                and self.drafter.model.get_encoder() is target.get_encoder())
@@ -122,6 +129,11 @@ class SpeculativeGenerator:
     def generate(self, prompt_ids: list[int], seed: int = 0, finish_check: FinishCheck | None = None,
                  max_seconds: float | None = None) -> Generation:
         """max_seconds: raise ItemTimeout at the first round that starts past this wall time."""
+        with attention_kernels(self.target.device):
+            return self._generate(prompt_ids, seed, finish_check, max_seconds)
+
+    def _generate(self, prompt_ids: list[int], seed: int, finish_check: FinishCheck | None,
+                  max_seconds: float | None) -> Generation:
         if self.gamma_policy.needs_costs and not isinstance(self.drafter, NoDrafter):
             # Once per process, before this item's clock starts.
             self.gamma_policy.set_costs(self.measure_costs(prompt_ids))
@@ -141,10 +153,28 @@ class SpeculativeGenerator:
             probs = scores.softmax(-1)
             return int(torch.multinomial(probs[0], 1, generator=generator).item()), probs
 
-        verifier = CachedDecoder(target, prompt_ids)
-        if len(seq) > 1:
-            verifier.forward(seq[:-1], 0)
-        session = self.drafter.start(prompt_ids, seq, pick, verifier.encoded if self.shared_encoder else None)
+        with contextlib.ExitStack() as held:
+            verifier = self._verifier(prompt_ids, held)
+            if len(seq) > 1:
+                verifier.forward(seq[:-1], 0)
+            session = self.drafter.start(prompt_ids, seq, pick, verifier.encoded if self.shared_encoder else None)
+            held.callback(session.close)
+            return self._rounds(seq, verifier, session, transform, generator, stats, start, finish_check,
+                                max_seconds)
+
+    def _verifier(self, prompt_ids: list[int], held: contextlib.ExitStack) -> CachedDecoder | StaticDecoder:
+        """The target's static decoder for this item when free (`held` gives it back), else a new
+        growing cache."""
+        if self.static is not None and self.static.acquire():
+            held.callback(self.static.release)
+            return self.static
+        return CachedDecoder(self.target, prompt_ids)
+
+    def _rounds(self, seq: list[int], verifier, session, transform: LogitsTransform, generator: torch.Generator,
+                stats: ItemStats, start: float, finish_check: FinishCheck | None, max_seconds: float | None
+                ) -> Generation:
+        """Draft, verify, accept until the item ends; both caches hold its prompt."""
+        sampling = self.sampling
         gamma_state = self.gamma_policy.start(self.gamma)
         # Stopping a round on the draft's confidence in the token it just drew changes the
         # distribution the kept drafts come from: that is exact only for greedy drafting.

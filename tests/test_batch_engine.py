@@ -405,3 +405,34 @@ def test_drafts_end_at_an_end_token(models, prompts, kind):
                                        max_new_tokens=8)
     [row, _] = engine.generate_many([(prompts[0], 0), (prompts[1], 0)])
     assert row.tokens == expected and row.stats.draft_tokens == 3
+
+
+def test_greedy_picks_are_read_back_once_per_pass(models, prompts, monkeypatch):
+    """Greedy rows without logits processors: one read-back of every row's argmax per model pass
+    (a GPU waits for each read-back), none per row; with a processor, per-row picks as before."""
+    target, draft = models["llama"]
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=3,
+                                       max_new_tokens=10)
+    reads, items = [], []
+    original = BatchSpeculativeGenerator._argmax_rows
+
+    def counted(self, live, logits):
+        out = original(self, live, logits)
+        reads.append(out is not None)
+        return out
+
+    monkeypatch.setattr(BatchSpeculativeGenerator, "_argmax_rows", counted)
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: items.append(1) or t.reshape(-1).tolist()[0])
+    out = engine.generate_many([(p, 0) for p in prompts])
+    assert reads and all(reads) and not items
+    assert [g.tokens for g in out] == [hf_greedy(target, p, 10) for p in prompts]
+    saved = target.generation_config.repetition_penalty
+    target.generation_config.repetition_penalty = 1.3  # a processor that reads each row's tokens
+    try:
+        reads.clear()
+        out = engine.generate_many([(p, 0) for p in prompts])
+        reference = [hf_greedy(target, p, 10) for p in prompts]
+    finally:
+        target.generation_config.repetition_penalty = saved
+    assert reads and not any(reads) and items
+    assert [g.tokens for g in out] == reference

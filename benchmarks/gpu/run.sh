@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The whole GPU check in one call of the GPU machine (see README.md beside this file): wheels it
+# lacks, the CUDA tests, the GPU benchmark in bf16 and fp32, and a whole job on the GPU. Each step
+# has its own time limit and appends to $OUT/log.txt; figures land in $OUT/bench/ as they are made.
+# STEPS picks steps (default: all, in this order); SIZE=small runs each at a size for a first try;
+# DEVICE=cpu SHAPE=tiny PYTHON=.venv/bin/python try the script on a machine without a GPU.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-out}
+STEPS=${STEPS:-tests bf16 fp32 job compile llama8b}
+DEVICE=${DEVICE:-cuda}
+SHAPE=${SHAPE:-tinyllama-1.1b}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT/bench"
+LOG="$OUT/log.txt"
+# The GPU machine's Python is 3.12 and lacks Beam and a recent transformers: the carried wheels.
+if compgen -G ".whl/*cp312*.whl" >/dev/null && python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+} >>"$LOG" 2>&1
+
+step() {  # step NAME SECONDS command...: run it under a limit, its output's tail into the log
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "== $name" >>"$LOG"
+  timeout "$limit" "$@" >"/tmp/$name.txt" 2>&1
+  local rc=$?
+  tail -n 60 "/tmp/$name.txt" >>"$LOG"
+  echo "== $name: exit $rc in $((SECONDS - t0)) s" >>"$LOG"
+}
+
+if [ "${SIZE:-full}" = small ]; then
+  BF16="--prompts 2 --warmup 1 --batch_prompts 16 --batch_sizes 8 --max_new_tokens 32"
+  FP32="--prompts 2 --warmup 1 --max_new_tokens 32"
+  BIG="--prompts 1 --warmup 1 --max_new_tokens 16"
+else
+  BF16="--prompts 6 --warmup 1 --batch_prompts 128 --batch_sizes 8,32,128 --max_new_tokens 128 --batch_max_new_tokens 48"
+  FP32="--prompts 4 --warmup 1 --max_new_tokens 128"
+  BIG="--prompts 3 --warmup 1 --max_new_tokens 64"
+fi
+for s in $STEPS; do
+  case $s in
+    tests) step tests 240 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py ;;
+    bf16) step bf16 330 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 $BF16 --out "$OUT/bench" ;;
+    fp32) step fp32 150 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype float32 --sections single \
+      $FP32 --include '^ours, (draft|target alone)(, eager)?$' --out "$OUT/bench" ;;
+    compile) step compile 240 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 --sections single \
+      $FP32 --hf_compile --include 'compile|^ours, (draft|target alone)$' --out "$OUT/bench/compile" ;;
+    job)
+      rm -rf /tmp/job
+      step job-inputs 120 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 --batch_prompts 64 --save /tmp/job
+      step job 240 $PY -m pipeline.run --input /tmp/job/prompts.parquet --output /tmp/job/out/gens \
+        --target_model /tmp/job/target --draft_model /tmp/job/draft --device $DEVICE --dtype bfloat16 \
+        --batch_size 16 --max_new_tokens 64
+      step job-rows 60 $PY -c "import glob, pyarrow.parquet as pq
+ok = sum(pq.read_table(f).num_rows for f in glob.glob('/tmp/job/out/gens-0*-of-*.parquet'))
+bad = sum(pq.read_table(f).num_rows for f in glob.glob('/tmp/job/out/gens-failed-*.parquet'))
+print(f'job rows: {ok} results, {bad} failed, of 64'); raise SystemExit(ok + bad != 64 or bad)" ;;
+    llama8b) step llama8b 200 $PY -m pipeline.bench.gpu --device $DEVICE --shape ${BIG_SHAPE:-llama3-8b} --dtype bfloat16 \
+      --sections single $BIG --include '^(HF assisted|ours, (draft|target alone)(, eager)?)$' --out "$OUT/bench" ;;
+    *) echo "unknown step $s" >>"$LOG" ;;
+  esac
+done
+# At most 8 files come back from the GPU machine: the JSON holds every figure (the tables are
+# rebuilt from it with `python -m pipeline.bench.gpu --report FILE`).
+rm -f "$OUT"/bench/*.md "$OUT"/bench/*/*.md
+ls -R "$OUT" >>"$LOG"

@@ -1,0 +1,451 @@
+"""`python -m pipeline.bench.gpu`: speculative decoding against plain decoding on one GPU.
+
+In one process, on a synthetic pair built on the device (random weights of a real model's
+shape, the target's deeper layers damped so that a draft made of its first layers agrees with
+it: the COSTS are the real shape's, the ACCEPTANCE is what the damping gives), every measured
+prompt distinct and of its own length (a job never repeats a shape), interleaved per prompt:
+
+- batch 1: Hugging Face `generate` (plain, and with a static cache and `torch.compile` when
+  asked), HF assisted generation with the same draft at the same constant gamma, our engine
+  with the target alone and with the draft, each of ours also with PyTorch's default attention
+  kernels (cuDNN attention allowed: `specdec_core.attention`);
+- batched: HF `generate` over left-padded batches of B prompts against our batch engine at the
+  same B, with and without the draft, tokens/s over the whole set;
+- a profile of one generation of ours with the draft: the GPU's busy share and the top CPU ops.
+
+Exactness counts stand beside every figure: outputs identical to HF `generate` of the same
+batch size, and ours with the draft identical to ours alone. Results go to OUT/gpu-<dtype>.json
+and OUT/gpu-<dtype>.md as each section ends (a run cut short keeps what it measured).
+Runs on a CPU too (`--device cpu --shape tiny`), which is how the tests run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import platform
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec_core import attention
+from specdec_core.batch_engine import BatchSpeculativeGenerator
+from specdec_core.drafters import ModelDrafter, NoDrafter
+from specdec_core.engine import SpeculativeGenerator
+
+_LOG = logging.getLogger("pipeline.bench.gpu")
+
+
+@dataclass(frozen=True)
+class Shape:
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    draft_layers: int
+    damp: float  # residual-branch outputs of the layers past the draft's, scaled by this
+
+
+# TinyLlama-1.1B's and Llama-3-8B's shapes; damping chosen for greedy agreement ~0.75-0.85 at bf16.
+SHAPES = {
+    "tinyllama-1.1b": Shape(32000, 2048, 5632, 22, 32, 4, 2, 0.012),
+    "llama3-8b": Shape(128256, 4096, 14336, 32, 32, 8, 2, 0.008),
+    "tiny": Shape(320, 64, 128, 3, 4, 2, 1, 0.02),
+}
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def _config(shape: Shape, layers: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                       num_hidden_layers=layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                       max_position_embeddings=4096, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
+                       eos_token_id=None)
+
+
+def build_pair(shape: Shape, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    """(target, draft) built on `device` in `dtype`: the draft is the target's first layers with
+    its embeddings, final norm and head (an early exit). No end token: every row runs to length."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    with _default_dtype(dtype), device:
+        target = LlamaForCausalLM(_config(shape, shape.layers)).eval()
+        draft = LlamaForCausalLM(_config(shape, shape.draft_layers)).eval()
+    with torch.no_grad():
+        for layer in target.model.layers[shape.draft_layers:]:
+            layer.self_attn.o_proj.weight.mul_(shape.damp)
+            layer.mlp.down_proj.weight.mul_(shape.damp)
+        missing = draft.load_state_dict(target.state_dict(), strict=False).missing_keys
+    assert not missing, missing
+    for model in (target, draft):
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = 0
+    return target, draft
+
+
+def distinct_prompts(n: int, low: int, high: int, vocab: int, seed: int) -> list[list[int]]:
+    """n random prompts, lengths drawn from [low, high]; no two alike."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(low, high + 1, (n,), generator=g).tolist()
+    return [torch.randint(4, vocab, (k,), generator=g).tolist() for k in lengths]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def _cudnn(allowed: bool):
+    """Our engine with PyTorch's default attention choice (allowed) or with its own (not)."""
+    saved = attention.CUDNN_ATTENTION
+    attention.CUDNN_ATTENTION = allowed
+    try:
+        yield
+    finally:
+        attention.CUDNN_ATTENTION = saved
+
+
+# -- batch 1 ---------------------------------------------------------------------------------------
+
+def single_configs(target, draft, args) -> dict[str, Callable[[list[int]], tuple[list[int], dict]]]:
+    """name -> fn(prompt ids) -> (new tokens, stats), all greedy, same gamma and length."""
+    device, n, g = target.device, args.max_new_tokens, args.gamma
+
+    def hf(**kwargs):
+        def fn(ids):
+            with torch.inference_mode():
+                out = target.generate(torch.tensor([ids], device=device), do_sample=False, max_new_tokens=n,
+                                      min_new_tokens=n, **kwargs)
+            return out[0, len(ids):].tolist(), {}
+        return fn
+
+    def ours(drafter, cudnn: bool, graphs: str):
+        engine = SpeculativeGenerator(target, drafter, num_speculative_tokens=g, max_new_tokens=n, cuda_graphs=graphs)
+
+        def fn(ids):
+            with _cudnn(cudnn):
+                out = engine.generate(ids)
+            s = out.stats
+            return out.tokens, {"drafted": s.draft_tokens, "accepted": s.accepted_tokens, "rounds": s.verify_steps}
+        return fn
+
+    gc = draft.generation_config
+    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = g, "constant", 0.0
+    configs = {"HF generate": hf()}
+    if args.hf_compile:
+        from transformers import CompileConfig
+
+        # One static cache size for every prompt, so that one compiled decode step serves them all.
+        configs["HF generate, static cache + compile"] = hf(
+            cache_implementation="static", max_cache_len=args.max_len + n + 8,
+            compile_config=CompileConfig(fullgraph=False, mode="reduce-overhead"))
+    configs["HF assisted"] = hf(assistant_model=draft)
+    # Our engine as it runs (CUDA graphs where the model allows), eager, and eager with PyTorch's
+    # default attention kernels (cuDNN attention allowed): each with the target alone and the draft.
+    for suffix, cudnn, graphs in (("", False, "auto"), (", eager", False, "off"),
+                                  (", eager, cuDNN attention", True, "off")):
+        configs["ours, target alone" + suffix] = ours(NoDrafter(), cudnn, graphs)
+        configs["ours, draft" + suffix] = ours(ModelDrafter(draft, cuda_graphs=graphs), cudnn, graphs)
+    return configs
+
+
+def run_single(target, draft, args) -> dict:
+    device = target.device
+    configs = {name: fn for name, fn in single_configs(target, draft, args).items()
+               if name in ("HF generate", "ours, target alone, eager") or re.search(args.include, name)}
+    warm = distinct_prompts(args.warmup, args.min_len, args.max_len, target.config.vocab_size, seed=1000)
+    failed = {}
+    for ids in warm:  # compile, allocate, load kernels: on prompts that are never measured
+        for name, fn in list(configs.items()):
+            t0 = time.perf_counter()
+            try:
+                fn(ids)
+            except Exception as e:  # noqa: BLE001 (a configuration this machine cannot run is reported, not fatal)
+                _LOG.exception("%s failed in its warm-up: left out", name)
+                failed[name] = f"{type(e).__name__}: {e}"[:300]
+                del configs[name]
+                continue
+            _LOG.info("warm-up %s: %.1f s", name, time.perf_counter() - t0)
+    prompts = distinct_prompts(args.prompts, args.min_len, args.max_len, target.config.vocab_size, seed=1)
+    rows = {name: {"seconds": 0.0, "tokens": 0, "drafted": 0, "accepted": 0, "rounds": 0} for name in configs}
+    outputs: dict[str, list[list[int]]] = {name: [] for name in configs}
+    for i, ids in enumerate(prompts):
+        order = list(configs) if i % 2 == 0 else list(reversed(configs))  # no config always runs first
+        for name in order:
+            _sync(device)
+            t0 = time.perf_counter()
+            tokens, stats = configs[name](ids)
+            _sync(device)
+            r = rows[name]
+            r["seconds"] += time.perf_counter() - t0
+            r["tokens"] += len(tokens)
+            for key, value in stats.items():
+                r[key] += value
+            outputs[name].append(tokens)
+    ref = outputs["HF generate"]
+    for name, r in rows.items():
+        alone = outputs.get(name.replace("draft", "target alone"), outputs["ours, target alone, eager"])
+        r["ms_per_token"] = 1000 * r["seconds"] / max(r["tokens"], 1)
+        r["identical_to_hf"] = sum(a == b for a, b in zip(outputs[name], ref, strict=True))
+        r["identical_to_ours_alone"] = sum(a == b for a, b in zip(outputs[name], alone, strict=True))
+        r["acceptance"] = r["accepted"] / r["drafted"] if r["drafted"] else None
+    return {"prompts": len(prompts), "rows": rows, "failed": failed}
+
+
+# -- batched ---------------------------------------------------------------------------------------
+
+def run_batched(target, draft, args) -> dict:
+    device, n, g = target.device, args.batch_max_new_tokens or args.max_new_tokens, args.gamma
+    prompts = distinct_prompts(args.batch_prompts, args.min_len, args.max_len, target.config.vocab_size, seed=2)
+    warm = distinct_prompts(max(args.batch_sizes), args.min_len, args.max_len, target.config.vocab_size, seed=2000)
+
+    def hf(batch_size: int, items: list[list[int]]) -> list[list[int]]:
+        outs = []
+        for start in range(0, len(items), batch_size):
+            chunk = items[start:start + batch_size]
+            width = max(len(p) for p in chunk)
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk], device=device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
+            with torch.inference_mode():
+                out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n)
+            outs += out[:, width:].tolist()
+        return outs
+
+    def ours(batch_size: int, drafter, items: list[list[int]], before: bool = False) -> list[list[int]]:
+        engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=g,
+                                           max_new_tokens=n)
+        if before:  # as the engine was: each row's picks read back on their own, cuDNN attention allowed
+            engine._argmax_rows = lambda live, logits: None
+        with _cudnn(before):
+            return [gen.tokens for gen in engine.generate_many([(p, 0) for p in items])]
+
+    results = {}
+    for b in args.batch_sizes:
+        configs = {"HF generate": lambda items, b=b: hf(b, items),
+                   "ours, target alone": lambda items, b=b: ours(b, NoDrafter(), items),
+                   "ours, draft": lambda items, b=b: ours(b, ModelDrafter(draft), items)}
+        if b == args.batch_sizes[0]:
+            configs["ours, draft, per-row picks, cuDNN attention"] = lambda items, b=b: ours(
+                b, ModelDrafter(draft), items, before=True)
+        row = {}
+        outs = {}
+        for name, fn in configs.items():
+            fn(warm[:b])  # this batch width's shapes and allocations, on prompts never measured
+            _sync(device)
+            t0 = time.perf_counter()
+            outs[name] = fn(prompts)
+            _sync(device)
+            seconds = time.perf_counter() - t0
+            tokens = sum(len(o) for o in outs[name])
+            row[name] = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
+            _LOG.info("B=%d %s: %.0f tokens/s", b, name, tokens / seconds)
+        for name in row:
+            row[name]["identical_to_hf"] = sum(a == c for a, c in zip(outs[name], outs["HF generate"], strict=True))
+            row[name]["identical_to_ours_alone"] = sum(
+                a == c for a, c in zip(outs[name], outs["ours, target alone"], strict=True))
+        results[str(b)] = row
+    return {"prompts": len(prompts), "by_batch_size": results}
+
+
+# -- profile ---------------------------------------------------------------------------------------
+
+def run_profile(target, draft, args) -> dict:
+    """One generation of ours with the draft, on a fresh prompt, per attention choice: the share
+    of wall time the GPU spends in kernels, kernel launches, and the costliest CPU-side ops."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = {}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if target.device.type == "cuda" else [])
+    for i, (label, cudnn, graphs) in enumerate((("CUDA graphs", False, "auto"), ("eager", False, "off"),
+                                                ("eager, cuDNN attention", True, "off"))):
+        drafter = ModelDrafter(draft, cuda_graphs=graphs)
+        engine = SpeculativeGenerator(target, drafter, num_speculative_tokens=args.gamma,
+                                      max_new_tokens=args.max_new_tokens, cuda_graphs=graphs)
+        ids = distinct_prompts(1, args.min_len, args.max_len, target.config.vocab_size, seed=3000 + i)[0]
+        with _cudnn(cudnn):
+            engine.generate(distinct_prompts(1, args.min_len, args.max_len, target.config.vocab_size, 4000)[0])
+            _sync(target.device)
+            t0 = time.perf_counter()
+            with profile(activities=activities) as prof:
+                engine.generate(ids)
+                _sync(target.device)
+            wall = time.perf_counter() - t0
+        events = prof.key_averages()
+        kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+        launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel",
+                                                             "cudaLaunchKernelExC"))
+        top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
+        out[label] = {
+            "wall_s": wall, "gpu_kernel_s": kernel_us / 1e6, "gpu_busy_share": kernel_us / 1e6 / wall,
+            "launches": launches,
+            "cudnn_kernels": sum(e.count for e in events if "cudnn" in e.key.lower()),
+            "top_cpu_ops_ms": {e.key: e.self_cpu_time_total / 1000 for e in top}}
+    return out
+
+
+# -- a pair for a whole job -------------------------------------------------------------------------
+
+def save_job_inputs(target, draft, args, dest: Path) -> None:
+    """The pair (with a word-level tokenizer: token i is the word "t<i>") and `args.batch_prompts`
+    distinct prompts as Parquet under `dest`, for `python -m pipeline.run` on this device."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.bench.pairs import _word_tokenizer
+
+    tok = _word_tokenizer(target.config.vocab_size)
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(dest / name)
+        tok.save_pretrained(dest / name)
+    prompts = distinct_prompts(args.batch_prompts, args.min_len, args.max_len, target.config.vocab_size, seed=5)
+    pq.write_table(pa.table({"id": [f"p{i}" for i in range(len(prompts))],
+                             "prompt": [" ".join(f"t{t}" for t in p) for p in prompts]}), dest / "prompts.parquet")
+
+
+# -- report ----------------------------------------------------------------------------------------
+
+def markdown(result: dict) -> str:
+    lines = [f"## {result['shape']} pair, {result['dtype']}, {result['device_name']}",
+             "", f"torch {result['torch']}, CUDA {result['cuda']}, transformers {result['transformers']}; "
+             f"gamma {result['gamma']}, {result['max_new_tokens']} new tokens, prompts of "
+             f"{result['min_len']}-{result['max_len']} tokens, every measured prompt distinct", ""]
+    single = result.get("single")
+    if single:
+        rows = single["rows"]
+        hf = rows["HF generate"]["ms_per_token"]
+        k = single["prompts"]
+        lines += [f"Batch 1, {k} prompts (ours alone: the same engine mode without the draft):", "",
+                  "| | ms/token | vs HF generate | vs ours alone | acceptance | same as HF | same as ours alone |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, r in rows.items():
+            alone = rows.get(name.replace("draft", "target alone"), r)["ms_per_token"]
+            acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
+            lines.append(f"| {name} | {r['ms_per_token']:.2f} | {hf / r['ms_per_token']:.2f}x | "
+                         f"{alone / r['ms_per_token']:.2f}x | {acc} | {r['identical_to_hf']}/{k} | "
+                         f"{r['identical_to_ours_alone']}/{k} |")
+        lines += [f"- {name}: failed ({why})" for name, why in single.get("failed", {}).items()]
+        lines.append("")
+    batched = result.get("batched")
+    if batched:
+        k = batched["prompts"]
+        lines += [f"Batched, {k} prompts, {result.get('batch_max_new_tokens')} new tokens each, tokens/s over the set "
+                  "(ours as it was, at the first B: "
+                  + ", ".join(f"{r['tokens_per_s']:.0f} tokens/s ({name})" for b, row in
+                              list(batched["by_batch_size"].items())[:1] for name, r in row.items()
+                              if "per-row" in name) + "):", "",
+                  "| B | HF generate | ours, target alone | ours, draft | draft vs HF | same as HF (alone, draft) | "
+                  "draft same as alone |", "|---|---|---|---|---|---|---|"]
+        for b, row in batched["by_batch_size"].items():
+            h, a, d = row["HF generate"], row["ours, target alone"], row["ours, draft"]
+            lines.append(f"| {b} | {h['tokens_per_s']:.0f} | {a['tokens_per_s']:.0f} | {d['tokens_per_s']:.0f} | "
+                         f"{d['tokens_per_s'] / h['tokens_per_s']:.2f}x | {a['identical_to_hf']}/{k}, "
+                         f"{d['identical_to_hf']}/{k} | {d['identical_to_ours_alone']}/{k} |")
+        lines.append("")
+    prof = result.get("profile")
+    if prof:
+        lines += ["Profile of one generation, ours with the draft:", "",
+                  "| engine | wall s | GPU kernel s | GPU busy | kernel launches | cuDNN kernels |",
+                  "|---|---|---|---|---|---|"]
+        for name, p in prof.items():
+            lines.append(f"| {name} | {p['wall_s']:.3f} | {p['gpu_kernel_s']:.3f} | {100 * p['gpu_busy_share']:.0f}% |"
+                         f" {p['launches']} | {p['cudnn_kernels']} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m pipeline.bench.gpu", description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: for tests, with --shape tiny)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--shape", default="tinyllama-1.1b", choices=sorted(SHAPES))
+    p.add_argument("--sections", default="single,batched,profile",
+                   help="comma-separated: single (batch 1), batched, profile")
+    p.add_argument("--prompts", type=int, default=8, help="measured prompts at batch 1")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up prompts at batch 1 (never measured)")
+    p.add_argument("--batch_prompts", type=int, default=128, help="prompts in the batched set")
+    p.add_argument("--batch_sizes", default="8,32,128")
+    p.add_argument("--min_len", type=int, default=64)
+    p.add_argument("--max_len", type=int, default=256)
+    p.add_argument("--max_new_tokens", type=int, default=128)
+    p.add_argument("--batch_max_new_tokens", type=int, default=None, help="batched set (default: --max_new_tokens)")
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--include", default="", metavar="REGEX",
+                   help="batch 1: only the configurations whose names match (HF generate and ours alone, eager, "
+                        "always run: they are the references)")
+    p.add_argument("--hf_compile", action="store_true",
+                   help="also HF generate with a static cache and torch.compile (compiles during warm-up)")
+    p.add_argument("--out", default="gpu-bench", help="folder for gpu-<shape>-<dtype>.json and .md")
+    p.add_argument("--report", default=None, metavar="JSON", help="print the tables of a result file and stop")
+    p.add_argument("--save", default=None, metavar="DIR",
+                   help="instead of measuring: save the pair and --batch_prompts prompts under DIR for pipeline.run")
+    args = p.parse_args(argv)
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+    args.sections = [s for s in args.sections.split(",") if s]
+    unknown = set(args.sections) - {"single", "batched", "profile"}
+    if unknown:
+        p.error(f"--sections: unknown {', '.join(sorted(unknown))} (single, batched, profile)")
+    if not 1 <= args.min_len <= args.max_len:
+        p.error(f"--min_len/--max_len: need 1 <= min <= max, got {args.min_len}, {args.max_len}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import transformers
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    args = parse_args(argv)
+    if args.report:
+        result = json.loads(Path(args.report).read_text())
+        print(markdown(result))
+        return result
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"gpu-{args.shape}-{args.dtype}"
+    t0 = time.perf_counter()
+    target, draft = build_pair(SHAPES[args.shape], device, dtype)
+    result = {"shape": args.shape, "dtype": args.dtype, "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
+              "batch_max_new_tokens": args.batch_max_new_tokens or args.max_new_tokens,
+              "min_len": args.min_len, "max_len": args.max_len, "torch": torch.__version__,
+              "cuda": torch.version.cuda, "transformers": transformers.__version__,
+              "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+              or "cpu", "build_s": time.perf_counter() - t0}
+    _LOG.info("built the %s pair on %s in %.1f s", args.shape, result["device_name"], result["build_s"])
+    if args.save:
+        save_job_inputs(target, draft, args, Path(args.save))
+        return result
+    runners = {"single": run_single, "batched": run_batched, "profile": run_profile}
+    for section in args.sections:
+        t0 = time.perf_counter()
+        result[section] = runners[section](target, draft, args)
+        result[f"{section}_s"] = time.perf_counter() - t0
+        stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+        stem.with_suffix(".md").write_text(markdown(result))
+        _LOG.info("%s done in %.0f s", section, result[f"{section}_s"])
+    print(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

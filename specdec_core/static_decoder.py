@@ -1,0 +1,227 @@
+"""A decoder-only model over a preallocated KV cache, its passes replayed as CUDA graphs.
+
+In eager mode every forward of a Hugging Face model is a few thousand small kernel launches
+issued from Python: on a GPU the launches, not the kernels, set the pace (a 1.1B target spent
+~85% of a speculative generation with the GPU idle). A CUDA graph records one pass's kernels
+once and replays them with a single launch. That needs fixed shapes and fixed addresses, so
+here the cache is one buffer per layer of `capacity` columns, a pass of w tokens writes its
+keys/values at columns length..length+w-1, and attends over all columns through an explicit
+4D mask that hides every column past the query's own position. Columns beyond the committed
+length hold stale drafts, which the mask hides until a later pass overwrites them: a rollback
+only moves `length`. One graph per pass width (1..`max_graph_width` tokens, captured the first
+time a width occurs); wider passes (a prompt's prefill) run eagerly through the same code.
+
+The numbers are those of the model's own attention over the same keys, with masked columns at
+exactly zero weight; only the kernels' summation order can differ from a growing cache's, as
+between any two attention kernels. Without CUDA the same decoder runs eagerly (tests use that).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from specdec_core.batch_kv import sliding_window
+from specdec_core.decoder import _accepts_logits_to_keep
+
+log = logging.getLogger(__name__)
+
+CAPACITY_STEP = 512  # columns; a cache grows to the next multiple of this when an item needs more
+MAX_GRAPH_WIDTH = 16  # widest pass captured: a verify pass is gamma + 1 tokens
+GRAPH_MODES = ("auto", "on", "off")
+
+
+def graph_support(model: PreTrainedModel) -> str | None:
+    """None when this model can decode through `StaticDecoder`, else why not."""
+    config = model.config
+    if config.is_encoder_decoder:
+        return "is an encoder-decoder model (static caches cover decoder-only models)"
+    if config._attn_implementation not in ("sdpa", "eager"):
+        return f"uses {config._attn_implementation} attention (needs sdpa or eager, which take a 4D mask)"
+    if sliding_window(config) is not None:
+        return "has sliding-window layers (the static mask is full causal attention)"
+    types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if types != {"full_attention"}:
+        return f"has {', '.join(sorted(types - {'full_attention'}))} layers"
+    if "position_ids" not in inspect.signature(model.forward).parameters:
+        return "takes no position_ids"
+    return None
+
+
+def static_decoder_for(model: PreTrainedModel, mode: str = "auto") -> StaticDecoder | None:
+    """The engines' choice for `--cuda_graphs`: "auto" uses a `StaticDecoder` (with graphs) on CUDA
+    for models it supports and none elsewhere; "on" insists (eagerly on a CPU, which is how the
+    tests check it) and fails for a model it cannot take; "off" never uses one."""
+    if mode not in GRAPH_MODES:
+        raise ValueError(f"cuda_graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
+    if mode == "off":
+        return None
+    why = graph_support(model)
+    if mode == "auto" and (why or model.device.type != "cuda"):
+        if why and model.device.type == "cuda":
+            log.info("no CUDA graphs for %s: it %s", type(model).__name__, why)
+        return None
+    if why:
+        raise ValueError(f"cuda_graphs on: {type(model).__name__} {why}")
+    return StaticDecoder(model)
+
+
+class _FixedLayer(CacheLayerMixin):
+    """One layer's keys/values in fixed buffers; a pass writes at its decoder's `slots`."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, owner: StaticDecoder):
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        shape = (1, key_states.shape[1], self.owner.capacity)
+        self.keys = key_states.new_zeros((*shape, key_states.shape[-1]))
+        self.values = value_states.new_zeros((*shape, value_states.shape[-1]))
+        self.is_initialized = True
+
+    def grow(self, capacity: int, keep: int) -> None:
+        """Larger buffers holding the first `keep` columns."""
+        if self.is_initialized:
+            k, v = self.keys, self.values
+            self.keys = k.new_zeros((*k.shape[:2], capacity, k.shape[-1]))
+            self.values = v.new_zeros((*v.shape[:2], capacity, v.shape[-1]))
+            self.keys[:, :, :keep] = k[:, :, :keep]
+            self.values[:, :, :keep] = v[:, :, :keep]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys.index_copy_(2, self.owner.slots, key_states)
+        self.values.index_copy_(2, self.owner.slots, value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.capacity, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.length
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    ids: torch.Tensor  # (1, w) input tokens, written before each replay
+    base: torch.Tensor  # () the pass's first position
+    logits: torch.Tensor  # (1, w, V) the replay's output
+
+
+class StaticDecoder:
+    """`CachedDecoder`'s interface (forward, rollback, length) over a fixed-capacity cache, for one
+    item at a time: `acquire` takes it for an item (empty), `release` gives it back. The cache is
+    allocated at the first pass and grows (its graphs captured again) when an item needs more."""
+
+    def __init__(self, model: PreTrainedModel, graphs: bool | None = None, max_graph_width: int = MAX_GRAPH_WIDTH):
+        why = graph_support(model)
+        if why:
+            raise ValueError(f"{type(model).__name__} {why}")
+        self.model = model
+        self.device = model.device
+        self.graphs = self.device.type == "cuda" if graphs is None else graphs
+        self.max_graph_width = max_graph_width
+        self.layers = model.config.get_text_config(decoder=True).num_hidden_layers
+        self.capacity = 0
+        self.length = 0
+        self.encoded: dict = {}  # decoder-only: no encoder outputs (CachedDecoder's interface)
+        self.capture_s = 0.0  # seconds spent capturing graphs, for the log
+        self.captures = 0
+        self._graphs: dict[int, _Graph] = {}
+        self._lock = threading.Lock()
+        self.cache = Cache(layers=[_FixedLayer(self) for _ in range(self.layers)])
+        self._low = torch.finfo(model.dtype).min
+        self._logits_kwarg = _accepts_logits_to_keep(type(model))
+
+    def acquire(self) -> bool:
+        """Take the decoder for one item, empty; False while another item (thread) holds it, which
+        then decodes with a `CachedDecoder` instead."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        self.length = 0
+        return True
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def _grow(self, need: int) -> None:
+        self.capacity = -(-need // CAPACITY_STEP) * CAPACITY_STEP
+        for layer in self.cache.layers:
+            layer.grow(self.capacity, self.length)
+        self.columns = torch.arange(self.capacity, device=self.device)
+        self._graphs.clear()  # they hold the old buffers' addresses
+
+    def _pass(self, ids: torch.Tensor, base: torch.Tensor, keep: int) -> torch.Tensor:
+        """The model over tokens `ids` at positions base.., logits of the last `keep` (device ops
+        only, so that it can be captured)."""
+        w = ids.shape[1]
+        self.slots = base + self.columns[:w]
+        hidden = self.columns[None, None, None, :] > self.slots[None, None, :, None]  # (1, 1, w, capacity)
+        mask = torch.zeros(hidden.shape, dtype=self.model.dtype, device=self.device).masked_fill_(hidden, self._low)
+        kwargs = {"logits_to_keep": keep} if self._logits_kwarg else {}
+        out = self.model(input_ids=ids, position_ids=self.slots[None], attention_mask=mask, cache=self.cache,
+                         use_cache=True, **kwargs)
+        return out.logits
+
+    def _capture(self, w: int) -> _Graph:
+        t0 = time.perf_counter()
+        ids = torch.zeros((1, w), dtype=torch.long, device=self.device)
+        base = torch.full((), self.length, dtype=torch.long, device=self.device)  # writes past the committed tokens
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # warm-up off the capture, as torch.cuda.graphs asks
+            for _ in range(2):
+                self._pass(ids, base, w)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = self._pass(ids, base, w)
+        self.capture_s += time.perf_counter() - t0
+        self.captures += 1
+        log.info("%s: CUDA graph of a %d-token pass captured (%d so far, %.2f s in all)", type(self.model).__name__,
+                 w, self.captures, self.capture_s)
+        return _Graph(graph, ids, base, logits)
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[int], num_logits: int) -> torch.Tensor:
+        """Feed tokens[self.length:], return float32 logits of the last `num_logits` positions."""
+        new = tokens[self.length:]
+        w = len(new)
+        if not w:
+            raise ValueError("forward() needs at least one token the cache has not seen")
+        if self.length + w > self.capacity:
+            self._grow(self.length + w)
+        ids = torch.tensor([new], device=self.device)
+        if self.graphs and w <= self.max_graph_width:
+            g = self._graphs.get(w)
+            if g is None:
+                g = self._graphs[w] = self._capture(w)
+            g.ids.copy_(ids)
+            g.base.fill_(self.length)
+            g.graph.replay()
+            logits = g.logits
+        else:
+            logits = self._pass(ids, torch.full((), self.length, dtype=torch.long, device=self.device),
+                                max(num_logits, 1))
+        self.length = len(tokens)
+        return logits[0, -num_logits:].float() if num_logits else logits[0, :0].float()
+
+    def rollback(self, length: int) -> None:
+        """Drop cached positions >= length: they stay in the buffers, hidden, until overwritten."""
+        self.length = min(self.length, length)

@@ -1,0 +1,53 @@
+"""The GPU benchmark's whole path, run on a CPU at a tiny size (its CUDA figures come from a GPU)."""
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.bench import gpu
+
+TINY = ["--device", "cpu", "--dtype", "float32", "--shape", "tiny", "--prompts", "2", "--warmup", "1",
+        "--batch_prompts", "5", "--batch_sizes", "2,4", "--min_len", "4", "--max_len", "12", "--max_new_tokens", "10"]
+
+
+def test_every_section_runs_and_every_output_is_the_targets(tmp_path):
+    result = gpu.main([*TINY, "--out", str(tmp_path)])
+    rows = result["single"]["rows"]
+    assert {"HF generate", "HF assisted", "ours, draft", "ours, draft, eager", "ours, draft, eager, cuDNN attention",
+            "ours, target alone"} <= set(rows)
+    assert all(r["identical_to_hf"] == 2 and r["tokens"] == 20 for r in rows.values())  # fp32: exact
+    assert rows["ours, draft"]["drafted"] > 0
+    for b in ("2", "4"):
+        batch = result["batched"]["by_batch_size"][b]
+        assert all(r["identical_to_hf"] == 5 and r["tokens"] == 50 for r in batch.values())
+    assert "ours, draft, per-row picks, cuDNN attention" in result["batched"]["by_batch_size"]["2"]
+    assert set(result["profile"]) == {"CUDA graphs", "eager", "eager, cuDNN attention"}
+    saved = json.loads((tmp_path / "gpu-tiny-float32.json").read_text())
+    assert saved["single"]["rows"].keys() == rows.keys()
+    assert "| ours, draft |" in (tmp_path / "gpu-tiny-float32.md").read_text()
+
+
+def test_prompts_are_distinct_and_of_varied_lengths():
+    prompts = gpu.distinct_prompts(50, 8, 40, 300, seed=1)
+    assert len({tuple(p) for p in prompts}) == 50
+    assert len({len(p) for p in prompts}) > 10 and all(8 <= len(p) <= 40 for p in prompts)
+
+
+def test_saved_job_inputs_load_as_a_pair(tmp_path):
+    gpu.main([*TINY, "--save", str(tmp_path / "job")])
+    import torch
+
+    from specdec_core.loading import load_model, load_tokenizer
+
+    target = load_model(str(tmp_path / "job" / "target"), torch.device("cpu"), torch.float32)
+    tok = load_tokenizer(str(tmp_path / "job" / "draft"))
+    table = pq.read_table(tmp_path / "job" / "prompts.parquet")
+    assert table.num_rows == 5 and target.config.num_hidden_layers == 3
+    assert len(tok(table.column("prompt")[0].as_py()).input_ids) >= 4
+
+
+def test_a_bad_setting_stops_in_one_line(capsys):
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--sections", "single,nope"])
+    assert "unknown nope" in capsys.readouterr().err

@@ -1,0 +1,52 @@
+"""On a CUDA GPU in fp32: greedy output equals the target's own `generate()` on that GPU, at batch 1
+and batched, decoder-only and encoder-decoder, with the engines' attention kernels (no cuDNN
+attention) and with PyTorch's default choice, with CUDA graphs over static caches and without. Skipped where
+torch sees no CUDA device."""
+
+import copy
+
+import pytest
+import torch
+
+from specdec_core import attention
+from specdec_core.batch_engine import BatchSpeculativeGenerator
+from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from specdec_core.engine import SpeculativeGenerator
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
+
+PROMPTS = ["The quick brown", "def add(a, b):\n    return", "Summarize: the committee met on Tuesday", "Hi",
+           "for i in range(10):", "Translate English to German: the house"]
+KINDS = ["llama", "gpt2", "t5", "bart"]
+
+
+@pytest.fixture(scope="module")
+def cuda_models(models):
+    return {kind: tuple(copy.deepcopy(m).to("cuda") for m in pair) for kind, pair in models.items()}
+
+
+def reference(target, ids: list[int], max_new: int) -> list[int]:
+    out = target.generate(torch.tensor([ids], device="cuda"), do_sample=False, max_new_tokens=max_new)[0].tolist()
+    return out[1:] if target.config.is_encoder_decoder else out[len(ids):]
+
+
+@pytest.mark.parametrize("graphs", ["auto", "off"], ids=["cuda-graphs", "eager"])
+@pytest.mark.parametrize("cudnn", [False, True], ids=["engine-attention", "default-attention"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokenizer, monkeypatch):
+    monkeypatch.setattr(attention, "CUDNN_ATTENTION", cudnn)
+    target, draft = cuda_models[kind]
+    prompts = [tokenizer(p).input_ids for p in PROMPTS]
+    refs = [reference(target, ids, 24) for ids in prompts]
+    drafters = {"model": ModelDrafter(draft, cuda_graphs=graphs), "ngram": NgramDrafter(), "none": NoDrafter()}
+    for name, drafter in drafters.items():
+        single = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=24,
+                                      cuda_graphs=graphs)
+        assert (single.static is not None) == (graphs == "auto" and kind in ("llama", "gpt2"))
+        assert [single.generate(ids).tokens for ids in prompts] == refs, (kind, name, "batch 1")
+        for batch_size in (2, 6):
+            engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=4,
+                                               max_new_tokens=24)
+            out = engine.generate_many([(ids, 0) for ids in prompts])
+            assert [g.tokens for g in out] == refs, (kind, name, batch_size)
+

@@ -1,0 +1,89 @@
+"""The static-cache decoder (the CUDA-graph path, run eagerly here): the same logits as the growing
+cache through passes, rollbacks and growth, and greedy output equal to `generate()`."""
+
+import pytest
+import torch
+
+from specdec_core import static_decoder
+from specdec_core.decoder import CachedDecoder
+from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from specdec_core.engine import SpeculativeGenerator
+from specdec_core.static_decoder import StaticDecoder, graph_support, static_decoder_for
+from tests.numerics import assert_logits_close
+from tests.test_engine_greedy import PROMPTS, reference
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_logits_equal_the_growing_cache_through_rollbacks_and_growth(kind, models, tokenizer, monkeypatch):
+    monkeypatch.setattr(static_decoder, "CAPACITY_STEP", 8)  # grows several times below
+    target, _ = models[kind]
+    ids = tokenizer(PROMPTS[2]).input_ids
+    static, dynamic = StaticDecoder(target), CachedDecoder(target, ids)
+    assert static.acquire()
+    seq = list(ids)
+    for a, b in ((static, 0), (dynamic, 0)):
+        a.forward(seq[:-1], b)
+    g = torch.Generator().manual_seed(0)
+    for step in range(12):
+        extra = torch.randint(5, 300, (step % 5,), generator=g).tolist()
+        feed = seq + extra
+        assert_logits_close(static.forward(feed, len(extra) + 1), dynamic.forward(feed, len(extra) + 1))
+        keep = len(seq) + (step % 3 if extra else 0)
+        static.rollback(keep)
+        dynamic.rollback(keep)
+        seq = feed[:keep] + [int(torch.randint(5, 300, (1,), generator=g))]
+    assert static.capacity >= len(seq) and static.capacity % 8 == 0
+    static.release()
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_greedy_through_static_caches_equals_generate(kind, models, tokenizer):
+    target, draft = models[kind]
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt).input_ids
+        ref = reference(target, ids, 24)
+        for drafter in (ModelDrafter(draft, cuda_graphs="on"), NgramDrafter(), NoDrafter()):
+            for gamma in (1, 4):
+                gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=gamma, max_new_tokens=24,
+                                           cuda_graphs="on")
+                assert gen.static is not None
+                assert gen.generate(ids).tokens == ref, (kind, drafter.name, gamma, prompt)
+                assert gen.static.acquire(), "the item gave its static decoder back"
+                gen.static.release()
+
+
+def test_sampling_through_static_caches_follows_the_seed(models, tokenizer):
+    from specdec_core.processing import SamplingSettings
+
+    target, draft = models["llama"]
+    ids = tokenizer(PROMPTS[0]).input_ids
+    settings = SamplingSettings(temperature=1.0)
+    outs = []
+    for mode in ("on", "off"):
+        gen = SpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs=mode), max_new_tokens=20,
+                                   sampling=settings, cuda_graphs=mode)
+        outs.append([gen.generate(ids, seed=s).tokens for s in range(5)])
+    assert outs[0] == outs[1]
+
+
+def test_busy_static_decoder_falls_back_to_a_growing_cache(models, tokenizer):
+    target, draft = models["llama"]
+    ids = tokenizer(PROMPTS[1]).input_ids
+    gen = SpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="on"), max_new_tokens=12, cuda_graphs="on")
+    assert gen.static.acquire()  # another item (thread) holds it
+    try:
+        assert gen.generate(ids).tokens == reference(target, ids, 12)
+        assert gen.static.length == 0  # untouched
+    finally:
+        gen.static.release()
+
+
+def test_which_models_take_the_static_path(models):
+    assert graph_support(models["llama"][0]) is None
+    assert "encoder-decoder" in graph_support(models["t5"][0])
+    assert static_decoder_for(models["llama"][0], "auto") is None  # CPU: no graphs to gain
+    assert static_decoder_for(models["llama"][0], "off") is None
+    with pytest.raises(ValueError, match="cuda_graphs on: T5ForConditionalGeneration is an encoder-decoder"):
+        static_decoder_for(models["t5"][0], "on")
+    with pytest.raises(ValueError, match="cuda_graphs must be one of"):
+        static_decoder_for(models["llama"][0], "always")
