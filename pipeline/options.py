@@ -5,6 +5,8 @@ from __future__ import annotations
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from specdec_core.cpu_speed import DRAFT_DTYPES
+from specdec_core.placement import DEVICE_MAPS
+from specdec_core.static_decoder import GRAPH_MODES
 from specdec_core.text import CPU_KERNELS, DRAFTERS, GAMMA_POLICIES, GeneratorSpec
 
 
@@ -35,6 +37,9 @@ class SpecDecOptions(PipelineOptions):
           help="CPU fp32 only: prepacked = oneDNN-prepacked linear weights (cheaper multi-token verify; used "
           "from the row count where they beat the stock kernels on this CPU, timed at load); stock = PyTorch "
           "defaults")
+        a("--cuda_graphs", default="auto", choices=GRAPH_MODES,
+          help="batch 1 on a GPU: the target's and the draft's passes over static caches, replayed as CUDA graphs "
+          "(auto: on CUDA, for decoder-only models with full attention on one device; on: insist; off: eager)")
         a("--draft_dtype", default="auto", choices=DRAFT_DTYPES,
           help="the draft model's weights only (the target keeps --dtype, so outputs are unchanged): auto = "
           "--dtype, with the large linears of an fp32 CPU draft in bf16 where the CPU has native bf16; same = "
@@ -47,7 +52,11 @@ class SpecDecOptions(PipelineOptions):
         a("--top_k", type=_none_or(int), default=None, help="top-k sampling (sampling only)")
         a("--top_p", type=_none_or(float), default=None, help="nucleus sampling (sampling only)")
         a("--seed", type=int, default=0, help="base seed; each item's seed derives from it and the item's id")
-        a("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+        a("--device", default="auto",
+          help="auto, cpu, cuda or cuda:N; cuda (or auto with GPUs): one copy of the pair per GPU of the worker")
+        a("--device_map", default="none", choices=DEVICE_MAPS,
+          help="none: each copy of the pair on one GPU; auto: each copy split over the fewest GPUs that hold "
+          "it, for a target larger than one GPU")
         a("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
           help="model dtype; auto is float32 on CPU, bfloat16 on CUDA")
         a("--ngram_max_size", type=int, default=3, help="--drafter ngram: longest n-gram to match")
@@ -96,9 +105,11 @@ class SpecDecOptions(PipelineOptions):
             ngram_max_size=self.ngram_max_size,
             ngram_min_size=self.ngram_min_size,
             device=self.device,
+            device_map=self.device_map,
             dtype=self.dtype,
             gamma_policy=self.gamma_policy,
             cpu_kernels=self.cpu_kernels,
+            cuda_graphs=self.cuda_graphs,
             draft_dtype=self.draft_dtype,
             chat_template=self.chat_template,
             system_prompt=self.system_prompt,

@@ -217,26 +217,48 @@ def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
                                      f"{opts.id_column!r} column is {id_type}")
 
 
-def _check_batching(opts: SpecDecOptions) -> None:
-    """--batch_size > 1 decodes every attention model, decoder-only or encoder-decoder, full or
-    sliding-window; models with other layer kinds (chunked, linear or state-space layers) are
-    refused (gs:// models are checked on load)."""
-    if opts.batch_size == 1:
-        return
+def _local_model_configs(opts: SpecDecOptions):
+    """(flag, path, config) of the target and the model draft that are local (gs:// models are
+    checked when the workers load them)."""
     from transformers import AutoConfig
-
-    from specdec_core.batch_engine import unbatchable
 
     models = [("--target_model", opts.target_model)]
     if opts.drafter == "model":
         models.append(("--draft_model", opts.draft_model))
     for flag, path in models:
-        if path.startswith("gs://"):
-            continue
-        why = unbatchable(AutoConfig.from_pretrained(path, trust_remote_code=opts.trust_remote_code))
+        if not path.startswith("gs://"):
+            yield flag, path, AutoConfig.from_pretrained(path, trust_remote_code=opts.trust_remote_code)
+
+
+def _check_batching(opts: SpecDecOptions) -> None:
+    """--batch_size > 1 decodes every attention model, decoder-only or encoder-decoder, full or
+    sliding-window; models with other layer kinds (chunked, linear or state-space layers) are
+    refused."""
+    if opts.batch_size == 1:
+        return
+    from specdec_core.batch_engine import unbatchable
+
+    for flag, path, config in _local_model_configs(opts):
+        why = unbatchable(config)
         if why:
             raise JobConfigError(f"--batch_size {opts.batch_size}: {flag} {path!r} {why}; batching needs "
                                  "attention layers, full or sliding-window (use --batch_size 1)")
+
+
+def _check_cuda_graphs(opts: SpecDecOptions) -> None:
+    """--cuda_graphs on insists on static caches: refuse a split model, or one whose config rules
+    them out."""
+    if opts.cuda_graphs != "on":
+        return
+    from specdec_core.static_decoder import config_support
+
+    if opts.device_map == "auto":
+        raise JobConfigError("--cuda_graphs on: a model split by --device_map auto runs eagerly (use --cuda_graphs "
+                             "auto or off)")
+    for flag, path, config in _local_model_configs(opts):
+        why = config_support(config)
+        if why:
+            raise JobConfigError(f"--cuda_graphs on: {flag} {path!r} {why} (use --cuda_graphs auto or off)")
 
 
 def preflight(opts: SpecDecOptions) -> pa.Schema:
@@ -270,4 +292,18 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_output(opts)
     _check_resume(opts, schema)
     _check_batching(opts)
+    _check_cuda_graphs(opts)
+    _check_fit(opts)
     return schema
+
+
+def _check_fit(opts: SpecDecOptions) -> None:
+    """A pair that cannot fit the worker's GPUs (pipeline/fit.py) stops the job here."""
+    from pipeline.fit import check_fit
+
+    try:
+        check_fit(opts)
+    except JobConfigError:
+        raise
+    except ValueError as e:
+        raise JobConfigError(str(e)) from e

@@ -29,11 +29,37 @@ def _version(package: str) -> str | None:
 
 def run_record(opts: SpecDecOptions) -> dict:
     """Every flag of this pipeline (model locations and generation flags included, by their
-    flag names) and the package versions under "versions"."""
+    flag names), the package versions under "versions", and under "placement" the device of
+    every copy of the pair on a worker, as planned at launch."""
     parser = argparse.ArgumentParser(add_help=False)
     SpecDecOptions._add_argparse_args(parser)  # noqa: SLF001
     flags = {a.dest: getattr(opts, a.dest) for a in parser._actions}  # noqa: SLF001
-    return {**flags, "versions": {p: _version(p) for p in PACKAGES}}
+    return {**flags, "versions": {p: _version(p) for p in PACKAGES}, "placement": placement_record(opts)}
+
+
+def placement_record(opts: SpecDecOptions) -> dict:
+    """{"gpus": what the launcher knows of a worker's GPUs, "copies": [devices of each copy]}.
+    Reads nothing: preflight's plan where it made one, else the plan from the flags and the
+    worker's GPUs (a split is then sized on the workers, and said so)."""
+    from pipeline.fit import planned_copies, worker_gpus
+    from specdec_core.placement import plan_copies
+
+    planned = planned_copies(opts)
+    if planned is not None:
+        worker, copies = planned
+    else:
+        worker = worker_gpus(opts) if opts.device != "cpu" else None
+        try:
+            copies = plan_copies(opts.device, opts.device_map, worker.gpus if worker else [])
+        except ValueError:
+            copies = []
+        if opts.device_map == "auto" and worker and len(worker.gpus) > 1:
+            return {"gpus": worker.source, "copies": "split per copy over the fewest GPUs that hold it, "
+                    "planned on each worker"}
+    if opts.device != "cpu" and worker is None:
+        return {"gpus": "unknown at launch", "copies": "one per GPU of each worker"
+                if opts.device in ("auto", "cuda") and opts.device_map == "none" else opts.device}
+    return {"gpus": worker.source if worker else "none", "copies": [list(c.devices) for c in copies]}
 
 
 def with_provenance(schema: pa.Schema, record: dict) -> pa.Schema:

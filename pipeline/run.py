@@ -14,7 +14,7 @@ from pipeline.flags import FlagError, check_pipeline_flags
 from pipeline.logs import setup_logging
 from pipeline.options import SpecDecOptions
 from pipeline.preflight import JobConfigError, is_dry_run, preflight
-from pipeline.provenance import run_record, with_provenance
+from pipeline.provenance import placement_record, run_record, with_provenance
 from transforms.durable import CommitChunks, CommitRows, output_files
 from transforms.generate import GenerateRows
 from transforms.ids import SelectRows
@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
     if opts.overwrite and not is_dry_run(opts) and (old := output_files(opts.output)):
         logging.info("--overwrite: deleting %d earlier output files under %s", len(old), opts.output)
         FileSystems.delete(old)
+    logging.info("placement on each worker: %s", placement_record(opts))
     p = beam.Pipeline(options=opts)
     build_pipeline(p, opts, schema)
     result = p.run()

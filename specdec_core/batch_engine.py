@@ -26,7 +26,7 @@ from transformers import PreTrainedModel
 from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.attention import attention_kernels
 from specdec_core.batch_kv import BatchKV, sliding_window
-from specdec_core.decoder import initial_decoder_ids
+from specdec_core.decoder import initial_decoder_ids, synchronize
 from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter
 from specdec_core.engine import FinishCheck, Generation, ItemStats, ItemTimeout, SpeculativeGenerator
 from specdec_core.gamma import LOOKUP_DRAFT_COST, AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
@@ -358,6 +358,7 @@ class BatchSpeculativeGenerator:
             for b, r in enumerate(live):
                 r.transform(r.seq + fill[b][: k - 1], logits[b]).argmax(-1)
                 tkv.rollback(b, bases[b])
+            synchronize(tkv.device)
             return time.perf_counter() - t
 
         def draft_step() -> float:  # consecutive steps, as in a round (a lone step runs cold)

@@ -243,7 +243,7 @@ class BatchKV:
                 # The bias of every distance 0..top-1 (query after key), from the module itself.
                 table = original(1, top, device=device, past_seen_tokens=top - 1)[0, :, 0]  # (heads, top)
                 distance = (colpos[:, None, :key_length] - pos[:, :, None]).clamp(1 - top, 0) + top - 1
-                return table[:, distance].permute(1, 0, 2, 3)  # (rows, heads, queries, keys)
+                return table[:, distance.to(table.device)].permute(1, 0, 2, 3)  # (rows, heads, queries, keys)
             return compute_bias
 
         try:
@@ -286,9 +286,9 @@ class BatchKV:
         if holes:
             dst = torch.tensor(holes, dtype=torch.long, device=self.device)
             src = torch.tensor(movers, dtype=torch.long, device=self.device)
-            for k, v in self._layers() + self._cross_layers():
-                k[dst] = k[src]
-                v[dst] = v[src]
+            for k, v in self._layers() + self._cross_layers():  # a split model's layers sit on several devices
+                k[dst.to(k.device)] = k[src.to(k.device)]
+                v[dst.to(v.device)] = v[src.to(v.device)]
         for layer in self.cache.layers + (self.cross.layers if self.encdec else []):
             if layer.is_initialized:
                 layer.keys, layer.values = layer.keys[:n], layer.values[:n]
@@ -321,8 +321,8 @@ class BatchKV:
         index = [torch.tensor(c, dtype=torch.long, device=self.device) for c in fresh.cols]
         for (k, v), (fk, fv) in zip(mine, theirs, strict=True) if theirs else ():  # none: one-token prompts
             for j, (slot, cols) in enumerate(zip(slots, index, strict=True)):
-                k[slot, :, width - len(cols):] = fk[j, :, cols]
-                v[slot, :, width - len(cols):] = fv[j, :, cols]
+                k[slot, :, width - len(cols):] = fk[j, :, cols.to(fk.device)]
+                v[slot, :, width - len(cols):] = fv[j, :, cols.to(fv.device)]
         for j, slot in enumerate(slots):
             n = len(fresh.cols[j])
             self.mask[slot] = 0
@@ -351,8 +351,8 @@ class BatchKV:
             self.enc_mask = torch.cat([self.enc_mask, self.enc_mask.new_zeros((self.rows, grow))], dim=1)
         index = torch.tensor(slots, dtype=torch.long, device=self.device)
         for (k, v), (fk, fv) in zip(self._cross_layers(), theirs, strict=True):
-            k[index, :, :need] = fk
-            v[index, :, :need] = fv
+            k[index.to(k.device), :, :need] = fk
+            v[index.to(v.device), :, :need] = fv
         self.enc_mask[index] = 0
         self.enc_mask[index, :need] = fresh.enc_mask
 
@@ -398,6 +398,7 @@ class BatchKV:
             k_out.copy_(k)
             v_out.copy_(v)
             return
+        index = index.to(k.device)
         torch.gather(k, 2, index[:, None, :, None].expand(self.rows, k.shape[1], width, k.shape[3]), out=k_out)
         torch.gather(v, 2, index[:, None, :, None].expand(self.rows, v.shape[1], width, v.shape[3]), out=v_out)
 

@@ -22,6 +22,12 @@ def _accepts_logits_to_keep(model_cls: type) -> bool:
     return "logits_to_keep" in inspect.signature(model_cls.forward).parameters
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work: a timer around a GPU pass must, as the call returns early."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def initial_decoder_ids(model: PreTrainedModel, prompt_ids: list[int]) -> list[int]:
     """The token sequence the decoder starts from: the prompt, or the decoder start token."""
     if not model.config.is_encoder_decoder:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from specdec_core.decoder import CachedDecoder, eos_ids
+from specdec_core.decoder import CachedDecoder, eos_ids, synchronize
 from specdec_core.static_decoder import StaticDecoder, static_decoder_for
 
 # (sequence so far, logits row (1, V)) -> (chosen token, its distribution (1, V) or None when greedy)
@@ -108,7 +108,8 @@ class ModelDrafter(Drafter):
         return _ModelSession(CachedDecoder(self.model, prompt_ids, encoded), decoder_ids, pick, self.ends)
 
     def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer:
-        decoder = CachedDecoder(self.model, prompt_ids)
+        # Steps as the items run them: through a static decoder of its own when graphs are used.
+        decoder = CachedDecoder(self.model, prompt_ids) if self.static is None else StaticDecoder(self.model)
         decoder.forward(seq, 1)
 
         def timer() -> float:
@@ -118,6 +119,7 @@ class ModelDrafter(Drafter):
             t0 = time.perf_counter()
             for j in range(1, burst + 1):
                 decoder.forward(seq + extra[:j], 1)
+            synchronize(decoder.device)
             return (time.perf_counter() - t0) / burst
 
         return timer

@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 
 from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.attention import attention_kernels
-from specdec_core.decoder import CachedDecoder, eos_ids, initial_decoder_ids
+from specdec_core.decoder import CachedDecoder, eos_ids, initial_decoder_ids, synchronize
 from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
 from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
@@ -106,22 +106,24 @@ class SpeculativeGenerator:
         on the prompt's cache (c and v(k) of the paper's bound, in 1-token target passes)."""
         ks = ks or tuple(range(2, self.gamma + 2))
         seq = initial_decoder_ids(self.target, prompt_ids)
-        verifier = CachedDecoder(self.target, prompt_ids)
-        base = len(seq) - 1
-        if base > 0:
-            verifier.forward(seq[:-1], 0)
         vocab = self.target.get_output_embeddings().weight.shape[0]
         extra = [int(t) % vocab for t in (list(prompt_ids) * 4)[: max(ks) + 1]]
+        with contextlib.ExitStack() as held:
+            verifier = self._verifier(prompt_ids, held)  # the passes the items will run (graphs or not)
+            base = len(seq) - 1
+            if base > 0:
+                verifier.forward(seq[:-1], 0)
 
-        def target_step(k: int) -> float:
-            verifier.rollback(base)
-            t0 = time.perf_counter()
-            verifier.forward(seq[:base] + [seq[-1]] + extra[: k - 1], k)
-            return time.perf_counter() - t0
+            def target_step(k: int) -> float:
+                verifier.rollback(base)
+                t0 = time.perf_counter()
+                verifier.forward(seq[:base] + [seq[-1]] + extra[: k - 1], k)
+                synchronize(self.target.device)  # a GPU runs the pass after the call returns
+                return time.perf_counter() - t0
 
-        draft_step = self.drafter.step_timer(prompt_ids, seq, extra, max(max(ks) - 1, 1))
-        target_step(1)  # warm-up
-        costs = Costs.measure(target_step, draft_step, ks, reps)
+            draft_step = self.drafter.step_timer(prompt_ids, seq, extra, max(max(ks) - 1, 1))
+            target_step(1)  # warm-up
+            costs = Costs.measure(target_step, draft_step, ks, reps)
         if draft_step is None and not isinstance(self.drafter, NoDrafter):
             costs.c = LOOKUP_DRAFT_COST
         return costs

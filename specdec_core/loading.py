@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+from collections.abc import Sequence
 
 import torch
 from transformers import (
@@ -17,6 +19,7 @@ from transformers import (
 )
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -42,15 +45,27 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-def load_model(path: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False) -> PreTrainedModel:
-    """A causal or encoder-decoder LM, whichever the config says, in eval mode on `device`.
+def load_model(path: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False, *,
+               devices: Sequence[str] = (), first_extra: int = 0) -> PreTrainedModel:
+    """A causal or encoder-decoder LM, whichever the config says, in eval mode on `device`, or
+    split over `devices` when they are several (specdec_core/device_map.py; `first_extra` bytes,
+    the draft's, are kept beside the first device's share).
 
     trust_remote_code is passed explicitly, False included: left unset, transformers may ask
     on a terminal whether to run a model's own code.
     """
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
-    return auto.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code).to(device).eval()
+    model = auto.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+    if len(devices) > 1:
+        from specdec_core.device_map import load_split
+
+        device_map = load_split(model, list(devices), first_extra)
+        spread = sorted(set(device_map.values()), key=list(devices).index)
+        log.info("%s split over %s: %s", path, ", ".join(spread), ", ".join(
+            f"{d} {sum(1 for v in device_map.values() if v == d)} modules" for d in spread))
+        return model.eval()
+    return model.to(device).eval()
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:

@@ -38,18 +38,28 @@ MAX_GRAPH_WIDTH = 16  # widest pass captured: a verify pass is gamma + 1 tokens
 GRAPH_MODES = ("auto", "on", "off")
 
 
-def graph_support(model: PreTrainedModel) -> str | None:
-    """None when this model can decode through `StaticDecoder`, else why not."""
-    config = model.config
+def config_support(config) -> str | None:
+    """None when a model of this config can decode through `StaticDecoder`, as far as its config
+    tells (the preflight's check), else why not."""
     if config.is_encoder_decoder:
         return "is an encoder-decoder model (static caches cover decoder-only models)"
-    if config._attn_implementation not in ("sdpa", "eager"):
-        return f"uses {config._attn_implementation} attention (needs sdpa or eager, which take a 4D mask)"
     if sliding_window(config) is not None:
         return "has sliding-window layers (the static mask is full causal attention)"
     types = set(getattr(config, "layer_types", None) or ["full_attention"])
     if types != {"full_attention"}:
         return f"has {', '.join(sorted(types - {'full_attention'}))} layers"
+    return None
+
+
+def graph_support(model: PreTrainedModel) -> str | None:
+    """None when this loaded model can decode through `StaticDecoder`, else why not."""
+    if len({p.device for p in model.parameters()}) > 1:
+        return "is split over several devices (a graph replays on one)"
+    why = config_support(model.config)
+    if why:
+        return why
+    if model.config._attn_implementation not in ("sdpa", "eager"):
+        return f"uses {model.config._attn_implementation} attention (needs sdpa or eager, which take a 4D mask)"
     if "position_ids" not in inspect.signature(model.forward).parameters:
         return "takes no position_ids"
     return None

@@ -35,7 +35,9 @@ from specdec_core.loading import (
     resolve_dtype,
     share_encoder,
 )
+from specdec_core.placement import DTYPE_BYTES, check_device_map, parameter_count
 from specdec_core.processing import SamplingSettings
+from specdec_core.static_decoder import GRAPH_MODES
 from specdec_core.stopping import StopStrings, check_stop_strings, cut_at_stop
 
 DRAFTERS = ("model", "ngram", "none")
@@ -156,6 +158,7 @@ class GeneratorSpec:
     dtype: str = "auto"
     gamma_policy: str = "fixed"
     cpu_kernels: str = "prepacked"
+    cuda_graphs: str = "auto"
     draft_dtype: str = "auto"
     chat_template: bool = False
     system_prompt: str | None = None
@@ -163,8 +166,15 @@ class GeneratorSpec:
     max_item_seconds: float | None = None
     trust_remote_code: bool = False
     batch_size: int = 1
+    device_map: str = "none"
+    # The devices of one copy of the pair, set by the worker's placement (specdec_core/placement.py):
+    # the target split over them in order when several, the draft on the first. Empty: --device.
+    devices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        check_device_map(self.device_map)
+        if self.device_map == "auto" and self.device == "cpu":
+            raise ValueError("--device_map auto splits a model over GPUs: not with --device cpu")
         if self.batch_size < 1:
             raise ValueError(f"--batch_size must be >= 1, got {self.batch_size}")
         check_stop_strings(self.stop)
@@ -176,6 +186,8 @@ class GeneratorSpec:
             raise ValueError(f"--draft_dtype {self.draft_dtype!r}: expected one of {', '.join(DRAFT_DTYPES)}")
         if self.draft_dtype == "int8" and self.device.startswith("cuda"):
             raise ValueError("--draft_dtype int8 is dynamic quantization, CPU only: not with --device cuda")
+        if self.cuda_graphs not in GRAPH_MODES:
+            raise ValueError(f"--cuda_graphs {self.cuda_graphs!r}: expected one of {', '.join(GRAPH_MODES)}")
         if self.cpu_kernels not in CPU_KERNELS:
             raise ValueError(f"--cpu_kernels {self.cpu_kernels!r}: expected one of {', '.join(CPU_KERNELS)}")
         if self.gamma_policy == "adaptive" and self.temperature != 0:
@@ -190,7 +202,8 @@ class GeneratorSpec:
 
 def load_model_drafter(path: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *,
                        device: torch.device, dtype: torch.dtype, draft_dtype: str = "auto",
-                       cpu_kernels: str = "stock", trust_remote_code: bool = False) -> Drafter:
+                       cpu_kernels: str = "stock", trust_remote_code: bool = False,
+                       cuda_graphs: str = "auto") -> Drafter:
     """A draft model checked against its target: same-tokenizer or cross-tokenizer drafting
     (logged), in its dtype and kernels; one place for the job and pipeline.tune."""
     draft = load_model(path, device, dtype, trust_remote_code=trust_remote_code)
@@ -205,7 +218,7 @@ def load_model_drafter(path: str, target: PreTrainedModel, tokenizer: PreTrained
         if share_encoder(target, draft):
             log.info("--draft_model %s: its encoder holds the target's weights; one encoder pass per prompt "
                      "serves both", path)
-        return ModelDrafter(draft)
+        return ModelDrafter(draft, cuda_graphs=cuda_graphs)
     return CrossTokenizerDrafter(draft, tokenizer, draft_tokenizer)
 
 
@@ -229,6 +242,7 @@ class TextGenerator:
         stop: Sequence[str] = (),
         max_item_seconds: float | None = None,
         batch_size: int = 1,
+        cuda_graphs: str = "auto",
     ):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
@@ -242,6 +256,7 @@ class TextGenerator:
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             gamma_policy=gamma_policy,
+            cuda_graphs=cuda_graphs,
         )
         self.batch_engine = None
         if batch_size > 1 and isinstance(drafter, CrossTokenizerDrafter):
@@ -264,10 +279,17 @@ class TextGenerator:
 
     @classmethod
     def load(cls, spec: GeneratorSpec, gamma_policy: GammaPolicy | None = None) -> TextGenerator:
-        device = resolve_device(spec.device)
+        device = resolve_device(spec.devices[0] if spec.devices else spec.device)
         dtype = resolve_dtype(spec.dtype, device)
         trust = spec.trust_remote_code
-        target = load_model(spec.target_model, device, dtype, trust_remote_code=trust)
+        beside = 0  # bytes the draft takes on the first device of a split target
+        if len(spec.devices) > 1 and spec.drafter == "model":
+            from transformers import AutoConfig
+
+            draft_config = AutoConfig.from_pretrained(spec.draft_model, trust_remote_code=trust)
+            beside = parameter_count(draft_config, trust)[0] * DTYPE_BYTES.get(dtype, 4)
+        target = load_model(spec.target_model, device, dtype, trust_remote_code=trust, devices=spec.devices,
+                            first_extra=beside)
         if spec.cpu_kernels == "prepacked":
             prepare_for_cpu(target)  # no-op off CPU or outside fp32
         tokenizer = load_tokenizer(spec.tokenizer or spec.target_model, trust_remote_code=trust)
@@ -278,7 +300,7 @@ class TextGenerator:
         if spec.drafter == "model":
             drafter: Drafter = load_model_drafter(spec.draft_model, target, tokenizer, device=device, dtype=dtype,
                                                   draft_dtype=spec.draft_dtype, cpu_kernels=spec.cpu_kernels,
-                                                  trust_remote_code=trust)
+                                                  trust_remote_code=trust, cuda_graphs=spec.cuda_graphs)
             if isinstance(drafter, ModelDrafter):
                 models.append(drafter.model)  # a cross-tokenizer draft's positions count its own tokens
         elif spec.drafter == "ngram":
@@ -306,6 +328,7 @@ class TextGenerator:
             stop=spec.stop,
             max_item_seconds=spec.max_item_seconds,
             batch_size=spec.batch_size,
+            cuda_graphs=spec.cuda_graphs,
         )
 
     def encode(self, prompt: object) -> list[int]:

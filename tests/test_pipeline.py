@@ -129,6 +129,10 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         "the target is encoder-decoder but the draft is causal": base[:4] + [
             "--target_model", str(saved_pairs["t5"][0]), "--draft_model", str(draft)],
         "--max_new_tokens must be >= 1": base + ["--draft_model", str(draft), "--max_new_tokens", "0"],
+        "--cuda_graphs on: --target_model": base[:4] + [
+            "--target_model", str(saved_pairs["t5"][0]), "--draft_model", str(saved_pairs["t5"][1]),
+            "--cuda_graphs", "on"],
+        "--cuda_graphs: invalid choice": base + ["--draft_model", str(draft), "--cuda_graphs", "always"],
     }
     capsys.readouterr()
     for needle, args in cases.items():

@@ -87,3 +87,30 @@ def test_which_models_take_the_static_path(models):
         static_decoder_for(models["t5"][0], "on")
     with pytest.raises(ValueError, match="cuda_graphs must be one of"):
         static_decoder_for(models["llama"][0], "always")
+
+
+def test_adaptive_gamma_times_the_static_passes_and_stays_exact(models, tokenizer):
+    from specdec_core.gamma import AdaptiveGamma
+
+    target, draft = models["llama"]
+    ids = tokenizer(PROMPTS[2]).input_ids
+    policy = AdaptiveGamma(max_gamma=4)
+    gen = SpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="on"), num_speculative_tokens=4,
+                               max_new_tokens=16, gamma_policy=policy, cuda_graphs="on")
+    assert gen.generate(ids).tokens == reference(target, ids, 16)
+    assert policy.costs is not None and policy.costs.c > 0
+    assert gen.static.acquire()  # the timing gave it back too
+    gen.static.release()
+
+
+def test_an_item_that_fails_gives_its_static_decoders_back(models, tokenizer):
+    from specdec_core.engine import ItemTimeout
+
+    target, draft = models["llama"]
+    drafter = ModelDrafter(draft, cuda_graphs="on")
+    gen = SpeculativeGenerator(target, drafter, max_new_tokens=12, cuda_graphs="on")
+    with pytest.raises(ItemTimeout):
+        gen.generate(tokenizer(PROMPTS[0]).input_ids, max_seconds=-1.0)
+    for static in (gen.static, drafter.static):
+        assert static.acquire()
+        static.release()

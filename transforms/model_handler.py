@@ -3,20 +3,26 @@
 RunInference loads the pair once per process (Beam's `Shared`) and every thread of the
 process uses it, or once per machine with `large_model=True`, where other processes reach
 it through a proxy that exposes methods only: so all work goes through
-`TextGenerator.generate`, which takes and returns plain data.
+`TextGenerator.generate`, which takes and returns plain data. On a machine whose placement
+(specdec_core/placement.py) gives several copies (one per GPU, or per group of GPUs for a
+split pair), each process gets a `PairRouter` over copies that live in processes of their own
+(transforms/copies.py) instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
+from specdec_core import placement
 from specdec_core.text import GeneratorSpec, TextGenerator
 
 NAMESPACE = "specdec"
@@ -75,14 +81,56 @@ class SpecDecModelHandler(ModelHandler[dict, PredictionResult, TextGenerator]):
         super().__init__(min_batch_size=rows, max_batch_size=rows, large_model=large_model)
         self.spec = spec
         self.prompt_column = prompt_column
+        self.large_model = large_model
+        self.job_tag = f"specdec-{uuid.uuid4().hex[:12]}"  # one per job: keys the copies of each machine
         self._progress: _Progress | None = None
+        self._copies: tuple[int, list[placement.Copy]] | None = None
 
-    def load_model(self) -> TextGenerator:
+    def copies(self) -> list[placement.Copy]:
+        """This machine's copies of the pair, from the GPUs it sees (once per process: the
+        launcher's own answer, pickled with the handler, is not the worker's)."""
+        if self._copies is None or self._copies[0] != os.getpid():
+            gpus = placement.visible_gpus() if self.spec.device != "cpu" else []
+            need = None
+            if self.spec.device_map == "auto" and len(gpus) > 1:
+                need = self._weights_need()
+            self._copies = os.getpid(), placement.plan_copies(self.spec.device, self.spec.device_map, gpus, need)
+        return self._copies[1]
+
+    def _weights_need(self) -> placement.Footprint:
+        """The pair's weights (no KV cache), from the configs: what a split is planned on."""
+        import torch
+        from transformers import AutoConfig
+
+        from specdec_core.loading import resolve_dtype
         from transforms.model_cache import localize
 
+        trust = self.spec.trust_remote_code
+        target = AutoConfig.from_pretrained(localize(self.spec.target_model), trust_remote_code=trust)
+        draft = (AutoConfig.from_pretrained(localize(self.spec.draft_model), trust_remote_code=trust)
+                 if self.spec.drafter == "model" else None)
+        dtype = resolve_dtype(self.spec.dtype, torch.device("cuda"))
+        return placement.footprint(target, draft, dtype, rows=0, prompt_tokens=0, new_tokens=0,
+                                   trust_remote_code=trust)
+
+    def share_model_across_processes(self) -> bool:
+        # Several copies are shared across processes by transforms/copies.py, not by RunInference.
+        try:
+            return self.large_model and len(self.copies()) == 1
+        except ValueError:  # no GPU here (a launcher): on a worker, load_model says why
+            return self.large_model
+
+    def load_model(self) -> TextGenerator:
+        from transforms.copies import start_copies
+        from transforms.model_cache import localize
+
+        copies = self.copies()
+        _LOG.info("specdec: %s", placement.describe_plan(copies))
+        if len(copies) > 1:
+            return start_copies(self.spec, copies, self.job_tag)  # type: ignore[return-value]
         local = {f: localize(getattr(self.spec, f)) for f in ("target_model", "draft_model", "tokenizer")
                  if getattr(self.spec, f)}
-        return TextGenerator.load(dataclasses.replace(self.spec, **local))
+        return TextGenerator.load(dataclasses.replace(self.spec, devices=copies[0].devices, **local))
 
     def run_inference(
         self, batch: Sequence[dict], model: TextGenerator, inference_args: dict[str, Any] | None = None

@@ -338,11 +338,13 @@ def markdown(result: dict) -> str:
                   "| | ms/token | vs HF generate | vs ours alone | acceptance | same as HF | same as ours alone |",
                   "|---|---|---|---|---|---|---|"]
         for name, r in rows.items():
-            alone = rows.get(name.replace("draft", "target alone"), r)["ms_per_token"]
+            drafted = name.startswith("ours") and "draft" in name
+            alone = rows.get(name.replace("draft", "target alone")) if drafted else None
+            ratio = f"{alone['ms_per_token'] / r['ms_per_token']:.2f}x" if alone else "-"
             acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
-            lines.append(f"| {name} | {r['ms_per_token']:.2f} | {hf / r['ms_per_token']:.2f}x | "
-                         f"{alone / r['ms_per_token']:.2f}x | {acc} | {r['identical_to_hf']}/{k} | "
-                         f"{r['identical_to_ours_alone']}/{k} |")
+            same = f"{r['identical_to_ours_alone']}/{k}" if drafted else "-"
+            lines.append(f"| {name} | {r['ms_per_token']:.2f} | {hf / r['ms_per_token']:.2f}x | {ratio} | {acc} | "
+                         f"{r['identical_to_hf']}/{k} | {same} |")
         lines += [f"- {name}: failed ({why})" for name, why in single.get("failed", {}).items()]
         lines.append("")
     batched = result.get("batched")

@@ -1,0 +1,220 @@
+"""The worker's GPUs as the launcher knows them, the copies of the pair they will run, and the
+check that refuses a pair that cannot fit them before any work.
+
+The launcher of a Dataflow job has no GPU: it reads the worker's from `worker_accelerator` in
+`--dataflow_service_options` (or `--accelerator`), with each type's memory as the driver reports
+it. A local job looks at this machine's GPUs. Anything else (an unknown type, no accelerator
+given) skips the check, saying so in the log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import GoogleCloudOptions, StandardOptions
+
+from pipeline.options import SpecDecOptions
+from specdec_core import placement
+from specdec_core.placement import Copy, Footprint, Gpu
+
+log = logging.getLogger(__name__)
+
+MIB = 1024**2
+# Memory per GPU of Dataflow's accelerator types, in MiB as nvidia-smi reports it.
+GPU_MIB = {
+    "nvidia-tesla-p4": 7680,
+    "nvidia-tesla-t4": 15360,
+    "nvidia-tesla-p100": 16280,
+    "nvidia-tesla-v100": 16160,
+    "nvidia-l4": 23034,
+    "nvidia-tesla-a100": 40960,
+    "nvidia-a100-80gb": 81920,
+    "nvidia-h100-80gb": 81559,
+    "nvidia-h100-mega-80gb": 81559,
+    "nvidia-h200-141gb": 143771,
+}
+LONGEST = 16  # prompts tokenized to find the longest, among the longest by UTF-8 length
+
+
+@dataclass(frozen=True)
+class WorkerGpus:
+    gpus: list[Gpu]
+    source: str  # e.g. "worker_accelerator 4 x nvidia-l4 (22.5 GiB each)"
+
+
+def parse_accelerator(spec: str) -> tuple[str, int] | None:
+    """(type, count) of `type:nvidia-l4;count:4;install-nvidia-driver`, or None."""
+    fields = dict(part.split(":", 1) for part in spec.split(";") if ":" in part)
+    if "type" not in fields:
+        return None
+    try:
+        return fields["type"].strip(), int(fields.get("count", "1"))
+    except ValueError:
+        return None
+
+
+def worker_gpus(opts: SpecDecOptions) -> WorkerGpus | None:
+    """The GPUs of one worker: from the job's accelerator settings, or this machine's for a local
+    job; None when not known (the fit check is then skipped)."""
+    specs = [s.split("=", 1)[1] for s in opts.view_as(GoogleCloudOptions).dataflow_service_options or []
+             if s.startswith("worker_accelerator=")]
+    for spec in [*specs, *([opts.accelerator] if opts.accelerator else [])]:
+        parsed = parse_accelerator(spec)
+        if parsed is None:
+            continue
+        kind, count = parsed
+        if kind not in GPU_MIB:
+            log.info("fit check skipped: GPU type %s has no known memory size", kind)
+            return None
+        gpus = [Gpu(f"cuda:{i}", GPU_MIB[kind] * MIB) for i in range(count)]
+        return WorkerGpus(gpus, f"{count} x {kind} ({placement.gib(gpus[0].total_bytes)} each)")
+    runner = str(opts.view_as(StandardOptions).runner or "")
+    if "Dataflow" in runner:
+        return None
+    gpus = placement.visible_gpus()
+    if not gpus:
+        return WorkerGpus([], "no GPU on this machine")
+    names = sorted({torch.cuda.get_device_name(i) for i in range(len(gpus))})
+    return WorkerGpus(gpus, f"this machine's {len(gpus)} x {'/'.join(names)}")
+
+
+def read_config(path: str, trust: bool):
+    """A model's config, also from gs:// (config.json only: no weight is read)."""
+    from transformers import AutoConfig
+
+    if path.startswith("gs://"):
+        with FileSystems.open(path.rstrip("/") + "/config.json") as f:
+            data = json.loads(f.read())
+        return AutoConfig.for_model(**data)
+    return AutoConfig.from_pretrained(path, trust_remote_code=trust)
+
+
+def _dtypes(opts: SpecDecOptions) -> tuple[torch.dtype, torch.dtype]:
+    from specdec_core.loading import resolve_dtype
+
+    dtype = resolve_dtype(opts.dtype, torch.device("cuda"))
+    draft = resolve_dtype(opts.draft_dtype, torch.device("cuda")) if opts.draft_dtype in ("float32", "bfloat16") \
+        else dtype
+    return dtype, draft
+
+
+def weights_need(opts: SpecDecOptions, rows: int = 0, prompt_tokens: int = 0) -> Footprint:
+    trust = opts.trust_remote_code
+    target = read_config(opts.target_model, trust)
+    draft = read_config(opts.draft_model, trust) if opts.drafter == "model" else None
+    dtype, draft_dtype = _dtypes(opts)
+    need = placement.footprint(target, draft, dtype, rows=rows, prompt_tokens=prompt_tokens,
+                               new_tokens=opts.max_new_tokens + opts.num_speculative_tokens + 1,
+                               trust_remote_code=trust)
+    if draft is not None and draft_dtype != dtype:
+        scale = placement.DTYPE_BYTES[draft_dtype] / placement.DTYPE_BYTES[dtype]
+        need = Footprint(need.target_weights, int(need.draft_weights * scale), need.target_kv,
+                         int(need.draft_kv * scale), need.largest_block, need.target_params)
+    return need
+
+
+def _lengths(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """UTF-8 bytes per prompt: the text, or a conversation's contents together."""
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        flat = pc.list_flatten(column)
+        parents = pc.list_parent_indices(column)
+        sizes = pc.fill_null(pc.binary_length(pc.struct_field(flat, "content")), 0)
+        out = [0] * len(column)
+        for i, n in zip(parents.to_pylist(), sizes.to_pylist(), strict=True):
+            out[i] += n
+        return pa.chunked_array([pa.array(out, pa.int64())])
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return pa.chunked_array([pa.array([0] * len(column), pa.int64())])
+    return pc.fill_null(pc.binary_length(column), 0)
+
+
+def longest_prompt_tokens(opts: SpecDecOptions) -> tuple[int, str]:
+    """(tokens, how measured) of the longest prompt: the prompt column of every input file is
+    read, the LONGEST longest by UTF-8 length are encoded as the job encodes them (chat template
+    included); with a tokenizer the launcher cannot load (on gs://), UTF-8 bytes bound it."""
+    files = sorted(m.path for r in FileSystems.match([opts.input]) for m in r.metadata_list)
+    candidates: list[tuple[int, object]] = []
+    for file in files:
+        with FileSystems.open(file) as f:
+            column = pq.read_table(f, columns=[opts.prompt_column]).column(0)
+        lengths = np.asarray(_lengths(column).to_numpy(), dtype=np.int64)
+        if len(lengths):
+            top = np.argpartition(-lengths, min(LONGEST, len(lengths)) - 1)[:LONGEST]
+            candidates += [(int(lengths[i]), column[int(i)].as_py()) for i in top]
+    candidates = sorted(candidates, key=lambda c: -c[0])[:LONGEST]
+    if not candidates:
+        return 0, "no prompts"
+    path = opts.tokenizer or opts.target_model
+    if path.startswith("gs://"):
+        return candidates[0][0] + 64, "UTF-8 bytes of the longest prompt (tokenizer on gs://)"
+    from specdec_core.loading import load_tokenizer
+    from specdec_core.text import is_conversation
+
+    tokenizer = load_tokenizer(path, opts.trust_remote_code)
+    best = 0
+    for _, prompt in candidates:
+        if is_conversation(prompt) or opts.chat_template:
+            messages = prompt if is_conversation(prompt) else [{"role": "user", "content": prompt or ""}]
+            messages = [{"role": m["role"], "content": m["content"] or ""} for m in messages]
+            if opts.system_prompt is not None and messages[0]["role"] != "system":
+                messages = [{"role": "system", "content": opts.system_prompt}, *messages]
+            try:
+                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                    return_dict=True)["input_ids"]
+            except Exception:  # a conversation the template refuses fails its row; count its text
+                ids = tokenizer(" ".join(m["content"] for m in messages))["input_ids"]
+        else:
+            ids = tokenizer(prompt if isinstance(prompt, str) else "")["input_ids"]
+        best = max(best, len(ids))
+    return best, "tokens of the longest prompt"
+
+
+_PLANS: dict[tuple, tuple[WorkerGpus | None, list[Copy]]] = {}
+
+
+def _key(opts: SpecDecOptions) -> tuple:
+    cloud = opts.view_as(GoogleCloudOptions)
+    return (opts.device, opts.device_map, opts.accelerator, tuple(cloud.dataflow_service_options or ()),
+            opts.target_model, opts.draft_model, opts.drafter, opts.dtype, opts.draft_dtype)
+
+
+def planned_copies(opts: SpecDecOptions) -> tuple[WorkerGpus | None, list[Copy]] | None:
+    """The worker's GPUs and copies as preflight planned them (None if it did not run or could
+    not tell); reads nothing."""
+    return _PLANS.get(_key(opts))
+
+
+def check_fit(opts: SpecDecOptions) -> list[Copy] | None:
+    """Plan the worker's copies and refuse (ValueError, one line naming the flag) a pair that
+    cannot fit their GPUs: weights from the configs' parameter counts and dtypes, plus the KV
+    cache of --batch_size rows at the longest prompt + --max_new_tokens. None when the worker's
+    GPUs are not known or the job runs on the CPU."""
+    if opts.device == "cpu":
+        return None
+    worker = worker_gpus(opts)
+    if worker is None or not worker.gpus:
+        if worker is None:
+            log.info("fit check skipped: the workers' GPUs are not known here (give worker_accelerator)")
+        else:
+            placement.plan_copies(opts.device, opts.device_map, [])  # --device cuda without a GPU
+        return None
+    tokens, how = longest_prompt_tokens(opts)
+    need = weights_need(opts, rows=opts.batch_size, prompt_tokens=tokens)
+    copies = placement.plan_copies(opts.device, opts.device_map, worker.gpus, need)
+    _PLANS[_key(opts)] = worker, copies
+    log.info("worker GPUs: %s; %s; each copy needs %s (%s: %d)", worker.source, placement.describe_plan(copies),
+             placement.gib(need.total), how, tokens)
+    problem = placement.fit_problem(need, worker.gpus, copies, batch_size=opts.batch_size,
+                                    device_map=opts.device_map,
+                                    tokens=tokens + opts.max_new_tokens + opts.num_speculative_tokens + 1)
+    if problem:
+        raise ValueError(f"{problem} ({worker.source})")
+    return copies

@@ -1,0 +1,221 @@
+"""Where the pairs of one worker go: one copy of the pair per GPU, or a pair split over several.
+
+Pure planning over a list of GPUs (a fake list in tests, `visible_gpus()` on a worker) and an
+estimate of what a pair needs (weights from the config's parameter count and dtype, KV cache for
+the rows decoded together), so the launcher can refuse a pair that cannot fit before any work
+and a worker can lay its copies out the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PretrainedConfig
+
+GIB = 1024**3
+DEVICE_MAPS = ("none", "auto")
+USABLE = 0.9  # of each GPU's memory; the rest, and CONTEXT_BYTES, for the CUDA context and workspace
+CONTEXT_BYTES = 1 * GIB
+SPLIT_FILL = 0.8  # --device_map auto: weights fill at most this much of a copy's GPUs
+DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str  # "cuda:K"
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One copy of the pair: the target over `devices` (split in order when several), the draft
+    and the input ids on the first."""
+
+    devices: tuple[str, ...]
+
+    def describe(self) -> str:
+        return "+".join(self.devices)
+
+
+def visible_gpus() -> list[Gpu]:
+    """The GPUs torch sees, with their memory; [] without CUDA (no CUDA context is created)."""
+    if not torch.cuda.is_available():
+        return []
+    return [Gpu(f"cuda:{i}", torch.cuda.get_device_properties(i).total_memory)
+            for i in range(torch.cuda.device_count())]
+
+
+def usable_bytes(gpu: Gpu) -> int:
+    return max(0, int(gpu.total_bytes * USABLE) - CONTEXT_BYTES)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes a pair needs: weights of each model, KV cache of each, and the largest block (a
+    decoder layer), which a split cannot cut."""
+
+    target_weights: int
+    draft_weights: int
+    target_kv: int
+    draft_kv: int
+    largest_block: int
+    target_params: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.target_weights + self.draft_weights + self.target_kv + self.draft_kv
+
+    @property
+    def draft(self) -> int:
+        return self.draft_weights + self.draft_kv
+
+
+def check_device_map(device_map: str) -> str:
+    if device_map not in DEVICE_MAPS:
+        raise ValueError(f"--device_map {device_map!r}: expected one of {', '.join(DEVICE_MAPS)}")
+    return device_map
+
+
+def gpus_per_copy(gpus: list[Gpu], need: Footprint | None) -> int:
+    """The fewest GPUs (counting each as the smallest) whose usable memory holds the pair's
+    weights with SPLIT_FILL of it, the rest left for the KV cache and activations, and whose first
+    holds the draft beside the largest layer; all of them when the need is unknown or too much.
+    Weights only, so a worker (which cannot know the longest prompt) plans as the launcher does;
+    the launcher's fit check then counts the KV cache in that plan."""
+    if need is None or not gpus:
+        return max(1, len(gpus))
+    smallest = min(usable_bytes(g) for g in gpus)
+    weights = need.target_weights + need.draft_weights
+    if need.draft + need.largest_block > smallest:
+        return len(gpus)
+    for g in range(1, len(gpus) + 1):
+        if weights <= g * smallest * SPLIT_FILL:
+            return g
+    return len(gpus)
+
+
+def plan_copies(device: str, device_map: str, gpus: list[Gpu], need: Footprint | None = None) -> list[Copy]:
+    """The copies of the pair a worker with these GPUs runs.
+
+    `--device cpu` (or `auto` without a GPU): one copy on the CPU. `--device cuda:K`: one copy
+    on that GPU. `--device cuda` or `auto`: one copy per GPU; with `--device_map auto`, each copy
+    split over the fewest GPUs that hold its weights (`gpus_per_copy`; all of them when `need`
+    is unknown), as many copies as whole groups fit, so a GPU left over idles.
+    """
+    check_device_map(device_map)
+    if device == "cpu" or (device == "auto" and not gpus):
+        return [Copy(("cpu",))]
+    names = [g.name for g in gpus]
+    if device not in ("auto", "cuda"):
+        if torch.device(device).type != "cuda":
+            raise ValueError(f"--device {device}: expected auto, cpu, cuda or cuda:N")
+        if device not in names:
+            raise ValueError(f"--device {device}: this machine has {len(gpus)} GPU(s)"
+                             + (f" ({', '.join(names)})" if names else ""))
+        return [Copy((device,))]
+    if not gpus:
+        raise ValueError(f"--device {device}: CUDA is not available on this machine")
+    if device_map == "none":
+        return [Copy((name,)) for name in names]
+    per = gpus_per_copy(gpus, need)
+    return [Copy(tuple(names[i:i + per])) for i in range(0, len(names) - per + 1, per)]
+
+
+# --- what a pair needs, from configs alone -------------------------------------------------
+
+
+def parameter_count(config: PretrainedConfig, trust_remote_code: bool = False) -> tuple[int, int]:
+    """(parameters, parameters of the largest repeated block), counted on a model built on the
+    meta device: exact for any architecture transformers can build, and no weight is read."""
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    from specdec_core.device_map import block_lists
+
+    auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
+    with torch.device("meta"):
+        model = auto.from_config(config, trust_remote_code=trust_remote_code)
+    unique = {id(p): p.numel() for p in model.parameters()}
+    block = max((sum(p.numel() for p in b.parameters()) for _, blocks in block_lists(model) for b in blocks),
+                default=0)
+    return sum(unique.values()), block
+
+
+def _attention_shape(config: PretrainedConfig) -> tuple[int, int, int]:
+    """(decoder layers, key/value heads, head dim) of a text config."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    layers = (getattr(text, "num_decoder_layers", None) if text.is_encoder_decoder else None) or next(
+        (v for a in ("num_hidden_layers", "n_layer", "num_layers", "decoder_layers")
+         if isinstance(v := getattr(text, a, None), int)), 0)
+    heads = next((v for a in ("num_attention_heads", "n_head", "num_heads", "decoder_attention_heads")
+                  if isinstance(v := getattr(text, a, None), int)), 1)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    hidden = next((v for a in ("hidden_size", "n_embd", "d_model") if isinstance(v := getattr(text, a, None), int)), 0)
+    head_dim = getattr(text, "head_dim", None) or getattr(text, "d_kv", None) or hidden // max(heads, 1)
+    return layers, kv_heads, head_dim
+
+
+def kv_bytes(config: PretrainedConfig, rows: int, prompt_tokens: int, new_tokens: int, dtype: torch.dtype) -> int:
+    """Keys and values for `rows` rows: a decoder-only model caches prompt + output; an
+    encoder-decoder caches the output (self-attention) and the prompt (cross-attention)."""
+    layers, kv_heads, head_dim = _attention_shape(config)
+    per_token = 2 * layers * kv_heads * head_dim * DTYPE_BYTES.get(dtype, 4)
+    tokens = prompt_tokens + new_tokens
+    return rows * per_token * tokens
+
+
+def footprint(target: PretrainedConfig, draft: PretrainedConfig | None, dtype: torch.dtype, *, rows: int,
+              prompt_tokens: int, new_tokens: int, trust_remote_code: bool = False) -> Footprint:
+    """What one copy of the pair needs (`draft` None: no draft model)."""
+    size = DTYPE_BYTES.get(dtype, 4)
+    params, block = parameter_count(target, trust_remote_code)
+    draft_params = parameter_count(draft, trust_remote_code)[0] if draft is not None else 0
+    return Footprint(
+        target_weights=params * size,
+        draft_weights=draft_params * size,
+        target_kv=kv_bytes(target, rows, prompt_tokens, new_tokens, dtype),
+        draft_kv=kv_bytes(draft, rows, prompt_tokens, new_tokens, dtype) if draft is not None else 0,
+        largest_block=block * size,
+        target_params=params,
+    )
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def fit_problem(need: Footprint, gpus: list[Gpu], copies: list[Copy], *, batch_size: int, device_map: str,
+                tokens: int) -> str | None:
+    """One line naming the culprit flag when a copy cannot fit its GPUs, else None."""
+    by_name = {g.name: g for g in gpus}
+    copy = copies[0]
+    if copy.devices == ("cpu",) or any(d not in by_name for d in copy.devices):
+        return None
+    held = sum(usable_bytes(by_name[d]) for d in copy.devices)
+    one = min(usable_bytes(by_name[d]) for d in copy.devices)
+    where = (f"{len(copy.devices)} GPUs of {gib(held)} usable together" if len(copy.devices) > 1
+             else f"one GPU's {gib(held)} usable ({gib(by_name[copy.devices[0]].total_bytes)} total)")
+    draft = f"draft {gib(need.draft_weights)}" if need.draft_weights else "no draft model"
+    what = (f"the pair needs {gib(need.total)} (weights: target {gib(need.target_weights)} for "
+            f"{need.target_params / 1e9:.2f}B parameters, {draft}; KV cache "
+            f"{gib(need.target_kv + need.draft_kv)} for {batch_size} row(s) of {tokens} tokens)")
+    if need.total <= held and need.draft + need.largest_block <= one:
+        return None
+    weights = need.target_weights + need.draft_weights
+    everything = sum(usable_bytes(g) for g in gpus)
+    if weights > held or need.draft + need.largest_block > one:
+        if device_map == "none" and need.total <= everything and len(gpus) > 1:
+            return f"--device_map: {what}, more than {where}; pass --device_map auto to split it over the GPUs"
+        return (f"--target_model: {what}, more than {where}; use larger or more GPUs per worker, "
+                "or a smaller --dtype")
+    rows = max(0, int((held - weights) // max(1, (need.target_kv + need.draft_kv) // batch_size)))
+    if device_map == "none" and need.total <= everything and len(gpus) > 1:
+        return (f"--batch_size {batch_size}: {what}, more than {where}; use --batch_size {rows} or less, "
+                "or --device_map auto")
+    return f"--batch_size {batch_size}: {what}, more than {where}; use --batch_size {rows} or less"
+
+
+def describe_plan(copies: list[Copy]) -> str:
+    """The log and provenance line naming the device of every copy."""
+    return f"{len(copies)} cop{'y' if len(copies) == 1 else 'ies'} of the pair: " + ", ".join(
+        f"copy {i} on {c.describe()}" for i, c in enumerate(copies))

@@ -1,0 +1,238 @@
+"""Where a worker's pairs go (one per GPU, or split), what a pair needs, and the fit check that
+refuses a pair before any work: all on fake GPU lists, so it runs on any CPU."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from pipeline.fit import GPU_MIB, MIB, check_fit, parse_accelerator, worker_gpus
+from pipeline.options import SpecDecOptions
+from pipeline.provenance import run_record
+from pipeline.run import main
+from specdec_core import placement
+from specdec_core.placement import GIB, Copy, Footprint, Gpu, fit_problem, plan_copies
+from specdec_core.text import GeneratorSpec
+from transforms.copies import PairRouter
+from transforms.model_handler import SpecDecModelHandler
+
+L4 = GPU_MIB["nvidia-l4"] * MIB
+A100 = GPU_MIB["nvidia-tesla-a100"] * MIB
+
+
+def gpus(n: int, size: int = L4) -> list[Gpu]:
+    return [Gpu(f"cuda:{i}", size) for i in range(n)]
+
+
+def need(weights_gib: float, kv_gib: float = 0.0, block_gib: float = 0.5, draft_gib: float = 0.0) -> Footprint:
+    return Footprint(int(weights_gib * GIB), int(draft_gib * GIB), int(kv_gib * GIB), 0, int(block_gib * GIB),
+                     int(weights_gib * GIB / 2))
+
+
+# --- the plan ------------------------------------------------------------------------------
+
+
+def test_a_four_gpu_worker_runs_four_pairs():
+    copies = plan_copies("cuda", "none", gpus(4))
+    assert copies == [Copy((f"cuda:{i}",)) for i in range(4)]
+    assert plan_copies("auto", "none", gpus(4)) == copies  # auto takes the GPUs when there are some
+
+
+def test_one_gpu_cpu_and_errors():
+    assert plan_copies("cuda:2", "none", gpus(4)) == [Copy(("cuda:2",))]
+    assert plan_copies("cpu", "none", gpus(4)) == [Copy(("cpu",))]
+    assert plan_copies("auto", "none", []) == [Copy(("cpu",))]
+    with pytest.raises(ValueError, match=r"^--device cuda:4: this machine has 4 GPU\(s\)"):
+        plan_copies("cuda:4", "none", gpus(4))
+    with pytest.raises(ValueError, match="^--device cuda: CUDA is not available"):
+        plan_copies("cuda", "none", [])
+    with pytest.raises(ValueError, match="^--device_map 'balanced'"):
+        plan_copies("cuda", "balanced", gpus(2))
+
+
+def test_device_map_auto_splits_over_the_fewest_gpus_that_hold_the_weights():
+    eight = gpus(8, A100)
+    # 100 GiB of weights: four 40 GB A100s per copy (35 GiB usable each, weights at most 80% of it),
+    # two copies on eight
+    big = need(100)
+    assert plan_copies("cuda", "auto", eight, big) == [Copy(tuple(f"cuda:{i}" for i in range(j, j + 4)))
+                                                      for j in (0, 4)]
+    # an 8B fits one GPU: as many copies as GPUs, nothing split
+    assert plan_copies("cuda", "auto", eight, need(15)) == [Copy((f"cuda:{i}",)) for i in range(8)]
+    # three GPUs, two per copy: one copy, the third GPU idles
+    assert plan_copies("cuda", "auto", gpus(3), need(30)) == [Copy(("cuda:0", "cuda:1"))]
+    # unknown need: one copy over every GPU; one GPU: splits nothing
+    assert plan_copies("cuda", "auto", gpus(4)) == [Copy(tuple(f"cuda:{i}" for i in range(4)))]
+    assert plan_copies("cuda", "auto", gpus(1), big) == [Copy(("cuda:0",))]
+    assert plan_copies("cuda:1", "auto", gpus(4), big) == [Copy(("cuda:1",))]
+
+
+def test_describe_plan_names_every_copy():
+    assert placement.describe_plan(plan_copies("cuda", "none", gpus(2))) == \
+        "2 copies of the pair: copy 0 on cuda:0, copy 1 on cuda:1"
+    assert placement.describe_plan([Copy(("cuda:0", "cuda:1"))]) == "1 copy of the pair: copy 0 on cuda:0+cuda:1"
+
+
+# --- what a pair needs ---------------------------------------------------------------------
+
+
+def test_parameter_count_and_kv_bytes_match_a_real_model(models):
+    target = models["llama"][0]
+    params, block = placement.parameter_count(target.config)
+    assert params == sum(p.numel() for p in target.parameters())
+    assert block == sum(p.numel() for p in target.model.layers[0].parameters())
+    ids = torch.arange(3, 20)[None]
+    with torch.no_grad():
+        cache = target(ids, use_cache=True).past_key_values
+    measured = sum(layer.keys.numel() * 4 + layer.values.numel() * 4 for layer in cache.layers)
+    assert placement.kv_bytes(target.config, 1, ids.shape[1], 0, torch.float32) == measured
+    assert placement.kv_bytes(target.config, 8, 10, 7, torch.bfloat16) == measured // 2 * 8
+
+
+def test_a_llama_8b_config_is_8b_parameters():
+    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256)
+    f = placement.footprint(cfg, None, torch.bfloat16, rows=16, prompt_tokens=1000, new_tokens=256)
+    assert f.target_params == 8_030_261_248
+    assert f.target_weights == 2 * f.target_params
+    assert f.target_kv == 16 * (1000 + 256) * 2 * 32 * 8 * 128 * 2  # rows x tokens x K,V x layers x heads x dim x bf16
+
+
+# --- the fit check -------------------------------------------------------------------------
+
+
+def test_fit_problem_names_the_flag_with_the_numbers():
+    one_l4, two_l4 = gpus(1), gpus(2)
+    ok = need(15, kv_gib=2)
+    assert fit_problem(ok, one_l4, plan_copies("cuda", "none", one_l4), batch_size=8, device_map="none",
+                       tokens=900) is None
+    big = need(30, kv_gib=2)
+    msg = fit_problem(big, one_l4, plan_copies("cuda", "none", one_l4), batch_size=8, device_map="none", tokens=900)
+    assert msg.startswith("--target_model: the pair needs 32.0 GiB") and "for 8 row(s) of 900 tokens" in msg
+    msg = fit_problem(big, two_l4, plan_copies("cuda", "none", two_l4), batch_size=8, device_map="none", tokens=900)
+    assert msg.startswith("--device_map: ") and "pass --device_map auto" in msg
+    split = plan_copies("cuda", "auto", two_l4, big)
+    assert split == [Copy(("cuda:0", "cuda:1"))]
+    assert fit_problem(big, two_l4, split, batch_size=8, device_map="auto", tokens=900) is None
+    kv = need(15, kv_gib=10)
+    msg = fit_problem(kv, one_l4, plan_copies("cuda", "none", one_l4), batch_size=16, device_map="none", tokens=900)
+    assert msg.startswith("--batch_size 16: ") and "use --batch_size 6 or less" in msg
+    assert "\n" not in msg
+
+
+def test_worker_gpus_from_the_accelerator_settings():
+    assert parse_accelerator("type:nvidia-l4;count:4;install-nvidia-driver") == ("nvidia-l4", 4)
+    assert parse_accelerator("install-nvidia-driver") is None
+    base = ["--input=x", "--output=y", "--target_model=t", "--runner=DataflowRunner"]
+    worker = worker_gpus(SpecDecOptions(
+        [*base, "--dataflow_service_options=worker_accelerator=type:nvidia-l4;count:4;install-nvidia-driver"]))
+    assert worker.gpus == gpus(4) and worker.source == "4 x nvidia-l4 (22.5 GiB each)"
+    assert worker_gpus(SpecDecOptions([*base, "--accelerator=type:nvidia-tesla-a100;count:8"])).gpus == gpus(8, A100)
+    assert worker_gpus(SpecDecOptions(base)) is None  # a Dataflow job that names no accelerator
+    assert worker_gpus(SpecDecOptions([*base, "--accelerator=type:nvidia-new;count:2"])) is None
+
+
+def test_provenance_names_the_device_of_every_copy():
+    opts = SpecDecOptions(["--input=x", "--output=y", "--target_model=t", "--runner=DataflowRunner",
+                           "--device=cuda", "--accelerator=type:nvidia-l4;count:4;install-nvidia-driver"])
+    record = run_record(opts)
+    assert record["device_map"] == "none"
+    assert record["placement"] == {"gpus": "4 x nvidia-l4 (22.5 GiB each)",
+                                   "copies": [["cuda:0"], ["cuda:1"], ["cuda:2"], ["cuda:3"]]}
+    json.dumps(record, default=str)
+
+
+def _big_target(tmp_path, tokenizer, layers=32):
+    """A model directory with a Llama-8B config and no weights: enough for preflight."""
+    path = tmp_path / "llama-8b"
+    LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers, num_attention_heads=32,
+                num_key_value_heads=8, vocab_size=128256).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_a_pair_that_cannot_fit_is_refused_before_any_work(tmp_path, tokenizer, capsys, monkeypatch):
+    target = _big_target(tmp_path, tokenizer)
+    prompts = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"id": [1, 2], "prompt": ["short", "a longer prompt " * 50]}), prompts)
+    started = []
+    monkeypatch.setattr("pipeline.run.build_pipeline", lambda *a: started.append(1))
+    base = ["--input", str(prompts), "--output", str(tmp_path / "out"), "--target_model", str(target),
+            "--drafter", "none", "--device", "cuda", "--dtype", "bfloat16"]
+    assert main([*base, "--accelerator", "type:nvidia-tesla-t4;count:1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: --target_model: the pair needs 15.")
+    assert "8.03B parameters" in err and "(1 x nvidia-tesla-t4 (15.0 GiB each))" in err
+    # two T4s: the same pair fits split, which the message says
+    assert main([*base, "--accelerator", "type:nvidia-tesla-t4;count:2"]) == 2
+    assert capsys.readouterr().err.startswith("error: --device_map: ")
+    # one L4 holds the weights, but not the KV cache of 256 rows
+    assert main([*base, "--accelerator", "type:nvidia-l4;count:1", "--batch_size", "256"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --batch_size 256: ")
+    assert re.search(r"KV cache [\d.]+ GiB for 256 row\(s\) of \d+ tokens", err)
+    assert "no draft model" in err
+    assert started == []
+
+
+def test_the_fit_check_reads_the_longest_prompt_in_tokens(tmp_path, tokenizer):
+    target = _big_target(tmp_path, tokenizer, layers=2)
+    prompts = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"id": list(range(40)), "prompt": [f"p {i}" for i in range(39)] + ["word " * 60]}),
+                   prompts)
+    opts = SpecDecOptions(["--input", str(prompts), "--output", "o", "--target_model", str(target),
+                           "--drafter", "none", "--device", "cuda", "--runner=DataflowRunner",
+                           "--accelerator", "type:nvidia-l4;count:2"])
+    from pipeline.fit import longest_prompt_tokens
+
+    tokens, how = longest_prompt_tokens(opts)
+    assert tokens == len(tokenizer("word " * 60)["input_ids"]) and how == "tokens of the longest prompt"
+    assert check_fit(opts) == [Copy(("cuda:0",)), Copy(("cuda:1",))]
+
+
+# --- the handler on a worker with several GPUs ---------------------------------------------
+
+
+def test_the_handler_starts_one_copy_per_gpu(monkeypatch):
+    started = {}
+    monkeypatch.setattr(placement, "visible_gpus", lambda: gpus(4))
+    monkeypatch.setattr("transforms.copies.start_copies",
+                        lambda spec, copies, tag: started.update(spec=spec, copies=copies, tag=tag) or "router")
+    handler = SpecDecModelHandler(GeneratorSpec("t", drafter="none", device="cuda"), large_model=True)
+    assert handler.copies() == [Copy((f"cuda:{i}",)) for i in range(4)]
+    assert handler.share_model_across_processes() is False  # the copies are shared by transforms/copies.py
+    assert handler.load_model() == "router"
+    assert len(started["copies"]) == 4 and started["tag"] == handler.job_tag
+    one = SpecDecModelHandler(GeneratorSpec("t", drafter="none", device="cuda:1"), large_model=True)
+    assert one.copies() == [Copy(("cuda:1",))] and one.share_model_across_processes() is True
+
+
+class _Slow:
+    def __init__(self, name):
+        self.name = name
+
+    def generate(self, prompt, seed=0):
+        time.sleep(0.05)
+        return {"copy": self.name, "prompt": prompt}
+
+
+def test_the_router_keeps_every_copy_busy():
+    router = PairRouter([_Slow(0), _Slow(1), _Slow(2), _Slow(3)], ["cuda:0", "cuda:1", "cuda:2", "cuda:3"],
+                        first=6)
+    out = []
+    threads = [threading.Thread(target=lambda i=i: out.append(router.generate(f"p{i}"))) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(o["prompt"] for o in out) == sorted(f"p{i}" for i in range(8))
+    assert router.served == [2, 2, 2, 2]
+    assert router._busy == [0, 0, 0, 0]

@@ -1,0 +1,110 @@
+"""Several copies of the pair on one worker machine, one per GPU (or per group of GPUs for a split
+pair), each in a process of its own, shared by every SDK process of the machine.
+
+Each copy is a `MultiProcessShared` object keyed by the job and the copy (so by GPU), created with
+`spawn_process=True`: the first SDK process that asks starts a dedicated process that loads the
+pair on that copy's devices, and every SDK process reaches it through a proxy (methods only,
+plain data in and out, as with `--large_model`). Why not RunInference's `model_copies`: Beam
+builds those copies in whichever SDK process sets up first, all in that one process (so their
+Python decoding loops share one GIL), and its loader is not told which copy it builds, so it
+could not pick a GPU. A `PairRouter` in each SDK process sends each call to the copy with the
+fewest calls in flight from that process, starting at a different copy in each process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+
+from apache_beam.utils.multi_process_shared import MultiProcessShared
+
+from specdec_core.placement import Copy
+from specdec_core.text import GeneratorSpec, TextGenerator
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadCopy:
+    """The constructor a copy's process runs: the pair on this copy's devices. Plain data, so it
+    pickles into a spawned process."""
+
+    spec: GeneratorSpec
+    index: int
+    count: int
+
+    def __call__(self) -> TextGenerator:
+        from transforms.model_cache import localize
+
+        local = {f: localize(getattr(self.spec, f)) for f in ("target_model", "draft_model", "tokenizer")
+                 if getattr(self.spec, f)}
+        generator = TextGenerator.load(dataclasses.replace(self.spec, **local))
+        logging.getLogger(__name__).info("specdec: copy %d of %d of the pair loaded on %s (process %d)",
+                                         self.index, self.count, "+".join(self.spec.devices), os.getpid())
+        return generator
+
+
+class PairRouter:
+    """The copies of one machine, seen from one SDK process: `generate` and `generate_batch` as
+    on a TextGenerator, each call served by one copy."""
+
+    def __init__(self, copies: Sequence[object], devices: Sequence[str], first: int = 0):
+        self.copies = list(copies)
+        self.devices = list(devices)
+        self._busy = [0] * len(self.copies)
+        self._next = first % max(1, len(self.copies))
+        self._lock = threading.Lock()
+        self.served = [0] * len(self.copies)  # calls per copy, from this process
+
+    def _take(self) -> int:
+        with self._lock:
+            n = len(self.copies)
+            order = [(self._next + i) % n for i in range(n)]
+            k = min(order, key=lambda i: self._busy[i])  # least busy; ties: round-robin
+            self._next = (k + 1) % n
+            self._busy[k] += 1
+            self.served[k] += 1
+            return k
+
+    def _call(self, method: str, *args: object) -> object:
+        k = self._take()
+        try:
+            return getattr(self.copies[k], method)(*args)
+        finally:
+            with self._lock:
+                self._busy[k] -= 1
+
+    def generate(self, prompt: object, seed: int = 0) -> dict:
+        return self._call("generate", prompt, seed)  # type: ignore[return-value]
+
+    def generate_batch(self, items: list[tuple[object, int]]) -> list[dict]:
+        return self._call("generate_batch", items)  # type: ignore[return-value]
+
+
+def copy_tag(job_tag: str, index: int, copy: Copy) -> str:
+    """The machine-wide key of one copy: the job's tag, the copy and its devices."""
+    return f"{job_tag}-copy{index}-{copy.describe().replace(':', '')}"
+
+
+def start_copies(spec: GeneratorSpec, copies: Sequence[Copy], job_tag: str,
+                 shared: Callable[..., MultiProcessShared] = MultiProcessShared) -> PairRouter:
+    """A router over the machine's copies, each started (by the first process that asks) in a
+    process of its own."""
+    handles = []
+    for i, copy in enumerate(copies):
+        loader = LoadCopy(dataclasses.replace(spec, devices=copy.devices), i, len(copies))
+        handles.append(shared(loader, tag=copy_tag(job_tag, i, copy), always_proxy=True, spawn_process=True).acquire())
+    return PairRouter(handles, [c.describe() for c in copies], first=os.getpid())
+
+
+def stop_copies(copies: Sequence[Copy], job_tag: str) -> None:
+    """End the copies' processes (tests; on a worker they end with the process that started them)."""
+    for i, copy in enumerate(copies):
+        try:
+            MultiProcessShared(dict, tag=copy_tag(job_tag, i, copy), always_proxy=True,
+                               spawn_process=True).unsafe_hard_delete()
+        except Exception as e:  # already gone
+            log.debug("copy %d: %s", i, e)
