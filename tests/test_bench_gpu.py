@@ -21,7 +21,7 @@ def test_every_section_runs_and_every_output_is_the_targets(tmp_path):
     for b in ("2", "4"):
         batch = result["batched"]["by_batch_size"][b]
         assert all(r["identical_to_hf"] == 5 and r["tokens"] == 50 for r in batch.values())
-    assert "ours, draft, per-row picks, cuDNN attention" in result["batched"]["by_batch_size"]["2"]
+    assert "ours, draft, per-row picks, cuDNN attention" not in result["batched"]["by_batch_size"]["2"]
     assert set(result["profile"]) == {"CUDA graphs", "eager", "eager, cuDNN attention"}
     saved = json.loads((tmp_path / "gpu-tiny-float32.json").read_text())
     assert saved["single"]["rows"].keys() == rows.keys()
@@ -51,3 +51,19 @@ def test_a_bad_setting_stops_in_one_line(capsys):
     with pytest.raises(SystemExit):
         gpu.parse_args(["--sections", "single,nope"])
     assert "unknown nope" in capsys.readouterr().err
+
+
+def test_figures_are_saved_as_they_are_made(tmp_path):
+    """A run cut short keeps what it measured: the single section is written after each prompt,
+    the batched one after each batch size, each marked partial until its section ends."""
+    args = gpu.parse_args([*TINY, "--batched_before"])
+    target, draft = gpu.build_pair(gpu.SHAPES["tiny"], gpu.torch.device("cpu"), gpu.torch.float32)
+    single, batched = [], []
+    gpu.run_single(target, draft, args, single.append)
+    gpu.run_batched(target, draft, args, batched.append)
+    assert [p["prompts"] for p in single] == [1, 2]
+    assert [list(p["by_batch_size"]) for p in batched] == [["2"], ["2", "4"]]
+    assert "ours, draft, per-row picks, cuDNN attention" in batched[0]["by_batch_size"]["2"]
+    cut = {"shape": "tiny", "dtype": "float32", "device_name": "cpu", "torch": "", "cuda": None, "transformers": "",
+           "gamma": 4, "max_new_tokens": 10, "min_len": 4, "max_len": 12, "single": single[0], "single_partial": True}
+    assert "(cut short in: single)" in gpu.markdown(cut)

@@ -2,12 +2,14 @@
 # The whole GPU check in one call of the GPU machine (see README.md beside this file): wheels it
 # lacks, the CUDA tests, the GPU benchmark in bf16 and fp32, and a whole job on the GPU. Each step
 # has its own time limit and appends to $OUT/log.txt; figures land in $OUT/bench/ as they are made.
-# STEPS picks steps (default: all, in this order); SIZE=small runs each at a size for a first try;
+# STEPS picks steps (default: the first call's; the second call is STEPS="compile llama8b", see README.md
+# beside this file); BEFORE=1 adds ours as it was (cuDNN attention, per-row batched picks); SIZE=small
+# runs each step at a size for a first try;
 # DEVICE=cpu SHAPE=tiny PYTHON=.venv/bin/python try the script on a machine without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
-STEPS=${STEPS:-tests bf16 fp32 job compile llama8b}
+STEPS=${STEPS:-tests bf16 fp32 job}
 DEVICE=${DEVICE:-cuda}
 SHAPE=${SHAPE:-tinyllama-1.1b}
 PY=${PYTHON:-python3}
@@ -38,10 +40,11 @@ if [ "${SIZE:-full}" = small ]; then
   FP32="--prompts 2 --warmup 1 --max_new_tokens 32"
   BIG="--prompts 1 --warmup 1 --max_new_tokens 16"
 else
-  BF16="--prompts 6 --warmup 1 --batch_prompts 128 --batch_sizes 8,32,128 --max_new_tokens 128 --batch_max_new_tokens 48"
+  BF16="--prompts 6 --warmup 1 --batch_prompts 128 --batch_sizes 8,32,128 --max_new_tokens 128 --batch_max_new_tokens 32"
   FP32="--prompts 4 --warmup 1 --max_new_tokens 128"
   BIG="--prompts 3 --warmup 1 --max_new_tokens 64"
 fi
+if [ "${BEFORE:-0}" = 1 ]; then BF16="$BF16 --batched_before"; else BF16="$BF16 --include ^(?!.*cuDNN)"; fi
 for s in $STEPS; do
   case $s in
     tests) step tests 240 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py ;;

@@ -169,7 +169,21 @@ def single_configs(target, draft, args) -> dict[str, Callable[[list[int]], tuple
     return configs
 
 
-def run_single(target, draft, args) -> dict:
+def _single_summary(rows: dict, outputs: dict, failed: dict) -> dict:
+    ref = outputs["HF generate"]
+    done = len(ref)
+    summary = {name: dict(r) for name, r in rows.items()}
+    for name, r in summary.items():
+        alone = outputs.get(name.replace("draft", "target alone"), outputs["ours, target alone, eager"])
+        r["ms_per_token"] = 1000 * r["seconds"] / max(r["tokens"], 1)
+        r["identical_to_hf"] = sum(a == b for a, b in zip(outputs[name][:done], ref, strict=True))
+        r["identical_to_ours_alone"] = sum(a == b for a, b in zip(outputs[name][:done], alone[:done], strict=True))
+        r["acceptance"] = r["accepted"] / r["drafted"] if r["drafted"] else None
+    return {"prompts": done, "rows": summary, "failed": failed}
+
+
+def run_single(target, draft, args, save: Callable[[dict], None] = lambda partial: None) -> dict:
+    """save: called with the figures so far after each prompt (a run cut short keeps them)."""
     device = target.device
     configs = {name: fn for name, fn in single_configs(target, draft, args).items()
                if name in ("HF generate", "ours, target alone, eager") or re.search(args.include, name)}
@@ -202,19 +216,15 @@ def run_single(target, draft, args) -> dict:
             for key, value in stats.items():
                 r[key] += value
             outputs[name].append(tokens)
-    ref = outputs["HF generate"]
-    for name, r in rows.items():
-        alone = outputs.get(name.replace("draft", "target alone"), outputs["ours, target alone, eager"])
-        r["ms_per_token"] = 1000 * r["seconds"] / max(r["tokens"], 1)
-        r["identical_to_hf"] = sum(a == b for a, b in zip(outputs[name], ref, strict=True))
-        r["identical_to_ours_alone"] = sum(a == b for a, b in zip(outputs[name], alone, strict=True))
-        r["acceptance"] = r["accepted"] / r["drafted"] if r["drafted"] else None
-    return {"prompts": len(prompts), "rows": rows, "failed": failed}
+        # Every config has run this prompt (the order alternates, so HF generate may run last).
+        save(_single_summary(rows, outputs, failed))
+    return _single_summary(rows, outputs, failed)
 
 
 # -- batched ---------------------------------------------------------------------------------------
 
-def run_batched(target, draft, args) -> dict:
+def run_batched(target, draft, args, save: Callable[[dict], None] = lambda partial: None) -> dict:
+    """save: called with the figures so far after each batch size."""
     device, n, g = target.device, args.batch_max_new_tokens or args.max_new_tokens, args.gamma
     prompts = distinct_prompts(args.batch_prompts, args.min_len, args.max_len, target.config.vocab_size, seed=2)
     warm = distinct_prompts(max(args.batch_sizes), args.min_len, args.max_len, target.config.vocab_size, seed=2000)
@@ -244,7 +254,7 @@ def run_batched(target, draft, args) -> dict:
         configs = {"HF generate": lambda items, b=b: hf(b, items),
                    "ours, target alone": lambda items, b=b: ours(b, NoDrafter(), items),
                    "ours, draft": lambda items, b=b: ours(b, ModelDrafter(draft), items)}
-        if b == args.batch_sizes[0]:
+        if b == args.batch_sizes[0] and args.batched_before:
             configs["ours, draft, per-row picks, cuDNN attention"] = lambda items, b=b: ours(
                 b, ModelDrafter(draft), items, before=True)
         row = {}
@@ -264,12 +274,13 @@ def run_batched(target, draft, args) -> dict:
             row[name]["identical_to_ours_alone"] = sum(
                 a == c for a, c in zip(outs[name], outs["ours, target alone"], strict=True))
         results[str(b)] = row
+        save({"prompts": len(prompts), "by_batch_size": dict(results)})
     return {"prompts": len(prompts), "by_batch_size": results}
 
 
 # -- profile ---------------------------------------------------------------------------------------
 
-def run_profile(target, draft, args) -> dict:
+def run_profile(target, draft, args, save: Callable[[dict], None] = lambda partial: None) -> dict:
     """One generation of ours with the draft, on a fresh prompt, per attention choice: the share
     of wall time the GPU spends in kernels, kernel launches, and the costliest CPU-side ops."""
     from torch.profiler import ProfilerActivity, profile
@@ -325,7 +336,9 @@ def save_job_inputs(target, draft, args, dest: Path) -> None:
 # -- report ----------------------------------------------------------------------------------------
 
 def markdown(result: dict) -> str:
-    lines = [f"## {result['shape']} pair, {result['dtype']}, {result['device_name']}",
+    cut = [s for s in ("single", "batched") if result.get(f"{s}_partial")]
+    lines = [f"## {result['shape']} pair, {result['dtype']}, {result['device_name']}"
+             + (f" (cut short in: {', '.join(cut)})" if cut else ""),
              "", f"torch {result['torch']}, CUDA {result['cuda']}, transformers {result['transformers']}; "
              f"gamma {result['gamma']}, {result['max_new_tokens']} new tokens, prompts of "
              f"{result['min_len']}-{result['max_len']} tokens, every measured prompt distinct", ""]
@@ -391,6 +404,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max_new_tokens", type=int, default=128)
     p.add_argument("--batch_max_new_tokens", type=int, default=None, help="batched set (default: --max_new_tokens)")
     p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--batched_before", action="store_true",
+                   help="batched: also ours as it was (per-row picks, cuDNN attention) at the first batch size")
     p.add_argument("--include", default="", metavar="REGEX",
                    help="batch 1: only the configurations whose names match (HF generate and ours alone, eager, "
                         "always run: they are the references)")
@@ -424,7 +439,12 @@ def main(argv: list[str] | None = None) -> dict:
     dtype = getattr(torch, args.dtype)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"gpu-{args.shape}-{args.dtype}"
+    stem = f"gpu-{args.shape}-{args.dtype}"
+
+    def write(result: dict) -> None:
+        (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1))
+        (out_dir / f"{stem}.md").write_text(markdown(result))
+
     t0 = time.perf_counter()
     target, draft = build_pair(SHAPES[args.shape], device, dtype)
     result = {"shape": args.shape, "dtype": args.dtype, "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
@@ -440,10 +460,13 @@ def main(argv: list[str] | None = None) -> dict:
     runners = {"single": run_single, "batched": run_batched, "profile": run_profile}
     for section in args.sections:
         t0 = time.perf_counter()
-        result[section] = runners[section](target, draft, args)
+
+        def partial(figures: dict, section: str = section) -> None:
+            write({**result, section: figures, f"{section}_partial": True})
+
+        result[section] = runners[section](target, draft, args, partial)
         result[f"{section}_s"] = time.perf_counter() - t0
-        stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-        stem.with_suffix(".md").write_text(markdown(result))
+        write(result)
         _LOG.info("%s done in %.0f s", section, result[f"{section}_s"])
     print(markdown(result))
     return result
