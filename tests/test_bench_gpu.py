@@ -67,3 +67,11 @@ def test_figures_are_saved_as_they_are_made(tmp_path):
     cut = {"shape": "tiny", "dtype": "float32", "device_name": "cpu", "torch": "", "cuda": None, "transformers": "",
            "gamma": 4, "max_new_tokens": 10, "min_len": 4, "max_len": 12, "single": single[0], "single_partial": True}
     assert "(cut short in: single)" in gpu.markdown(cut)
+
+
+def test_an_encoder_decoder_pair_runs_the_same_way(tmp_path):
+    argv = [a if a != "tiny" else "tiny-t5" for a in TINY]
+    result = gpu.main([*argv, "--sections", "single,batched", "--out", str(tmp_path)])
+    assert all(r["identical_to_hf"] == 2 and r["tokens"] == 20 for r in result["single"]["rows"].values())
+    assert result["single"]["rows"]["ours, draft"]["drafted"] > 0
+    assert all(r["identical_to_hf"] == 5 for r in result["batched"]["by_batch_size"]["4"].values())

@@ -2,7 +2,7 @@
 # The whole GPU check in one call of the GPU machine (see README.md beside this file): wheels it
 # lacks, the CUDA tests, the GPU benchmark in bf16 and fp32, and a whole job on the GPU. Each step
 # has its own time limit and appends to $OUT/log.txt; figures land in $OUT/bench/ as they are made.
-# STEPS picks steps (default: the first call's; the second call is STEPS="compile llama8b", see README.md
+# STEPS picks steps (default: the first call's; the second call is STEPS="compile llama8b t5", see README.md
 # beside this file); BEFORE=1 adds ours as it was (cuDNN attention, per-row batched picks); SIZE=small
 # runs each step at a size for a first try;
 # DEVICE=cpu SHAPE=tiny PYTHON=.venv/bin/python try the script on a machine without a GPU.
@@ -65,6 +65,9 @@ bad = sum(pq.read_table(f).num_rows for f in glob.glob('/tmp/job/out/gens-failed
 print(f'job rows: {ok} results, {bad} failed, of 64'); raise SystemExit(ok + bad != 64 or bad)" ;;
     llama8b) step llama8b 200 $PY -m pipeline.bench.gpu --device $DEVICE --shape ${BIG_SHAPE:-llama3-8b} --dtype bfloat16 \
       --sections single $BIG --include '^(HF assisted|ours, (draft|target alone)(, eager)?)$' --out "$OUT/bench" ;;
+    t5) step t5 200 $PY -m pipeline.bench.gpu --device $DEVICE --shape ${T5_SHAPE:-t5-large} --dtype bfloat16 \
+      --sections single,batched $BIG --batch_prompts 64 --batch_sizes 8,32 --batch_max_new_tokens 32 \
+      --include '^(HF assisted|ours, (draft|target alone)(, eager)?)$' --out "$OUT/bench" ;;
     *) echo "unknown step $s" >>"$LOG" ;;
   esac
 done

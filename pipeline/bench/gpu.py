@@ -52,13 +52,22 @@ class Shape:
     kv_heads: int
     draft_layers: int
     damp: float  # residual-branch outputs of the layers past the draft's, scaled by this
+    encoder_layers: int = 0  # 0: a decoder-only Llama; else a T5 with this many encoder layers
+
+    @property
+    def encoder_decoder(self) -> bool:
+        return self.encoder_layers > 0
 
 
-# TinyLlama-1.1B's and Llama-3-8B's shapes; damping chosen for greedy agreement ~0.75-0.85 at bf16.
+# TinyLlama-1.1B's, Llama-3-8B's and T5-v1.1-large's shapes (for T5, `layers` counts decoder
+# layers and the draft runs the target's encoder; transformers 5.24's `generate()` sizes a T5 cache by its
+# encoder layers, so a target has as many of each); damping for greedy agreement ~0.75-0.85 at bf16.
 SHAPES = {
     "tinyllama-1.1b": Shape(32000, 2048, 5632, 22, 32, 4, 2, 0.012),
     "llama3-8b": Shape(128256, 4096, 14336, 32, 32, 8, 2, 0.008),
+    "t5-large": Shape(32128, 1024, 2816, 24, 16, 16, 2, 0.025, encoder_layers=24),
     "tiny": Shape(320, 64, 128, 3, 4, 2, 1, 0.02),
+    "tiny-t5": Shape(320, 64, 128, 3, 2, 2, 1, 0.02, encoder_layers=3),
 }
 
 
@@ -81,21 +90,45 @@ def _config(shape: Shape, layers: int):
                        eos_token_id=None)
 
 
+def _t5(shape: Shape, decoder_layers: int):
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    return T5ForConditionalGeneration(T5Config(
+        vocab_size=shape.vocab, d_model=shape.hidden, d_ff=shape.intermediate, d_kv=shape.hidden // shape.heads,
+        num_layers=shape.encoder_layers, num_decoder_layers=decoder_layers, num_heads=shape.heads,
+        feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=2, decoder_start_token_id=0,
+        tie_word_embeddings=False,
+        initializer_factor=10.0)).eval()  # at the default 1.0 a random T5 emits one token whatever it reads
+
+
 def build_pair(shape: Shape, device: torch.device, dtype: torch.dtype, seed: int = 0):
-    """(target, draft) built on `device` in `dtype`: the draft is the target's first layers with
-    its embeddings, final norm and head (an early exit). No end token: every row runs to length."""
+    """(target, draft) built on `device` in `dtype`: the draft is the target's first (decoder)
+    layers with its embeddings, final norm and head (an early exit); a T5 draft runs the target's
+    encoder module. No end token: every row runs to length."""
     from transformers import LlamaForCausalLM
+
+    from specdec_core.loading import share_encoder
 
     torch.manual_seed(seed)
     with _default_dtype(dtype), device:
-        target = LlamaForCausalLM(_config(shape, shape.layers)).eval()
-        draft = LlamaForCausalLM(_config(shape, shape.draft_layers)).eval()
+        if shape.encoder_decoder:
+            target, draft = _t5(shape, shape.layers), _t5(shape, shape.draft_layers)
+        else:
+            target = LlamaForCausalLM(_config(shape, shape.layers)).eval()
+            draft = LlamaForCausalLM(_config(shape, shape.draft_layers)).eval()
     with torch.no_grad():
-        for layer in target.model.layers[shape.draft_layers:]:
-            layer.self_attn.o_proj.weight.mul_(shape.damp)
-            layer.mlp.down_proj.weight.mul_(shape.damp)
+        if shape.encoder_decoder:
+            for block in target.decoder.block[shape.draft_layers:]:
+                for module in (block.layer[0].SelfAttention.o, block.layer[1].EncDecAttention.o,
+                               block.layer[2].DenseReluDense.wo):
+                    module.weight.mul_(shape.damp)
+        else:
+            for layer in target.model.layers[shape.draft_layers:]:
+                layer.self_attn.o_proj.weight.mul_(shape.damp)
+                layer.mlp.down_proj.weight.mul_(shape.damp)
         missing = draft.load_state_dict(target.state_dict(), strict=False).missing_keys
     assert not missing, missing
+    share_encoder(target, draft)
     for model in (target, draft):
         model.generation_config.eos_token_id = None
         model.generation_config.pad_token_id = 0
@@ -127,16 +160,22 @@ def _cudnn(allowed: bool):
 
 # -- batch 1 ---------------------------------------------------------------------------------------
 
+def _prompt_in_output(model) -> Callable[[list[int]], int]:
+    """Where `generate()`'s new tokens start: after the prompt, or after the decoder start token."""
+    return (lambda ids: 1) if model.config.is_encoder_decoder else len
+
+
 def single_configs(target, draft, args) -> dict[str, Callable[[list[int]], tuple[list[int], dict]]]:
     """name -> fn(prompt ids) -> (new tokens, stats), all greedy, same gamma and length."""
     device, n, g = target.device, args.max_new_tokens, args.gamma
+    skip = _prompt_in_output(target)
 
     def hf(**kwargs):
         def fn(ids):
             with torch.inference_mode():
                 out = target.generate(torch.tensor([ids], device=device), do_sample=False, max_new_tokens=n,
                                       min_new_tokens=n, **kwargs)
-            return out[0, len(ids):].tolist(), {}
+            return out[0, skip(ids):].tolist(), {}
         return fn
 
     def ours(drafter, cudnn: bool, graphs: str):
@@ -238,7 +277,7 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
             with torch.inference_mode():
                 out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n)
-            outs += out[:, width:].tolist()
+            outs += out[:, 1 if target.config.is_encoder_decoder else width:].tolist()
         return outs
 
     def ours(batch_size: int, drafter, items: list[list[int]], before: bool = False) -> list[list[int]]:
@@ -363,11 +402,10 @@ def markdown(result: dict) -> str:
     batched = result.get("batched")
     if batched:
         k = batched["prompts"]
-        lines += [f"Batched, {k} prompts, {result.get('batch_max_new_tokens')} new tokens each, tokens/s over the set "
-                  "(ours as it was, at the first B: "
-                  + ", ".join(f"{r['tokens_per_s']:.0f} tokens/s ({name})" for b, row in
-                              list(batched["by_batch_size"].items())[:1] for name, r in row.items()
-                              if "per-row" in name) + "):", "",
+        before = [f"{r['tokens_per_s']:.0f} tokens/s ({name})" for row in list(batched["by_batch_size"].values())[:1]
+                  for name, r in row.items() if "per-row" in name]
+        lines += [f"Batched, {k} prompts, {result.get('batch_max_new_tokens')} new tokens each, tokens/s over the set"
+                  + (f" (ours as it was, at the first B: {', '.join(before)})" if before else "") + ":", "",
                   "| B | HF generate | ours, target alone | ours, draft | draft vs HF | same as HF (alone, draft) | "
                   "draft same as alone |", "|---|---|---|---|---|---|---|"]
         for b, row in batched["by_batch_size"].items():
