@@ -80,7 +80,11 @@ def static_decoder_for(model: PreTrainedModel, mode: str = "auto") -> StaticDeco
         return None
     if why:
         raise ValueError(f"cuda_graphs on: {type(model).__name__} {why}")
-    return StaticDecoder(model)
+    decoder = StaticDecoder(model)
+    log.info("%s decodes over a static cache%s", type(model).__name__,
+             " with CUDA graphs (each pass width captured once, on first use; the log says what it costs)"
+             if decoder.graphs else ", eagerly (no CUDA device)")
+    return decoder
 
 
 class _FixedLayer(CacheLayerMixin):
