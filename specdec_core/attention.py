@@ -1,14 +1,15 @@
 """Which scaled-dot-product attention kernels the engines let a model use on a GPU.
 
-PyTorch's cuDNN attention builds an execution plan for every new (query length, key length)
-shape and caches it. Plain decoding meets few shapes (one token over a cache that grows by
-one), but a speculative job meets new ones all the time: verify passes of 1..gamma+1 tokens
+PyTorch's cuDNN attention (its choice for bf16 on Hopper GPUs) builds an execution plan for
+every new (query length, key length) shape before it caches it. Decoding meets new shapes all
+the time: every step a longer cache, and in a speculative job verify passes of 1..gamma+1 tokens
 over caches that grow by however much each round accepted, draft passes of one or two tokens,
-every prompt its own length. On an H200 in bf16 that made the draft a net loss
-(docs/performance.md has the figures). Flash and memory-efficient attention need no plan, so
-the engines' passes run with cuDNN attention switched off; every other backend stays allowed,
-in PyTorch's own order. Only attention's kernel choice changes: the numbers are the same
-softmax(QK^T)V, rounded by another kernel.
+prompts of every length. On an H200 in bf16 our engine took 78 ms per token with cuDNN attention
+and 22 without, 53 and 8.9 with the draft, against 26 for Hugging Face `generate`
+(docs/performance.md). Flash and
+memory-efficient attention need no plan, so the engines run their passes with cuDNN attention
+switched off; every other backend stays allowed, in PyTorch's own order. Only the kernel changes:
+the numbers are the same softmax(QK^T)V, rounded by another kernel.
 """
 
 from __future__ import annotations
