@@ -47,7 +47,7 @@ fi
 if [ "${BEFORE:-0}" = 1 ]; then BF16="$BF16 --batched_before"; else BF16="$BF16 --include ^(?!.*cuDNN)"; fi
 for s in $STEPS; do
   case $s in
-    tests) step tests 240 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py ;;
+    tests) step tests 240 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_gpu_placement.py ;;
     bf16) step bf16 330 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 $BF16 --out "$OUT/bench" ;;
     fp32) step fp32 150 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype float32 --sections single \
       $FP32 --include '^ours, (draft|target alone)(, eager)?$' --out "$OUT/bench" ;;
