@@ -20,7 +20,9 @@ from transformers import PreTrainedModel
 from specdec_core.decoder import CachedDecoder, eos_ids, synchronize
 from specdec_core.static_decoder import StaticDecoder, static_decoder_for
 
-# (sequence so far, logits row (1, V)) -> (chosen token, its distribution (1, V) or None when greedy)
+# (sequence so far, logits row (1, V)) -> (chosen token, its distribution (1, V) or None when greedy).
+# A picker that is the plain argmax of the logits (greedy, no logits processor) says so with an
+# attribute `argmax_only = True`: a drafter may then pick on the device.
 Picker = Callable[[list[int], torch.Tensor], tuple[int, torch.Tensor | None]]
 
 
@@ -93,18 +95,22 @@ class ModelDrafter(Drafter):
 
     name = "model"
 
-    def __init__(self, model: PreTrainedModel, cuda_graphs: str = "auto"):
+    def __init__(self, model: PreTrainedModel, cuda_graphs: str = "auto", chain: bool = False):
         """cuda_graphs: the draft's steps over a static cache replayed as CUDA graphs, as the
-        engine's option of that name."""
+        engine's option of that name. chain: with a static cache and a plain argmax picker, a
+        round's draft steps run as one chain on the device, read back once (`StaticDecoder.
+        draft_greedy`); off until a GPU measures what it saves."""
         self.model = model
         # A round's drafts end at the draft's end token: nothing after an end is ever kept.
         self.ends = eos_ids(model)
         self.static = static_decoder_for(model, cuda_graphs)
+        self.chain = chain
 
     def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker,
               encoded: dict | None = None) -> DraftSession:
         if self.static is not None and self.static.acquire():
-            return _ModelSession(self.static, decoder_ids, pick, self.ends, release=self.static.release)
+            return _ModelSession(self.static, decoder_ids, pick, self.ends, release=self.static.release,
+                                 chain=self.chain and getattr(pick, "argmax_only", False))
         return _ModelSession(CachedDecoder(self.model, prompt_ids, encoded), decoder_ids, pick, self.ends)
 
     def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer:
@@ -131,11 +137,12 @@ class _ModelSession(DraftSession):
     rounds without drafts leave a gap that the next proposal feeds in one pass."""
 
     def __init__(self, decoder: CachedDecoder | StaticDecoder, decoder_ids: list[int], pick: Picker,
-                 ends: set[int] = frozenset(), release: Callable[[], None] | None = None):
+                 ends: set[int] = frozenset(), release: Callable[[], None] | None = None, chain: bool = False):
         self.decoder = decoder
         self.pick = pick
         self.ends = ends
         self._release = release
+        self.chain = chain  # greedy rounds drafted on the device (a StaticDecoder, an argmax picker)
 
     def close(self) -> None:
         if self._release is not None:
@@ -143,6 +150,11 @@ class _ModelSession(DraftSession):
             self._release = None
 
     def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
+        if self.chain and keep is None:
+            tokens = self.decoder.draft_greedy(seq, k)
+            self.steps += k
+            end = next((i for i, t in enumerate(tokens) if t in self.ends), None)
+            return Draft(tokens if end is None else tokens[: end + 1], None)
         cur = list(seq)
         qs = []
         confs: list[float] | None = [] if keep is not None else None

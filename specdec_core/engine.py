@@ -155,6 +155,7 @@ class SpeculativeGenerator:
             probs = scores.softmax(-1)
             return int(torch.multinomial(probs[0], 1, generator=generator).item()), probs
 
+        pick.argmax_only = sampling.greedy and not transform.processors  # see drafters.Picker
         with contextlib.ExitStack() as held:
             verifier = self._verifier(prompt_ids, held)
             if len(seq) > 1:

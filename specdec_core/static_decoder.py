@@ -134,8 +134,8 @@ class _FixedLayer(CacheLayerMixin):
 class _Graph:
     graph: torch.cuda.CUDAGraph
     ids: torch.Tensor  # (1, w) input tokens, written before each replay
-    base: torch.Tensor  # () the pass's first position
-    logits: torch.Tensor  # (1, w, V) the replay's output
+    base: torch.Tensor  # () the first position
+    out: torch.Tensor  # what a replay leaves: a pass's logits (1, w, V), or a draft chain's tokens (k,)
 
 
 class StaticDecoder:
@@ -157,7 +157,7 @@ class StaticDecoder:
         self.encoded: dict = {}  # decoder-only: no encoder outputs (CachedDecoder's interface)
         self.capture_s = 0.0  # seconds spent capturing graphs, for the log
         self.captures = 0
-        self._graphs: dict[int, _Graph] = {}
+        self._graphs: dict[int | tuple[int, int], _Graph] = {}
         self._lock = threading.Lock()
         self.cache = Cache(layers=[_FixedLayer(self) for _ in range(self.layers)])
         self._low = torch.finfo(model.dtype).min
@@ -193,24 +193,41 @@ class StaticDecoder:
                          use_cache=True, **kwargs)
         return out.logits
 
-    def _capture(self, w: int) -> _Graph:
-        t0 = time.perf_counter()
-        ids = torch.zeros((1, w), dtype=torch.long, device=self.device)
-        base = torch.full((), self.length, dtype=torch.long, device=self.device)  # writes past the committed tokens
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm-up off the capture, as torch.cuda.graphs asks
-            for _ in range(2):
-                self._pass(ids, base, w)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            logits = self._pass(ids, base, w)
-        self.capture_s += time.perf_counter() - t0
-        self.captures += 1
-        log.info("%s: CUDA graph of a %d-token pass captured (%d so far, %.2f s in all)", type(self.model).__name__,
-                 w, self.captures, self.capture_s)
-        return _Graph(graph, ids, base, logits)
+    def _chain(self, ids: torch.Tensor, base: torch.Tensor, k: int) -> torch.Tensor:
+        """k greedy tokens after `ids`: its pass, then k-1 one-token passes, each fed the previous
+        pick on the device, so that nothing waits for the host in between (device ops only)."""
+        w = ids.shape[1]
+        picks = [self._pass(ids, base, 1)[0, -1].argmax(-1)]
+        for i in range(1, k):
+            picks.append(self._pass(picks[-1].view(1, 1), base + (w + i - 1), 1)[0, -1].argmax(-1))
+        return torch.stack(picks)
+
+    def _replay(self, key: int | tuple[int, int], new: list[int], run, what: str) -> torch.Tensor:
+        """`run(ids, base)` over the tokens `new` at the current length, through the graph kept
+        under `key` (captured now if it is new)."""
+        g = self._graphs.get(key)
+        if g is None:
+            t0 = time.perf_counter()
+            ids = torch.zeros((1, len(new)), dtype=torch.long, device=self.device)
+            base = torch.full((), self.length, dtype=torch.long, device=self.device)  # writes past committed tokens
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):  # warm-up off the capture, as torch.cuda.graphs asks
+                for _ in range(2):
+                    run(ids, base)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = run(ids, base)
+            g = self._graphs[key] = _Graph(graph, ids, base, out)
+            self.capture_s += time.perf_counter() - t0
+            self.captures += 1
+            log.info("%s: CUDA graph of %s captured (%d so far, %.2f s in all)", type(self.model).__name__, what,
+                     self.captures, self.capture_s)
+        g.ids.copy_(torch.tensor([new]))
+        g.base.fill_(self.length)
+        g.graph.replay()
+        return g.out
 
     @torch.inference_mode()
     def forward(self, tokens: list[int], num_logits: int) -> torch.Tensor:
@@ -221,20 +238,34 @@ class StaticDecoder:
             raise ValueError("forward() needs at least one token the cache has not seen")
         if self.length + w > self.capacity:
             self._grow(self.length + w)
-        ids = torch.tensor([new], device=self.device)
         if self.graphs and w <= self.max_graph_width:
-            g = self._graphs.get(w)
-            if g is None:
-                g = self._graphs[w] = self._capture(w)
-            g.ids.copy_(ids)
-            g.base.fill_(self.length)
-            g.graph.replay()
-            logits = g.logits
+            logits = self._replay(w, new, lambda ids, base: self._pass(ids, base, w), f"a {w}-token pass")
         else:
-            logits = self._pass(ids, torch.full((), self.length, dtype=torch.long, device=self.device),
-                                max(num_logits, 1))
+            logits = self._pass(torch.tensor([new], device=self.device), self._base(), max(num_logits, 1))
         self.length = len(tokens)
         return logits[0, -num_logits:].float() if num_logits else logits[0, :0].float()
+
+    @torch.inference_mode()
+    def draft_greedy(self, tokens: list[int], k: int) -> list[int]:
+        """Feed tokens[self.length:] and draft k greedy tokens after them, each fed back on the
+        device and all read back at once: one synchronisation per round instead of one per token.
+        The cache then holds `tokens` and the first k-1 drafts."""
+        new = tokens[self.length:]
+        w = len(new)
+        if not w or k < 1:
+            raise ValueError("draft_greedy() needs a token the cache has not seen and k >= 1")
+        if self.length + w + k - 1 > self.capacity:
+            self._grow(self.length + w + k - 1)
+        if self.graphs and w <= self.max_graph_width:
+            picks = self._replay((w, k), new, lambda ids, base: self._chain(ids, base, k),
+                                 f"{k} draft steps after {w} tokens")
+        else:
+            picks = self._chain(torch.tensor([new], device=self.device), self._base(), k)
+        self.length = len(tokens) + k - 1
+        return picks.tolist()
+
+    def _base(self) -> torch.Tensor:
+        return torch.full((), self.length, dtype=torch.long, device=self.device)
 
     def rollback(self, length: int) -> None:
         """Drop cached positions >= length: they stay in the buffers, hidden, until overwritten."""

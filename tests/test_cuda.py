@@ -38,7 +38,8 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
     target, draft = cuda_models[kind]
     prompts = [tokenizer(p).input_ids for p in PROMPTS]
     refs = [reference(target, ids, 24) for ids in prompts]
-    drafters = {"model": ModelDrafter(draft, cuda_graphs=graphs), "ngram": NgramDrafter(), "none": NoDrafter()}
+    drafters = {"model": ModelDrafter(draft, cuda_graphs=graphs), "model, chained": ModelDrafter(
+        draft, cuda_graphs=graphs, chain=True), "ngram": NgramDrafter(), "none": NoDrafter()}
     for name, drafter in drafters.items():
         single = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=24,
                                       cuda_graphs=graphs)

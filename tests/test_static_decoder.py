@@ -114,3 +114,64 @@ def test_an_item_that_fails_gives_its_static_decoders_back(models, tokenizer):
     for static in (gen.static, drafter.static):
         assert static.acquire()
         static.release()
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_draft_chained_on_the_device_drafts_what_steps_draft(kind, models, tokenizer):
+    """A round's greedy drafts as one chain (read back once) are the per-step drafts: same
+    output, same rounds, same acceptance; a sampled item or a processor keeps per-step picks."""
+    target, draft = models[kind]
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt).input_ids
+        ref = reference(target, ids, 24)
+        for gamma in (1, 3, 5):
+            outs = []
+            for chain in (True, False):
+                drafter = ModelDrafter(draft, cuda_graphs="on", chain=chain)
+                gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=gamma, max_new_tokens=24,
+                                           cuda_graphs="on")
+                outs.append(gen.generate(ids))
+            chained, stepped = outs
+            assert chained.tokens == stepped.tokens == ref, (kind, gamma, prompt)
+            assert (chained.stats.verify_steps, chained.stats.accepted_tokens, chained.stats.drafts) == (
+                stepped.stats.verify_steps, stepped.stats.accepted_tokens, stepped.stats.drafts)
+
+
+def test_a_chain_is_used_only_for_plain_greedy_picks(models, tokenizer, monkeypatch):
+    from specdec_core.processing import SamplingSettings
+
+    target, draft = models["llama"]
+    ids = tokenizer(PROMPTS[0]).input_ids
+    calls = []
+    original = StaticDecoder.draft_greedy
+    monkeypatch.setattr(StaticDecoder, "draft_greedy", lambda self, *a: calls.append(1) or original(self, *a))
+    drafter = ModelDrafter(draft, cuda_graphs="on", chain=True)
+    SpeculativeGenerator(target, drafter, max_new_tokens=12, cuda_graphs="on").generate(ids)
+    assert calls
+    calls.clear()
+    SpeculativeGenerator(target, drafter, max_new_tokens=12, cuda_graphs="on",
+                         sampling=SamplingSettings(temperature=1.0)).generate(ids)
+    saved = target.generation_config.repetition_penalty
+    target.generation_config.repetition_penalty = 1.2
+    try:
+        out = SpeculativeGenerator(target, drafter, max_new_tokens=12, cuda_graphs="on").generate(ids)
+        assert out.tokens == reference(target, ids, 12)
+    finally:
+        target.generation_config.repetition_penalty = saved
+    assert not calls
+
+
+def test_a_chain_stops_at_the_drafts_end_token(models, tokenizer):
+    target, draft = models["gpt2"]
+    ids = tokenizer(PROMPTS[1]).input_ids
+    ref = reference(target, ids, 20)
+    saved = target.generation_config.eos_token_id, draft.generation_config.eos_token_id
+    target.generation_config.eos_token_id = draft.generation_config.eos_token_id = ref[6]
+    try:
+        drafter = ModelDrafter(draft, cuda_graphs="on", chain=True)
+        out = SpeculativeGenerator(target, drafter, num_speculative_tokens=5, max_new_tokens=20,
+                                   cuda_graphs="on").generate(ids)
+        expected = reference(target, ids, 20)
+    finally:
+        target.generation_config.eos_token_id, draft.generation_config.eos_token_id = saved
+    assert out.tokens == expected and out.tokens[-1] == ref[6] and out.stats.finish_reason == "eos"

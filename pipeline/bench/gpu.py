@@ -205,7 +205,14 @@ def single_configs(target, draft, args) -> dict[str, Callable[[list[int]], tuple
                                   (", eager, cuDNN attention", True, "off")):
         configs["ours, target alone" + suffix] = ours(NoDrafter(), cudnn, graphs)
         configs["ours, draft" + suffix] = ours(ModelDrafter(draft, cuda_graphs=graphs), cudnn, graphs)
+    # A round's greedy drafts chained on the device, read back once (off by default until measured).
+    configs["ours, draft, chained"] = ours(ModelDrafter(draft, cuda_graphs="auto", chain=True), False, "auto")
     return configs
+
+
+def _alone(name: str) -> str:
+    """The configuration that runs the same engine mode without the draft."""
+    return name.replace("draft", "target alone").replace(", chained", "")
 
 
 def _single_summary(rows: dict, outputs: dict, failed: dict) -> dict:
@@ -213,7 +220,7 @@ def _single_summary(rows: dict, outputs: dict, failed: dict) -> dict:
     done = len(ref)
     summary = {name: dict(r) for name, r in rows.items()}
     for name, r in summary.items():
-        alone = outputs.get(name.replace("draft", "target alone"), outputs["ours, target alone, eager"])
+        alone = outputs.get(_alone(name), outputs["ours, target alone, eager"])
         r["ms_per_token"] = 1000 * r["seconds"] / max(r["tokens"], 1)
         r["identical_to_hf"] = sum(a == b for a, b in zip(outputs[name][:done], ref, strict=True))
         r["identical_to_ours_alone"] = sum(a == b for a, b in zip(outputs[name][:done], alone[:done], strict=True))
@@ -391,7 +398,7 @@ def markdown(result: dict) -> str:
                   "|---|---|---|---|---|---|---|"]
         for name, r in rows.items():
             drafted = name.startswith("ours") and "draft" in name
-            alone = rows.get(name.replace("draft", "target alone")) if drafted else None
+            alone = rows.get(_alone(name)) if drafted else None
             ratio = f"{alone['ms_per_token'] / r['ms_per_token']:.2f}x" if alone else "-"
             acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
             same = f"{r['identical_to_ours_alone']}/{k}" if drafted else "-"
