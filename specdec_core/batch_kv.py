@@ -135,13 +135,12 @@ class BatchKV:
         if m == 0:
             return [torch.empty(0) for _ in feeds]
         width = self.width
-        ids = torch.full((self.rows, m), self.pad_id, dtype=torch.long)
-        pos = torch.empty((self.rows, m), dtype=torch.long)
-        for b, f in enumerate(feeds):
-            start = len(self.cols[b])
-            ids[b, : len(f)] = torch.tensor(f, dtype=torch.long)
-            # Pads repeat the last real position so that they never pass the context limit.
-            pos[b] = start + torch.arange(m).clamp_max(max(len(f) - 1, 0))
+        # Built as lists and made tensors once: a few tensor ops per row cost more host time than
+        # a GPU pass of a small model at wide batches.
+        ids = torch.tensor([f + [self.pad_id] * (m - len(f)) for f in feeds], dtype=torch.long)
+        # Pads repeat the last real position so that they never pass the context limit.
+        pos = torch.tensor([[len(c) + min(j, max(len(f) - 1, 0)) for j in range(m)]
+                            for c, f in zip(self.cols, feeds, strict=True)], dtype=torch.long)
         # Pads attend too (to themselves and the row's valid prefix, so no query sees an empty
         # row and no NaN enters the cache); they sit after the row's real tokens, so causality
         # hides them from those, and they become holes right after this pass.
@@ -170,9 +169,8 @@ class BatchKV:
                     mask = self._window_masks(mask, pos, width)
                 out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=pos,
                                  cache=self.cache, use_cache=True, **kwargs)
-        new = torch.zeros((self.rows, m), dtype=torch.long)
+        new = torch.tensor([[1] * len(f) + [0] * (m - len(f)) for f in feeds], dtype=torch.long)
         for b, f in enumerate(feeds):
-            new[b, : len(f)] = 1
             self.cols[b].extend(range(width, width + len(f)))
         self.mask = torch.cat([self.mask, new], dim=1)
         if not logits:
