@@ -42,6 +42,9 @@ GPU_MIB = {
     "nvidia-h200-141gb": 143771,
 }
 LONGEST = 16  # prompts tokenized to find the longest, among the longest by UTF-8 length
+# At launch, input files are read up to this many bytes (whole files, in path order): a job of
+# millions of documents should not wait on a scan of all of them before it starts.
+SCAN_BYTES = 2 * 1024**3
 
 
 @dataclass(frozen=True)
@@ -137,10 +140,20 @@ def _lengths(column: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def longest_prompt_tokens(opts: SpecDecOptions) -> tuple[int, str]:
-    """(tokens, how measured) of the longest prompt: the prompt column of every input file is
-    read, the LONGEST longest by UTF-8 length are encoded as the job encodes them (chat template
-    included); with a tokenizer the launcher cannot load (on gs://), UTF-8 bytes bound it."""
-    files = sorted(m.path for r in FileSystems.match([opts.input]) for m in r.metadata_list)
+    """(tokens, how measured) of the longest prompt: the prompt column of the input files is
+    read (up to SCAN_BYTES of files), the LONGEST longest by UTF-8 length are encoded as the job
+    encodes them (chat template included); with a tokenizer the launcher cannot load (on gs://),
+    UTF-8 bytes bound it."""
+    every = sorted((m.path, m.size_in_bytes) for r in FileSystems.match([opts.input]) for m in r.metadata_list)
+    files, read = [], 0
+    for path, size in every:
+        if files and read + size > SCAN_BYTES:
+            break
+        files.append(path)
+        read += size
+    scope = "" if len(files) == len(every) else (
+        f"; the first {len(files)} of {len(every)} input files ({placement.gib(read)}), a longer prompt in the "
+        "others is not seen")
     candidates: list[tuple[int, object]] = []
     for file in files:
         with FileSystems.open(file) as f:
@@ -154,7 +167,7 @@ def longest_prompt_tokens(opts: SpecDecOptions) -> tuple[int, str]:
         return 0, "no prompts"
     path = opts.tokenizer or opts.target_model
     if path.startswith("gs://"):
-        return candidates[0][0] + 64, "UTF-8 bytes of the longest prompt (tokenizer on gs://)"
+        return candidates[0][0] + 64, "UTF-8 bytes of the longest prompt (tokenizer on gs://)" + scope
     from specdec_core.loading import load_tokenizer
     from specdec_core.text import is_conversation
 
@@ -174,7 +187,7 @@ def longest_prompt_tokens(opts: SpecDecOptions) -> tuple[int, str]:
         else:
             ids = tokenizer(prompt if isinstance(prompt, str) else "")["input_ids"]
         best = max(best, len(ids))
-    return best, "tokens of the longest prompt"
+    return best, "tokens of the longest prompt" + scope
 
 
 _PLANS: dict[tuple, tuple[WorkerGpus | None, list[Copy]]] = {}

@@ -198,6 +198,20 @@ def test_the_fit_check_reads_the_longest_prompt_in_tokens(tmp_path, tokenizer):
     assert check_fit(opts) == [Copy(("cuda:0",)), Copy(("cuda:1",))]
 
 
+def test_the_fit_check_reads_a_bounded_share_of_a_large_input(tmp_path, tokenizer, monkeypatch):
+    import pipeline.fit
+
+    target = _big_target(tmp_path, tokenizer, layers=2)
+    for i, prompt in enumerate(["a b", "a b c", "word " * 60]):
+        pq.write_table(pa.table({"id": [i], "prompt": [prompt]}), tmp_path / f"p-{i}.parquet")
+    opts = SpecDecOptions(["--input", str(tmp_path / "p-*.parquet"), "--output", "o", "--target_model", str(target),
+                           "--drafter", "none"])
+    monkeypatch.setattr(pipeline.fit, "SCAN_BYTES", sum((tmp_path / f"p-{i}.parquet").stat().st_size for i in (0, 1)))
+    tokens, how = pipeline.fit.longest_prompt_tokens(opts)
+    assert tokens == len(tokenizer("a b c")["input_ids"])
+    assert how.startswith("tokens of the longest prompt; the first 2 of 3 input files")
+
+
 # --- the handler on a worker with several GPUs ---------------------------------------------
 
 
