@@ -136,9 +136,10 @@ class BatchSpeculativeGenerator:
                                  f"{type(model).__name__} {why} (use batch_size 1)")
         # The batch-1 engine holds the settings, their validation, the cost measurement and the
         # per-row finish rule (`_truncate`), so both engines stop rows the same way.
+        # It decodes nothing itself, so it holds no static cache ("off").
         self.single = SpeculativeGenerator(target, drafter, num_speculative_tokens=num_speculative_tokens,
                                            max_new_tokens=max_new_tokens, sampling=sampling,
-                                           gamma_policy=gamma_policy)
+                                           gamma_policy=gamma_policy, cuda_graphs="off")
         self.target, self.drafter = target, self.single.drafter
         self.batch_size = batch_size
         self.gamma, self.max_new_tokens = num_speculative_tokens, max_new_tokens
@@ -435,12 +436,12 @@ class BatchSpeculativeGenerator:
             d = drafts[b]
             if choices is not None:
                 n, token = verify_greedy(d, choices[b][len(feeds[b]) - len(d) - 1: len(feeds[b])])
-            elif greedy:
-                scores = r.transform(r.seq + d, logits[b][-(len(d) + 1):])
-                n, token = verify_greedy(d, scores.argmax(-1))
             else:
                 scores = r.transform(r.seq + d, logits[b][-(len(d) + 1):])
-                n, token = verify_sampled(d, scores.softmax(-1), qs[b], r.generator)
+                if greedy:
+                    n, token = verify_greedy(d, scores.argmax(-1))
+                else:
+                    n, token = verify_sampled(d, scores.softmax(-1), qs[b], r.generator)
             s = r.stats
             s.draft_s += t1 - t0  # the row waited for the whole batched pass
             s.verify_s += t2 - t1

@@ -30,6 +30,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from specdec_core.batch_kv import sliding_window
 from specdec_core.decoder import _accepts_logits_to_keep
+from specdec_core.device_map import devices_of
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def config_support(config) -> str | None:
 
 def graph_support(model: PreTrainedModel) -> str | None:
     """None when this loaded model can decode through `StaticDecoder`, else why not."""
-    if len({p.device for p in model.parameters()}) > 1:
+    if len(list(devices_of(model))) > 1:
         return "is split over several devices (a graph replays on one)"
     why = config_support(model.config)
     if why:
