@@ -14,6 +14,7 @@ models get per-row window masks by position once a row can reach the window.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -31,6 +32,7 @@ from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter
 from specdec_core.engine import FinishCheck, Generation, ItemStats, ItemTimeout, SpeculativeGenerator
 from specdec_core.gamma import LOOKUP_DRAFT_COST, AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
+from specdec_core.slot_kv import SlotKV, slot_kv_for
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +126,12 @@ class BatchSpeculativeGenerator:
         sampling: SamplingSettings = SamplingSettings(),
         gamma_policy: GammaPolicy | None = None,
         prefill_tokens: int | None = None,
+        cuda_graphs: str = "auto",
     ):
         """prefill_tokens: the most prompt tokens (rows x longest row) in one prefill pass; None
-        = `CPU_PREFILL_TOKENS` on a CPU, no limit elsewhere."""
+        = `CPU_PREFILL_TOKENS` on a CPU, no limit elsewhere. cuda_graphs: each model's rows in
+        fixed slots of a static cache, its passes replayed as CUDA graphs (`specdec_core.slot_kv`),
+        as the batch-1 engine's option of that name."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         for model in (target, drafter.model if isinstance(drafter, ModelDrafter) else None):
@@ -155,6 +160,9 @@ class BatchSpeculativeGenerator:
         if prefill_tokens is None and target.device.type == "cpu":
             prefill_tokens = CPU_PREFILL_TOKENS
         self.prefill_tokens = prefill_tokens
+        # Kept across calls: a worker captures each pass width once, not once per batch of items.
+        self.slots = {id(m): slot_kv_for(m, cuda_graphs, batch_size, self.pad_id)
+                      for m in (target, self.draft_model) if m is not None}
         self._costs_width = 0  # the batch width of the costs this engine measured (0: none yet)
         self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT
         self._drafting = True  # the batch policy's latest choice, probes aside
@@ -218,8 +226,23 @@ class BatchSpeculativeGenerator:
                         in enumerate(zip(items, checks, strict=True)))
         results: list[Generation | None] = [None] * len(items)
         live: list[_Row] = []
-        tkv = BatchKV(self.target, 0, self.pad_id)
-        dkv = BatchKV(self.draft_model, 0, self.pad_id) if self.draft_model is not None else None
+        with contextlib.ExitStack() as held:
+            tkv = self._cache(self.target, held)
+            dkv = self._cache(self.draft_model, held) if self.draft_model is not None else None
+            self._decode(waiting, results, live, tkv, dkv, max_seconds)
+        return results  # type: ignore[return-value]
+
+    def _cache(self, model: PreTrainedModel, held: contextlib.ExitStack) -> BatchKV | SlotKV:
+        """The model's slots for this call when free (`held` gives them back), else a new padded
+        cache (another thread's call holds them)."""
+        slots = self.slots[id(model)]
+        if slots is not None and slots.acquire():
+            held.callback(slots.release)
+            return slots
+        return BatchKV(model, 0, self.pad_id)
+
+    def _decode(self, waiting: deque, results: list, live: list[_Row], tkv: BatchKV | SlotKV,
+                dkv: BatchKV | SlotKV | None, max_seconds: float | None) -> None:
         while waiting or live:
             if waiting and len(live) < self.batch_size:
                 live += self._admit(waiting, self.batch_size - len(live), tkv, dkv)
@@ -261,9 +284,8 @@ class BatchSpeculativeGenerator:
                 # Holes cost attention work every pass; a gather costs about one cache copy.
                 if kv is not None and kv.rows and kv.wasted() > 8 + kv.width // 8:
                     kv.compact()
-        return results  # type: ignore[return-value]
 
-    def _admit(self, waiting: deque, slots: int, tkv: BatchKV, dkv: BatchKV | None,
+    def _admit(self, waiting: deque, slots: int, tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None,
                into: list[int] | None = None) -> list[_Row]:
         """Prefill up to `slots` waiting prompts (in passes of at most `prefill_tokens` tokens),
         then merge them in after the live rows, or write them over the finished rows `into` (one
@@ -291,7 +313,7 @@ class BatchSpeculativeGenerator:
             r.stats.prefill_s = now - r.start
         return rows
 
-    def _prefill(self, model: PreTrainedModel, kv: BatchKV, rows: list[_Row], into: list[int] | None,
+    def _prefill(self, model: PreTrainedModel, kv: BatchKV | SlotKV, rows: list[_Row], into: list[int] | None,
                  encoded: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Each row's committed tokens but the newest into `kv`, in passes of at most
         `prefill_tokens` tokens, merged after the rows there or written over the rows `into`.
@@ -337,7 +359,7 @@ class BatchSpeculativeGenerator:
             return False
         return self.gamma_policy.needs_costs or 0 < self._costs_width < width
 
-    def _measure_costs(self, live: list[_Row], tkv: BatchKV, dkv: BatchKV | None) -> None:
+    def _measure_costs(self, live: list[_Row], tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None) -> None:
         """c and v(k) at this batch width, timed on the live caches and rolled back.
 
         Batch-1 costs would mislead a batch: at one row a 2-token pass of the quick bench pair
@@ -406,7 +428,7 @@ class BatchSpeculativeGenerator:
 
     # -- one round --------------------------------------------------------------------------------
 
-    def _round(self, live: list[_Row], tkv: BatchKV, dkv: BatchKV | None) -> None:
+    def _round(self, live: list[_Row], tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None) -> None:
         greedy = self.sampling.greedy
         policy = self.gamma_policy
         batch_k = isinstance(policy, AdaptiveGamma) and policy.costs is not None and len(live) > 1

@@ -56,6 +56,18 @@ def sliding_window(config) -> int | None:
     return int(window)
 
 
+def drop_order(rows: int, gone: list[int]) -> list[int]:
+    """The rows that stay after `gone` leave, in their new order: the last rows that stay move
+    into the places of those that go (row i is the old row order[i])."""
+    gone_set = set(gone)
+    n = rows - len(gone_set)
+    order = list(range(n))
+    for hole, mover in zip(sorted(b for b in gone_set if b < n), [b for b in range(n, rows) if b not in gone_set],
+                           strict=True):
+        order[hole] = mover
+    return order
+
+
 class BatchKV:
     """Rows' valid cache columns (`cols[b]`, in sequence order) plus the cache and its mask."""
 
@@ -274,13 +286,10 @@ class BatchKV:
         the cache's row view is narrowed, so only the moved rows are copied (gathering the rows
         that stay copied the whole cache, and the next pass copied it again into a buffer with
         room). Returns the new order: row i is the old row order[i]."""
-        gone_set = set(gone)
-        n = self.rows - len(gone_set)
-        holes = sorted(b for b in gone_set if b < n)
-        movers = [b for b in range(n, self.rows) if b not in gone_set]
-        order = list(range(n))
-        for hole, mover in zip(holes, movers, strict=True):
-            order[hole] = mover
+        order = drop_order(self.rows, gone)
+        n = len(order)
+        holes = [b for b, mover in enumerate(order) if b != mover]
+        movers = [order[b] for b in holes]
         if holes:
             dst = torch.tensor(holes, dtype=torch.long, device=self.device)
             src = torch.tensor(movers, dtype=torch.long, device=self.device)

@@ -89,17 +89,18 @@ def static_decoder_for(model: PreTrainedModel, mode: str = "auto") -> StaticDeco
 
 
 class _FixedLayer(CacheLayerMixin):
-    """One layer's keys/values in fixed buffers; a pass writes at its decoder's `slots`."""
+    """One layer's keys/values in fixed buffers (rows, heads, capacity, dim); a pass writes each
+    row's tokens at that row's columns, its owner's `slots` (rows, width)."""
 
     is_compileable = True
     is_sliding = False
 
-    def __init__(self, owner: StaticDecoder):
+    def __init__(self, owner: StaticKV):
         super().__init__()
         self.owner = owner
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        shape = (1, key_states.shape[1], self.owner.capacity)
+        shape = (self.owner.buffer_rows, key_states.shape[1], self.owner.capacity)
         self.keys = key_states.new_zeros((*shape, key_states.shape[-1]))
         self.values = value_states.new_zeros((*shape, value_states.shape[-1]))
         self.is_initialized = True
@@ -117,15 +118,18 @@ class _FixedLayer(CacheLayerMixin):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.keys.index_copy_(2, self.owner.slots, key_states)
-        self.values.index_copy_(2, self.owner.slots, value_states)
+        slots = self.owner.slots[:, None, :, None]  # (rows, 1, width, 1): distinct columns per row
+        self.keys.scatter_(2, slots.expand(-1, key_states.shape[1], -1, key_states.shape[-1]), key_states)
+        self.values.scatter_(2, slots.expand(-1, value_states.shape[1], -1, value_states.shape[-1]), value_states)
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.capacity, 0
 
     def get_seq_length(self) -> int:
-        return self.owner.length
+        # Rows differ and a graph would freeze any length it read: the models take positions
+        # from position_ids and visibility from the explicit mask, never from this.
+        return 0
 
     def get_max_length(self) -> int:
         return self.owner.capacity
@@ -134,28 +138,33 @@ class _FixedLayer(CacheLayerMixin):
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    ids: torch.Tensor  # (1, w) input tokens, written before each replay
-    base: torch.Tensor  # () the first position
-    out: torch.Tensor  # what a replay leaves: a pass's logits (1, w, V), or a draft chain's tokens (k,)
+    inp: torch.Tensor  # (rows, w + 2): each row's tokens, first position and real token count
+    out: torch.Tensor  # what a replay leaves: a pass's logits (rows, w, V), or a draft chain's tokens (k,)
+
+    def replay(self) -> None:
+        self.graph.replay()
 
 
-class StaticDecoder:
-    """`CachedDecoder`'s interface (forward, rollback, length) over a fixed-capacity cache, for one
-    item at a time: `acquire` takes it for an item (empty), `release` gives it back. The cache is
-    allocated at the first pass and grows (its graphs captured again) when an item needs more."""
+class StaticKV:
+    """Fixed-capacity key/value buffers for `rows` sequences, each at its own length, and the
+    model passes over them, eager or replayed as CUDA graphs. A row's column i holds its token
+    at position i, so there are no holes: a rollback moves a length, a pass of w tokens writes
+    each row at columns length..length+w-1 (a row with fewer tokens pads, its pads written
+    past its tokens and overwritten by its next pass) and attends through a 4D mask that hides
+    every column after the query's own."""
 
-    def __init__(self, model: PreTrainedModel, graphs: bool | None = None, max_graph_width: int = MAX_GRAPH_WIDTH):
+    def __init__(self, model: PreTrainedModel, rows: int, graphs: bool | None = None,
+                 max_graph_width: int = MAX_GRAPH_WIDTH):
         why = graph_support(model)
         if why:
             raise ValueError(f"{type(model).__name__} {why}")
         self.model = model
         self.device = model.device
+        self.buffer_rows = rows
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.max_graph_width = max_graph_width
         self.layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self.capacity = 0
-        self.length = 0
-        self.encoded: dict = {}  # decoder-only: no encoder outputs (CachedDecoder's interface)
         self.capture_s = 0.0  # seconds spent capturing graphs, for the log
         self.captures = 0
         self._graphs: dict[int | tuple[int, int], _Graph] = {}
@@ -165,70 +174,109 @@ class StaticDecoder:
         self._logits_kwarg = _accepts_logits_to_keep(type(model))
 
     def acquire(self) -> bool:
-        """Take the decoder for one item, empty; False while another item (thread) holds it, which
-        then decodes with a `CachedDecoder` instead."""
+        """Take the buffers for one call, emptied; False while another call (thread) holds them,
+        which then decodes with a growing cache instead."""
         if not self._lock.acquire(blocking=False):
             return False
-        self.length = 0
+        self._reset()
         return True
 
     def release(self) -> None:
         self._lock.release()
 
-    def _grow(self, need: int) -> None:
+    def _reset(self) -> None:
+        raise NotImplementedError
+
+    def _grow(self, need: int, keep: int) -> None:
+        """Room for `need` columns per row, keeping the first `keep`."""
         self.capacity = -(-need // CAPACITY_STEP) * CAPACITY_STEP
         for layer in self.cache.layers:
-            layer.grow(self.capacity, self.length)
+            layer.grow(self.capacity, keep)
         self.columns = torch.arange(self.capacity, device=self.device)
         self._graphs.clear()  # they hold the old buffers' addresses
 
-    def _pass(self, ids: torch.Tensor, base: torch.Tensor, keep: int) -> torch.Tensor:
-        """The model over tokens `ids` at positions base.., logits of the last `keep` (device ops
-        only, so that it can be captured)."""
+    def _inputs(self, tokens: list[list[int]], bases: list[int], pad: int) -> torch.Tensor:
+        """The packed inputs of one pass, on the host: per row its tokens (padded to the widest),
+        its first position and how many of the tokens are real."""
+        w = max(len(t) for t in tokens)
+        return torch.tensor([t + [pad] * (w - len(t)) + [b, len(t)] for t, b in zip(tokens, bases, strict=True)],
+                            dtype=torch.long)
+
+    def _pass(self, inp: torch.Tensor, keep: int) -> torch.Tensor:
+        w = inp.shape[1] - 2
+        return self._forward(inp[:, :w], inp[:, w], inp[:, w + 1], keep)
+
+    def _forward(self, ids: torch.Tensor, base: torch.Tensor, fed: torch.Tensor, keep: int) -> torch.Tensor:
+        """The model over tokens `ids` (rows, w), row r's at columns base[r].., logits of the last
+        `keep` (device ops only, so that it can be captured). A pad's position repeats its row's
+        last real one, so that pads never pass a model's position limit."""
         w = ids.shape[1]
-        self.slots = base + self.columns[:w]
-        hidden = self.columns[None, None, None, :] > self.slots[None, None, :, None]  # (1, 1, w, capacity)
+        self.slots = base[:, None] + self.columns[:w]
+        last = (fed - 1).clamp(min=0)[:, None]
+        positions = base[:, None] + torch.minimum(self.columns[:w][None], last)
+        hidden = self.columns[None, None, None, :] > self.slots[:, None, :, None]  # (rows, 1, w, capacity)
         mask = torch.zeros(hidden.shape, dtype=self.model.dtype, device=self.device).masked_fill_(hidden, self._low)
         kwargs = {"logits_to_keep": keep} if self._logits_kwarg else {}
-        out = self.model(input_ids=ids, position_ids=self.slots[None], attention_mask=mask, cache=self.cache,
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
                          use_cache=True, **kwargs)
         return out.logits
 
-    def _chain(self, ids: torch.Tensor, base: torch.Tensor, k: int) -> torch.Tensor:
-        """k greedy tokens after `ids`: its pass, then k-1 one-token passes, each fed the previous
-        pick on the device, so that nothing waits for the host in between (device ops only)."""
-        w = ids.shape[1]
-        picks = [self._pass(ids, base, 1)[0, -1].argmax(-1)]
-        for i in range(1, k):
-            picks.append(self._pass(picks[-1].view(1, 1), base + (w + i - 1), 1)[0, -1].argmax(-1))
-        return torch.stack(picks)
-
-    def _replay(self, key: int | tuple[int, int], new: list[int], run, what: str) -> torch.Tensor:
-        """`run(ids, base)` over the tokens `new` at the current length, through the graph kept
-        under `key` (captured now if it is new)."""
+    def _run(self, key: int | tuple[int, int], inp: torch.Tensor, run, what: str) -> torch.Tensor:
+        """`run(inputs on the device)`: replayed through the graph kept under `key` (captured now
+        if it is new) when graphs are on and the pass is narrow enough, else eagerly."""
+        if not self.graphs or inp.shape[1] - 2 > self.max_graph_width:
+            return run(inp.to(self.device))
         g = self._graphs.get(key)
         if g is None:
             t0 = time.perf_counter()
-            ids = torch.zeros((1, len(new)), dtype=torch.long, device=self.device)
-            base = torch.full((), self.length, dtype=torch.long, device=self.device)  # writes past committed tokens
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):  # warm-up off the capture, as torch.cuda.graphs asks
-                for _ in range(2):
-                    run(ids, base)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = run(ids, base)
-            g = self._graphs[key] = _Graph(graph, ids, base, out)
+            g = self._graphs[key] = self._capture(run, inp)
             self.capture_s += time.perf_counter() - t0
             self.captures += 1
             log.info("%s: CUDA graph of %s captured (%d so far, %.2f s in all)", type(self.model).__name__, what,
                      self.captures, self.capture_s)
-        g.ids.copy_(torch.tensor([new]))
-        g.base.fill_(self.length)
-        g.graph.replay()
+        g.inp.copy_(inp)
+        g.replay()
         return g.out
+
+    def _capture(self, run, inp: torch.Tensor) -> _Graph:
+        """A CUDA graph of `run` over a static copy of `inp` (whose contents are valid inputs:
+        the warm-up passes write where this pass would)."""
+        static = inp.to(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # warm-up off the capture, as torch.cuda.graphs asks
+            for _ in range(2):
+                run(static)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run(static)
+        return _Graph(graph, static, out)
+
+
+class StaticDecoder(StaticKV):
+    """`CachedDecoder`'s interface (forward, rollback, length) over a one-row static cache, for
+    one item at a time: `acquire` takes it for an item (empty), `release` gives it back. The
+    cache is allocated at the first pass and grows (its graphs captured again) when an item
+    needs more."""
+
+    def __init__(self, model: PreTrainedModel, graphs: bool | None = None, max_graph_width: int = MAX_GRAPH_WIDTH):
+        super().__init__(model, 1, graphs, max_graph_width)
+        self.length = 0
+        self.encoded: dict = {}  # decoder-only: no encoder outputs (CachedDecoder's interface)
+
+    def _reset(self) -> None:
+        self.length = 0
+
+    def _chain(self, inp: torch.Tensor, k: int) -> torch.Tensor:
+        """k greedy tokens after the pass `inp`: that pass, then k-1 one-token passes, each fed the
+        previous pick on the device, so that nothing waits for the host in between."""
+        w = inp.shape[1] - 2
+        base, one = inp[:, w], torch.ones_like(inp[:, w])
+        picks = [self._pass(inp, 1)[0, -1].argmax(-1)]
+        for i in range(1, k):
+            picks.append(self._forward(picks[-1].view(1, 1), base + (w + i - 1), one, 1)[0, -1].argmax(-1))
+        return torch.stack(picks)
 
     @torch.inference_mode()
     def forward(self, tokens: list[int], num_logits: int) -> torch.Tensor:
@@ -238,11 +286,10 @@ class StaticDecoder:
         if not w:
             raise ValueError("forward() needs at least one token the cache has not seen")
         if self.length + w > self.capacity:
-            self._grow(self.length + w)
-        if self.graphs and w <= self.max_graph_width:
-            logits = self._replay(w, new, lambda ids, base: self._pass(ids, base, w), f"a {w}-token pass")
-        else:
-            logits = self._pass(torch.tensor([new], device=self.device), self._base(), max(num_logits, 1))
+            self._grow(self.length + w, self.length)
+        keep = w if self.graphs and w <= self.max_graph_width else max(num_logits, 1)
+        logits = self._run(w, self._inputs([new], [self.length], 0), lambda inp: self._pass(inp, keep),
+                           f"a {w}-token pass")
         self.length = len(tokens)
         return logits[0, -num_logits:].float() if num_logits else logits[0, :0].float()
 
@@ -256,17 +303,11 @@ class StaticDecoder:
         if not w or k < 1:
             raise ValueError("draft_greedy() needs a token the cache has not seen and k >= 1")
         if self.length + w + k - 1 > self.capacity:
-            self._grow(self.length + w + k - 1)
-        if self.graphs and w <= self.max_graph_width:
-            picks = self._replay((w, k), new, lambda ids, base: self._chain(ids, base, k),
-                                 f"{k} draft steps after {w} tokens")
-        else:
-            picks = self._chain(torch.tensor([new], device=self.device), self._base(), k)
+            self._grow(self.length + w + k - 1, self.length)
+        picks = self._run((w, k), self._inputs([new], [self.length], 0), lambda inp: self._chain(inp, k),
+                          f"{k} draft steps after {w} tokens")
         self.length = len(tokens) + k - 1
         return picks.tolist()
-
-    def _base(self) -> torch.Tensor:
-        return torch.full((), self.length, dtype=torch.long, device=self.device)
 
     def rollback(self, length: int) -> None:
         """Drop cached positions >= length: they stay in the buffers, hidden, until overwritten."""

@@ -1,0 +1,167 @@
+"""The batch engine's cache at fixed row slots: every pass over all slots, replayable as a CUDA graph.
+
+`BatchKV` appends the same columns to every row, so rejected drafts and short rows leave holes
+that it masks and now and then compacts, and its shapes change every round: on a GPU each of
+its passes is thousands of launches from Python. Here each row owns a slot of a `StaticKV`:
+its column i holds its token at position i, so a rollback moves the row's length, a pass
+writes each row at its own columns, and a finished row's slot is refilled in place. A pass has
+the same shape whatever the rows do (all slots, the round's widest feed), so one graph per
+width serves every round. Free slots and short rows feed pads that land past their rows'
+lengths and are overwritten later.
+
+It keeps `BatchKV`'s interface for the batch engine (rows in the engine's order, `forward`,
+`rollback`, `drop`, `place`, `merge`): prompts are still prefilled into a `BatchKV` (eagerly,
+in passes as wide as the budget allows) and their columns copied into free slots. Decoder-only
+models with full attention on one device (`static_decoder.graph_support`); the others keep
+`BatchKV`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec_core.batch_kv import BatchKV, drop_order
+from specdec_core.static_decoder import GRAPH_MODES, MAX_GRAPH_WIDTH, StaticKV, graph_support
+
+log = logging.getLogger(__name__)
+
+
+def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0) -> SlotKV | None:
+    """The batch engine's choice for `--cuda_graphs`, as `static_decoder_for` at batch 1: "auto"
+    on CUDA for models it supports, "on" insists (eagerly on a CPU, as the tests run it), "off"
+    never."""
+    if mode not in GRAPH_MODES:
+        raise ValueError(f"cuda_graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
+    if mode == "off":
+        return None
+    why = graph_support(model)
+    if mode == "auto" and (why or model.device.type != "cuda"):
+        if why and model.device.type == "cuda":
+            log.info("no CUDA graphs for %s batches: it %s", type(model).__name__, why)
+        return None
+    if why:
+        raise ValueError(f"cuda_graphs on: {type(model).__name__} {why}")
+    kv = SlotKV(model, slots, pad_id)
+    log.info("%s batches decode in %d fixed slots%s", type(model).__name__, slots,
+             " with CUDA graphs (each pass width captured once, on first use)" if kv.graphs
+             else ", eagerly (no CUDA device)")
+    return kv
+
+
+class SlotKV(StaticKV):
+    """`slots` rows of fixed buffers, the rows of a batch in some of them (`slot_of`)."""
+
+    def __init__(self, model: PreTrainedModel, slots: int, pad_id: int = 0, graphs: bool | None = None,
+                 max_graph_width: int = MAX_GRAPH_WIDTH):
+        super().__init__(model, slots, graphs, max_graph_width)
+        self.pad_id = pad_id
+        self.lengths = [0] * slots  # per slot: its row's cached tokens (0 when free)
+        self.slot_of: list[int] = []  # per row of the batch, in the engine's order: its slot
+        self.logits: torch.Tensor | None = None  # the last pass's float32 logits (rows, fed, V)
+
+    def _reset(self) -> None:
+        self.lengths = [0] * self.buffer_rows
+        self.slot_of = []
+        self.logits = None
+
+    # BatchKV's interface: its rows are the batch's rows, whichever slots they sit in.
+
+    @property
+    def rows(self) -> int:
+        return len(self.slot_of)
+
+    @property
+    def width(self) -> int:
+        return max(self.lengths, default=0)
+
+    def length(self, b: int) -> int:
+        return self.lengths[self.slot_of[b]]
+
+    def wasted(self) -> int:
+        return 0  # no holes
+
+    def compact(self) -> None:
+        pass
+
+    @torch.inference_mode()
+    def forward(self, feeds: list[list[int]], logits: bool = True) -> list[torch.Tensor]:
+        """Feed each row its tokens (a row may feed none) in ONE pass over all slots; return each
+        row's float32 logits at its fed positions, (len(feeds[b]), V)."""
+        assert len(feeds) == len(self.slot_of)
+        w = max((len(f) for f in feeds), default=0)
+        if w == 0:
+            return [torch.empty(0) for _ in feeds]
+        if self.width + w > self.capacity:
+            self._grow(self.width + w, self.width)
+        tokens: list[list[int]] = [[] for _ in range(self.buffer_rows)]
+        for slot, f in zip(self.slot_of, feeds, strict=True):
+            tokens[slot] = f
+        # Every slot writes w columns from its length on; a free slot or a short row writes pads.
+        inp = self._inputs([t or [self.pad_id] for t in tokens], self.lengths, self.pad_id)
+        inp[:, w + 1] = torch.tensor([len(t) for t in tokens])
+        out = self._run(w, inp, lambda x: self._pass(x, w), f"a {w}-token pass over {self.buffer_rows} slots")
+        for slot, f in zip(self.slot_of, feeds, strict=True):
+            self.lengths[slot] += len(f)
+        if not logits:
+            self.logits = None
+            return []
+        if self.slot_of == list(range(self.buffer_rows)):
+            self.logits = out.float()
+        else:
+            self.logits = out[torch.tensor(self.slot_of, device=out.device)].float()
+        if self.logits.data_ptr() == out.data_ptr():  # fp32: a graph's output, which its next replay overwrites
+            self.logits = self.logits.clone()
+        return [self.logits[b, : len(f)] for b, f in enumerate(feeds)]
+
+    def rollback(self, b: int, length: int) -> None:
+        """Row b keeps its first `length` tokens; the columns after are overwritten later."""
+        slot = self.slot_of[b]
+        self.lengths[slot] = min(self.lengths[slot], length)
+
+    def drop(self, gone: list[int]) -> list[int]:
+        """These rows leave and their slots are free; nothing moves. Returns the new order of the
+        rows (row i is the old row order[i]), the same as `BatchKV.drop`'s."""
+        for b in gone:
+            self.lengths[self.slot_of[b]] = 0
+        order = drop_order(len(self.slot_of), gone)
+        self.slot_of = [self.slot_of[b] for b in order]
+        return order
+
+    def place(self, rows: list[int], fresh: BatchKV) -> None:
+        """`fresh`'s rows (prefilled) into the slots of these rows, whose items have left."""
+        assert len(rows) == fresh.rows
+        self._copy([self.slot_of[b] for b in rows], fresh)
+
+    def merge(self, *others: BatchKV) -> None:
+        """The rows of `others` after the batch's rows, each in a free slot."""
+        taken = set(self.slot_of)
+        free = [s for s in range(self.buffer_rows) if s not in taken]
+        for fresh in others:
+            if fresh.rows > len(free):
+                raise ValueError(f"{self.rows + fresh.rows} rows do not fit {self.buffer_rows} slots")
+            slots, free = free[: fresh.rows], free[fresh.rows:]
+            self.slot_of += slots
+            self._copy(slots, fresh)
+
+    @torch.inference_mode()
+    def _copy(self, slots: list[int], fresh: BatchKV) -> None:
+        """Each of `fresh`'s rows' valid columns to columns 0.. of its slot."""
+        lengths = [len(c) for c in fresh.cols]
+        for s in slots:
+            self.lengths[s] = 0
+        if max(lengths, default=0) > self.capacity:
+            self._grow(max(lengths), self.width)
+        theirs = fresh._layers()
+        for layer, (fk, fv) in zip(self.cache.layers, theirs, strict=True) if theirs else ():
+            if not layer.is_initialized:
+                layer.lazy_initialization(fk, fv)
+            for j, (slot, cols, n) in enumerate(zip(slots, fresh.cols, lengths, strict=True)):
+                if n:
+                    index = torch.tensor(cols, device=fk.device)
+                    layer.keys[slot, :, :n] = fk[j, :, index]
+                    layer.values[slot, :, :n] = fv[j, :, index]
+        for s, n in zip(slots, lengths, strict=True):
+            self.lengths[s] = n

@@ -1,0 +1,206 @@
+"""The batch engine at fixed row slots (`SlotKV`, the CUDA-graph path of batches), run here eagerly
+and through a stand-in for CUDA graphs: each row's logits are those of the row alone through
+passes, rollbacks, refills, merges and drops; greedy rows equal `generate()`; sampled rows draw
+what the padded cache draws; a busy cache falls back; models it cannot take are refused."""
+
+import pytest
+import torch
+
+from specdec_core import static_decoder
+from specdec_core.batch_engine import BatchSpeculativeGenerator
+from specdec_core.batch_kv import BatchKV
+from specdec_core.decoder import CachedDecoder
+from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from specdec_core.engine import SpeculativeGenerator
+from specdec_core.gamma import AdaptiveGamma
+from specdec_core.processing import SamplingSettings
+from specdec_core.slot_kv import SlotKV, slot_kv_for
+from specdec_core.static_decoder import StaticKV
+from tests.numerics import assert_logits_close
+from tests.test_batch_engine import TEXTS, drafter_for, hf_greedy
+
+
+class FakeGraph:
+    """What the engines rely on in a CUDA graph, on a CPU: a replay runs the captured pass over
+    the static input tensor and leaves its result in the same output tensor every time (so a
+    caller that reads inputs it did not copy in, or keeps an output past the next replay, goes
+    wrong here as on a GPU)."""
+
+    def __init__(self, run, inp: torch.Tensor):
+        self.run, self.inp = run, inp.clone()
+        self.out = run(self.inp).clone()
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.out.copy_(self.run(self.inp))
+        self.replays += 1
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    monkeypatch.setattr(StaticKV, "_capture", lambda self, run, inp: FakeGraph(run, inp))
+
+
+def graphed(kv, on: bool):
+    if kv is not None:
+        kv.graphs = on
+    return kv
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    return [tokenizer(t)["input_ids"] for t in TEXTS]
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_row_logits_in_slots_equal_the_row_alone(models, prompts, kind, graphs, fake_graphs, monkeypatch):
+    monkeypatch.setattr(static_decoder, "CAPACITY_STEP", 8)  # the buffers grow several times below
+    target, _ = models[kind]
+    rows = [list(prompts[i]) for i in (0, 2, 4)]
+    kv = SlotKV(target, 4, graphs=graphs)
+    assert kv.acquire()
+    fresh = BatchKV(target, len(rows))
+    fresh.forward([r[:-1] for r in rows], logits=False)
+    kv.merge(fresh)
+    gen = torch.Generator().manual_seed(0)
+    for step in range(5):
+        blocks = [torch.randint(4, 300, (int(torch.randint(1, 4, (1,), generator=gen)),), generator=gen).tolist()
+                  for _ in rows]
+        if step == 1:
+            blocks[1] = []  # a row that feeds nothing this pass
+        feeds = [r[kv.length(b):] + blk for b, (r, blk) in enumerate(zip(rows, blocks, strict=True))]
+        logits = kv.forward(feeds)
+        for b, r in enumerate(rows):
+            full = r + blocks[b]
+            if not feeds[b]:
+                continue
+            alone = CachedDecoder(target, full).forward(full, len(feeds[b]))
+            assert_logits_close(logits[b], alone)
+            keep = len(r) + len(blocks[b]) // 2  # the second half of the block rejected
+            kv.rollback(b, keep)
+            rows[b] = full[: keep + 1]
+        if step == 0:  # a finished row's slot refilled with a prompt longer than any row
+            long = prompts[4] + prompts[6]
+            new = BatchKV(target, 1)
+            new.forward([long[:-1]], logits=False)
+            kv.place([1], new)
+            rows[1] = list(long)
+        if step == 1:  # a row merged into the free slot, then an old row leaving: nothing moves
+            new = BatchKV(target, 1)
+            new.forward([prompts[5][:-1]], logits=False)
+            kv.merge(new)
+            rows.append(list(prompts[5]))
+            buffer = kv.cache.layers[0].keys.data_ptr()
+            order = kv.drop([1])
+            assert order == [0, 3, 2] and kv.slot_of == [0, 3, 2]  # BatchKV's order; row 3 stays in slot 3
+            assert kv.cache.layers[0].keys.data_ptr() == buffer
+            rows = [rows[i] for i in order]
+    assert kv.capacity % 8 == 0 and kv.capacity >= max(len(r) for r in rows)
+    if graphs:  # one graph per pass width, replayed (captured again after each growth)
+        assert kv.captures >= len(kv._graphs) > 0 and all(g.replays for g in kv._graphs.values())
+    kv.release()
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "none"])
+def test_greedy_rows_in_slots_equal_generate(models, prompts, kind, drafter, graphs, fake_graphs):
+    target, draft = models[kind]
+    n = 14
+    eos = hf_greedy(target, prompts[0], n)[5]  # an end that some rows reach mid-output
+    saved = target.generation_config.eos_token_id
+    target.generation_config.eos_token_id = eos
+    try:
+        engine = BatchSpeculativeGenerator(target, drafter_for(drafter, draft), batch_size=3,
+                                           num_speculative_tokens=3, max_new_tokens=n, cuda_graphs="on")
+        kvs = [graphed(kv, graphs) for kv in engine.slots.values()]
+        assert all(isinstance(kv, SlotKV) for kv in kvs) and len(kvs) == (2 if drafter == "model" else 1)
+        reference = [hf_greedy(target, p, n) for p in prompts]
+        first = engine.generate_many([(p, 0) for p in prompts])
+        captured = [kv.captures for kv in kvs]
+        again = engine.generate_many([(p, 0) for p in prompts])  # slots reused, emptied: same rounds
+        recaptured = [kv.captures for kv in kvs]
+        fewer = engine.generate_many([(p, 0) for p in prompts[:2]])  # free slots pad along
+    finally:
+        target.generation_config.eos_token_id = saved
+    assert [o.tokens for o in first] == reference
+    assert [o.tokens for o in again] == reference
+    assert [o.tokens for o in fewer] == reference[:2]
+    assert {o.stats.finish_reason for o in first} == {"eos", "length"}
+    if graphs:  # each width captured once for the worker, not again per call
+        assert all(c > 0 for c in captured) and recaptured == captured
+
+
+def test_adaptive_costs_and_gammas_in_slots_keep_greedy_exact(models, prompts, fake_graphs):
+    """The engine times its passes on the slots and rolls them back; rows draft the batch's gammas."""
+    target, draft = models["llama"]
+    policy = AdaptiveGamma(max_gamma=3)
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=3,
+                                       max_new_tokens=10, gamma_policy=policy, cuda_graphs="on")
+    for kv in engine.slots.values():
+        graphed(kv, True)
+    out = engine.generate_many([(p, 0) for p in prompts])
+    assert policy.costs is not None and engine._costs_width == 4
+    assert [o.tokens for o in out] == [hf_greedy(target, p, 10) for p in prompts]
+
+
+def test_sampled_rows_in_slots_draw_what_the_padded_cache_draws(models, prompts):
+    """Each row's seed gives the same sample with either cache (that one is its batch-1 sample)."""
+    target, draft = models["llama"]
+    sampling = SamplingSettings(temperature=1.0, top_k=20)
+    items = [(p, 100 + i) for i, p in enumerate(prompts)]
+    outs = []
+    for mode in ("on", "off"):
+        engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=3,
+                                           max_new_tokens=10, sampling=sampling, cuda_graphs=mode)
+        outs.append([o.tokens for o in engine.generate_many(items)])
+    assert outs[0] == outs[1]
+
+
+def test_busy_slots_fall_back_to_a_padded_cache(models, prompts):
+    target, draft = models["llama"]
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=3,
+                                       max_new_tokens=8, cuda_graphs="on")
+    held = engine.slots[id(target)]
+    assert held.acquire()  # another call (thread) holds the target's slots
+    try:
+        out = engine.generate_many([(p, 0) for p in prompts[:4]])
+        assert held.rows == 0 and held.capacity == 0  # untouched
+    finally:
+        held.release()
+    assert [o.tokens for o in out] == [hf_greedy(target, p, 8) for p in prompts[:4]]
+    assert engine.slots[id(draft)].acquire(), "the call gave the draft's slots back"
+
+
+def test_models_slots_cannot_take(models):
+    target, _ = models["t5"]
+    assert slot_kv_for(target, "auto", 4) is None and slot_kv_for(models["llama"][0], "auto", 4) is None  # no CUDA
+    assert slot_kv_for(models["llama"][0], "off", 4) is None
+    with pytest.raises(ValueError, match="cuda_graphs on: T5ForConditionalGeneration is an encoder-decoder"):
+        BatchSpeculativeGenerator(target, NoDrafter(), batch_size=2, cuda_graphs="on")
+    with pytest.raises(ValueError, match="cuda_graphs must be one of"):
+        slot_kv_for(target, "yes", 4)
+    kv = SlotKV(models["llama"][0], 2)
+    kv.acquire()
+    fresh = BatchKV(models["llama"][0], 3)
+    with pytest.raises(ValueError, match="3 rows do not fit 2 slots"):
+        kv.merge(fresh)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_batch_one_through_graph_replays_equals_generate(models, prompts, kind, fake_graphs):
+    """The batch-1 engine's static decoders (target passes, draft steps, chained draft rounds)
+    through graph replays."""
+    target, draft = models[kind]
+    for chain in (False, True):
+        drafter = ModelDrafter(draft, cuda_graphs="on", chain=chain)
+        gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=16, cuda_graphs="on")
+        gen.static.graphs = drafter.static.graphs = True
+        assert [gen.generate(p).tokens for p in prompts] == [hf_greedy(target, p, 16) for p in prompts]
+        assert gen.static.captures and drafter.static.captures
+        if chain:
+            assert any(isinstance(key, tuple) for key in drafter.static._graphs)  # the chained rounds were graphs
+    gen = SpeculativeGenerator(target, NgramDrafter(), num_speculative_tokens=3, max_new_tokens=16, cuda_graphs="on")
+    gen.static.graphs = True
+    assert [gen.generate(p).tokens for p in prompts] == [hf_greedy(target, p, 16) for p in prompts]
