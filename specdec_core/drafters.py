@@ -117,6 +117,7 @@ class ModelDrafter(Drafter):
         # Steps as the items run them: through a static decoder of its own when graphs are used.
         decoder = CachedDecoder(self.model, prompt_ids) if self.static is None else StaticDecoder(self.model)
         decoder.forward(seq, 1)
+        decoder.forward(seq + extra[:1], 1)  # a step's graph (with graphs) captured before any timing
 
         def timer() -> float:
             # Consecutive steps, as in a round: a small draft's weights stay in cache

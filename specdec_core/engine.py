@@ -123,6 +123,9 @@ class SpeculativeGenerator:
 
             draft_step = self.drafter.step_timer(prompt_ids, seq, extra, max(max(ks) - 1, 1))
             target_step(1)  # warm-up
+            if getattr(verifier, "graphs", False):  # each width's graph captured untimed
+                for k in ks:
+                    target_step(k)
             costs = Costs.measure(target_step, draft_step, ks, reps)
         if draft_step is None and not isinstance(self.drafter, NoDrafter):
             costs.c = LOOKUP_DRAFT_COST

@@ -168,6 +168,7 @@ class StaticKV:
         self.capture_s = 0.0  # seconds spent capturing graphs, for the log
         self.captures = 0
         self._graphs: dict[int | tuple[int, int], _Graph] = {}
+        self._pool = None  # one memory pool for all graphs: one pass runs at a time, outputs stay held
         self._lock = threading.Lock()
         self.cache = Cache(layers=[_FixedLayer(self) for _ in range(self.layers)])
         self._low = torch.finfo(model.dtype).min
@@ -249,7 +250,9 @@ class StaticKV:
                 run(static)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
             out = run(static)
         return _Graph(graph, static, out)
 

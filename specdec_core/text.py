@@ -271,6 +271,7 @@ class TextGenerator:
                 max_new_tokens=max_new_tokens,
                 sampling=sampling,
                 gamma_policy=self.engine.gamma_policy,
+                cuda_graphs=cuda_graphs,
             )
         self.context = context
         # Beam threads share one generator per process; items run one at a time so that

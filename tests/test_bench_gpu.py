@@ -22,6 +22,8 @@ def test_every_section_runs_and_every_output_is_the_targets(tmp_path):
         batch = result["batched"]["by_batch_size"][b]
         assert all(r["identical_to_hf"] == 5 and r["tokens"] == 50 for r in batch.values())
     assert "ours, draft, per-row picks, cuDNN attention" not in result["batched"]["by_batch_size"]["2"]
+    assert {"ours, draft, eager", "ours, target alone, eager"} <= set(result["batched"]["by_batch_size"]["2"])
+    assert "ours, draft, eager" not in result["batched"]["by_batch_size"]["4"]  # eager at the first B only
     assert set(result["profile"]) == {"CUDA graphs", "eager", "eager, cuDNN attention"}
     saved = json.loads((tmp_path / "gpu-tiny-float32.json").read_text())
     assert saved["single"]["rows"].keys() == rows.keys()

@@ -4,16 +4,19 @@ import pytest
 
 from pipeline.run import main
 from specdec_core.batch_engine import BatchSpeculativeGenerator
+from specdec_core.slot_kv import SlotKV
 from tests.test_pipeline import BAD, GOOD, greedy_reference, run_job, write_prompts
 
 
-def test_batched_job_equals_target_generate_and_fails_bad_rows_alone(tmp_path, saved_pairs, monkeypatch):
+@pytest.mark.parametrize("graphs", ["auto", "on"])  # on a CPU: a padded cache, or fixed slots (eagerly)
+def test_batched_job_equals_target_generate_and_fails_bad_rows_alone(tmp_path, saved_pairs, monkeypatch, graphs):
     target, draft = saved_pairs["llama"]
     lists = []  # the batched engine really ran (in this process: Beam's in-process runner)
     generate_many = BatchSpeculativeGenerator.generate_many
 
     def spy(self, items, *args, **kwargs):
         lists.append(len(items))
+        assert isinstance(self.slots[id(self.target)], SlotKV) == (graphs == "on")
         return generate_many(self, items, *args, **kwargs)
     monkeypatch.setattr(BatchSpeculativeGenerator, "generate_many", spy)
     rows = [{"id": f"g{i}", "prompt": p, "topic": "t"} for i, p in enumerate(GOOD)]
@@ -21,7 +24,7 @@ def test_batched_job_equals_target_generate_and_fails_bad_rows_alone(tmp_path, s
     rows.insert(4, {"id": "long", "prompt": BAD["long"], "topic": "t"})
     src = write_prompts(tmp_path / "p.parquet", rows)
     results, failed = run_job(tmp_path, target, draft, "--batch_size", "3", "--passthrough_columns", "topic",
-                              prompts=src)
+                              "--cuda_graphs", graphs, prompts=src)
     assert sorted(results["id"].to_pylist()) == sorted(f"g{i}" for i in range(len(GOOD)))
     got = dict(zip(results["id"].to_pylist(), results["generation"].to_pylist(), strict=True))
     for i, prompt in enumerate(GOOD):

@@ -275,7 +275,7 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
     prompts = distinct_prompts(args.batch_prompts, args.min_len, args.max_len, target.config.vocab_size, seed=2)
     warm = distinct_prompts(max(args.batch_sizes), args.min_len, args.max_len, target.config.vocab_size, seed=2000)
 
-    def hf(batch_size: int, items: list[list[int]]) -> list[list[int]]:
+    def hf(batch_size: int, items: list[list[int]], **kwargs) -> list[list[int]]:
         outs = []
         for start in range(0, len(items), batch_size):
             chunk = items[start:start + batch_size]
@@ -283,30 +283,54 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
             ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk], device=device)
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
             with torch.inference_mode():
-                out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n)
+                out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                                      **kwargs)
             outs += out[:, 1 if target.config.is_encoder_decoder else width:].tolist()
         return outs
 
-    def ours(batch_size: int, drafter, items: list[list[int]], before: bool = False) -> list[list[int]]:
+    def hf_compiled(batch_size: int):
+        from transformers import CompileConfig
+
+        # One static cache size for every batch, so that one compiled decode step serves them all.
+        kwargs = dict(cache_implementation="static", max_cache_len=args.max_len + n + 8,
+                      compile_config=CompileConfig(fullgraph=False, mode="reduce-overhead"))
+        return lambda items: hf(batch_size, items, **kwargs)
+
+    def ours(batch_size: int, drafter, graphs: str = "auto", before: bool = False):
+        # One engine per configuration: its static slots and graphs are made once, in the warm-up.
         engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=g,
-                                           max_new_tokens=n)
+                                           max_new_tokens=n, cuda_graphs=graphs)
         if before:  # as the engine was: each row's picks read back on their own, cuDNN attention allowed
             engine._argmax_rows = lambda live, logits: None
-        with _cudnn(before):
-            return [gen.tokens for gen in engine.generate_many([(p, 0) for p in items])]
 
-    results = {}
+        def fn(items: list[list[int]]) -> list[list[int]]:
+            with _cudnn(before):
+                return [gen.tokens for gen in engine.generate_many([(p, 0) for p in items])]
+        return fn
+
+    results, failed = {}, {}
     for b in args.batch_sizes:
-        configs = {"HF generate": lambda items, b=b: hf(b, items),
-                   "ours, target alone": lambda items, b=b: ours(b, NoDrafter(), items),
-                   "ours, draft": lambda items, b=b: ours(b, ModelDrafter(draft), items)}
-        if b == args.batch_sizes[0] and args.batched_before:
-            configs["ours, draft, per-row picks, cuDNN attention"] = lambda items, b=b: ours(
-                b, ModelDrafter(draft), items, before=True)
+        # Ours as it runs (fixed slots and CUDA graphs where the model allows); eager at the first B.
+        configs = {"HF generate": lambda items, b=b: hf(b, items)}
+        if args.hf_compile:
+            configs["HF generate, static cache + compile"] = hf_compiled(b)
+        configs["ours, target alone"] = ours(b, NoDrafter())
+        configs["ours, draft"] = ours(b, ModelDrafter(draft))
+        if b == args.batch_sizes[0]:
+            configs["ours, target alone, eager"] = ours(b, NoDrafter(), "off")
+            configs["ours, draft, eager"] = ours(b, ModelDrafter(draft, cuda_graphs="off"), "off")
+            if args.batched_before:
+                configs["ours, draft, per-row picks, cuDNN attention"] = ours(
+                    b, ModelDrafter(draft, cuda_graphs="off"), "off", before=True)
         row = {}
         outs = {}
         for name, fn in configs.items():
-            fn(warm[:b])  # this batch width's shapes and allocations, on prompts never measured
+            try:
+                fn(warm[:b])  # this batch width's shapes, graphs and allocations, on prompts never measured
+            except Exception as e:  # noqa: BLE001 (a configuration this machine cannot run is reported, not fatal)
+                _LOG.exception("B=%d %s failed in its warm-up: left out", b, name)
+                failed[f"B={b} {name}"] = f"{type(e).__name__}: {e}"[:300]
+                continue
             _sync(device)
             t0 = time.perf_counter()
             outs[name] = fn(prompts)
@@ -320,8 +344,8 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
             row[name]["identical_to_ours_alone"] = sum(
                 a == c for a, c in zip(outs[name], outs["ours, target alone"], strict=True))
         results[str(b)] = row
-        save({"prompts": len(prompts), "by_batch_size": dict(results)})
-    return {"prompts": len(prompts), "by_batch_size": results}
+        save({"prompts": len(prompts), "by_batch_size": dict(results), "failed": failed})
+    return {"prompts": len(prompts), "by_batch_size": results, "failed": failed}
 
 
 # -- profile ---------------------------------------------------------------------------------------
@@ -409,17 +433,18 @@ def markdown(result: dict) -> str:
     batched = result.get("batched")
     if batched:
         k = batched["prompts"]
-        before = [f"{r['tokens_per_s']:.0f} tokens/s ({name})" for row in list(batched["by_batch_size"].values())[:1]
-                  for name, r in row.items() if "per-row" in name]
-        lines += [f"Batched, {k} prompts, {result.get('batch_max_new_tokens')} new tokens each, tokens/s over the set"
-                  + (f" (ours as it was, at the first B: {', '.join(before)})" if before else "") + ":", "",
-                  "| B | HF generate | ours, target alone | ours, draft | draft vs HF | same as HF (alone, draft) | "
-                  "draft same as alone |", "|---|---|---|---|---|---|---|"]
+        lines += [f"Batched, {k} prompts, {result.get('batch_max_new_tokens')} new tokens each, tokens/s over the "
+                  "set (ours: fixed slots and CUDA graphs where the model allows, else eager):", "",
+                  "| B | | tokens/s | vs HF generate | vs ours alone | same as HF | same as ours alone |",
+                  "|---|---|---|---|---|---|---|"]
         for b, row in batched["by_batch_size"].items():
-            h, a, d = row["HF generate"], row["ours, target alone"], row["ours, draft"]
-            lines.append(f"| {b} | {h['tokens_per_s']:.0f} | {a['tokens_per_s']:.0f} | {d['tokens_per_s']:.0f} | "
-                         f"{d['tokens_per_s'] / h['tokens_per_s']:.2f}x | {a['identical_to_hf']}/{k}, "
-                         f"{d['identical_to_hf']}/{k} | {d['identical_to_ours_alone']}/{k} |")
+            hf = row["HF generate"]["tokens_per_s"]
+            for name, r in row.items():
+                alone = row.get(_alone(name)) if name.startswith("ours") and "draft" in name else None
+                ratio = f"{r['tokens_per_s'] / alone['tokens_per_s']:.2f}x" if alone else "-"
+                lines.append(f"| {b} | {name} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / hf:.2f}x | {ratio} | "
+                             f"{r['identical_to_hf']}/{k} | {r['identical_to_ours_alone']}/{k} |")
+        lines += [f"- {name}: failed ({why})" for name, why in batched.get("failed", {}).items()]
         lines.append("")
     prof = result.get("profile")
     if prof:
