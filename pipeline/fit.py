@@ -109,13 +109,25 @@ def _dtypes(opts: SpecDecOptions) -> tuple[torch.dtype, torch.dtype]:
     return dtype, draft
 
 
+def row_tokens(opts: SpecDecOptions, config, prompt_tokens: int) -> int:
+    """Cache columns a row takes: prompt, new tokens and a round's drafts; a static cache (CUDA
+    graphs, `--cuda_graphs` auto or on, for a model that takes one) allocates them in steps of
+    `static_decoder.CAPACITY_STEP`."""
+    from specdec_core.static_decoder import CAPACITY_STEP, config_support
+
+    tokens = prompt_tokens + opts.max_new_tokens + opts.num_speculative_tokens + 1
+    if opts.cuda_graphs != "off" and opts.device_map != "auto" and config_support(config) is None:
+        tokens = -(-tokens // CAPACITY_STEP) * CAPACITY_STEP
+    return tokens
+
+
 def weights_need(opts: SpecDecOptions, rows: int = 0, prompt_tokens: int = 0) -> Footprint:
     trust = opts.trust_remote_code
     target = read_config(opts.target_model, trust)
     draft = read_config(opts.draft_model, trust) if opts.drafter == "model" else None
     dtype, draft_dtype = _dtypes(opts)
     need = placement.footprint(target, draft, dtype, rows=rows, prompt_tokens=prompt_tokens,
-                               new_tokens=opts.max_new_tokens + opts.num_speculative_tokens + 1,
+                               new_tokens=row_tokens(opts, target, prompt_tokens) - prompt_tokens,
                                trust_remote_code=trust)
     if draft is not None and draft_dtype != dtype:
         scale = placement.DTYPE_BYTES[draft_dtype] / placement.DTYPE_BYTES[dtype]
@@ -208,7 +220,7 @@ def planned_copies(opts: SpecDecOptions) -> tuple[WorkerGpus | None, list[Copy]]
 def check_fit(opts: SpecDecOptions) -> list[Copy] | None:
     """Plan the worker's copies and refuse (ValueError, one line naming the flag) a pair that
     cannot fit their GPUs: weights from the configs' parameter counts and dtypes, plus the KV
-    cache of --batch_size rows at the longest prompt + --max_new_tokens. None when the worker's
+    cache of --batch_size rows at the longest prompt + --max_new_tokens (`row_tokens`). None when the worker's
     GPUs are not known or the job runs on the CPU."""
     if opts.device == "cpu":
         return None
@@ -227,7 +239,8 @@ def check_fit(opts: SpecDecOptions) -> list[Copy] | None:
              placement.gib(need.total), how, tokens)
     problem = placement.fit_problem(need, worker.gpus, copies, batch_size=opts.batch_size,
                                     device_map=opts.device_map,
-                                    tokens=tokens + opts.max_new_tokens + opts.num_speculative_tokens + 1)
+                                    tokens=row_tokens(opts, read_config(opts.target_model, opts.trust_remote_code),
+                                                      tokens))
     if problem:
         raise ValueError(f"{problem} ({worker.source})")
     return copies

@@ -250,3 +250,18 @@ def test_the_router_keeps_every_copy_busy():
     assert sorted(o["prompt"] for o in out) == sorted(f"p{i}" for i in range(8))
     assert router.served == [2, 2, 2, 2]
     assert router._busy == [0, 0, 0, 0]
+
+
+def test_static_caches_are_counted_in_their_allocation_steps(tmp_path, tokenizer):
+    """With CUDA graphs a decoder-only row's cache is allocated in steps of 512 columns."""
+    from pipeline.fit import read_config, row_tokens
+    from specdec_core.static_decoder import CAPACITY_STEP
+
+    target = _big_target(tmp_path, tokenizer, layers=2)
+    config = read_config(str(target), False)
+    base = ["--input", "p", "--output", "o", "--target_model", str(target), "--drafter", "none",
+            "--max_new_tokens", "100", "--num_speculative_tokens", "4"]
+    assert row_tokens(SpecDecOptions([*base, "--cuda_graphs", "off"]), config, 30) == 135
+    assert row_tokens(SpecDecOptions(base), config, 30) == CAPACITY_STEP
+    assert row_tokens(SpecDecOptions(base), config, 600) == 2 * CAPACITY_STEP
+    assert row_tokens(SpecDecOptions([*base, "--device_map", "auto"]), config, 30) == 135  # split: eager

@@ -51,8 +51,9 @@ for s in $STEPS; do
     bf16) step bf16 330 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 $BF16 --out "$OUT/bench" ;;
     fp32) step fp32 150 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype float32 --sections single \
       $FP32 --include '^ours, (draft|target alone)(, eager)?$' --out "$OUT/bench" ;;
-    compile) step compile 240 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 --sections single \
-      $FP32 --hf_compile --include 'compile|^ours, (draft|target alone)$' --out "$OUT/bench/compile" ;;
+    compile) step compile 270 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 \
+      --sections single,batched $FP32 --batch_prompts 64 --batch_sizes 8,32 --batch_max_new_tokens 32 \
+      --hf_compile --include 'compile|^ours, (draft|target alone)$' --out "$OUT/bench/compile" ;;
     job)
       rm -rf /tmp/job
       step job-inputs 120 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 --batch_prompts 64 --save /tmp/job

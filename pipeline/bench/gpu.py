@@ -322,6 +322,8 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
             if args.batched_before:
                 configs["ours, draft, per-row picks, cuDNN attention"] = ours(
                     b, ModelDrafter(draft, cuda_graphs="off"), "off", before=True)
+        configs = {name: fn for name, fn in configs.items()
+                   if name in ("HF generate", "ours, target alone") or re.search(args.include, name)}
         row = {}
         outs = {}
         for name, fn in configs.items():
@@ -477,8 +479,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batched_before", action="store_true",
                    help="batched: also ours as it was (per-row picks, cuDNN attention) at the first batch size")
     p.add_argument("--include", default="", metavar="REGEX",
-                   help="batch 1: only the configurations whose names match (HF generate and ours alone, eager, "
-                        "always run: they are the references)")
+                   help="only the configurations whose names match (the references always run: HF generate, and "
+                        "ours alone, eager at batch 1, as it runs batched)")
     p.add_argument("--hf_compile", action="store_true",
                    help="also HF generate with a static cache and torch.compile (compiles during warm-up)")
     p.add_argument("--out", default="gpu-bench", help="folder for gpu-<shape>-<dtype>.json and .md")
