@@ -498,13 +498,18 @@ class BatchSpeculativeGenerator:
         """Greedy with no logits processor on any row: every row's argmax at every fed position,
         read back in one transfer (per row, it was a read-back each, which a GPU waits for).
         None when some row's picks need its own processing."""
-        if not self.sampling.greedy or any(r.transform.processors for r in live):
+        if not self._plain_greedy(live):
             return None
         return logits.argmax(-1).tolist()
 
-    def _draft(self, live: list[_Row], ks: list[int], dkv: BatchKV | None, batch_k: bool = False):
+    def _plain_greedy(self, live: list[_Row]) -> bool:
+        """Greedy, and no row's picks go through a logits processor: a pick is an argmax."""
+        return self.sampling.greedy and not any(r.transform.processors for r in live)
+
+    def _draft(self, live: list[_Row], ks: list[int], dkv: BatchKV | SlotKV | None, batch_k: bool = False):
         """Each row's drafts (its tokens, q and confidences): prompt lookup per row, a model
-        draft in one batched pass per draft step over the rows still drafting. batch_k: the
+        draft in one batched pass per draft step over the rows still drafting (or, in slots with
+        a chaining drafter and plain greedy picks, every step chained on the device). batch_k: the
         batch chose one gamma for all rows, and a row that stopped early on its draft's
         confidence would save nothing (the passes run while any row drafts)."""
         n = len(live)
@@ -523,10 +528,20 @@ class BatchSpeculativeGenerator:
             keeps.append(r.gamma_state.keep_drafting if greedy and r.gamma_state.stops_early and not batch_k else None)
             if keeps[b] is not None:
                 confs[b] = []
+        ends = self.drafter.ends if isinstance(self.drafter, ModelDrafter) else set()
+        if (isinstance(dkv, SlotKV) and getattr(self.drafter, "chain", False) and self._plain_greedy(live)
+                and all(keep is None for keep in keeps) and max(ks, default=0) > 0):
+            # The round's steps chained on the device for every row, read back once.
+            picks = dkv.draft_greedy([curs[b][dkv.length(b):] if k > 0 else [] for b, k in enumerate(ks)], max(ks))
+            for b, k in enumerate(ks):
+                tokens = picks[b][:k]
+                end = next((i for i, t in enumerate(tokens) if t in ends), None)  # nothing after an end is kept
+                curs[b] += tokens if end is None else tokens[: end + 1]
+                live[b].draft_steps += k
+            return [curs[b][len(r.seq):] for b, r in enumerate(live)], qs, confs
         picks = [self._picker(r) for r in live]
         draft_q: list[list[torch.Tensor]] = [[] for _ in live]
         active = [k > 0 for k in ks]
-        ends = self.drafter.ends if isinstance(self.drafter, ModelDrafter) else set()
         for i in range(max(ks, default=0)):
             rows = [b for b in range(n) if active[b] and i < ks[b]]
             if not rows:

@@ -96,12 +96,7 @@ class SlotKV(StaticKV):
             return [torch.empty(0) for _ in feeds]
         if self.width + w > self.capacity:
             self._grow(self.width + w, self.width)
-        tokens: list[list[int]] = [[] for _ in range(self.buffer_rows)]
-        for slot, f in zip(self.slot_of, feeds, strict=True):
-            tokens[slot] = f
-        # Every slot writes w columns from its length on; a free slot or a short row writes pads.
-        inp = self._inputs([t or [self.pad_id] for t in tokens], self.lengths, self.pad_id)
-        inp[:, w + 1] = torch.tensor([len(t) for t in tokens])
+        inp = self._slot_inputs(feeds, w)
         out = self._run(w, inp, lambda x: self._pass(x, w), f"a {w}-token pass over {self.buffer_rows} slots")
         for slot, f in zip(self.slot_of, feeds, strict=True):
             self.lengths[slot] += len(f)
@@ -115,6 +110,52 @@ class SlotKV(StaticKV):
         if self.logits.data_ptr() == out.data_ptr():  # fp32: a graph's output, which its next replay overwrites
             self.logits = self.logits.clone()
         return [self.logits[b, : len(f)] for b, f in enumerate(feeds)]
+
+    def _chain(self, inp: torch.Tensor, k: int) -> torch.Tensor:
+        """(slots, k) greedy tokens: the pass `inp`, each slot's pick at its last fed token, then
+        k-1 one-token passes fed the previous picks on the device. A slot that fed nothing
+        writes from its length on, like a pad, never over its tokens."""
+        w = inp.shape[1] - 2
+        base, fed = inp[:, w], inp[:, w + 1]
+        logits = self._pass(inp, w)
+        last = (fed - 1).clamp(min=0)
+        picks = [logits[torch.arange(self.buffer_rows, device=self.device), last].argmax(-1)]
+        one, start = torch.ones_like(fed), base + fed
+        for i in range(1, k):
+            picks.append(self._forward(picks[-1][:, None], start + (i - 1), one, 1)[:, -1].argmax(-1))
+        return torch.stack(picks, dim=1)
+
+    @torch.inference_mode()
+    def draft_greedy(self, feeds: list[list[int]], k: int) -> list[list[int]]:
+        """Feed each row its tokens and draft k greedy tokens after them, every step for every
+        slot on the device and all read back at once (one synchronisation per round instead of
+        one per step). A row that feeds nothing gets picks that mean nothing and keeps its
+        length; the others then hold their tokens and their first k-1 drafts."""
+        assert len(feeds) == len(self.slot_of) and k >= 1
+        w = max((len(f) for f in feeds), default=0)
+        if w == 0:
+            return [[] for _ in feeds]
+        if self.width + w + k - 1 > self.capacity:
+            self._grow(self.width + w + k - 1, self.width)
+        inp = self._slot_inputs(feeds, w)
+        picks = self._run((w, k), inp, lambda x: self._chain(x, k), f"{k} draft steps after {w} tokens over "
+                          f"{self.buffer_rows} slots").tolist()
+        out = []
+        for slot, f in zip(self.slot_of, feeds, strict=True):
+            if f:
+                self.lengths[slot] += len(f) + k - 1
+            out.append(picks[slot])
+        return out
+
+    def _slot_inputs(self, feeds: list[list[int]], w: int) -> torch.Tensor:
+        """A pass's packed inputs by slot: every slot writes w columns from its length on, a free
+        slot or a short row writing pads."""
+        tokens: list[list[int]] = [[] for _ in range(self.buffer_rows)]
+        for slot, f in zip(self.slot_of, feeds, strict=True):
+            tokens[slot] = f
+        inp = self._inputs([t or [self.pad_id] for t in tokens], self.lengths, self.pad_id)
+        inp[:, w + 1] = torch.tensor([len(t) for t in tokens])
+        return inp
 
     def rollback(self, b: int, length: int) -> None:
         """Row b keeps its first `length` tokens; the columns after are overwritten later."""

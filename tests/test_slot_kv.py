@@ -204,3 +204,55 @@ def test_batch_one_through_graph_replays_equals_generate(models, prompts, kind, 
     gen = SpeculativeGenerator(target, NgramDrafter(), num_speculative_tokens=3, max_new_tokens=16, cuda_graphs="on")
     gen.static.graphs = True
     assert [gen.generate(p).tokens for p in prompts] == [hf_greedy(target, p, 16) for p in prompts]
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_chained_draft_rounds_equal_step_by_step_drafting(models, prompts, kind, graphs, fake_graphs):
+    """A round's greedy draft steps chained on the device for every row: the same drafts, rounds
+    and acceptance as step by step, through rows that finish, refills and budgets that cut a
+    round short; a draft's end token ends its row's drafts."""
+    target, draft = models[kind]
+    n = 15
+    outs = {}
+    for chain in (False, True):
+        engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=chain), batch_size=3,
+                                           num_speculative_tokens=4, max_new_tokens=n, cuda_graphs="on")
+        for kv in engine.slots.values():
+            graphed(kv, graphs)
+        outs[chain] = engine.generate_many([(p, 0) for p in prompts])
+        chained = [key for key in engine.slots[id(draft)]._graphs if isinstance(key, tuple)]
+        assert bool(chained) == (chain and graphs)
+    for a, b, p in zip(outs[False], outs[True], prompts, strict=True):
+        assert a.tokens == b.tokens == hf_greedy(target, p, n)
+        assert (a.stats.drafts, a.stats.accepted_tokens, a.stats.verify_steps) == \
+            (b.stats.drafts, b.stats.accepted_tokens, b.stats.verify_steps)
+
+    import copy
+
+    plain = hf_greedy(target, prompts[0], 8)
+    model = copy.deepcopy(target)  # the draft is the target itself, so every draft is accepted ...
+    model.generation_config.eos_token_id = plain[2]  # ... and its third token now ends the text
+    engine = BatchSpeculativeGenerator(model, ModelDrafter(model, chain=True), batch_size=2, num_speculative_tokens=6,
+                                       max_new_tokens=8, cuda_graphs="on")
+    [row, _] = engine.generate_many([(prompts[0], 0), (prompts[1], 0)])
+    assert row.tokens == plain[:3] and row.stats.draft_tokens == 3
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_a_chained_round_leaves_rows_that_feed_nothing_intact(models, prompts, graphs, fake_graphs):
+    """A row that drafts nothing this round (a probe leaves it out) keeps its tokens: the chain's
+    steps write past its length, never over it."""
+    target, _ = models["llama"]
+    kv = SlotKV(target, 3, graphs=graphs)
+    assert kv.acquire()
+    rows = [prompts[0], prompts[4], prompts[2]]
+    fresh = BatchKV(target, 3)
+    fresh.forward([r[:-1] for r in rows], logits=False)
+    kv.merge(fresh)
+    picks = kv.draft_greedy([[rows[0][-1]], [], [rows[2][-1]]], 3)
+    assert [picks[0], picks[2]] == [hf_greedy(target, rows[0], 3), hf_greedy(target, rows[2], 3)]
+    assert [kv.length(b) for b in range(3)] == [len(rows[0]) + 2, len(rows[1]) - 1, len(rows[2]) + 2]
+    logits = kv.forward([[], [rows[1][-1]], []])
+    assert_logits_close(logits[1], CachedDecoder(target, rows[1]).forward(rows[1], 1))
+    kv.release()

@@ -316,6 +316,7 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
             configs["HF generate, static cache + compile"] = hf_compiled(b)
         configs["ours, target alone"] = ours(b, NoDrafter())
         configs["ours, draft"] = ours(b, ModelDrafter(draft))
+        configs["ours, draft, chained"] = ours(b, ModelDrafter(draft, chain=True))
         if b == args.batch_sizes[0]:
             configs["ours, target alone, eager"] = ours(b, NoDrafter(), "off")
             configs["ours, draft, eager"] = ours(b, ModelDrafter(draft, cuda_graphs="off"), "off")
