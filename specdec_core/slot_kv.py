@@ -44,7 +44,7 @@ def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0) 
         return None
     if why:
         raise ValueError(f"cuda_graphs on: {type(model).__name__} {why}")
-    kv = SlotKV(model, slots, pad_id)
+    kv = SlotKV(model, slots, pad_id, strict=mode == "on")
     log.info("%s batches decode in %d fixed slots%s", type(model).__name__, slots,
              " with CUDA graphs (each pass width captured once, on first use)" if kv.graphs
              else ", eagerly (no CUDA device)")
@@ -55,8 +55,8 @@ class SlotKV(StaticKV):
     """`slots` rows of fixed buffers, the rows of a batch in some of them (`slot_of`)."""
 
     def __init__(self, model: PreTrainedModel, slots: int, pad_id: int = 0, graphs: bool | None = None,
-                 max_graph_width: int = MAX_GRAPH_WIDTH):
-        super().__init__(model, slots, graphs, max_graph_width)
+                 max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False):
+        super().__init__(model, slots, graphs, max_graph_width, strict)
         self.pad_id = pad_id
         self.lengths = [0] * slots  # per slot: its row's cached tokens (0 when free)
         self.slot_of: list[int] = []  # per row of the batch, in the engine's order: its slot

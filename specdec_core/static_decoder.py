@@ -81,7 +81,7 @@ def static_decoder_for(model: PreTrainedModel, mode: str = "auto") -> StaticDeco
         return None
     if why:
         raise ValueError(f"cuda_graphs on: {type(model).__name__} {why}")
-    decoder = StaticDecoder(model)
+    decoder = StaticDecoder(model, strict=mode == "on")
     log.info("%s decodes over a static cache%s", type(model).__name__,
              " with CUDA graphs (each pass width captured once, on first use; the log says what it costs)"
              if decoder.graphs else ", eagerly (no CUDA device)")
@@ -154,7 +154,9 @@ class StaticKV:
     every column after the query's own."""
 
     def __init__(self, model: PreTrainedModel, rows: int, graphs: bool | None = None,
-                 max_graph_width: int = MAX_GRAPH_WIDTH):
+                 max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False):
+        """strict: a pass that cannot be captured raises (`--cuda_graphs on`); otherwise the log
+        says so and this model's passes run eagerly from then on, over the same buffers."""
         why = graph_support(model)
         if why:
             raise ValueError(f"{type(model).__name__} {why}")
@@ -163,6 +165,7 @@ class StaticKV:
         self.buffer_rows = rows
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.max_graph_width = max_graph_width
+        self.strict = strict
         self.layers = model.config.get_text_config(decoder=True).num_hidden_layers
         self.capacity = 0
         self.capture_s = 0.0  # seconds spent capturing graphs, for the log
@@ -230,7 +233,16 @@ class StaticKV:
         g = self._graphs.get(key)
         if g is None:
             t0 = time.perf_counter()
-            g = self._graphs[key] = self._capture(run, inp)
+            try:
+                g = self._graphs[key] = self._capture(run, inp)
+            except Exception as e:  # e.g. a model whose forward waits on a value from the device
+                if self.strict:
+                    raise
+                log.warning("%s: no CUDA graph of %s (%s: %s); its passes run eagerly from now on",
+                            type(self.model).__name__, what, type(e).__name__, str(e)[:200])
+                self.graphs = False
+                self._graphs.clear()
+                return run(inp.to(self.device))
             self.capture_s += time.perf_counter() - t0
             self.captures += 1
             log.info("%s: CUDA graph of %s captured (%d so far, %.2f s in all)", type(self.model).__name__, what,
@@ -263,8 +275,9 @@ class StaticDecoder(StaticKV):
     cache is allocated at the first pass and grows (its graphs captured again) when an item
     needs more."""
 
-    def __init__(self, model: PreTrainedModel, graphs: bool | None = None, max_graph_width: int = MAX_GRAPH_WIDTH):
-        super().__init__(model, 1, graphs, max_graph_width)
+    def __init__(self, model: PreTrainedModel, graphs: bool | None = None, max_graph_width: int = MAX_GRAPH_WIDTH,
+                 strict: bool = False):
+        super().__init__(model, 1, graphs, max_graph_width, strict)
         self.length = 0
         self.encoded: dict = {}  # decoder-only: no encoder outputs (CachedDecoder's interface)
 

@@ -256,3 +256,40 @@ def test_a_chained_round_leaves_rows_that_feed_nothing_intact(models, prompts, g
     logits = kv.forward([[], [rows[1][-1]], []])
     assert_logits_close(logits[1], CachedDecoder(target, rows[1]).forward(rows[1], 1))
     kv.release()
+
+
+@pytest.mark.parametrize("family", ["mistral", "phi3", "starcoder2"])
+def test_other_decoder_families_in_slots_equal_generate(family, fake_graphs):
+    """Families with their own special tokens and end rules (Phi-3: several end ids), with full
+    attention (no sliding window: the slots' mask is plain causal), through graph replays."""
+    from tests.family_models import V, family_model
+
+    target, draft = family_model(family, seed=1, window=None), family_model(family, seed=2, window=None)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 9, 3, 12, 7)]
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=3, num_speculative_tokens=3,
+                                       max_new_tokens=10, cuda_graphs="on")
+    for kv in engine.slots.values():
+        graphed(kv, True)
+    out = engine.generate_many([(p, 0) for p in prompts])
+    assert [o.tokens for o in out] == [hf_greedy(target, p, 10) for p in prompts]
+
+
+def test_a_pass_that_cannot_be_captured_runs_eagerly_unless_graphs_are_insisted_on(models, prompts, monkeypatch,
+                                                                                   caplog):
+    def refuse(self, run, inp):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(StaticKV, "_capture", refuse)
+    target, draft = models["llama"]
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=3,
+                                       max_new_tokens=8, cuda_graphs="on")
+    kv = engine.slots[id(target)]
+    kv.graphs, kv.strict = True, False  # as "auto" makes it on a GPU
+    with caplog.at_level("WARNING"):
+        out = engine.generate_many([(p, 0) for p in prompts])
+    assert [o.tokens for o in out] == [hf_greedy(target, p, 8) for p in prompts]
+    assert not kv.graphs and "no CUDA graph of a 4-token pass over 3 slots (RuntimeError" in caplog.text
+    kv.graphs, kv.strict = True, True  # "on": the job stops
+    with pytest.raises(RuntimeError, match="stream is capturing"):
+        engine.generate_many([(prompts[0], 0)])
