@@ -116,7 +116,8 @@ def row_tokens(opts: SpecDecOptions, config, prompt_tokens: int) -> int:
     from specdec_core.static_decoder import CAPACITY_STEP, config_support
 
     tokens = prompt_tokens + opts.max_new_tokens + opts.num_speculative_tokens + 1
-    if opts.cuda_graphs != "off" and opts.device_map != "auto" and config_support(config) is None:
+    if opts.cuda_graphs != "off" and opts.device_map != "auto" and config_support(
+            config, batched=opts.batch_size > 1) is None:
         tokens = -(-tokens // CAPACITY_STEP) * CAPACITY_STEP
     return tokens
 

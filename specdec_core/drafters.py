@@ -109,13 +109,22 @@ class ModelDrafter(Drafter):
     def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker,
               encoded: dict | None = None) -> DraftSession:
         if self.static is not None and self.static.acquire():
+            try:
+                self.static.encode(prompt_ids, encoded)
+            except BaseException:
+                self.static.release()
+                raise
             return _ModelSession(self.static, decoder_ids, pick, self.ends, release=self.static.release,
                                  chain=self.chain and getattr(pick, "argmax_only", False))
         return _ModelSession(CachedDecoder(self.model, prompt_ids, encoded), decoder_ids, pick, self.ends)
 
     def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer:
         # Steps as the items run them: through a static decoder of its own when graphs are used.
-        decoder = CachedDecoder(self.model, prompt_ids) if self.static is None else StaticDecoder(self.model)
+        if self.static is None:
+            decoder = CachedDecoder(self.model, prompt_ids)
+        else:
+            decoder = StaticDecoder(self.model)
+            decoder.encode(prompt_ids)
         decoder.forward(seq, 1)
         decoder.forward(seq + extra[:1], 1)  # a step's graph (with graphs) captured before any timing
 

@@ -173,6 +173,7 @@ class SpeculativeGenerator:
         growing cache."""
         if self.static is not None and self.static.acquire():
             held.callback(self.static.release)
+            self.static.encode(prompt_ids)
             return self.static
         return CachedDecoder(self.target, prompt_ids)
 

@@ -141,12 +141,18 @@ def parameter_count(config: PretrainedConfig, trust_remote_code: bool = False) -
     return sum(unique.values()), block
 
 
+def decoder_layers(config: PretrainedConfig) -> int:
+    """The decoder's layer count (a T5's `num_hidden_layers` counts its encoder's)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return (getattr(text, "num_decoder_layers", None) if text.is_encoder_decoder else None) or next(
+        (v for a in ("num_hidden_layers", "n_layer", "num_layers", "decoder_layers")
+         if isinstance(v := getattr(text, a, None), int)), 0)
+
+
 def _attention_shape(config: PretrainedConfig) -> tuple[int, int, int]:
     """(decoder layers, key/value heads, head dim) of a text config."""
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    layers = (getattr(text, "num_decoder_layers", None) if text.is_encoder_decoder else None) or next(
-        (v for a in ("num_hidden_layers", "n_layer", "num_layers", "decoder_layers")
-         if isinstance(v := getattr(text, a, None), int)), 0)
+    layers = decoder_layers(config)
     heads = next((v for a in ("num_attention_heads", "n_head", "num_heads", "decoder_attention_heads")
                   if isinstance(v := getattr(text, a, None), int)), 1)
     kv_heads = getattr(text, "num_key_value_heads", None) or heads

@@ -37,7 +37,7 @@ def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0) 
         raise ValueError(f"cuda_graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
     if mode == "off":
         return None
-    why = graph_support(model)
+    why = graph_support(model, batched=True)
     if mode == "auto" and (why or model.device.type != "cuda"):
         if why and model.device.type == "cuda":
             log.info("no CUDA graphs for %s batches: it %s", type(model).__name__, why)
@@ -56,7 +56,7 @@ class SlotKV(StaticKV):
 
     def __init__(self, model: PreTrainedModel, slots: int, pad_id: int = 0, graphs: bool | None = None,
                  max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False):
-        super().__init__(model, slots, graphs, max_graph_width, strict)
+        super().__init__(model, slots, graphs, max_graph_width, strict, batched=True)
         self.pad_id = pad_id
         self.lengths = [0] * slots  # per slot: its row's cached tokens (0 when free)
         self.slot_of: list[int] = []  # per row of the batch, in the engine's order: its slot

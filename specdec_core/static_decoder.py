@@ -25,12 +25,14 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.modeling_outputs import BaseModelOutput
 
 from specdec_core.batch_kv import sliding_window
-from specdec_core.decoder import _accepts_logits_to_keep
+from specdec_core.decoder import _accepts_logits_to_keep, initial_decoder_ids
 from specdec_core.device_map import devices_of
+from specdec_core.placement import decoder_layers
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +41,13 @@ MAX_GRAPH_WIDTH = 16  # widest pass captured: a verify pass is gamma + 1 tokens
 GRAPH_MODES = ("auto", "on", "off")
 
 
-def config_support(config) -> str | None:
-    """None when a model of this config can decode through `StaticDecoder`, as far as its config
-    tells (the preflight's check), else why not."""
-    if config.is_encoder_decoder:
-        return "is an encoder-decoder model (static caches cover decoder-only models)"
+def config_support(config, batched: bool = False) -> str | None:
+    """None when a model of this config can decode over static caches, one item at a time
+    (`StaticDecoder`) or batched in slots (`slot_kv.SlotKV`), as far as its config tells (the
+    preflight's check), else why not."""
+    if config.is_encoder_decoder and batched:
+        # Their decoders compute positions or relative biases from one cache length for all rows.
+        return "is an encoder-decoder model (batched static caches cover decoder-only models)"
     if sliding_window(config) is not None:
         return "has sliding-window layers (the static mask is full causal attention)"
     types = set(getattr(config, "layer_types", None) or ["full_attention"])
@@ -52,16 +56,16 @@ def config_support(config) -> str | None:
     return None
 
 
-def graph_support(model: PreTrainedModel) -> str | None:
-    """None when this loaded model can decode through `StaticDecoder`, else why not."""
+def graph_support(model: PreTrainedModel, batched: bool = False) -> str | None:
+    """None when this loaded model can decode over static caches (`config_support`), else why not."""
     if len(list(devices_of(model))) > 1:
         return "is split over several devices (a graph replays on one)"
-    why = config_support(model.config)
+    why = config_support(model.config, batched)
     if why:
         return why
     if model.config._attn_implementation not in ("sdpa", "eager"):
         return f"uses {model.config._attn_implementation} attention (needs sdpa or eager, which take a 4D mask)"
-    if "position_ids" not in inspect.signature(model.forward).parameters:
+    if not model.config.is_encoder_decoder and "position_ids" not in inspect.signature(model.forward).parameters:
         return "takes no position_ids"
     return None
 
@@ -126,13 +130,54 @@ class _FixedLayer(CacheLayerMixin):
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.capacity, 0
 
-    def get_seq_length(self) -> int:
-        # Rows differ and a graph would freeze any length it read: the models take positions
-        # from position_ids and visibility from the explicit mask, never from this.
-        return 0
+    def get_seq_length(self) -> int | torch.Tensor:
+        # A graph would freeze a number read here. Decoder-only models take positions from
+        # position_ids and visibility from the explicit mask, so they get 0; an encoder-decoder's
+        # decoder takes none and counts positions (BART) or relative distances (T5) from this, so
+        # it gets the pass's first position as a tensor on the device, which a replay updates.
+        return self.owner.seen
 
     def get_max_length(self) -> int:
         return self.owner.capacity
+
+
+class _CrossLayer(CacheLayerMixin):
+    """An encoder-decoder layer's cross-attention keys/values in fixed buffers of the owner's
+    `enc_capacity` columns: the encoder's L columns first, the rest zeros that its encoder mask
+    hides. Written once per item (`StaticDecoder.encode`), then only read."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, owner: StaticKV):
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        shape = (1, key_states.shape[1], self.owner.enc_capacity)
+        self.keys = key_states.new_zeros((*shape, key_states.shape[-1]))
+        self.values = value_states.new_zeros((*shape, value_states.shape[-1]))
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized or self.keys.shape[2] != self.owner.enc_capacity:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[2]
+        self.keys[:, :, :n] = key_states
+        self.values[:, :, :n] = value_states
+        self.keys[:, :, n:] = 0
+        self.values[:, :, n:] = 0
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.enc_capacity, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.enc_length
+
+    def get_max_length(self) -> int:
+        return self.owner.enc_capacity
 
 
 @dataclass
@@ -154,10 +199,10 @@ class StaticKV:
     every column after the query's own."""
 
     def __init__(self, model: PreTrainedModel, rows: int, graphs: bool | None = None,
-                 max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False):
+                 max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, batched: bool = False):
         """strict: a pass that cannot be captured raises (`--cuda_graphs on`); otherwise the log
         says so and this model's passes run eagerly from then on, over the same buffers."""
-        why = graph_support(model)
+        why = graph_support(model, batched)
         if why:
             raise ValueError(f"{type(model).__name__} {why}")
         self.model = model
@@ -166,7 +211,7 @@ class StaticKV:
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.max_graph_width = max_graph_width
         self.strict = strict
-        self.layers = model.config.get_text_config(decoder=True).num_hidden_layers
+        self.layers = decoder_layers(model.config)
         self.capacity = 0
         self.capture_s = 0.0  # seconds spent capturing graphs, for the log
         self.captures = 0
@@ -176,6 +221,12 @@ class StaticKV:
         self.cache = Cache(layers=[_FixedLayer(self) for _ in range(self.layers)])
         self._low = torch.finfo(model.dtype).min
         self._logits_kwarg = _accepts_logits_to_keep(type(model))
+        self.seen: int | torch.Tensor = 0  # what the layers report as their length (`_FixedLayer`)
+        # Encoder-decoder (one row): the item's cross-attention cache and its additive encoder
+        # mask (1, 1, 1, enc_capacity), in place for every pass; `encode` fills them.
+        self.encdec = bool(model.config.is_encoder_decoder)
+        self.enc_capacity = self.enc_length = 0
+        self.cross = Cache(layers=[_CrossLayer(self) for _ in range(self.layers)]) if self.encdec else None
 
     def acquire(self) -> bool:
         """Take the buffers for one call, emptied; False while another call (thread) holds them,
@@ -221,8 +272,14 @@ class StaticKV:
         hidden = self.columns[None, None, None, :] > self.slots[:, None, :, None]  # (rows, 1, w, capacity)
         mask = torch.zeros(hidden.shape, dtype=self.model.dtype, device=self.device).masked_fill_(hidden, self._low)
         kwargs = {"logits_to_keep": keep} if self._logits_kwarg else {}
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
-                         use_cache=True, **kwargs)
+        if self.encdec:
+            self.seen = base[0]
+            out = self.model(decoder_input_ids=ids, decoder_attention_mask=mask, attention_mask=self.enc_mask,
+                             encoder_outputs=BaseModelOutput(last_hidden_state=self.unused),
+                             cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
+        else:
+            out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
+                             use_cache=True, **kwargs)
         return out.logits
 
     def _run(self, key: int | tuple[int, int], inp: torch.Tensor, run, what: str) -> torch.Tensor:
@@ -277,12 +334,45 @@ class StaticDecoder(StaticKV):
 
     def __init__(self, model: PreTrainedModel, graphs: bool | None = None, max_graph_width: int = MAX_GRAPH_WIDTH,
                  strict: bool = False):
-        super().__init__(model, 1, graphs, max_graph_width, strict)
+        super().__init__(model, 1, graphs, max_graph_width, strict, batched=False)
         self.length = 0
         self.encoded: dict = {}  # decoder-only: no encoder outputs (CachedDecoder's interface)
 
     def _reset(self) -> None:
         self.length = 0
+
+    @torch.inference_mode()
+    def encode(self, prompt_ids: list[int], encoded: dict | None = None) -> None:
+        """Encoder-decoder: this item's encoder outputs (run now, or `encoded`: another decoder's,
+        from this model's own encoder module) and its cross-attention keys/values, written into
+        the fixed buffers by a one-token decoder pass whose self-attention cache is thrown away.
+        `self.encoded` then holds the outputs for a draft sharing the encoder. A no-op for a
+        decoder-only model."""
+        if not self.encdec:
+            return
+        ids = torch.tensor([prompt_ids], device=self.device)
+        mask = torch.ones_like(ids)
+        if encoded is None:
+            encoded = {"encoder_outputs": self.model.get_encoder()(input_ids=ids, attention_mask=mask),
+                       "attention_mask": mask}
+        self.encoded = encoded
+        hidden = encoded["encoder_outputs"].last_hidden_state
+        n = hidden.shape[1]
+        if n > self.enc_capacity:  # new buffers (and graphs over them)
+            self.enc_capacity = -(-n // CAPACITY_STEP) * CAPACITY_STEP
+            self.enc_mask = torch.zeros((1, 1, 1, self.enc_capacity), dtype=self.model.dtype, device=self.device)
+            self.unused = torch.zeros((), dtype=hidden.dtype, device=self.device).expand(1, self.enc_capacity,
+                                                                                          hidden.shape[2])
+            self._graphs.clear()
+        self.enc_length = n
+        self.enc_mask.zero_()
+        self.enc_mask[..., n:] = self._low
+        cache = EncoderDecoderCache(DynamicCache(), self.cross)
+        cache.is_updated = dict.fromkeys(range(self.layers), False)  # every layer computes its keys and writes them
+        kwargs = {"logits_to_keep": 1} if self._logits_kwarg else {}
+        self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=self.enc_mask,
+                   decoder_input_ids=torch.tensor([initial_decoder_ids(self.model, [])], device=self.device),
+                   cache=cache, use_cache=True, **kwargs)
 
     def _chain(self, inp: torch.Tensor, k: int) -> torch.Tensor:
         """k greedy tokens after the pass `inp`: that pass, then k-1 one-token passes, each fed the

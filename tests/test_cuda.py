@@ -43,7 +43,7 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
     for name, drafter in drafters.items():
         single = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=24,
                                       cuda_graphs=graphs)
-        assert (single.static is not None) == (graphs == "auto" and kind in ("llama", "gpt2"))
+        assert (single.static is not None) == (graphs == "auto")  # at batch 1 every family here
         assert [single.generate(ids).tokens for ids in prompts] == refs, (kind, name, "batch 1")
         for batch_size in (2, 6):
             engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=4,

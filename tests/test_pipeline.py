@@ -74,11 +74,13 @@ def test_every_row_ends_as_one_result_or_one_failed_row(tmp_path, saved_pairs):
     assert results["topic"].to_pylist() == ["t"] * len(GOOD)
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "bart"])
+@pytest.mark.parametrize(("kind", "graphs"), [("gpt2", "auto"), ("bart", "auto"), ("gpt2", "on"), ("bart", "on")])
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
-def test_greedy_job_output_equals_target_generate(tmp_path, saved_pairs, kind, drafter):
+def test_greedy_job_output_equals_target_generate(tmp_path, saved_pairs, kind, drafter, graphs):
+    """graphs "on": static caches (without a GPU, eagerly), for a decoder-only and an encoder-decoder pair."""
     target, draft = saved_pairs[kind]
-    results, failed = run_job(tmp_path, target, draft if drafter == "model" else None, "--drafter", drafter)
+    results, failed = run_job(tmp_path, target, draft if drafter == "model" else None, "--drafter", drafter,
+                              "--cuda_graphs", graphs)
     assert failed.num_rows == 0
     by_id = dict(zip(results["id"].to_pylist(), results.to_pylist(), strict=True))
     for i, prompt in enumerate(GOOD):
@@ -129,9 +131,9 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         "the target is encoder-decoder but the draft is causal": base[:4] + [
             "--target_model", str(saved_pairs["t5"][0]), "--draft_model", str(draft)],
         "--max_new_tokens must be >= 1": base + ["--draft_model", str(draft), "--max_new_tokens", "0"],
-        "--cuda_graphs on: --target_model": base[:4] + [
+        "--cuda_graphs on: --target_model": base[:4] + [  # batched encoder-decoder rows decode eagerly
             "--target_model", str(saved_pairs["t5"][0]), "--draft_model", str(saved_pairs["t5"][1]),
-            "--cuda_graphs", "on"],
+            "--cuda_graphs", "on", "--batch_size", "4"],
         "--cuda_graphs: invalid choice": base + ["--draft_model", str(draft), "--cuda_graphs", "always"],
     }
     capsys.readouterr()

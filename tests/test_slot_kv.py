@@ -188,10 +188,11 @@ def test_models_slots_cannot_take(models):
         kv.merge(fresh)
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "t5", "bart"])
 def test_batch_one_through_graph_replays_equals_generate(models, prompts, kind, fake_graphs):
     """The batch-1 engine's static decoders (target passes, draft steps, chained draft rounds)
-    through graph replays."""
+    through graph replays; an encoder-decoder's encoder mask and cross-attention buffers are
+    rewritten in place for each item."""
     target, draft = models[kind]
     for chain in (False, True):
         drafter = ModelDrafter(draft, cuda_graphs="on", chain=chain)
@@ -199,7 +200,7 @@ def test_batch_one_through_graph_replays_equals_generate(models, prompts, kind, 
         gen.static.graphs = drafter.static.graphs = True
         assert [gen.generate(p).tokens for p in prompts] == [hf_greedy(target, p, 16) for p in prompts]
         assert gen.static.captures and drafter.static.captures
-        if chain:
+        if chain and kind != "bart":  # (BART's forced end token is a logits processor: per-step picks)
             assert any(isinstance(key, tuple) for key in drafter.static._graphs)  # the chained rounds were graphs
     gen = SpeculativeGenerator(target, NgramDrafter(), num_speculative_tokens=3, max_new_tokens=16, cuda_graphs="on")
     gen.static.graphs = True

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specdec_core import static_decoder
-from specdec_core.decoder import CachedDecoder
+from specdec_core.decoder import CachedDecoder, initial_decoder_ids
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.static_decoder import StaticDecoder, graph_support, static_decoder_for
@@ -36,7 +36,34 @@ def test_logits_equal_the_growing_cache_through_rollbacks_and_growth(kind, model
     static.release()
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", ["t5", "bart"])
+def test_encoder_decoder_logits_equal_the_growing_cache_through_rollbacks_and_growth(kind, models, tokenizer,
+                                                                                  monkeypatch):
+    """The decoder's own cache and the cross-attention keys/values in fixed buffers, grown for a
+    longer prompt (the second item), positions and relative biases from the pass's start."""
+    monkeypatch.setattr(static_decoder, "CAPACITY_STEP", 8)
+    target, _ = models[kind]
+    static = StaticDecoder(target)
+    g = torch.Generator().manual_seed(0)
+    for prompt in (PROMPTS[0], PROMPTS[2] + PROMPTS[1]):  # the second needs wider encoder buffers
+        ids = tokenizer(prompt).input_ids
+        assert static.acquire()
+        static.encode(ids)
+        dynamic = CachedDecoder(target, ids)
+        seq = initial_decoder_ids(target, ids)
+        for step in range(10):
+            extra = torch.randint(5, 300, (step % 4,), generator=g).tolist()
+            feed = seq + extra
+            assert_logits_close(static.forward(feed, len(extra) + 1), dynamic.forward(feed, len(extra) + 1))
+            keep = len(seq) + (step % 3 if extra else 0)
+            static.rollback(keep)
+            dynamic.rollback(keep)
+            seq = feed[:keep] + [int(torch.randint(5, 300, (1,), generator=g))]
+        static.release()
+    assert static.enc_capacity >= len(ids) and static.enc_capacity % 8 == 0 and static.enc_length == len(ids)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "t5", "bart"])
 def test_greedy_through_static_caches_equals_generate(kind, models, tokenizer):
     target, draft = models[kind]
     for prompt in PROMPTS:
@@ -79,12 +106,11 @@ def test_busy_static_decoder_falls_back_to_a_growing_cache(models, tokenizer):
 
 
 def test_which_models_take_the_static_path(models):
-    assert graph_support(models["llama"][0]) is None
-    assert "encoder-decoder" in graph_support(models["t5"][0])
+    assert graph_support(models["llama"][0]) is None and graph_support(models["t5"][0]) is None
+    assert "encoder-decoder" in graph_support(models["t5"][0], batched=True)
     assert static_decoder_for(models["llama"][0], "auto") is None  # CPU: no graphs to gain
     assert static_decoder_for(models["llama"][0], "off") is None
-    with pytest.raises(ValueError, match="cuda_graphs on: T5ForConditionalGeneration is an encoder-decoder"):
-        static_decoder_for(models["t5"][0], "on")
+    assert static_decoder_for(models["bart"][0], "on").encdec
     with pytest.raises(ValueError, match="cuda_graphs must be one of"):
         static_decoder_for(models["llama"][0], "always")
 
@@ -175,3 +201,44 @@ def test_a_chain_stops_at_the_drafts_end_token(models, tokenizer):
     finally:
         target.generation_config.eos_token_id, draft.generation_config.eos_token_id = saved
     assert out.tokens == expected and out.tokens[-1] == ref[6] and out.stats.finish_reason == "eos"
+
+
+def test_a_draft_sharing_the_targets_encoder_takes_its_outputs(models, tokenizer):
+    """A draft running the target's own encoder module gets the target's encoder outputs: one
+    encoder pass per item for both static decoders."""
+    import copy
+
+    from specdec_core.loading import share_encoder
+
+    target, _ = models["t5"]
+    draft = copy.deepcopy(target)
+    draft.decoder.block = draft.decoder.block[:1]  # a draft cut from the target's first decoder layer
+    draft.config.num_decoder_layers = 1
+    assert share_encoder(target, draft)
+    runs = []
+    hook = target.get_encoder().register_forward_hook(lambda *a: runs.append(1))
+    try:
+        gen = SpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="on"), num_speculative_tokens=3,
+                                   max_new_tokens=12, cuda_graphs="on")
+        ids = tokenizer(PROMPTS[2]).input_ids
+        out = gen.generate(ids)
+    finally:
+        hook.remove()
+    assert out.tokens == reference(target, ids, 12) and out.stats.draft_tokens > 0
+    assert len(runs) == 1
+
+
+@pytest.mark.parametrize("family", ["t5", "mt5", "umt5", "bart", "pegasus", "marian", "m2m100", "mbart"])
+def test_every_seq2seq_family_through_static_caches_equals_generate(family):
+    """Each family's own positions (learned, sinusoidal, from ids), relative biases (T5: first
+    layer; UMT5: every layer), start tokens and forced tokens."""
+    from tests.family_models import V, family_model
+    from tests.test_batch_families import hf_greedy
+
+    target, draft = family_model(family, seed=1), family_model(family, seed=2)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3)]
+    for drafter in (ModelDrafter(draft, cuda_graphs="on"), NoDrafter()):
+        gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=12, cuda_graphs="on")
+        for ids in prompts:
+            assert gen.generate(ids).tokens == hf_greedy(target, ids, 12), (family, drafter.name, ids)
