@@ -2,14 +2,14 @@
 # The whole GPU check in one call of the GPU machine (see README.md beside this file): wheels it
 # lacks, the CUDA tests, the GPU benchmark in bf16 and fp32, and a whole job on the GPU. Each step
 # has its own time limit and appends to $OUT/log.txt; figures land in $OUT/bench/ as they are made.
-# STEPS picks steps (default: the first call's; the second call is STEPS="compile llama8b t5", see README.md
+# STEPS picks steps (default: the first call's; the second call is STEPS="compile job t5", see README.md
 # beside this file); BEFORE=1 adds ours as it was (cuDNN attention, per-row batched picks); SIZE=small
 # runs each step at a size for a first try;
 # DEVICE=cpu SHAPE=tiny PYTHON=.venv/bin/python try the script on a machine without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
-STEPS=${STEPS:-tests bf16 fp32 job}
+STEPS=${STEPS:-tests bf16}
 DEVICE=${DEVICE:-cuda}
 SHAPE=${SHAPE:-tinyllama-1.1b}
 PY=${PYTHON:-python3}
@@ -47,26 +47,26 @@ fi
 if [ "${BEFORE:-0}" = 1 ]; then BF16="$BF16 --batched_before"; else BF16="$BF16 --include ^(?!.*cuDNN)"; fi
 for s in $STEPS; do
   case $s in
-    tests) step tests 240 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_gpu_placement.py ;;
-    bf16) step bf16 330 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 $BF16 --out "$OUT/bench" ;;
+    tests) step tests 220 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_gpu_placement.py ;;
+    bf16) step bf16 320 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 $BF16 --out "$OUT/bench" ;;
     fp32) step fp32 150 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype float32 --sections single \
       $FP32 --include '^ours, (draft|target alone)(, eager)?$' --out "$OUT/bench" ;;
-    compile) step compile 270 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 \
+    compile) step compile 180 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 \
       --sections single,batched $FP32 --batch_prompts 64 --batch_sizes 8,32 --batch_max_new_tokens 32 \
       --hf_compile --include 'compile|^ours, (draft|target alone)$' --out "$OUT/bench/compile" ;;
     job)
       rm -rf /tmp/job
-      step job-inputs 120 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 --batch_prompts 64 --save /tmp/job
-      step job 240 $PY -m pipeline.run --input /tmp/job/prompts.parquet --output /tmp/job/out/gens \
+      step job-inputs 60 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 --batch_prompts 64 --save /tmp/job
+      step job 150 $PY -m pipeline.run --input /tmp/job/prompts.parquet --output /tmp/job/out/gens \
         --target_model /tmp/job/target --draft_model /tmp/job/draft --device $DEVICE --dtype bfloat16 \
         --batch_size 16 --max_new_tokens 64
-      step job-rows 60 $PY -c "import glob, pyarrow.parquet as pq
+      step job-rows 30 $PY -c "import glob, pyarrow.parquet as pq
 ok = sum(pq.read_table(f).num_rows for f in glob.glob('/tmp/job/out/gens-0*-of-*.parquet'))
 bad = sum(pq.read_table(f).num_rows for f in glob.glob('/tmp/job/out/gens-failed-*.parquet'))
 print(f'job rows: {ok} results, {bad} failed, of 64'); raise SystemExit(ok + bad != 64 or bad)" ;;
     llama8b) step llama8b 200 $PY -m pipeline.bench.gpu --device $DEVICE --shape ${BIG_SHAPE:-llama3-8b} --dtype bfloat16 \
       --sections single $BIG --include '^(HF assisted|ours, (draft|target alone)(, eager)?)$' --out "$OUT/bench" ;;
-    t5) step t5 200 $PY -m pipeline.bench.gpu --device $DEVICE --shape ${T5_SHAPE:-t5-large} --dtype bfloat16 \
+    t5) step t5 150 $PY -m pipeline.bench.gpu --device $DEVICE --shape ${T5_SHAPE:-t5-large} --dtype bfloat16 \
       --sections single,batched $BIG --batch_prompts 64 --batch_sizes 8,32 --batch_max_new_tokens 32 \
       --include '^(HF assisted|ours, (draft|target alone)(, eager)?)$' --out "$OUT/bench" ;;
     *) echo "unknown step $s" >>"$LOG" ;;
