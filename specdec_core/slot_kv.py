@@ -24,26 +24,15 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec_core.batch_kv import BatchKV, drop_order
-from specdec_core.static_decoder import GRAPH_MODES, MAX_GRAPH_WIDTH, StaticKV, graph_support
+from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticKV, wants_static
 
 log = logging.getLogger(__name__)
 
 
 def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0) -> SlotKV | None:
-    """The batch engine's choice for `--cuda_graphs`, as `static_decoder_for` at batch 1: "auto"
-    on CUDA for models it supports, "on" insists (eagerly on a CPU, as the tests run it), "off"
-    never."""
-    if mode not in GRAPH_MODES:
-        raise ValueError(f"cuda_graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
-    if mode == "off":
+    """The batch engine's slots for `--cuda_graphs` (`static_decoder.wants_static`), or None."""
+    if not wants_static(model, mode, batched=True):
         return None
-    why = graph_support(model, batched=True)
-    if mode == "auto" and (why or model.device.type != "cuda"):
-        if why and model.device.type == "cuda":
-            log.info("no CUDA graphs for %s batches: it %s", type(model).__name__, why)
-        return None
-    if why:
-        raise ValueError(f"cuda_graphs on: {type(model).__name__} {why}")
     kv = SlotKV(model, slots, pad_id, strict=mode == "on")
     log.info("%s batches decode in %d fixed slots%s", type(model).__name__, slots,
              " with CUDA graphs (each pass width captured once, on first use)" if kv.graphs

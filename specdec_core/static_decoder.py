@@ -70,21 +70,29 @@ def graph_support(model: PreTrainedModel, batched: bool = False) -> str | None:
     return None
 
 
-def static_decoder_for(model: PreTrainedModel, mode: str = "auto") -> StaticDecoder | None:
-    """The engines' choice for `--cuda_graphs`: "auto" uses a `StaticDecoder` (with graphs) on CUDA
-    for models it supports and none elsewhere; "on" insists (eagerly on a CPU, which is how the
-    tests check it) and fails for a model it cannot take; "off" never uses one."""
+def wants_static(model: PreTrainedModel, mode: str, batched: bool = False) -> bool:
+    """The engines' choice for `--cuda_graphs`, per model: "auto" takes static caches (with
+    graphs) on CUDA for models they support and nowhere else; "on" insists (eagerly on a CPU,
+    which is how the tests check them) and fails for a model they cannot take; "off" never."""
     if mode not in GRAPH_MODES:
         raise ValueError(f"cuda_graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
     if mode == "off":
-        return None
-    why = graph_support(model)
+        return False
+    why = graph_support(model, batched)
+    name = type(model).__name__ + (" batches" if batched else "")
     if mode == "auto" and (why or model.device.type != "cuda"):
         if why and model.device.type == "cuda":
-            log.info("no CUDA graphs for %s: it %s", type(model).__name__, why)
-        return None
+            log.info("no CUDA graphs for %s: it %s", name, why)
+        return False
     if why:
         raise ValueError(f"cuda_graphs on: {type(model).__name__} {why}")
+    return True
+
+
+def static_decoder_for(model: PreTrainedModel, mode: str = "auto") -> StaticDecoder | None:
+    """The batch-1 engines' static decoder for `--cuda_graphs` (`wants_static`), or None."""
+    if not wants_static(model, mode):
+        return None
     decoder = StaticDecoder(model, strict=mode == "on")
     log.info("%s decodes over a static cache%s", type(model).__name__,
              " with CUDA graphs (each pass width captured once, on first use; the log says what it costs)"
@@ -92,9 +100,8 @@ def static_decoder_for(model: PreTrainedModel, mode: str = "auto") -> StaticDeco
     return decoder
 
 
-class _FixedLayer(CacheLayerMixin):
-    """One layer's keys/values in fixed buffers (rows, heads, capacity, dim); a pass writes each
-    row's tokens at that row's columns, its owner's `slots` (rows, width)."""
+class _Buffers(CacheLayerMixin):
+    """One layer's keys/values in fixed buffers (rows, heads, columns, dim) sized by its owner."""
 
     is_compileable = True
     is_sliding = False
@@ -103,11 +110,23 @@ class _FixedLayer(CacheLayerMixin):
         super().__init__()
         self.owner = owner
 
+    def size(self) -> tuple[int, int]:
+        """(rows, columns) of the buffers."""
+        raise NotImplementedError
+
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        shape = (self.owner.buffer_rows, key_states.shape[1], self.owner.capacity)
-        self.keys = key_states.new_zeros((*shape, key_states.shape[-1]))
-        self.values = value_states.new_zeros((*shape, value_states.shape[-1]))
+        rows, columns = self.size()
+        self.keys = key_states.new_zeros((rows, key_states.shape[1], columns, key_states.shape[-1]))
+        self.values = value_states.new_zeros((rows, value_states.shape[1], columns, value_states.shape[-1]))
         self.is_initialized = True
+
+
+class _FixedLayer(_Buffers):
+    """A decoder layer's own keys/values; a pass writes each row's tokens at that row's columns,
+    its owner's `slots` (rows, width)."""
+
+    def size(self) -> tuple[int, int]:
+        return self.owner.buffer_rows, self.owner.capacity
 
     def grow(self, capacity: int, keep: int) -> None:
         """Larger buffers holding the first `keep` columns."""
@@ -141,23 +160,13 @@ class _FixedLayer(CacheLayerMixin):
         return self.owner.capacity
 
 
-class _CrossLayer(CacheLayerMixin):
-    """An encoder-decoder layer's cross-attention keys/values in fixed buffers of the owner's
-    `enc_capacity` columns: the encoder's L columns first, the rest zeros that its encoder mask
-    hides. Written once per item (`StaticDecoder.encode`), then only read."""
+class _CrossLayer(_Buffers):
+    """An encoder-decoder layer's cross-attention keys/values in `enc_capacity` columns: the
+    encoder's L columns first, the rest zeros that its encoder mask hides. Written once per item
+    (`StaticDecoder.encode`), then only read."""
 
-    is_compileable = True
-    is_sliding = False
-
-    def __init__(self, owner: StaticKV):
-        super().__init__()
-        self.owner = owner
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        shape = (1, key_states.shape[1], self.owner.enc_capacity)
-        self.keys = key_states.new_zeros((*shape, key_states.shape[-1]))
-        self.values = value_states.new_zeros((*shape, value_states.shape[-1]))
-        self.is_initialized = True
+    def size(self) -> tuple[int, int]:
+        return 1, self.owner.enc_capacity
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
