@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -109,17 +109,47 @@ def _dtypes(opts: SpecDecOptions) -> tuple[torch.dtype, torch.dtype]:
     return dtype, draft
 
 
-def row_tokens(opts: SpecDecOptions, config, prompt_tokens: int) -> int:
-    """Cache columns a row takes: prompt, new tokens and a round's drafts; a static cache (CUDA
-    graphs, `--cuda_graphs` auto or on, for a model that takes one) allocates them in steps of
-    `static_decoder.CAPACITY_STEP`."""
-    from specdec_core.static_decoder import CAPACITY_STEP, config_support
+def _static(opts: SpecDecOptions, config) -> bool:
+    """Whether this model decodes over static caches in this job (`--cuda_graphs` auto or on)."""
+    from specdec_core.static_decoder import config_support
 
-    tokens = prompt_tokens + opts.max_new_tokens + opts.num_speculative_tokens + 1
-    if opts.cuda_graphs != "off" and opts.device_map != "auto" and config_support(
-            config, batched=opts.batch_size > 1) is None:
-        tokens = -(-tokens // CAPACITY_STEP) * CAPACITY_STEP
-    return tokens
+    return (opts.cuda_graphs != "off" and opts.device_map != "auto"
+            and config_support(config, batched=opts.batch_size > 1) is None)
+
+
+def row_columns(opts: SpecDecOptions, config, prompt_tokens: int) -> tuple[int, int]:
+    """(prompt, new) cache columns a row takes: its prompt, and its new tokens with a round's
+    drafts. A static cache allocates in steps of `static_decoder.CAPACITY_STEP`: a decoder-only
+    row's whole sequence, an encoder-decoder's cross-attention (prompt) and self-attention
+    (output) buffers each."""
+    from specdec_core.static_decoder import CAPACITY_STEP
+
+    new = opts.max_new_tokens + opts.num_speculative_tokens + 1
+    if not _static(opts, config):
+        return prompt_tokens, new
+
+    def steps(n: int) -> int:
+        return -(-n // CAPACITY_STEP) * CAPACITY_STEP
+
+    if config.is_encoder_decoder:
+        return steps(prompt_tokens), steps(new)
+    return prompt_tokens, steps(prompt_tokens + new) - prompt_tokens
+
+
+def row_tokens(opts: SpecDecOptions, config, prompt_tokens: int) -> int:
+    """Cache columns a row takes in all (`row_columns`)."""
+    return sum(row_columns(opts, config, prompt_tokens))
+
+
+def graph_bytes(opts: SpecDecOptions, config, rows: int, dtype: torch.dtype, draft: bool = False) -> int:
+    """What a model's CUDA graphs keep besides the cache: each captured pass's logits, for every
+    row, at every width it runs (the target verifies 1..gamma+1 tokens, a draft steps 1 or 2),
+    and the float32 copy of a pass's logits."""
+    if not _static(opts, config):
+        return 0
+    vocab = config.get_text_config(decoder=True).vocab_size
+    widest = 2 if draft else opts.num_speculative_tokens + 1
+    return max(rows, 1) * vocab * (widest * (widest + 1) // 2 * placement.DTYPE_BYTES.get(dtype, 4) + widest * 4)
 
 
 def weights_need(opts: SpecDecOptions, rows: int = 0, prompt_tokens: int = 0) -> Footprint:
@@ -127,14 +157,16 @@ def weights_need(opts: SpecDecOptions, rows: int = 0, prompt_tokens: int = 0) ->
     target = read_config(opts.target_model, trust)
     draft = read_config(opts.draft_model, trust) if opts.drafter == "model" else None
     dtype, draft_dtype = _dtypes(opts)
-    need = placement.footprint(target, draft, dtype, rows=rows, prompt_tokens=prompt_tokens,
-                               new_tokens=row_tokens(opts, target, prompt_tokens) - prompt_tokens,
+    prompt, new = row_columns(opts, target, prompt_tokens)
+    need = placement.footprint(target, draft, dtype, rows=rows, prompt_tokens=prompt, new_tokens=new,
                                trust_remote_code=trust)
     if draft is not None and draft_dtype != dtype:
         scale = placement.DTYPE_BYTES[draft_dtype] / placement.DTYPE_BYTES[dtype]
-        need = Footprint(need.target_weights, int(need.draft_weights * scale), need.target_kv,
-                         int(need.draft_kv * scale), need.largest_block, need.target_params)
-    return need
+        need = replace(need, draft_weights=int(need.draft_weights * scale),
+                                   draft_kv=int(need.draft_kv * scale))
+    graphs = graph_bytes(opts, target, rows, dtype) + (graph_bytes(opts, draft, rows, draft_dtype, draft=True)
+                                                       if draft is not None else 0)
+    return replace(need, graphs=graphs)
 
 
 def _lengths(column: pa.ChunkedArray) -> pa.ChunkedArray:

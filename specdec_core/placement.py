@@ -61,10 +61,11 @@ class Footprint:
     draft_kv: int
     largest_block: int
     target_params: int = 0
+    graphs: int = 0  # what CUDA graphs keep besides the caches: their passes' logits
 
     @property
     def total(self) -> int:
-        return self.target_weights + self.draft_weights + self.target_kv + self.draft_kv
+        return self.target_weights + self.draft_weights + self.target_kv + self.draft_kv + self.graphs
 
     @property
     def draft(self) -> int:
@@ -204,7 +205,8 @@ def fit_problem(need: Footprint, gpus: list[Gpu], copies: list[Copy], *, batch_s
     draft = f"draft {gib(need.draft_weights)}" if need.draft_weights else "no draft model"
     what = (f"the pair needs {gib(need.total)} (weights: target {gib(need.target_weights)} for "
             f"{need.target_params / 1e9:.2f}B parameters, {draft}; KV cache "
-            f"{gib(need.target_kv + need.draft_kv)} for {batch_size} row(s) of {tokens} tokens)")
+            f"{gib(need.target_kv + need.draft_kv)} for {batch_size} row(s) of {tokens} tokens"
+            + (f"; CUDA graphs' logits {gib(need.graphs)}" if need.graphs else "") + ")")
     if need.total <= held and need.draft + need.largest_block <= one:
         return None
     weights = need.target_weights + need.draft_weights
@@ -214,7 +216,7 @@ def fit_problem(need: Footprint, gpus: list[Gpu], copies: list[Copy], *, batch_s
             return f"--device_map: {what}, more than {where}; pass --device_map auto to split it over the GPUs"
         return (f"--target_model: {what}, more than {where}; use larger or more GPUs per worker, "
                 "or a smaller --dtype")
-    rows = max(0, int((held - weights) // max(1, (need.target_kv + need.draft_kv) // batch_size)))
+    rows = max(0, int((held - weights) // max(1, (need.target_kv + need.draft_kv + need.graphs) // batch_size)))
     if device_map == "none" and need.total <= everything and len(gpus) > 1:
         return (f"--batch_size {batch_size}: {what}, more than {where}; use --batch_size {rows} or less, "
                 "or --device_map auto")

@@ -92,12 +92,12 @@ class SlotKV(StaticKV):
         if not logits:
             self.logits = None
             return []
+        # A copy either way: in fp32 `.float()` would return a graph's output, which the next
+        # replay of that width overwrites.
         if self.slot_of == list(range(self.buffer_rows)):
-            self.logits = out.float()
+            self.logits = out.to(torch.float32, copy=True)
         else:
             self.logits = out[torch.tensor(self.slot_of, device=out.device)].float()
-        if self.logits.data_ptr() == out.data_ptr():  # fp32: a graph's output, which its next replay overwrites
-            self.logits = self.logits.clone()
         return [self.logits[b, : len(f)] for b, f in enumerate(feeds)]
 
     def _chain(self, inp: torch.Tensor, k: int) -> torch.Tensor:

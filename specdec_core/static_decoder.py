@@ -18,6 +18,7 @@ between any two attention kernels. Without CUDA the same decoder runs eagerly (t
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import threading
@@ -39,6 +40,11 @@ log = logging.getLogger(__name__)
 CAPACITY_STEP = 512  # columns; a cache grows to the next multiple of this when an item needs more
 MAX_GRAPH_WIDTH = 16  # widest pass captured: a verify pass is gamma + 1 tokens
 GRAPH_MODES = ("auto", "on", "off")
+# Families whose decoders read a value from the device on the host inside a pass, which a CUDA
+# graph cannot capture (others that do are found at their first capture and run eagerly).
+HOST_POSITIONS = {
+    "m2m_100": "compares its decoder positions with its position table's size on the host (M2M100, NLLB)",
+}
 
 
 def config_support(config, batched: bool = False) -> str | None:
@@ -53,6 +59,12 @@ def config_support(config, batched: bool = False) -> str | None:
     types = set(getattr(config, "layer_types", None) or ["full_attention"])
     if types != {"full_attention"}:
         return f"has {', '.join(sorted(types - {'full_attention'}))} layers"
+    text = config.get_text_config(decoder=True)
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and "dynamic" in (rope.get("rope_type"), rope.get("type")):
+        return "uses dynamic-NTK RoPE (it recomputes its frequencies from a length read on the host)"
+    if config.model_type in HOST_POSITIONS:
+        return HOST_POSITIONS[config.model_type]
     return None
 
 
@@ -189,6 +201,15 @@ class _CrossLayer(_Buffers):
         return self.owner.enc_capacity
 
 
+def _same(replayed: torch.Tensor, eager: torch.Tensor) -> bool:
+    """The same numbers, up to the rounding of another kernel choice (800 units in the last place
+    of the largest, as tests/numerics.py allows) for logits, exactly for tokens."""
+    if not eager.is_floating_point():
+        return torch.equal(replayed, eager)
+    tol = 800 * torch.finfo(eager.dtype).eps * float(eager.abs().max())
+    return bool(torch.allclose(replayed.float(), eager.float(), rtol=0.0, atol=tol))
+
+
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
@@ -226,6 +247,7 @@ class StaticKV:
         self.captures = 0
         self._graphs: dict[int | tuple[int, int], _Graph] = {}
         self._pool = None  # one memory pool for all graphs: one pass runs at a time, outputs stay held
+        self._stream: torch.cuda.Stream | None = None  # the side stream every warm-up and capture runs on
         self._lock = threading.Lock()
         self.cache = Cache(layers=[_FixedLayer(self) for _ in range(self.layers)])
         self._low = torch.finfo(model.dtype).min
@@ -296,43 +318,75 @@ class StaticKV:
         if it is new) when graphs are on and the pass is narrow enough, else eagerly."""
         if not self.graphs or inp.shape[1] - 2 > self.max_graph_width:
             return run(inp.to(self.device))
-        g = self._graphs.get(key)
-        if g is None:
-            t0 = time.perf_counter()
-            try:
-                g = self._graphs[key] = self._capture(run, inp)
-            except Exception as e:  # e.g. a model whose forward waits on a value from the device
-                if self.strict:
-                    raise
-                log.warning("%s: no CUDA graph of %s (%s: %s); its passes run eagerly from now on",
-                            type(self.model).__name__, what, type(e).__name__, str(e)[:200])
-                self.graphs = False
-                self._graphs.clear()
-                return run(inp.to(self.device))
-            self.capture_s += time.perf_counter() - t0
-            self.captures += 1
-            log.info("%s: CUDA graph of %s captured (%d so far, %.2f s in all)", type(self.model).__name__, what,
-                     self.captures, self.capture_s)
-        g.inp.copy_(inp)
-        g.replay()
-        return g.out
+        with self._on_device():  # a graph is captured and replayed on its model's own GPU
+            g = self._graphs.get(key)
+            if g is None:
+                t0 = time.perf_counter()
+                try:
+                    g = self._graphs[key] = self._capture(run, inp)
+                except Exception as e:  # e.g. a model whose forward waits on a value from the device
+                    if self.strict:
+                        raise
+                    log.warning("%s: no CUDA graph of %s (%s: %s); its passes run eagerly from now on",
+                                type(self.model).__name__, what, type(e).__name__, str(e)[:200])
+                    self.graphs = False
+                    self._graphs.clear()
+                    return run(inp.to(self.device))
+                self.capture_s += time.perf_counter() - t0
+                self.captures += 1
+                log.info("%s: CUDA graph of %s captured (%d so far, %.2f s in all)", type(self.model).__name__,
+                         what, self.captures, self.capture_s)
+            g.inp.copy_(inp)
+            g.replay()
+            return g.out
+
+    def _on_device(self):
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def _capture(self, run, inp: torch.Tensor) -> _Graph:
-        """A CUDA graph of `run` over a static copy of `inp` (whose contents are valid inputs:
-        the warm-up passes write where this pass would)."""
+        """A graph of `run` over a static copy of `inp` (valid inputs: the warm-up passes write
+        where this pass would), checked by one replay against the eager pass: a capture that
+        recorded the wrong work fails here instead of changing outputs later."""
         static = inp.to(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):  # warm-up off the capture, as torch.cuda.graphs asks
+        with self._side_stream():  # warm-up off the capture stream, as torch.cuda.graphs asks
             for _ in range(2):
-                run(static)
-        torch.cuda.current_stream(self.device).wait_stream(side)
+                expected = run(static).clone()
+        graph, out = self._record(run, static)
+        out.fill_(torch.nan if out.is_floating_point() else -1)  # what a replay that did nothing would leave
+        graph.replay()
+        if not _same(out, expected):
+            raise RuntimeError("a replay of the captured pass differs from the pass run eagerly")
+        return _Graph(graph, static, out)
+
+    def _side(self) -> torch.cuda.Stream:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        return self._stream
+
+    @contextlib.contextmanager
+    def _side_stream(self):
+        if self.device.type != "cuda":
+            yield
+            return
+        side, main = self._side(), torch.cuda.current_stream(self.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            yield
+        main.wait_stream(side)
+
+    def _record(self, run, static: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """`run(static)` captured as a CUDA graph (into this decoder's one memory pool, from its one
+        side stream, as sharing a pool asks) and the output tensor its replays write."""
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = run(static)
-        return _Graph(graph, static, out)
+        previous = torch.cuda.current_stream(self.device)
+        try:
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._side()):
+                out = run(static)
+        finally:
+            torch.cuda.set_stream(previous)  # a capture that failed would leave its stream current
+        return graph, out
 
 
 class StaticDecoder(StaticKV):
@@ -406,7 +460,10 @@ class StaticDecoder(StaticKV):
         logits = self._run(w, self._inputs([new], [self.length], 0), lambda inp: self._pass(inp, keep),
                            f"a {w}-token pass")
         self.length = len(tokens)
-        return logits[0, -num_logits:].float() if num_logits else logits[0, :0].float()
+        out = logits[0, -num_logits:] if num_logits else logits[0, :0]
+        # A copy either way: in fp32 `.float()` would return a view of a graph's output, which the
+        # next replay of that width overwrites.
+        return out.to(torch.float32, copy=True)
 
     @torch.inference_mode()
     def draft_greedy(self, tokens: list[int], k: int) -> list[int]:

@@ -252,9 +252,9 @@ def test_the_router_keeps_every_copy_busy():
     assert router._busy == [0, 0, 0, 0]
 
 
-def test_static_caches_are_counted_in_their_allocation_steps(tmp_path, tokenizer):
+def test_static_caches_are_counted_in_their_allocation_steps(tmp_path, tokenizer, saved_pairs):
     """With CUDA graphs a decoder-only row's cache is allocated in steps of 512 columns."""
-    from pipeline.fit import read_config, row_tokens
+    from pipeline.fit import graph_bytes, read_config, row_tokens
     from specdec_core.static_decoder import CAPACITY_STEP
 
     target = _big_target(tmp_path, tokenizer, layers=2)
@@ -265,3 +265,12 @@ def test_static_caches_are_counted_in_their_allocation_steps(tmp_path, tokenizer
     assert row_tokens(SpecDecOptions(base), config, 30) == CAPACITY_STEP
     assert row_tokens(SpecDecOptions(base), config, 600) == 2 * CAPACITY_STEP
     assert row_tokens(SpecDecOptions([*base, "--device_map", "auto"]), config, 30) == 135  # split: eager
+    # An encoder-decoder's cross-attention and self-attention buffers grow in steps each; batched, it decodes eagerly.
+    t5 = read_config(str(saved_pairs["t5"][0]), False)
+    assert row_tokens(SpecDecOptions(base), t5, 10) == 2 * CAPACITY_STEP
+    assert row_tokens(SpecDecOptions([*base, "--batch_size", "4"]), t5, 10) == 115
+    # The graphs' logits: every verify width 1..gamma+1, in the model's dtype, plus a float32 copy.
+    vocab = config.vocab_size
+    assert graph_bytes(SpecDecOptions([*base, "--batch_size", "4"]), config, 4, torch.bfloat16) == \
+        4 * vocab * (15 * 2 + 5 * 4)
+    assert graph_bytes(SpecDecOptions([*base, "--cuda_graphs", "off"]), config, 4, torch.bfloat16) == 0

@@ -5,6 +5,7 @@ what the padded cache draws; a busy cache falls back; models it cannot take are 
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from specdec_core import static_decoder
 from specdec_core.batch_engine import BatchSpeculativeGenerator
@@ -20,25 +21,33 @@ from tests.numerics import assert_logits_close
 from tests.test_batch_engine import TEXTS, drafter_for, hf_greedy
 
 
-class FakeGraph:
-    """What the engines rely on in a CUDA graph, on a CPU: a replay runs the captured pass over
-    the static input tensor and leaves its result in the same output tensor every time (so a
-    caller that reads inputs it did not copy in, or keeps an output past the next replay, goes
-    wrong here as on a GPU)."""
+class TracedGraph:
+    """What the engines rely on in a CUDA graph, on a CPU: the pass is traced once (`make_fx`, so
+    that numbers, Python branches and the tensors read from attributes are frozen as a capture
+    freezes them, and reading a tensor's value on the host fails as it does in a capture), and a
+    replay runs only the recorded ops over the static input, leaving its result in the same
+    output tensor every time (a caller that forgets an input, or keeps an output past the next
+    replay, goes wrong here as on a GPU)."""
 
-    def __init__(self, run, inp: torch.Tensor):
-        self.run, self.inp = run, inp.clone()
-        self.out = run(self.inp).clone()
+    def __init__(self, run, static: torch.Tensor):
+        self.static = static
+        self.traced = make_fx(run, tracing_mode="real")(static)
+        self.out = self.traced(static).clone()
         self.replays = 0
 
     def replay(self) -> None:
-        self.out.copy_(self.run(self.inp))
+        self.out.copy_(self.traced(self.static))
         self.replays += 1
+
+
+def trace(self, run, static):
+    graph = TracedGraph(run, static)
+    return graph, graph.out
 
 
 @pytest.fixture
 def fake_graphs(monkeypatch):
-    monkeypatch.setattr(StaticKV, "_capture", lambda self, run, inp: FakeGraph(run, inp))
+    monkeypatch.setattr(StaticKV, "_record", trace)
 
 
 def graphed(kv, on: bool):
@@ -98,7 +107,7 @@ def test_row_logits_in_slots_equal_the_row_alone(models, prompts, kind, graphs, 
             rows = [rows[i] for i in order]
     assert kv.capacity % 8 == 0 and kv.capacity >= max(len(r) for r in rows)
     if graphs:  # one graph per pass width, replayed (captured again after each growth)
-        assert kv.captures >= len(kv._graphs) > 0 and all(g.replays for g in kv._graphs.values())
+        assert kv.captures >= len(kv._graphs) > 0 and all(g.graph.replays for g in kv._graphs.values())
     kv.release()
 
 
@@ -278,10 +287,10 @@ def test_other_decoder_families_in_slots_equal_generate(family, fake_graphs):
 
 def test_a_pass_that_cannot_be_captured_runs_eagerly_unless_graphs_are_insisted_on(models, prompts, monkeypatch,
                                                                                    caplog):
-    def refuse(self, run, inp):
+    def refuse(self, run, static):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(StaticKV, "_capture", refuse)
+    monkeypatch.setattr(StaticKV, "_record", refuse)
     target, draft = models["llama"]
     engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=3,
                                        max_new_tokens=8, cuda_graphs="on")
@@ -294,3 +303,22 @@ def test_a_pass_that_cannot_be_captured_runs_eagerly_unless_graphs_are_insisted_
     kv.graphs, kv.strict = True, True  # "on": the job stops
     with pytest.raises(RuntimeError, match="stream is capturing"):
         engine.generate_many([(prompts[0], 0)])
+
+
+def test_a_capture_that_recorded_nothing_is_caught_by_its_check_replay(models, prompts, monkeypatch, caplog):
+    """A capture whose work ran eagerly instead of being recorded (a graph that replays nothing):
+    its first replay leaves the output it was given, so the check replay differs and the model
+    decodes eagerly, exactly."""
+    class Empty:
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(StaticKV, "_record", lambda self, run, static: (Empty(), run(static)))
+    target, _ = models["gpt2"]
+    gen = SpeculativeGenerator(target, NoDrafter(), max_new_tokens=8, cuda_graphs="on")
+    gen.static.graphs, gen.static.strict = True, False
+    with caplog.at_level("WARNING"):
+        assert gen.generate(prompts[0]).tokens == hf_greedy(target, prompts[0], 8)
+    assert not gen.static.graphs and "differs from the pass run eagerly" in caplog.text
+
+

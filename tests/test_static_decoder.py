@@ -210,17 +210,37 @@ def test_a_draft_sharing_the_targets_encoder_takes_its_outputs(models, tokenizer
     assert len(runs) == 1
 
 
-@pytest.mark.parametrize("family", ["t5", "mt5", "umt5", "bart", "pegasus", "marian", "m2m100", "mbart"])
-def test_every_seq2seq_family_through_static_caches_equals_generate(family):
-    """Each family's own positions (learned, sinusoidal, from ids), relative biases (T5: first
-    layer; UMT5: every layer), start tokens and forced tokens."""
+@pytest.mark.parametrize("family", ["t5", "mt5", "umt5", "bart", "pegasus", "marian", "mbart"])
+def test_every_seq2seq_family_through_static_caches_equals_generate(family, monkeypatch):
+    """Each family's own positions (learned, sinusoidal), relative biases (T5: first layer; UMT5:
+    every layer), start tokens and forced tokens, eagerly and through traced graph replays (the
+    decoder's start position is a device tensor, which a capture must not freeze)."""
     from tests.family_models import V, family_model
     from tests.test_batch_families import hf_greedy
+    from tests.test_slot_kv import trace
 
+    monkeypatch.setattr(static_decoder.StaticKV, "_record", trace)
     target, draft = family_model(family, seed=1), family_model(family, seed=2)
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3)]
-    for drafter in (ModelDrafter(draft, cuda_graphs="on"), NoDrafter()):
-        gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=12, cuda_graphs="on")
-        for ids in prompts:
-            assert gen.generate(ids).tokens == hf_greedy(target, ids, 12), (family, drafter.name, ids)
+    for graphs in (False, True):
+        for drafter in (ModelDrafter(draft, cuda_graphs="on"), NoDrafter()):
+            gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=12,
+                                       cuda_graphs="on")
+            for static in (gen.static, getattr(drafter, "static", None)):
+                if static is not None:
+                    static.graphs = graphs
+            for ids in prompts:
+                assert gen.generate(ids).tokens == hf_greedy(target, ids, 12), (family, drafter.name, ids, graphs)
+            assert (gen.static.captures > 0) == graphs
+
+
+def test_models_whose_positions_wait_on_the_host_are_refused(models):
+    """M2M100/NLLB compares a device length with its position table's size, dynamic-NTK RoPE its
+    frequencies' length: both read a value on the host inside a pass, which a capture cannot."""
+    from tests.family_models import family_model
+
+    assert "position" in graph_support(family_model("m2m100", seed=1))
+    config = models["llama"][0].config.__class__.from_dict(models["llama"][0].config.to_dict())
+    config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    assert "dynamic" in static_decoder.config_support(config)
