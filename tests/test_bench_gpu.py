@@ -13,6 +13,7 @@ TINY = ["--device", "cpu", "--dtype", "float32", "--shape", "tiny", "--prompts",
 
 def test_every_section_runs_and_every_output_is_the_targets(tmp_path):
     result = gpu.main([*TINY, "--out", str(tmp_path)])
+    assert result["graph_fallbacks"] == []  # the static decoders' warnings are collected here
     rows = result["single"]["rows"]
     assert {"HF generate", "HF assisted", "ours, draft", "ours, draft, eager", "ours, draft, eager, cuDNN attention",
             "ours, target alone"} <= set(rows)
@@ -69,6 +70,8 @@ def test_figures_are_saved_as_they_are_made(tmp_path):
     cut = {"shape": "tiny", "dtype": "float32", "device_name": "cpu", "torch": "", "cuda": None, "transformers": "",
            "gamma": 4, "max_new_tokens": 10, "min_len": 4, "max_len": 12, "single": single[0], "single_partial": True}
     assert "(cut short in: single)" in gpu.markdown(cut)
+    cut["graph_fallbacks"] = ["LlamaForCausalLM: no CUDA graph of a 2-token pass (RuntimeError: x)"]
+    assert "- LlamaForCausalLM: no CUDA graph of a 2-token pass" in gpu.markdown(cut)
 
 
 def test_an_encoder_decoder_pair_runs_the_same_way(tmp_path):

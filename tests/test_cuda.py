@@ -45,6 +45,8 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
                                       cuda_graphs=graphs)
         assert (single.static is not None) == (graphs == "auto")  # at batch 1 every family here
         assert [single.generate(ids).tokens for ids in prompts] == refs, (kind, name, "batch 1")
+        if graphs == "auto":  # really through graphs: no capture failed or disagreed with its eager pass
+            assert single.static.graphs and single.static.captures > 0, (kind, name)
         for batch_size in (2, 6):
             engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=4,
                                                max_new_tokens=24, cuda_graphs=graphs)
@@ -53,4 +55,7 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
             assert [g.tokens for g in out] == refs, (kind, name, batch_size)
             again = engine.generate_many([(ids, 0) for ids in prompts[::-1]])  # slots and graphs reused
             assert [g.tokens for g in again] == refs[::-1], (kind, name, batch_size, "second call")
+            slots = engine.slots[id(target)]
+            if slots is not None:
+                assert slots.graphs and slots.captures > 0, (kind, name, batch_size)
 

@@ -449,6 +449,9 @@ def markdown(result: dict) -> str:
                              f"{r['identical_to_hf']}/{k} | {r['identical_to_ours_alone']}/{k} |")
         lines += [f"- {name}: failed ({why})" for name, why in batched.get("failed", {}).items()]
         lines.append("")
+    if result.get("graph_fallbacks"):
+        lines += ["CUDA graphs that fell back to eager passes (the rows above that say graphs ran eagerly after):", ""]
+        lines += [f"- {line}" for line in result["graph_fallbacks"]] + [""]
     prof = result.get("profile")
     if prof:
         lines += ["Profile of one generation, ours with the draft:", "",
@@ -459,6 +462,17 @@ def markdown(result: dict) -> str:
                          f" {p['launches']} | {p['cudnn_kernels']} |")
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+class _Warnings(logging.Handler):
+    """Warning lines of a logger, kept (the static decoders' fallbacks to eager passes)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage()[:300])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -531,6 +545,10 @@ def main(argv: list[str] | None = None) -> dict:
         save_job_inputs(target, draft, args, Path(args.save))
         return result
     runners = {"single": run_single, "batched": run_batched, "profile": run_profile}
+    # A figure labelled "graphs" must be one: any pass that fell back to eager is reported beside them.
+    fallbacks = _Warnings()
+    logging.getLogger("specdec_core.static_decoder").addHandler(fallbacks)
+    result["graph_fallbacks"] = fallbacks.lines
     for section in args.sections:
         t0 = time.perf_counter()
 
