@@ -546,19 +546,22 @@ def main(argv: list[str] | None = None) -> dict:
         return result
     runners = {"single": run_single, "batched": run_batched, "profile": run_profile}
     # A figure labelled "graphs" must be one: any pass that fell back to eager is reported beside them.
-    fallbacks = _Warnings()
-    logging.getLogger("specdec_core.static_decoder").addHandler(fallbacks)
+    fallbacks, static_log = _Warnings(), logging.getLogger("specdec_core.static_decoder")
+    static_log.addHandler(fallbacks)
     result["graph_fallbacks"] = fallbacks.lines
-    for section in args.sections:
-        t0 = time.perf_counter()
+    try:
+        for section in args.sections:
+            t0 = time.perf_counter()
 
-        def partial(figures: dict, section: str = section) -> None:
-            write({**result, section: figures, f"{section}_partial": True})
+            def partial(figures: dict, section: str = section) -> None:
+                write({**result, section: figures, f"{section}_partial": True})
 
-        result[section] = runners[section](target, draft, args, partial)
-        result[f"{section}_s"] = time.perf_counter() - t0
-        write(result)
-        _LOG.info("%s done in %.0f s", section, result[f"{section}_s"])
+            result[section] = runners[section](target, draft, args, partial)
+            result[f"{section}_s"] = time.perf_counter() - t0
+            write(result)
+            _LOG.info("%s done in %.0f s", section, result[f"{section}_s"])
+    finally:
+        static_log.removeHandler(fallbacks)
     print(markdown(result))
     return result
 
