@@ -6,11 +6,12 @@ rows' drafts in ONE target pass, and accepts per row with the batch-1 rule, so e
 its own accepted length, gamma state and random generator. A row that finishes leaves the
 batch and the next waiting prompt is prefilled and merged in, so the batch stays full rather
 than waiting for its slowest row. Rows of different lengths share one padded cache per model
-(`BatchKV`), or on a GPU one static cache per model with a fixed slot per row, replayed as CUDA
-graphs (`SlotKV`, `--cuda_graphs`). Encoder-decoder models run their encoder once per prompt when it enters (rows
-padded and masked) and keep each row's cross-attention keys/values in the batch cache; a draft
-whose encoder is the target's own module reuses the target's encoder outputs. Sliding-window
-models get per-row window masks by position once a row can reach the window.
+(`BatchKV`), or on a GPU one static cache per model with a fixed slot per row, replayed as
+CUDA graphs (`SlotKV`, `--cuda_graphs`). Encoder-decoder models run their encoder once per
+prompt when it enters (rows padded and masked) and keep each row's cross-attention keys/values
+in the batch cache; a draft whose encoder is the target's own module reuses the target's encoder
+outputs. Sliding-window models get per-row window masks by position once a row can reach the
+window.
 """
 
 from __future__ import annotations
