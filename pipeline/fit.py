@@ -114,7 +114,7 @@ def _static(opts: SpecDecOptions, config) -> bool:
     from specdec_core.static_decoder import config_support
 
     return (opts.cuda_graphs != "off" and opts.device_map != "auto"
-            and config_support(config, batched=opts.batch_size > 1) is None)
+            and config_support(config) is None)
 
 
 def row_columns(opts: SpecDecOptions, config, prompt_tokens: int) -> tuple[int, int]:

@@ -256,7 +256,7 @@ def _check_cuda_graphs(opts: SpecDecOptions) -> None:
         raise JobConfigError("--cuda_graphs on: a model split by --device_map auto runs eagerly (use --cuda_graphs "
                              "auto or off)")
     for flag, path, config in _local_model_configs(opts):
-        why = config_support(config, batched=opts.batch_size > 1)
+        why = config_support(config)
         if why:
             raise JobConfigError(f"--cuda_graphs on: {flag} {path!r} {why} (use --cuda_graphs auto or off)")
 

@@ -56,6 +56,18 @@ def sliding_window(config) -> int | None:
     return int(window)
 
 
+def decoder_position_modules(model: PreTrainedModel) -> tuple[list, list]:
+    """An encoder-decoder's decoder modules that compute from its cache length: position
+    embeddings (`embed_positions`) and relative position biases (`compute_bias`)."""
+    embeds, biases = [], []
+    for name, module in model.get_decoder().named_modules():
+        if name.rsplit(".", 1)[-1] == "embed_positions":
+            embeds.append(module)
+        if getattr(module, "has_relative_attention_bias", False) and callable(getattr(module, "compute_bias", None)):
+            biases.append(module)
+    return embeds, biases
+
+
 def drop_order(rows: int, gone: list[int]) -> list[int]:
     """The rows that stay after `gone` leave, in their new order: the last rows that stay move
     into the places of those that go (row i is the old row order[i])."""
@@ -89,18 +101,11 @@ class BatchKV:
         self.enc_mask = torch.zeros((rows, 0), dtype=torch.long, device=self.device)
         self.window = sliding_window(config)
         self.layer_types = getattr(config, "layer_types", None)
-        self._pos_modules, self._bias_modules = [], []
-        if self.encdec:
-            decoder = model.get_decoder()
-            for name, module in decoder.named_modules():
-                if name.rsplit(".", 1)[-1] == "embed_positions":
-                    if "cache_length" not in inspect.signature(module.forward).parameters:
-                        raise ValueError(f"{type(model).__name__}: its decoder's position embedding takes no cache "
-                                         "length, so rows of different lengths cannot share a batch")
-                    self._pos_modules.append(module)
-                if getattr(module, "has_relative_attention_bias", False) and callable(getattr(module, "compute_bias",
-                                                                                               None)):
-                    self._bias_modules.append(module)
+        self._pos_modules, self._bias_modules = decoder_position_modules(model) if self.encdec else ([], [])
+        for module in self._pos_modules:
+            if "cache_length" not in inspect.signature(module.forward).parameters:
+                raise ValueError(f"{type(model).__name__}: its decoder's position embedding takes no cache length, so "
+                                 "rows of different lengths cannot share a batch")
 
     @property
     def rows(self) -> int:

@@ -18,12 +18,13 @@ models with full attention on one device (`static_decoder.graph_support`); the o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
 from transformers import PreTrainedModel
 
-from specdec_core.batch_kv import BatchKV, drop_order
+from specdec_core.batch_kv import BatchKV, decoder_position_modules, drop_order
 from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticKV, wants_static
 
 log = logging.getLogger(__name__)
@@ -50,11 +51,57 @@ class SlotKV(StaticKV):
         self.lengths = [0] * slots  # per slot: its row's cached tokens (0 when free)
         self.slot_of: list[int] = []  # per row of the batch, in the engine's order: its slot
         self.logits: torch.Tensor | None = None  # the last pass's float32 logits (rows, fed, V)
+        # Encoder-decoder: the decoder modules that take each row's own positions (`_by_row`).
+        self._embeds, self._biases = decoder_position_modules(model) if self.encdec else ([], [])
 
     def _reset(self) -> None:
         self.lengths = [0] * self.buffer_rows
         self.slot_of = []
         self.logits = None
+
+    # Encoder-decoder rows at their own positions, inside a captured pass (device ops only).
+
+    def _starts(self, base: torch.Tensor) -> torch.Tensor:
+        # Per row, (slots, 1): position embeddings then count from each row's own start.
+        return base[:, None]
+
+    @contextlib.contextmanager
+    def _by_row(self, positions: torch.Tensor):
+        """While a pass runs: each decoder position embedding gets every row's ids (its output
+        brought to (rows, w, d), and ids past its table clamped: only pads reach them), and each
+        relative position bias is looked up per row from the module's own bias of every distance
+        (as `BatchKV` does, here with the static column count, so that nothing waits for the host)."""
+        handles, patched = [], []
+
+        def clamp_ids(module, args, kwargs):
+            ids = kwargs.get("position_ids")
+            if ids is not None:
+                kwargs["position_ids"] = ids.clamp(max=module.weight.shape[0] - getattr(module, "offset", 0) - 1)
+            return args, kwargs
+
+        def per_row(module, args, kwargs, output):
+            return output[0] if output.dim() == 4 else output  # learned embeddings add a leading dim to 2D ids
+
+        def biased(original):
+            def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
+                table = original(1, key_length, device=device, past_seen_tokens=key_length - 1)[0, :, 0]  # (heads, k)
+                distance = (self.columns[None, None, :key_length] - positions[:, :, None]).clamp(1 - key_length, 0)
+                return table[:, distance + key_length - 1].permute(1, 0, 2, 3)  # (rows, heads, queries, keys)
+            return compute_bias
+
+        try:
+            for module in self._embeds:
+                handles.append(module.register_forward_pre_hook(clamp_ids, with_kwargs=True))
+                handles.append(module.register_forward_hook(per_row, with_kwargs=True))
+            for module in self._biases:
+                module.compute_bias = biased(module.compute_bias)
+                patched.append(module)
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+            for module in patched:
+                del module.compute_bias
 
     # BatchKV's interface: its rows are the batch's rows, whichever slots they sit in.
 
@@ -146,6 +193,23 @@ class SlotKV(StaticKV):
         inp[:, w + 1] = torch.tensor([len(t) for t in tokens])
         return inp
 
+    def _copy_cross(self, slots: list[int], fresh: BatchKV) -> None:
+        n = fresh.enc_mask.shape[1]
+        if n > self.enc_capacity:
+            self._grow_encoder(n)
+        index = torch.tensor(slots, device=self.device)
+        for layer, (fk, fv) in zip(self.cross.layers, fresh._cross_layers(), strict=True):
+            if not layer.is_initialized:
+                layer.lazy_initialization(fk, fv)
+            layer.keys[index, :, :n] = fk
+            layer.values[index, :, :n] = fv
+            layer.keys[index, :, n:] = 0
+            layer.values[index, :, n:] = 0
+        visible = fresh.enc_mask.to(self.device).bool()[:, None, None, :]
+        self.enc_mask[index] = self._low
+        self.enc_mask[index, ..., :n] = torch.zeros((), dtype=self.enc_mask.dtype, device=self.device).masked_fill(
+            ~visible, self._low)
+
     def rollback(self, b: int, length: int) -> None:
         """Row b keeps its first `length` tokens; the columns after are overwritten later."""
         slot = self.slot_of[b]
@@ -178,7 +242,10 @@ class SlotKV(StaticKV):
 
     @torch.inference_mode()
     def _copy(self, slots: list[int], fresh: BatchKV) -> None:
-        """Each of `fresh`'s rows' valid columns to columns 0.. of its slot."""
+        """Each of `fresh`'s rows' valid columns to columns 0.. of its slot (and an encoder-decoder
+        row's cross-attention keys/values and encoder mask)."""
+        if self.encdec:
+            self._copy_cross(slots, fresh)
         lengths = [len(c) for c in fresh.cols]
         for s in slots:
             self.lengths[s] = 0

@@ -30,7 +30,7 @@ from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.modeling_outputs import BaseModelOutput
 
-from specdec_core.batch_kv import sliding_window
+from specdec_core.batch_kv import decoder_position_modules, sliding_window
 from specdec_core.decoder import _accepts_logits_to_keep, initial_decoder_ids
 from specdec_core.device_map import devices_of
 from specdec_core.placement import decoder_layers
@@ -47,13 +47,10 @@ HOST_POSITIONS = {
 }
 
 
-def config_support(config, batched: bool = False) -> str | None:
+def config_support(config) -> str | None:
     """None when a model of this config can decode over static caches, one item at a time
     (`StaticDecoder`) or batched in slots (`slot_kv.SlotKV`), as far as its config tells (the
     preflight's check), else why not."""
-    if config.is_encoder_decoder and batched:
-        # Their decoders compute positions or relative biases from one cache length for all rows.
-        return "is an encoder-decoder model (batched static caches cover decoder-only models)"
     if sliding_window(config) is not None:
         return "has sliding-window layers (the static mask is full causal attention)"
     types = set(getattr(config, "layer_types", None) or ["full_attention"])
@@ -72,13 +69,18 @@ def graph_support(model: PreTrainedModel, batched: bool = False) -> str | None:
     """None when this loaded model can decode over static caches (`config_support`), else why not."""
     if len(list(devices_of(model))) > 1:
         return "is split over several devices (a graph replays on one)"
-    why = config_support(model.config, batched)
+    why = config_support(model.config)
     if why:
         return why
     if model.config._attn_implementation not in ("sdpa", "eager"):
         return f"uses {model.config._attn_implementation} attention (needs sdpa or eager, which take a 4D mask)"
     if not model.config.is_encoder_decoder and "position_ids" not in inspect.signature(model.forward).parameters:
         return "takes no position_ids"
+    if model.config.is_encoder_decoder and batched:
+        # Each row's positions reach the decoder's position embeddings as ids (`slot_kv.SlotKV`).
+        for module in decoder_position_modules(model)[0]:
+            if "position_ids" not in inspect.signature(module.forward).parameters:
+                return f"has a decoder position embedding ({type(module).__name__}) that takes no position ids"
     return None
 
 
@@ -178,7 +180,7 @@ class _CrossLayer(_Buffers):
     (`StaticDecoder.encode`), then only read."""
 
     def size(self) -> tuple[int, int]:
-        return 1, self.owner.enc_capacity
+        return self.owner.buffer_rows, self.owner.enc_capacity
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,7 +197,9 @@ class _CrossLayer(_Buffers):
         return self.owner.enc_capacity, 0
 
     def get_seq_length(self) -> int:
-        return self.owner.enc_length
+        # Filled (by `encode` or a copy) before any pass reads it: the model then reuses the
+        # cached keys/values instead of computing them from the encoder outputs it is not given.
+        return self.owner.enc_capacity if self.is_initialized else 0
 
     def get_max_length(self) -> int:
         return self.owner.enc_capacity
@@ -253,8 +257,8 @@ class StaticKV:
         self._low = torch.finfo(model.dtype).min
         self._logits_kwarg = _accepts_logits_to_keep(type(model))
         self.seen: int | torch.Tensor = 0  # what the layers report as their length (`_FixedLayer`)
-        # Encoder-decoder (one row): the item's cross-attention cache and its additive encoder
-        # mask (1, 1, 1, enc_capacity), in place for every pass; `encode` fills them.
+        # Encoder-decoder: each row's cross-attention cache and its additive encoder mask
+        # (rows, 1, 1, enc_capacity), in place for every pass (`_grow_encoder` sizes them).
         self.encdec = bool(model.config.is_encoder_decoder)
         self.enc_capacity = self.enc_length = 0
         self.cross = Cache(layers=[_CrossLayer(self) for _ in range(self.layers)]) if self.encdec else None
@@ -304,14 +308,47 @@ class StaticKV:
         mask = torch.zeros(hidden.shape, dtype=self.model.dtype, device=self.device).masked_fill_(hidden, self._low)
         kwargs = {"logits_to_keep": keep} if self._logits_kwarg else {}
         if self.encdec:
-            self.seen = base[0]
-            out = self.model(decoder_input_ids=ids, decoder_attention_mask=mask, attention_mask=self.enc_mask,
-                             encoder_outputs=BaseModelOutput(last_hidden_state=self.unused),
-                             cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
+            self.seen = self._starts(base)
+            with self._by_row(positions):
+                out = self.model(decoder_input_ids=ids, decoder_attention_mask=mask, attention_mask=self.enc_mask,
+                                 encoder_outputs=BaseModelOutput(last_hidden_state=self.unused),
+                                 cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
         else:
             out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
                              use_cache=True, **kwargs)
         return out.logits
+
+    def _starts(self, base: torch.Tensor) -> torch.Tensor:
+        """What an encoder-decoder's self-attention layers report as their length: the pass's
+        first position (one row)."""
+        return base[0]
+
+    def _by_row(self, positions: torch.Tensor):
+        """A context in which the model takes each row's own positions (one row: nothing to do)."""
+        return contextlib.nullcontext()
+
+    def _grow_encoder(self, n: int) -> None:
+        """Cross-attention buffers and encoder masks of at least n columns, keeping each row's
+        columns; the new columns are masked (a row with none visible, a free slot, attends
+        uniformly to finite zeros: the mask adds the dtype's minimum, not -inf)."""
+        old = self.enc_capacity
+        self.enc_capacity = -(-n // CAPACITY_STEP) * CAPACITY_STEP
+        mask = torch.full((self.buffer_rows, 1, 1, self.enc_capacity), self._low, dtype=self.model.dtype,
+                          device=self.device)
+        mask[..., :old] = self.enc_mask if old else 0
+        self.enc_mask = mask
+        text = self.model.config.get_text_config(decoder=True)
+        d = getattr(text, "d_model", None) or text.hidden_size
+        # Cross-attention reads the cached keys, never these: the model only needs their shape.
+        self.unused = torch.zeros((), dtype=self.model.dtype, device=self.device).expand(
+            self.buffer_rows, self.enc_capacity, d)
+        for layer in self.cross.layers:
+            if layer.is_initialized:
+                k, v = layer.keys, layer.values
+                layer.lazy_initialization(k, v)
+                layer.keys[:, :, :old] = k
+                layer.values[:, :, :old] = v
+        self._graphs.clear()  # they hold the old buffers' addresses
 
     def _run(self, key: int | tuple[int, int], inp: torch.Tensor, run, what: str) -> torch.Tensor:
         """`run(inputs on the device)`: replayed through the graph kept under `key` (captured now
@@ -422,11 +459,7 @@ class StaticDecoder(StaticKV):
         hidden = encoded["encoder_outputs"].last_hidden_state
         n = hidden.shape[1]
         if n > self.enc_capacity:  # new buffers (and graphs over them)
-            self.enc_capacity = -(-n // CAPACITY_STEP) * CAPACITY_STEP
-            self.enc_mask = torch.zeros((1, 1, 1, self.enc_capacity), dtype=self.model.dtype, device=self.device)
-            self.unused = torch.zeros((), dtype=hidden.dtype, device=self.device).expand(1, self.enc_capacity,
-                                                                                          hidden.shape[2])
-            self._graphs.clear()
+            self._grow_encoder(n)
         self.enc_length = n
         self.enc_mask.zero_()
         self.enc_mask[..., n:] = self._low

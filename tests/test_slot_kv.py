@@ -183,11 +183,13 @@ def test_busy_slots_fall_back_to_a_padded_cache(models, prompts):
 
 
 def test_models_slots_cannot_take(models):
+    from tests.family_models import family_model
+
     target, _ = models["t5"]
     assert slot_kv_for(target, "auto", 4) is None and slot_kv_for(models["llama"][0], "auto", 4) is None  # no CUDA
     assert slot_kv_for(models["llama"][0], "off", 4) is None
-    with pytest.raises(ValueError, match="cuda_graphs on: T5ForConditionalGeneration is an encoder-decoder"):
-        BatchSpeculativeGenerator(target, NoDrafter(), batch_size=2, cuda_graphs="on")
+    with pytest.raises(ValueError, match="cuda_graphs on: M2M100ForConditionalGeneration compares its decoder"):
+        BatchSpeculativeGenerator(family_model("m2m100", seed=1), NoDrafter(), batch_size=2, cuda_graphs="on")
     with pytest.raises(ValueError, match="cuda_graphs must be one of"):
         slot_kv_for(target, "yes", 4)
     kv = SlotKV(models["llama"][0], 2)
@@ -322,3 +324,27 @@ def test_a_capture_that_recorded_nothing_is_caught_by_its_check_replay(models, p
     assert not gen.static.graphs and "differs from the pass run eagerly" in caplog.text
 
 
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("family", ["t5", "mt5", "umt5", "bart", "pegasus", "marian", "mbart"])
+def test_encoder_decoder_rows_in_slots_equal_generate(family, graphs, fake_graphs):
+    """Encoder-decoder rows at their own positions in one pass: each row's cross-attention in its
+    slot, its position embeddings from its own start (learned, sinusoidal) or its relative biases
+    from its own distances (T5: first layer; UMT5: every layer), rows finishing and refilled."""
+    from tests.family_models import V, family_model
+    from tests.test_batch_families import hf_greedy as hf_greedy_seq2seq
+
+    target, draft = family_model(family, seed=1), family_model(family, seed=2)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3, 9, 7)]
+    reference = [hf_greedy_seq2seq(target, p, 12) for p in prompts]
+    for drafter in (ModelDrafter(draft), NoDrafter()):
+        engine = BatchSpeculativeGenerator(target, drafter, batch_size=3, num_speculative_tokens=3,
+                                           max_new_tokens=12, cuda_graphs="on")
+        for kv in engine.slots.values():
+            assert isinstance(kv, SlotKV)
+            graphed(kv, graphs)
+        out = engine.generate_many([(p, 0) for p in prompts])
+        assert [o.tokens for o in out] == reference, (family, drafter.name)
+        assert (engine.slots[id(target)].captures > 0) == graphs
