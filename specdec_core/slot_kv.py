@@ -11,9 +11,10 @@ lengths and are overwritten later.
 
 It keeps `BatchKV`'s interface for the batch engine (rows in the engine's order, `forward`,
 `rollback`, `drop`, `place`, `merge`): prompts are still prefilled into a `BatchKV` (eagerly,
-in passes as wide as the budget allows) and their columns copied into free slots. Decoder-only
-models with full attention on one device (`static_decoder.graph_support`); the others keep
-`BatchKV`.
+in passes as wide as the budget allows) and their columns copied into free slots, with an
+encoder-decoder row's cross-attention keys/values and encoder mask. Decoder-only and
+encoder-decoder models with full attention on one device (`static_decoder.graph_support`); the
+others keep `BatchKV`.
 """
 
 from __future__ import annotations
