@@ -1,4 +1,4 @@
-"""A decoder-only model over a preallocated KV cache, its passes replayed as CUDA graphs.
+"""A model's decoder over a preallocated KV cache, its passes replayed as CUDA graphs.
 
 In eager mode every forward of a Hugging Face model is a few thousand small kernel launches
 issued from Python: on a GPU the launches, not the kernels, set the pace (a 1.1B target spent
@@ -14,6 +14,8 @@ time a width occurs); wider passes (a prompt's prefill) run eagerly through the 
 The numbers are those of the model's own attention over the same keys, with masked columns at
 exactly zero weight; only the kernels' summation order can differ from a growing cache's, as
 between any two attention kernels. Without CUDA the same decoder runs eagerly (tests use that).
+`StaticKV` holds the buffers and the graphs for any number of rows; `StaticDecoder` is one item
+at a time (decoder-only or encoder-decoder), `slot_kv.SlotKV` the batch engine's rows in slots.
 """
 
 from __future__ import annotations
