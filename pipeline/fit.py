@@ -122,18 +122,14 @@ def row_columns(opts: SpecDecOptions, config, prompt_tokens: int) -> tuple[int, 
     drafts. A static cache allocates in steps of `static_decoder.CAPACITY_STEP`: a decoder-only
     row's whole sequence, an encoder-decoder's cross-attention (prompt) and self-attention
     (output) buffers each."""
-    from specdec_core.static_decoder import CAPACITY_STEP
+    from specdec_core.static_decoder import capacity_for
 
     new = opts.max_new_tokens + opts.num_speculative_tokens + 1
     if not _static(opts, config):
         return prompt_tokens, new
-
-    def steps(n: int) -> int:
-        return -(-n // CAPACITY_STEP) * CAPACITY_STEP
-
     if config.is_encoder_decoder:
-        return steps(prompt_tokens), steps(new)
-    return prompt_tokens, steps(prompt_tokens + new) - prompt_tokens
+        return capacity_for(prompt_tokens), capacity_for(new)
+    return prompt_tokens, capacity_for(prompt_tokens + new) - prompt_tokens
 
 
 def row_tokens(opts: SpecDecOptions, config, prompt_tokens: int) -> int:
@@ -152,9 +148,9 @@ def graph_bytes(opts: SpecDecOptions, config, rows: int, dtype: torch.dtype, dra
     return max(rows, 1) * vocab * (widest * (widest + 1) // 2 * placement.DTYPE_BYTES.get(dtype, 4) + widest * 4)
 
 
-def weights_need(opts: SpecDecOptions, rows: int = 0, prompt_tokens: int = 0) -> Footprint:
+def weights_need(opts: SpecDecOptions, target, rows: int = 0, prompt_tokens: int = 0) -> Footprint:
+    """What one copy needs (`placement.Footprint`); `target`: the target's config."""
     trust = opts.trust_remote_code
-    target = read_config(opts.target_model, trust)
     draft = read_config(opts.draft_model, trust) if opts.drafter == "model" else None
     dtype, draft_dtype = _dtypes(opts)
     prompt, new = row_columns(opts, target, prompt_tokens)
@@ -253,8 +249,8 @@ def planned_copies(opts: SpecDecOptions) -> tuple[WorkerGpus | None, list[Copy]]
 def check_fit(opts: SpecDecOptions) -> list[Copy] | None:
     """Plan the worker's copies and refuse (ValueError, one line naming the flag) a pair that
     cannot fit their GPUs: weights from the configs' parameter counts and dtypes, plus the KV
-    cache of --batch_size rows at the longest prompt + --max_new_tokens (`row_tokens`). None when the worker's
-    GPUs are not known or the job runs on the CPU."""
+    cache of --batch_size rows at the longest prompt + --max_new_tokens (`row_tokens`). None when
+    the worker's GPUs are not known or the job runs on the CPU."""
     if opts.device == "cpu":
         return None
     worker = worker_gpus(opts)
@@ -265,15 +261,15 @@ def check_fit(opts: SpecDecOptions) -> list[Copy] | None:
             placement.plan_copies(opts.device, opts.device_map, [])  # --device cuda without a GPU
         return None
     tokens, how = longest_prompt_tokens(opts)
-    need = weights_need(opts, rows=opts.batch_size, prompt_tokens=tokens)
+    target = read_config(opts.target_model, opts.trust_remote_code)
+    need = weights_need(opts, target, rows=opts.batch_size, prompt_tokens=tokens)
     copies = placement.plan_copies(opts.device, opts.device_map, worker.gpus, need)
     _PLANS[_key(opts)] = worker, copies
     log.info("worker GPUs: %s; %s; each copy needs %s (%s: %d)", worker.source, placement.describe_plan(copies),
              placement.gib(need.total), how, tokens)
     problem = placement.fit_problem(need, worker.gpus, copies, batch_size=opts.batch_size,
                                     device_map=opts.device_map,
-                                    tokens=row_tokens(opts, read_config(opts.target_model, opts.trust_remote_code),
-                                                      tokens))
+                                    tokens=row_tokens(opts, target, tokens))
     if problem:
         raise ValueError(f"{problem} ({worker.source})")
     return copies
