@@ -68,6 +68,39 @@ def decoder_position_modules(model: PreTrainedModel) -> tuple[list, list]:
     return embeds, biases
 
 
+@contextmanager
+def positions_by_row(embeds: list, biases: list, queries: torch.Tensor, keys, embed_hook, embed_pre_hook=None):
+    """While a pass runs: `embed_hook` (and `embed_pre_hook`) on each decoder position embedding,
+    and each relative-bias module's `compute_bias` looking up, per row, the module's own bias of
+    every distance by each query's and key's true position: `queries` (rows, q) and
+    `keys(key_length)` -> (key positions broadcastable to (rows, q, key_length), the number of
+    distances to tabulate, more than any distance that occurs)."""
+    handles, patched = [], []
+
+    def biased(original):
+        def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
+            key_positions, top = keys(key_length)
+            table = original(1, top, device=device, past_seen_tokens=top - 1)[0, :, 0]  # (heads, top)
+            distance = (key_positions - queries[:, :, None]).clamp(1 - top, 0) + top - 1  # query after key
+            return table[:, distance.to(table.device)].permute(1, 0, 2, 3)  # (rows, heads, queries, keys)
+        return compute_bias
+
+    try:
+        for module in embeds:
+            if embed_pre_hook is not None:
+                handles.append(module.register_forward_pre_hook(embed_pre_hook, with_kwargs=True))
+            handles.append(module.register_forward_hook(embed_hook, with_kwargs=True))
+        for module in biases:
+            module.compute_bias = biased(module.compute_bias)
+            patched.append(module)
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for module in patched:
+            del module.compute_bias
+
+
 def drop_order(rows: int, gone: list[int]) -> list[int]:
     """The rows that stay after `gone` leave, in their new order: the last rows that stay move
     into the places of those that go (row i is the old row order[i])."""
@@ -226,13 +259,11 @@ class BatchKV:
         return {kind: additive(causal & near if kind == "sliding_attention" else causal)
                 for kind in set(self.layer_types)}
 
-    @contextmanager
     def _true_positions(self, pos: torch.Tensor, width: int):
         """While an encoder-decoder pass runs: each row's position embeddings at its own cache
         length, and relative position biases from its true query-key distances."""
         lengths = [len(c) for c in self.cols]
         rows = self.rows
-        handles, patched = [], []
 
         def embed_hook(module, args, kwargs, output):
             bound = inspect.signature(module.forward).bind(*args, **kwargs)
@@ -252,27 +283,8 @@ class BatchKV:
 
         colpos = self._column_positions(pos, width)
         top = int(max(colpos.max(), pos.max())) + 1
-
-        def biased(original):
-            def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
-                # The bias of every distance 0..top-1 (query after key), from the module itself.
-                table = original(1, top, device=device, past_seen_tokens=top - 1)[0, :, 0]  # (heads, top)
-                distance = (colpos[:, None, :key_length] - pos[:, :, None]).clamp(1 - top, 0) + top - 1
-                return table[:, distance.to(table.device)].permute(1, 0, 2, 3)  # (rows, heads, queries, keys)
-            return compute_bias
-
-        try:
-            for module in self._pos_modules:
-                handles.append(module.register_forward_hook(embed_hook, with_kwargs=True))
-            for module in self._bias_modules:
-                module.compute_bias = biased(module.compute_bias)
-                patched.append(module)
-            yield
-        finally:
-            for h in handles:
-                h.remove()
-            for module in patched:
-                del module.compute_bias
+        return positions_by_row(self._pos_modules, self._bias_modules, pos,
+                                lambda key_length: (colpos[:, None, :key_length], top), embed_hook)
 
     @torch.inference_mode()
     def rollback(self, b: int, length: int) -> None:

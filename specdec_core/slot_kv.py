@@ -19,13 +19,12 @@ others keep `BatchKV`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import torch
 from transformers import PreTrainedModel
 
-from specdec_core.batch_kv import BatchKV, decoder_position_modules, drop_order
+from specdec_core.batch_kv import BatchKV, decoder_position_modules, drop_order, positions_by_row
 from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticKV, wants_static
 
 log = logging.getLogger(__name__)
@@ -66,14 +65,12 @@ class SlotKV(StaticKV):
         # Per row, (slots, 1): position embeddings then count from each row's own start.
         return base[:, None]
 
-    @contextlib.contextmanager
     def _by_row(self, positions: torch.Tensor):
         """While a pass runs: each decoder position embedding gets every row's ids (its output
         brought to (rows, w, d), and ids past its table clamped: only pads reach them), and each
         relative position bias is looked up per row from the module's own bias of every distance
-        (as `BatchKV` does, here with the static column count, so that nothing waits for the host)."""
-        handles, patched = [], []
-
+        (`batch_kv.positions_by_row`, here over the static column count, so that nothing waits
+        for the host)."""
         def clamp_ids(module, args, kwargs):
             ids = kwargs.get("position_ids")
             if ids is not None:
@@ -83,26 +80,9 @@ class SlotKV(StaticKV):
         def per_row(module, args, kwargs, output):
             return output[0] if output.dim() == 4 else output  # learned embeddings add a leading dim to 2D ids
 
-        def biased(original):
-            def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
-                table = original(1, key_length, device=device, past_seen_tokens=key_length - 1)[0, :, 0]  # (heads, k)
-                distance = (self.columns[None, None, :key_length] - positions[:, :, None]).clamp(1 - key_length, 0)
-                return table[:, distance + key_length - 1].permute(1, 0, 2, 3)  # (rows, heads, queries, keys)
-            return compute_bias
-
-        try:
-            for module in self._embeds:
-                handles.append(module.register_forward_pre_hook(clamp_ids, with_kwargs=True))
-                handles.append(module.register_forward_hook(per_row, with_kwargs=True))
-            for module in self._biases:
-                module.compute_bias = biased(module.compute_bias)
-                patched.append(module)
-            yield
-        finally:
-            for h in handles:
-                h.remove()
-            for module in patched:
-                del module.compute_bias
+        return positions_by_row(self._embeds, self._biases, positions,
+                                lambda key_length: (self.columns[None, None, :key_length], key_length), per_row,
+                                clamp_ids)
 
     # BatchKV's interface: its rows are the batch's rows, whichever slots they sit in.
 
@@ -147,20 +127,6 @@ class SlotKV(StaticKV):
         else:
             self.logits = out[torch.tensor(self.slot_of, device=out.device)].float()
         return [self.logits[b, : len(f)] for b, f in enumerate(feeds)]
-
-    def _chain(self, inp: torch.Tensor, k: int) -> torch.Tensor:
-        """(slots, k) greedy tokens: the pass `inp`, each slot's pick at its last fed token, then
-        k-1 one-token passes fed the previous picks on the device. A slot that fed nothing
-        writes from its length on, like a pad, never over its tokens."""
-        w = inp.shape[1] - 2
-        base, fed = inp[:, w], inp[:, w + 1]
-        logits = self._pass(inp, w)
-        last = (fed - 1).clamp(min=0)
-        picks = [logits[torch.arange(self.buffer_rows, device=self.device), last].argmax(-1)]
-        one, start = torch.ones_like(fed), base + fed
-        for i in range(1, k):
-            picks.append(self._forward(picks[-1][:, None], start + (i - 1), one, 1)[:, -1].argmax(-1))
-        return torch.stack(picks, dim=1)
 
     @torch.inference_mode()
     def draft_greedy(self, feeds: list[list[int]], k: int) -> list[list[int]]:

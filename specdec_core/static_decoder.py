@@ -49,6 +49,11 @@ HOST_POSITIONS = {
 }
 
 
+def capacity_for(n: int) -> int:
+    """Columns a static buffer allocates to hold n: the next multiple of `CAPACITY_STEP`."""
+    return -(-n // CAPACITY_STEP) * CAPACITY_STEP
+
+
 def config_support(config) -> str | None:
     """None when a model of this config can decode over static caches, one item at a time
     (`StaticDecoder`) or batched in slots (`slot_kv.SlotKV`), as far as its config tells (the
@@ -262,7 +267,7 @@ class StaticKV:
         # Encoder-decoder: each row's cross-attention cache and its additive encoder mask
         # (rows, 1, 1, enc_capacity), in place for every pass (`_grow_encoder` sizes them).
         self.encdec = bool(model.config.is_encoder_decoder)
-        self.enc_capacity = self.enc_length = 0
+        self.enc_capacity = 0
         self.cross = Cache(layers=[_CrossLayer(self) for _ in range(self.layers)]) if self.encdec else None
 
     def acquire(self) -> bool:
@@ -281,7 +286,7 @@ class StaticKV:
 
     def _grow(self, need: int, keep: int) -> None:
         """Room for `need` columns per row, keeping the first `keep`."""
-        self.capacity = -(-need // CAPACITY_STEP) * CAPACITY_STEP
+        self.capacity = capacity_for(need)
         for layer in self.cache.layers:
             layer.grow(self.capacity, keep)
         self.columns = torch.arange(self.capacity, device=self.device)
@@ -320,6 +325,21 @@ class StaticKV:
                              use_cache=True, **kwargs)
         return out.logits
 
+    def _chain(self, inp: torch.Tensor, k: int) -> torch.Tensor:
+        """(rows, k) greedy tokens: the pass `inp`, each row's pick at its last fed token, then
+        k-1 one-token passes fed the previous picks on the device, so that nothing waits for the
+        host in between. A row that fed nothing writes from its length on, like a pad, never over
+        its tokens."""
+        w = inp.shape[1] - 2
+        base, fed = inp[:, w], inp[:, w + 1]
+        logits = self._pass(inp, w)
+        last = (fed - 1).clamp(min=0)
+        picks = [logits[torch.arange(self.buffer_rows, device=self.device), last].argmax(-1)]
+        one, start = torch.ones_like(fed), base + fed
+        for i in range(1, k):
+            picks.append(self._forward(picks[-1][:, None], start + (i - 1), one, 1)[:, -1].argmax(-1))
+        return torch.stack(picks, dim=1)
+
     def _starts(self, base: torch.Tensor) -> torch.Tensor:
         """What an encoder-decoder's self-attention layers report as their length: the pass's
         first position (one row)."""
@@ -334,7 +354,7 @@ class StaticKV:
         columns; the new columns are masked (a row with none visible, a free slot, attends
         uniformly to finite zeros: the mask adds the dtype's minimum, not -inf)."""
         old = self.enc_capacity
-        self.enc_capacity = -(-n // CAPACITY_STEP) * CAPACITY_STEP
+        self.enc_capacity = capacity_for(n)
         mask = torch.full((self.buffer_rows, 1, 1, self.enc_capacity), self._low, dtype=self.model.dtype,
                           device=self.device)
         mask[..., :old] = self.enc_mask if old else 0
@@ -462,7 +482,6 @@ class StaticDecoder(StaticKV):
         n = hidden.shape[1]
         if n > self.enc_capacity:  # new buffers (and graphs over them)
             self._grow_encoder(n)
-        self.enc_length = n
         self.enc_mask.zero_()
         self.enc_mask[..., n:] = self._low
         cache = EncoderDecoderCache(DynamicCache(), self.cross)
@@ -471,16 +490,6 @@ class StaticDecoder(StaticKV):
         self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=self.enc_mask,
                    decoder_input_ids=torch.tensor([initial_decoder_ids(self.model, [])], device=self.device),
                    cache=cache, use_cache=True, **kwargs)
-
-    def _chain(self, inp: torch.Tensor, k: int) -> torch.Tensor:
-        """k greedy tokens after the pass `inp`: that pass, then k-1 one-token passes, each fed the
-        previous pick on the device, so that nothing waits for the host in between."""
-        w = inp.shape[1] - 2
-        base, one = inp[:, w], torch.ones_like(inp[:, w])
-        picks = [self._pass(inp, 1)[0, -1].argmax(-1)]
-        for i in range(1, k):
-            picks.append(self._forward(picks[-1].view(1, 1), base + (w + i - 1), one, 1)[0, -1].argmax(-1))
-        return torch.stack(picks)
 
     @torch.inference_mode()
     def forward(self, tokens: list[int], num_logits: int) -> torch.Tensor:
@@ -514,7 +523,7 @@ class StaticDecoder(StaticKV):
         picks = self._run((w, k), self._inputs([new], [self.length], 0), lambda inp: self._chain(inp, k),
                           f"{k} draft steps after {w} tokens")
         self.length = len(tokens) + k - 1
-        return picks.tolist()
+        return picks[0].tolist()
 
     def rollback(self, length: int) -> None:
         """Drop cached positions >= length: they stay in the buffers, hidden, until overwritten."""

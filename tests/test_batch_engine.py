@@ -58,22 +58,7 @@ def test_row_logits_in_a_batch_equal_the_row_alone(models, prompts, kind):
     gen = torch.Generator().manual_seed(0)
     compacted = None
     for step in range(4):
-        blocks = [torch.randint(4, 300, (int(torch.randint(1, 4, (1,), generator=gen)),), generator=gen).tolist()
-                  for _ in rows]
-        if step == 1:
-            blocks[1] = []  # a row that feeds nothing this pass
-        feeds = [r[kv.length(b):] + blk for b, (r, blk) in enumerate(zip(rows, blocks, strict=True))]
-        logits = kv.forward(feeds)
-        for b, r in enumerate(rows):
-            full = r + blocks[b]
-            if not feeds[b]:
-                continue
-            with torch.inference_mode():
-                alone = target(input_ids=torch.tensor([full])).logits[0, -len(feeds[b]):].float()
-            assert_logits_close(logits[b], alone)
-            keep = len(r) + len(blocks[b]) // 2  # reject the second half of the block: holes
-            kv.rollback(b, keep)
-            rows[b] = full[: keep + 1]
+        check_a_round(kv, target, rows, gen, idle=1 if step == 1 else None)  # rejected drafts leave holes
         if step == 3:  # the pass after compaction appended in place
             assert kv.cache.layers[0]._kbuf.data_ptr() == compacted
         if step == 0:  # a finished row's place taken by a prompt longer than the cache is wide
@@ -96,6 +81,29 @@ def test_row_logits_in_a_batch_equal_the_row_alone(models, prompts, kind):
             assert order == [0, 3, 2]
             assert kv.cache.layers[0]._kbuf.data_ptr() == buffer
             rows = [rows[i] for i in order]
+
+
+def check_a_round(kv, target, rows: list[list[int]], gen: torch.Generator, idle: int | None = None) -> None:
+    """One pass over a batch cache (`BatchKV` or `SlotKV`): each row feeds what its cache lacks
+    plus 1-3 random tokens (row `idle` feeds nothing), and its logits must be the row's alone;
+    then the second half of each row's block is rejected (rolled back), and rows[b] becomes its
+    kept tokens plus one new one, the next round's uncached token."""
+    blocks = [torch.randint(4, 300, (int(torch.randint(1, 4, (1,), generator=gen)),), generator=gen).tolist()
+              for _ in rows]
+    if idle is not None:
+        blocks[idle] = []
+    feeds = [r[kv.length(b):] + blk for b, (r, blk) in enumerate(zip(rows, blocks, strict=True))]
+    logits = kv.forward(feeds)
+    for b, r in enumerate(rows):
+        full = r + blocks[b]
+        if not feeds[b]:
+            continue
+        with torch.inference_mode():
+            alone = target(input_ids=torch.tensor([full])).logits[0, -len(feeds[b]):].float()
+        assert_logits_close(logits[b], alone)
+        keep = len(r) + len(blocks[b]) // 2
+        kv.rollback(b, keep)
+        rows[b] = full[: keep + 1]
 
 
 def _admissions(engine):

@@ -18,7 +18,7 @@ from specdec_core.processing import SamplingSettings
 from specdec_core.slot_kv import SlotKV, slot_kv_for
 from specdec_core.static_decoder import StaticKV
 from tests.numerics import assert_logits_close
-from tests.test_batch_engine import TEXTS, drafter_for, hf_greedy
+from tests.test_batch_engine import TEXTS, check_a_round, drafter_for, hf_greedy
 
 
 class TracedGraph:
@@ -74,21 +74,7 @@ def test_row_logits_in_slots_equal_the_row_alone(models, prompts, kind, graphs, 
     kv.merge(fresh)
     gen = torch.Generator().manual_seed(0)
     for step in range(5):
-        blocks = [torch.randint(4, 300, (int(torch.randint(1, 4, (1,), generator=gen)),), generator=gen).tolist()
-                  for _ in rows]
-        if step == 1:
-            blocks[1] = []  # a row that feeds nothing this pass
-        feeds = [r[kv.length(b):] + blk for b, (r, blk) in enumerate(zip(rows, blocks, strict=True))]
-        logits = kv.forward(feeds)
-        for b, r in enumerate(rows):
-            full = r + blocks[b]
-            if not feeds[b]:
-                continue
-            alone = CachedDecoder(target, full).forward(full, len(feeds[b]))
-            assert_logits_close(logits[b], alone)
-            keep = len(r) + len(blocks[b]) // 2  # the second half of the block rejected
-            kv.rollback(b, keep)
-            rows[b] = full[: keep + 1]
+        check_a_round(kv, target, rows, gen, idle=1 if step == 1 else None)
         if step == 0:  # a finished row's slot refilled with a prompt longer than any row
             long = prompts[4] + prompts[6]
             new = BatchKV(target, 1)
