@@ -38,8 +38,12 @@ class SpecDecOptions(PipelineOptions):
           "from the row count where they beat the stock kernels on this CPU, timed at load); stock = PyTorch "
           "defaults")
         a("--cuda_graphs", default="auto", choices=GRAPH_MODES,
-          help="batch 1 on a GPU: the target's and the draft's passes over static caches, replayed as CUDA graphs "
-          "(auto: on CUDA, for decoder-only models with full attention on one device; on: insist; off: eager)")
+          help="on a GPU: the target's and the draft's passes over static caches (fixed row slots when batched), "
+          "replayed as CUDA graphs (auto: on CUDA, for models with full attention on one device; on: insist; "
+          "off: eager)")
+        a("--torch_compile", action="store_true", default=False,
+          help="compile the passes over static caches with torch.compile before they are captured (fewer, "
+          "fused kernels per pass; minutes of compiling per worker); needs --cuda_graphs on, or auto on a GPU")
         a("--draft_dtype", default="auto", choices=DRAFT_DTYPES,
           help="the draft model's weights only (the target keeps --dtype, so outputs are unchanged): auto = "
           "--dtype, with the large linears of an fp32 CPU draft in bf16 where the CPU has native bf16; same = "
@@ -110,6 +114,7 @@ class SpecDecOptions(PipelineOptions):
             gamma_policy=self.gamma_policy,
             cpu_kernels=self.cpu_kernels,
             cuda_graphs=self.cuda_graphs,
+            torch_compile=self.torch_compile,
             draft_dtype=self.draft_dtype,
             chat_template=self.chat_template,
             system_prompt=self.system_prompt,

@@ -129,11 +129,12 @@ class BatchSpeculativeGenerator:
         gamma_policy: GammaPolicy | None = None,
         prefill_tokens: int | None = None,
         cuda_graphs: str = "auto",
+        torch_compile: bool = False,
     ):
         """prefill_tokens: the most prompt tokens (rows x longest row) in one prefill pass; None
         = `CPU_PREFILL_TOKENS` on a CPU, no limit elsewhere. cuda_graphs: each model's rows in
         fixed slots of a static cache, its passes replayed as CUDA graphs (`specdec_core.slot_kv`),
-        as the batch-1 engine's option of that name."""
+        and torch_compile, those passes compiled: as the batch-1 engine's options of those names."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         for model in (target, drafter.model if isinstance(drafter, ModelDrafter) else None):
@@ -163,7 +164,7 @@ class BatchSpeculativeGenerator:
             prefill_tokens = CPU_PREFILL_TOKENS
         self.prefill_tokens = prefill_tokens
         # Kept across calls: a worker captures each pass width once, not once per batch of items.
-        self.slots = {id(m): slot_kv_for(m, cuda_graphs, batch_size, self.pad_id)
+        self.slots = {id(m): slot_kv_for(m, cuda_graphs, batch_size, self.pad_id, torch_compile)
                       for m in (target, self.draft_model) if m is not None}
         self._costs_width = 0  # the batch width of the costs this engine measured (0: none yet)
         self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT

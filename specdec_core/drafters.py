@@ -95,16 +95,18 @@ class ModelDrafter(Drafter):
 
     name = "model"
 
-    def __init__(self, model: PreTrainedModel, cuda_graphs: str = "auto", chain: bool = False):
-        """cuda_graphs: the draft's steps over a static cache replayed as CUDA graphs, as the
-        engine's option of that name. chain: with a static cache and a plain argmax picker, a
+    def __init__(self, model: PreTrainedModel, cuda_graphs: str = "auto", chain: bool = False,
+                 torch_compile: bool = False):
+        """cuda_graphs, torch_compile: the draft's steps over a static cache replayed as CUDA graphs
+        (and compiled), as the engine's options of those names. chain: with a static cache and a plain argmax picker, a
         round's draft steps run as one chain on the device, read back once (`StaticDecoder.
         draft_greedy`); off until a GPU measures what it saves."""
         self.model = model
         # A round's drafts end at the draft's end token: nothing after an end is ever kept.
         self.ends = eos_ids(model)
-        self.static = static_decoder_for(model, cuda_graphs)
+        self.static = static_decoder_for(model, cuda_graphs, torch_compile)
         self.chain = chain
+        self.torch_compile = torch_compile
 
     def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker,
               encoded: dict | None = None) -> DraftSession:
@@ -123,7 +125,7 @@ class ModelDrafter(Drafter):
         if self.static is None:
             decoder = CachedDecoder(self.model, prompt_ids)
         else:
-            decoder = StaticDecoder(self.model)
+            decoder = StaticDecoder(self.model, compile=self.torch_compile)
             decoder.encode(prompt_ids)
         decoder.forward(seq, 1)
         decoder.forward(seq + extra[:1], 1)  # a step's graph (with graphs) captured before any timing

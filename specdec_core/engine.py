@@ -82,9 +82,11 @@ class SpeculativeGenerator:
         sampling: SamplingSettings = SamplingSettings(),
         gamma_policy: GammaPolicy | None = None,
         cuda_graphs: str = "auto",
+        torch_compile: bool = False,
     ):
         """cuda_graphs: the target's passes over a static cache replayed as CUDA graphs
-        (`specdec_core.static_decoder`): "auto" (on CUDA, for models that allow it), "on", "off"."""
+        (`specdec_core.static_decoder`): "auto" (on CUDA, for models that allow it), "on", "off".
+        torch_compile: those passes compiled by `torch.compile` before they are captured."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if num_speculative_tokens < 1:
@@ -96,7 +98,7 @@ class SpeculativeGenerator:
         self.sampling = sampling
         self.gamma_policy = gamma_policy or fixed_gamma
         self.eos = eos_ids(target)
-        self.static = static_decoder_for(target, cuda_graphs)
+        self.static = static_decoder_for(target, cuda_graphs, torch_compile)
         # A draft running the target's own encoder module takes the target's encoder outputs.
         self.shared_encoder = (target.config.is_encoder_decoder and isinstance(self.drafter, ModelDrafter)
                                and self.drafter.model.get_encoder() is target.get_encoder())

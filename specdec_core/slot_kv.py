@@ -30,14 +30,22 @@ from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticKV, wants_static
 log = logging.getLogger(__name__)
 
 
-def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0) -> SlotKV | None:
-    """The batch engine's slots for `--cuda_graphs` (`static_decoder.wants_static`), or None."""
+def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0, compile: bool = False
+                ) -> SlotKV | None:
+    """The batch engine's slots for `--cuda_graphs` (`static_decoder.wants_static`) and
+    `--torch_compile`, or None."""
     if not wants_static(model, mode, batched=True):
         return None
-    kv = SlotKV(model, slots, pad_id, strict=mode == "on")
-    log.info("%s batches decode in %d fixed slots%s", type(model).__name__, slots,
+    if compile and model.config.is_encoder_decoder:
+        # Its rows' positions reach the decoder through hooks set for each pass, which a
+        # compiled pass would take as a change of code and compile again every time.
+        log.info("%s batches: passes not compiled (encoder-decoder rows in slots run uncompiled)",
+                 type(model).__name__)
+        compile = False
+    kv = SlotKV(model, slots, pad_id, strict=mode == "on", compile=compile)
+    log.info("%s batches decode in %d fixed slots%s%s", type(model).__name__, slots,
              " with CUDA graphs (each pass width captured once, on first use)" if kv.graphs
-             else ", eagerly (no CUDA device)")
+             else ", eagerly (no CUDA device)", ", their passes compiled by torch.compile" if compile else "")
     return kv
 
 
@@ -45,8 +53,8 @@ class SlotKV(StaticKV):
     """`slots` rows of fixed buffers, the rows of a batch in some of them (`slot_of`)."""
 
     def __init__(self, model: PreTrainedModel, slots: int, pad_id: int = 0, graphs: bool | None = None,
-                 max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False):
-        super().__init__(model, slots, graphs, max_graph_width, strict, batched=True)
+                 max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, compile: bool = False):
+        super().__init__(model, slots, graphs, max_graph_width, strict, batched=True, compile=compile)
         self.pad_id = pad_id
         self.lengths = [0] * slots  # per slot: its row's cached tokens (0 when free)
         self.slot_of: list[int] = []  # per row of the batch, in the engine's order: its slot

@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 
 CAPACITY_STEP = 512  # columns; a cache grows to the next multiple of this when an item needs more
 MAX_GRAPH_WIDTH = 16  # widest pass captured: a verify pass is gamma + 1 tokens
+# Compiled passes: one code object serves every StaticKV (target, draft) and, with dynamo's
+# automatic dynamic shapes, every width after the second; capacity growth recompiles too.
+COMPILE_LIMIT = 64
 GRAPH_MODES = ("auto", "on", "off")
 # Families whose decoders read a value from the device on the host inside a pass, which a CUDA
 # graph cannot capture (others that do are found at their first capture and run eagerly).
@@ -110,14 +113,16 @@ def wants_static(model: PreTrainedModel, mode: str, batched: bool = False) -> bo
     return True
 
 
-def static_decoder_for(model: PreTrainedModel, mode: str = "auto") -> StaticDecoder | None:
-    """The batch-1 engines' static decoder for `--cuda_graphs` (`wants_static`), or None."""
+def static_decoder_for(model: PreTrainedModel, mode: str = "auto", compile: bool = False) -> StaticDecoder | None:
+    """The batch-1 engines' static decoder for `--cuda_graphs` (`wants_static`) and
+    `--torch_compile`, or None."""
     if not wants_static(model, mode):
         return None
-    decoder = StaticDecoder(model, strict=mode == "on")
-    log.info("%s decodes over a static cache%s", type(model).__name__,
+    decoder = StaticDecoder(model, strict=mode == "on", compile=compile)
+    log.info("%s decodes over a static cache%s%s", type(model).__name__,
              " with CUDA graphs (each pass width captured once, on first use; the log says what it costs)"
-             if decoder.graphs else ", eagerly (no CUDA device)")
+             if decoder.graphs else ", eagerly (no CUDA device)",
+             ", its passes compiled by torch.compile" if compile else "")
     return decoder
 
 
@@ -240,9 +245,13 @@ class StaticKV:
     every column after the query's own."""
 
     def __init__(self, model: PreTrainedModel, rows: int, graphs: bool | None = None,
-                 max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, batched: bool = False):
+                 max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, batched: bool = False,
+                 compile: bool = False):
         """strict: a pass that cannot be captured raises (`--cuda_graphs on`); otherwise the log
-        says so and this model's passes run eagerly from then on, over the same buffers."""
+        says so and this model's passes run eagerly from then on, over the same buffers.
+        compile: passes up to `max_graph_width` wide go through `torch.compile` (inductor fuses a
+        layer's small kernels: a graph replays the launches, not their count) before capture; a
+        compile that fails is logged and the passes run uncompiled (raises when strict)."""
         why = graph_support(model, batched)
         if why:
             raise ValueError(f"{type(model).__name__} {why}")
@@ -269,6 +278,7 @@ class StaticKV:
         self.encdec = bool(model.config.is_encoder_decoder)
         self.enc_capacity = 0
         self.cross = Cache(layers=[_CrossLayer(self) for _ in range(self.layers)]) if self.encdec else None
+        self._compiled = torch.compile(self._packed_pass) if compile else None
 
     def acquire(self) -> bool:
         """Take the buffers for one call, emptied; False while another call (thread) holds them,
@@ -300,8 +310,30 @@ class StaticKV:
                             dtype=torch.long)
 
     def _pass(self, inp: torch.Tensor, keep: int) -> torch.Tensor:
+        """`_packed_pass`, compiled when asked, for passes as narrow as a graph's that keep every
+        position's logits, over buffers that exist (a first pass allocates them). The width is
+        marked dynamic, so that one compiled pass serves every width (a 1-token pass may get its
+        own)."""
         w = inp.shape[1] - 2
-        return self._forward(inp[:, :w], inp[:, w], inp[:, w + 1], keep)
+        if (self._compiled is None or w > self.max_graph_width or keep != w
+                or not self.cache.layers[0].is_initialized):
+            return self._packed_pass(inp, keep)
+        try:
+            torch._dynamo.maybe_mark_dynamic(inp, 1)
+            with torch._dynamo.config.patch(recompile_limit=COMPILE_LIMIT):
+                return self._compiled(inp, 0)  # logits_to_keep 0: all
+        except Exception as e:  # e.g. no compiler for inductor's kernels on this machine
+            if self.strict:
+                raise
+            log.warning("%s: torch.compile failed (%s: %s); its passes run uncompiled from now on",
+                        type(self.model).__name__, type(e).__name__, str(e)[:200])
+            self._compiled = None
+            return self._packed_pass(inp, keep)
+
+    def _packed_pass(self, inp: torch.Tensor, keep: int) -> torch.Tensor:
+        """`_forward` over packed inputs (rows, w + 2): one contiguous tensor, so that a compiled
+        pass sees the same layout at every width."""
+        return self._forward(inp[:, :-2], inp[:, -2], inp[:, -1], keep)
 
     def _forward(self, ids: torch.Tensor, base: torch.Tensor, fed: torch.Tensor, keep: int) -> torch.Tensor:
         """The model over tokens `ids` (rows, w), row r's at columns base[r].., logits of the last
@@ -337,7 +369,7 @@ class StaticKV:
         picks = [logits[torch.arange(self.buffer_rows, device=self.device), last].argmax(-1)]
         one, start = torch.ones_like(fed), base + fed
         for i in range(1, k):
-            picks.append(self._forward(picks[-1][:, None], start + (i - 1), one, 1)[:, -1].argmax(-1))
+            picks.append(self._pass(torch.stack([picks[-1], start + (i - 1), one], dim=1), 1)[:, -1].argmax(-1))
         return torch.stack(picks, dim=1)
 
     def _starts(self, base: torch.Tensor) -> torch.Tensor:
@@ -455,8 +487,8 @@ class StaticDecoder(StaticKV):
     needs more."""
 
     def __init__(self, model: PreTrainedModel, graphs: bool | None = None, max_graph_width: int = MAX_GRAPH_WIDTH,
-                 strict: bool = False):
-        super().__init__(model, 1, graphs, max_graph_width, strict, batched=False)
+                 strict: bool = False, compile: bool = False):
+        super().__init__(model, 1, graphs, max_graph_width, strict, batched=False, compile=compile)
         self.length = 0
         self.encoded: dict = {}  # decoder-only: no encoder outputs (CachedDecoder's interface)
 
@@ -500,7 +532,7 @@ class StaticDecoder(StaticKV):
             raise ValueError("forward() needs at least one token the cache has not seen")
         if self.length + w > self.capacity:
             self._grow(self.length + w, self.length)
-        keep = w if self.graphs and w <= self.max_graph_width else max(num_logits, 1)
+        keep = w if (self.graphs or self._compiled) and w <= self.max_graph_width else max(num_logits, 1)
         logits = self._run(w, self._inputs([new], [self.length], 0), lambda inp: self._pass(inp, keep),
                            f"a {w}-token pass")
         self.length = len(tokens)

@@ -159,6 +159,7 @@ class GeneratorSpec:
     gamma_policy: str = "fixed"
     cpu_kernels: str = "prepacked"
     cuda_graphs: str = "auto"
+    torch_compile: bool = False
     draft_dtype: str = "auto"
     chat_template: bool = False
     system_prompt: str | None = None
@@ -188,6 +189,11 @@ class GeneratorSpec:
             raise ValueError("--draft_dtype int8 is dynamic quantization, CPU only: not with --device cuda")
         if self.cuda_graphs not in GRAPH_MODES:
             raise ValueError(f"--cuda_graphs {self.cuda_graphs!r}: expected one of {', '.join(GRAPH_MODES)}")
+        if self.torch_compile and self.cuda_graphs == "off":
+            raise ValueError("--torch_compile compiles the passes over static caches: not with --cuda_graphs off")
+        if self.torch_compile and self.cuda_graphs == "auto" and self.device == "cpu":
+            raise ValueError("--torch_compile compiles the passes over static caches, which --cuda_graphs auto "
+                             "takes on a GPU only: not with --device cpu (--cuda_graphs on compiles them on a CPU)")
         if self.cpu_kernels not in CPU_KERNELS:
             raise ValueError(f"--cpu_kernels {self.cpu_kernels!r}: expected one of {', '.join(CPU_KERNELS)}")
         if self.gamma_policy == "adaptive" and self.temperature != 0:
@@ -203,7 +209,7 @@ class GeneratorSpec:
 def load_model_drafter(path: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *,
                        device: torch.device, dtype: torch.dtype, draft_dtype: str = "auto",
                        cpu_kernels: str = "stock", trust_remote_code: bool = False,
-                       cuda_graphs: str = "auto") -> Drafter:
+                       cuda_graphs: str = "auto", torch_compile: bool = False) -> Drafter:
     """A draft model checked against its target: same-tokenizer or cross-tokenizer drafting
     (logged), in its dtype and kernels; one place for the job and pipeline.tune."""
     draft = load_model(path, device, dtype, trust_remote_code=trust_remote_code)
@@ -218,7 +224,7 @@ def load_model_drafter(path: str, target: PreTrainedModel, tokenizer: PreTrained
         if share_encoder(target, draft):
             log.info("--draft_model %s: its encoder holds the target's weights; one encoder pass per prompt "
                      "serves both", path)
-        return ModelDrafter(draft, cuda_graphs=cuda_graphs)
+        return ModelDrafter(draft, cuda_graphs=cuda_graphs, torch_compile=torch_compile)
     return CrossTokenizerDrafter(draft, tokenizer, draft_tokenizer)
 
 
@@ -243,6 +249,7 @@ class TextGenerator:
         max_item_seconds: float | None = None,
         batch_size: int = 1,
         cuda_graphs: str = "auto",
+        torch_compile: bool = False,
     ):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
@@ -257,6 +264,7 @@ class TextGenerator:
             sampling=sampling,
             gamma_policy=gamma_policy,
             cuda_graphs=cuda_graphs,
+            torch_compile=torch_compile,
         )
         self.batch_engine = None
         if batch_size > 1 and isinstance(drafter, CrossTokenizerDrafter):
@@ -272,6 +280,7 @@ class TextGenerator:
                 sampling=sampling,
                 gamma_policy=self.engine.gamma_policy,
                 cuda_graphs=cuda_graphs,
+                torch_compile=torch_compile,
             )
         self.context = context
         # Beam threads share one generator per process; items run one at a time so that
@@ -301,7 +310,8 @@ class TextGenerator:
         if spec.drafter == "model":
             drafter: Drafter = load_model_drafter(spec.draft_model, target, tokenizer, device=device, dtype=dtype,
                                                   draft_dtype=spec.draft_dtype, cpu_kernels=spec.cpu_kernels,
-                                                  trust_remote_code=trust, cuda_graphs=spec.cuda_graphs)
+                                                  trust_remote_code=trust, cuda_graphs=spec.cuda_graphs,
+                                                  torch_compile=spec.torch_compile)
             if isinstance(drafter, ModelDrafter):
                 models.append(drafter.model)  # a cross-tokenizer draft's positions count its own tokens
         elif spec.drafter == "ngram":
@@ -330,6 +340,7 @@ class TextGenerator:
             max_item_seconds=spec.max_item_seconds,
             batch_size=spec.batch_size,
             cuda_graphs=spec.cuda_graphs,
+            torch_compile=spec.torch_compile,
         )
 
     def encode(self, prompt: object) -> list[int]:

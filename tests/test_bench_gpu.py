@@ -12,11 +12,12 @@ TINY = ["--device", "cpu", "--dtype", "float32", "--shape", "tiny", "--prompts",
 
 
 def test_every_section_runs_and_every_output_is_the_targets(tmp_path):
-    result = gpu.main([*TINY, "--out", str(tmp_path)])
+    result = gpu.main([*TINY, "--torch_compile", "--out", str(tmp_path)])
     assert result["graph_fallbacks"] == []  # the static decoders' warnings are collected here
     rows = result["single"]["rows"]
     assert {"HF generate", "HF assisted", "ours, draft", "ours, draft, eager", "ours, draft, eager, cuDNN attention",
-            "ours, target alone"} <= set(rows)
+            "ours, target alone", "ours, draft, chained", "ours, draft, chained, compiled",
+            "ours, target alone, compiled"} <= set(rows)
     assert all(r["identical_to_hf"] == 2 and r["tokens"] == 20 for r in rows.values())  # fp32: exact
     assert rows["ours, draft"]["drafted"] > 0
     for b in ("2", "4"):
@@ -25,7 +26,8 @@ def test_every_section_runs_and_every_output_is_the_targets(tmp_path):
     assert "ours, draft, per-row picks, cuDNN attention" not in result["batched"]["by_batch_size"]["2"]
     assert {"ours, draft, eager", "ours, target alone, eager"} <= set(result["batched"]["by_batch_size"]["2"])
     assert "ours, draft, eager" not in result["batched"]["by_batch_size"]["4"]  # eager at the first B only
-    assert set(result["profile"]) == {"CUDA graphs", "eager", "eager, cuDNN attention"}
+    assert "ours, draft, chained, compiled" in result["batched"]["by_batch_size"]["4"]
+    assert set(result["profile"]) == {"CUDA graphs", "CUDA graphs, chained", "CUDA graphs, chained, compiled", "eager"}
     saved = json.loads((tmp_path / "gpu-tiny-float32.json").read_text())
     assert saved["single"]["rows"].keys() == rows.keys()
     assert "| ours, draft |" in (tmp_path / "gpu-tiny-float32.md").read_text()

@@ -59,3 +59,22 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
             if slots is not None:
                 assert slots.graphs and slots.captures > 0, (kind, name, batch_size)
 
+
+
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_compiled_passes_equal_generate_on_cuda(kind, cuda_models, tokenizer):
+    """--torch_compile: passes compiled (inductor's Triton kernels) then captured, batch 1 with a
+    chained draft and batched; every capture checked against its pass and really replayed."""
+    target, draft = cuda_models[kind]
+    prompts = [tokenizer(p).input_ids for p in PROMPTS[:4]]
+    refs = [reference(target, ids, 16) for ids in prompts]
+    drafter = ModelDrafter(draft, chain=True, torch_compile=True)
+    single = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=16, torch_compile=True)
+    assert [single.generate(ids).tokens for ids in prompts] == refs, (kind, "batch 1")
+    for kv in (single.static, drafter.static):
+        assert kv.graphs and kv.captures > 0 and kv._compiled is not None, (kind, "a compile or capture failed")
+    engine = BatchSpeculativeGenerator(target, drafter, batch_size=3, num_speculative_tokens=4, max_new_tokens=16,
+                                       torch_compile=True)
+    assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, (kind, "batched")
+    slots = engine.slots[id(target)]
+    assert slots.graphs and slots.captures > 0 and (slots._compiled is None) == target.config.is_encoder_decoder

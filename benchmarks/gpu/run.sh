@@ -2,14 +2,14 @@
 # The whole GPU check in one call of the GPU machine (see README.md beside this file): wheels it
 # lacks, the CUDA tests, the GPU benchmark in bf16 and fp32, and a whole job on the GPU. Each step
 # has its own time limit and appends to $OUT/log.txt; figures land in $OUT/bench/ as they are made.
-# STEPS picks steps (default: the first call's; the second call is STEPS="compile job t5", see README.md
+# STEPS picks steps (default: the first call's; the second call is STEPS="job t5", see README.md
 # beside this file); BEFORE=1 adds ours as it was (cuDNN attention, per-row batched picks); SIZE=small
 # runs each step at a size for a first try;
 # DEVICE=cpu SHAPE=tiny PYTHON=.venv/bin/python try the script on a machine without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
-STEPS=${STEPS:-tests bf16}
+STEPS=${STEPS:-tests single batched}
 DEVICE=${DEVICE:-cuda}
 SHAPE=${SHAPE:-tinyllama-1.1b}
 PY=${PYTHON:-python3}
@@ -37,23 +37,32 @@ step() {  # step NAME SECONDS command...: run it under a limit, its output's tai
 
 if [ "${SIZE:-full}" = small ]; then
   BF16="--prompts 2 --warmup 1 --batch_prompts 16 --batch_sizes 8 --max_new_tokens 32"
+  ONE="--prompts 2 --warmup 1 --max_new_tokens 32"
+  MANY="--batch_prompts 16 --batch_sizes 8 --batch_max_new_tokens 16"
   FP32="--prompts 2 --warmup 1 --max_new_tokens 32"
   BIG="--prompts 1 --warmup 1 --max_new_tokens 16"
 else
   BF16="--prompts 6 --warmup 1 --batch_prompts 128 --batch_sizes 8,32,128 --max_new_tokens 128 --batch_max_new_tokens 32"
+  ONE="--prompts 4 --warmup 1 --max_new_tokens 128"
+  MANY="--batch_prompts 64 --batch_sizes 8,32 --batch_max_new_tokens 32"
   FP32="--prompts 4 --warmup 1 --max_new_tokens 128"
   BIG="--prompts 3 --warmup 1 --max_new_tokens 64"
 fi
+# The targets' comparison: HF generate with a static cache and torch.compile against ours with graphs,
+# chained drafts, and passes compiled before capture (both compile in the warm-up).
+COMPILED="--dtype bfloat16 --hf_compile --torch_compile"
 if [ "${BEFORE:-0}" = 1 ]; then BF16="$BF16 --batched_before"; else BF16="$BF16 --include ^(?!.*cuDNN)"; fi
 for s in $STEPS; do
   case $s in
-    tests) step tests 220 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_gpu_placement.py ;;
+    tests) step tests 200 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_gpu_placement.py ;;
+    single) step single 230 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE $COMPILED \
+      --sections single,profile $ONE --out "$OUT/bench" \
+      --include '^(HF generate, static cache \+ compile|ours, draft(, chained)?(, compiled)?|ours, target alone, compiled)$' ;;
+    batched) step batched 140 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE $COMPILED \
+      --sections batched $MANY --include 'chained|compile' --out "$OUT/bench/batched" ;;
     bf16) step bf16 320 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 $BF16 --out "$OUT/bench" ;;
     fp32) step fp32 150 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype float32 --sections single \
       $FP32 --include '^ours, (draft|target alone)(, eager)?$' --out "$OUT/bench" ;;
-    compile) step compile 180 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 \
-      --sections single,batched $FP32 --batch_prompts 64 --batch_sizes 8,32 --batch_max_new_tokens 32 \
-      --hf_compile --include 'compile|^ours, (draft|target alone)$' --out "$OUT/bench/compile" ;;
     job)
       rm -rf /tmp/job
       step job-inputs 60 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 --batch_prompts 64 --save /tmp/job

@@ -178,8 +178,9 @@ def single_configs(target, draft, args) -> dict[str, Callable[[list[int]], tuple
             return out[0, skip(ids):].tolist(), {}
         return fn
 
-    def ours(drafter, cudnn: bool, graphs: str):
-        engine = SpeculativeGenerator(target, drafter, num_speculative_tokens=g, max_new_tokens=n, cuda_graphs=graphs)
+    def ours(drafter, cudnn: bool, graphs: str, compiled: bool = False):
+        engine = SpeculativeGenerator(target, drafter, num_speculative_tokens=g, max_new_tokens=n, cuda_graphs=graphs,
+                                      torch_compile=compiled)
 
         def fn(ids):
             with _cudnn(cudnn):
@@ -207,6 +208,10 @@ def single_configs(target, draft, args) -> dict[str, Callable[[list[int]], tuple
         configs["ours, draft" + suffix] = ours(ModelDrafter(draft, cuda_graphs=graphs), cudnn, graphs)
     # A round's greedy drafts chained on the device, read back once (off by default until measured).
     configs["ours, draft, chained"] = ours(ModelDrafter(draft, cuda_graphs="auto", chain=True), False, "auto")
+    if args.torch_compile:  # each pass compiled (fused kernels) before its capture
+        configs["ours, target alone, compiled"] = ours(NoDrafter(), False, "auto", True)
+        configs["ours, draft, chained, compiled"] = ours(
+            ModelDrafter(draft, cuda_graphs="auto", chain=True, torch_compile=True), False, "auto", True)
     return configs
 
 
@@ -296,10 +301,10 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
                       compile_config=CompileConfig(fullgraph=False, mode="reduce-overhead"))
         return lambda items: hf(batch_size, items, **kwargs)
 
-    def ours(batch_size: int, drafter, graphs: str = "auto", before: bool = False):
+    def ours(batch_size: int, drafter, graphs: str = "auto", before: bool = False, compiled: bool = False):
         # One engine per configuration: its static slots and graphs are made once, in the warm-up.
         engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=g,
-                                           max_new_tokens=n, cuda_graphs=graphs)
+                                           max_new_tokens=n, cuda_graphs=graphs, torch_compile=compiled)
         if before:  # as the engine was: each row's picks read back on their own, cuDNN attention allowed
             engine._argmax_rows = lambda live, logits: None
 
@@ -317,6 +322,9 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
         configs["ours, target alone"] = ours(b, NoDrafter())
         configs["ours, draft"] = ours(b, ModelDrafter(draft))
         configs["ours, draft, chained"] = ours(b, ModelDrafter(draft, chain=True))
+        if args.torch_compile:
+            configs["ours, target alone, compiled"] = ours(b, NoDrafter(), compiled=True)
+            configs["ours, draft, chained, compiled"] = ours(b, ModelDrafter(draft, chain=True), compiled=True)
         if b == args.batch_sizes[0]:
             configs["ours, target alone, eager"] = ours(b, NoDrafter(), "off")
             configs["ours, draft, eager"] = ours(b, ModelDrafter(draft, cuda_graphs="off"), "off")
@@ -354,17 +362,23 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
 # -- profile ---------------------------------------------------------------------------------------
 
 def run_profile(target, draft, args, save: Callable[[dict], None] = lambda partial: None) -> dict:
-    """One generation of ours with the draft, on a fresh prompt, per attention choice: the share
-    of wall time the GPU spends in kernels, kernel launches, and the costliest CPU-side ops."""
+    """One generation of ours with the draft, on a fresh prompt, per way of running its passes:
+    the share of wall time the GPU spends in kernels, kernel launches, and the costliest CPU-side
+    ops."""
     from torch.profiler import ProfilerActivity, profile
 
     out = {}
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if target.device.type == "cuda" else [])
-    for i, (label, cudnn, graphs) in enumerate((("CUDA graphs", False, "auto"), ("eager", False, "off"),
-                                                ("eager, cuDNN attention", True, "off"))):
-        drafter = ModelDrafter(draft, cuda_graphs=graphs)
+    ways = [("CUDA graphs", False, "auto", False, False), ("CUDA graphs, chained", False, "auto", True, False),
+            ("eager", False, "off", False, False)]
+    if args.torch_compile:
+        ways.insert(2, ("CUDA graphs, chained, compiled", False, "auto", True, True))
+    if args.batched_before:
+        ways.append(("eager, cuDNN attention", True, "off", False, False))
+    for i, (label, cudnn, graphs, chain, compiled) in enumerate(ways):
+        drafter = ModelDrafter(draft, cuda_graphs=graphs, chain=chain, torch_compile=compiled)
         engine = SpeculativeGenerator(target, drafter, num_speculative_tokens=args.gamma,
-                                      max_new_tokens=args.max_new_tokens, cuda_graphs=graphs)
+                                      max_new_tokens=args.max_new_tokens, cuda_graphs=graphs, torch_compile=compiled)
         ids = distinct_prompts(1, args.min_len, args.max_len, target.config.vocab_size, seed=3000 + i)[0]
         with _cudnn(cudnn):
             engine.generate(distinct_prompts(1, args.min_len, args.max_len, target.config.vocab_size, 4000)[0])
@@ -492,12 +506,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch_max_new_tokens", type=int, default=None, help="batched set (default: --max_new_tokens)")
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--batched_before", action="store_true",
-                   help="batched: also ours as it was (per-row picks, cuDNN attention) at the first batch size")
+                   help="also ours as it was (per-row picks, cuDNN attention): batched at the first batch size, "
+                        "and in the profile")
     p.add_argument("--include", default="", metavar="REGEX",
                    help="only the configurations whose names match (the references always run: HF generate, and "
                         "ours alone, eager at batch 1, as it runs batched)")
     p.add_argument("--hf_compile", action="store_true",
                    help="also HF generate with a static cache and torch.compile (compiles during warm-up)")
+    p.add_argument("--torch_compile", action="store_true",
+                   help="also ours with every pass over static caches compiled by torch.compile before its capture, "
+                        "the target alone and with chained drafts, batch 1 and batched (compiles during warm-up)")
     p.add_argument("--out", default="gpu-bench", help="folder for gpu-<shape>-<dtype>.json and .md")
     p.add_argument("--report", default=None, metavar="JSON", help="print the tables of a result file and stop")
     p.add_argument("--save", default=None, metavar="DIR",

@@ -1,0 +1,91 @@
+"""`--torch_compile`: the passes over static caches compiled by `torch.compile` (inductor, here its
+CPU code) give the target's own greedy output, at batch 1 and in slots, decoder-only and
+encoder-decoder; a compile that fails falls back to the uncompiled passes (or stops, strict);
+settings that would compile nothing are refused."""
+
+import logging
+
+import pytest
+import torch
+
+from specdec_core.batch_engine import BatchSpeculativeGenerator
+from specdec_core.drafters import ModelDrafter
+from specdec_core.engine import SpeculativeGenerator
+from specdec_core.static_decoder import StaticDecoder, StaticKV
+from specdec_core.text import GeneratorSpec
+from tests.test_batch_engine import TEXTS, hf_greedy
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    return [tokenizer(t)["input_ids"] for t in TEXTS[:3]]
+
+
+def count_compiled(*kvs: StaticKV) -> list[tuple[int, int]]:
+    """The (rows, width) of each pass the compiled code of these caches ran."""
+    runs = []
+    for kv in kvs:
+        compiled = kv._compiled
+
+        def counted(inp, keep, compiled=compiled):
+            runs.append((inp.shape[0], inp.shape[1] - 2))
+            return compiled(inp, keep)
+
+        kv._compiled = counted
+    return runs
+
+
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_compiled_passes_decode_what_generate_does(models, prompts, kind):
+    """Batch 1 (target passes and chained draft rounds) and batched slots, compiled; batched
+    encoder-decoder rows stay uncompiled."""
+    torch._dynamo.reset()
+    target, draft = models[kind]
+    n = 12
+    reference = [hf_greedy(target, p, n) for p in prompts]
+    drafter = ModelDrafter(draft, cuda_graphs="on", chain=True, torch_compile=True)
+    gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=n, cuda_graphs="on",
+                               torch_compile=True)
+    runs = count_compiled(gen.static, drafter.static)
+    assert [gen.generate(p).tokens for p in prompts] == reference
+    assert {1, 4} <= {w for _, w in runs} and max(w for _, w in runs) <= gen.static.max_graph_width
+    batch = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=2, num_speculative_tokens=3,
+                                      max_new_tokens=n, cuda_graphs="on", torch_compile=True)
+    slots = list(batch.slots.values())
+    assert all((kv._compiled is None) == target.config.is_encoder_decoder for kv in slots)
+    runs = count_compiled(*[kv for kv in slots if kv._compiled is not None])
+    assert [o.tokens for o in batch.generate_many([(p, 0) for p in prompts])] == reference
+    assert bool(runs) != target.config.is_encoder_decoder and all(rows == 2 for rows, _ in runs)
+    from torch._dynamo.utils import counters
+
+    assert counters["stats"]["unique_graphs"] >= 2  # inductor compiled them (no silent eager fallback)
+
+
+def test_a_compile_that_fails_falls_back_or_stops_when_strict(models, prompts, caplog):
+    target, _ = models["llama"]
+    reference = hf_greedy(target, prompts[0], 6)
+
+    def broken(*args):
+        raise RuntimeError("no C compiler")
+
+    gen = SpeculativeGenerator(target, None, max_new_tokens=6, cuda_graphs="on", torch_compile=True)
+    gen.static.strict = False
+    gen.static._compiled = broken
+    with caplog.at_level(logging.WARNING):
+        assert gen.generate(prompts[0]).tokens == reference
+    assert gen.static._compiled is None and "torch.compile failed (RuntimeError: no C compiler)" in caplog.text
+    strict = StaticDecoder(target, compile=True, strict=True)
+    strict._compiled = broken
+    strict.acquire()
+    strict.forward(prompts[0][:-1], 0)  # a first pass allocates the buffers, uncompiled
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        strict.forward(prompts[0], 1)
+
+
+def test_settings_that_would_compile_nothing_are_refused():
+    with pytest.raises(ValueError, match="--torch_compile compiles the passes over static caches: not with "
+                                         "--cuda_graphs off"):
+        GeneratorSpec(target_model="t", drafter="none", torch_compile=True, cuda_graphs="off")
+    with pytest.raises(ValueError, match="not with --device cpu"):
+        GeneratorSpec(target_model="t", drafter="none", torch_compile=True, device="cpu")
+    GeneratorSpec(target_model="t", drafter="none", torch_compile=True, device="cpu", cuda_graphs="on")
