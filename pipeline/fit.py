@@ -158,8 +158,7 @@ def weights_need(opts: SpecDecOptions, target, rows: int = 0, prompt_tokens: int
                                trust_remote_code=trust)
     if draft is not None and draft_dtype != dtype:
         scale = placement.DTYPE_BYTES[draft_dtype] / placement.DTYPE_BYTES[dtype]
-        need = replace(need, draft_weights=int(need.draft_weights * scale),
-                                   draft_kv=int(need.draft_kv * scale))
+        need = replace(need, draft_weights=int(need.draft_weights * scale), draft_kv=int(need.draft_kv * scale))
     graphs = graph_bytes(opts, target, rows, dtype) + (graph_bytes(opts, draft, rows, draft_dtype, draft=True)
                                                        if draft is not None else 0)
     return replace(need, graphs=graphs)

@@ -30,7 +30,7 @@ from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.attention import attention_kernels
 from specdec_core.batch_kv import BatchKV, sliding_window
 from specdec_core.decoder import initial_decoder_ids, synchronize
-from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter
+from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter, through_end
 from specdec_core.engine import FinishCheck, Generation, ItemStats, ItemTimeout, SpeculativeGenerator
 from specdec_core.gamma import LOOKUP_DRAFT_COST, AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
@@ -537,9 +537,7 @@ class BatchSpeculativeGenerator:
             # The round's steps chained on the device for every row, read back once.
             picks = dkv.draft_greedy([curs[b][dkv.length(b):] if k > 0 else [] for b, k in enumerate(ks)], max(ks))
             for b, k in enumerate(ks):
-                tokens = picks[b][:k]
-                end = next((i for i, t in enumerate(tokens) if t in ends), None)  # nothing after an end is kept
-                curs[b] += tokens if end is None else tokens[: end + 1]
+                curs[b] += through_end(picks[b][:k], ends)
                 live[b].draft_steps += k
             return [curs[b][len(r.seq):] for b, r in enumerate(live)], qs, confs
         picks = [self._picker(r) for r in live]

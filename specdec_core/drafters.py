@@ -26,6 +26,12 @@ from specdec_core.static_decoder import StaticDecoder, static_decoder_for
 Picker = Callable[[list[int], torch.Tensor], tuple[int, torch.Tensor | None]]
 
 
+def through_end(tokens: list[int], ends: set[int]) -> list[int]:
+    """A chain of drafts cut after its first end token: nothing after an end is ever kept."""
+    end = next((i for i, t in enumerate(tokens) if t in ends), None)
+    return tokens if end is None else tokens[: end + 1]
+
+
 # (index of the token about to be proposed, the draft's confidence in it) -> propose it?
 KeepDrafting = Callable[[int, float], bool]
 
@@ -97,10 +103,10 @@ class ModelDrafter(Drafter):
 
     def __init__(self, model: PreTrainedModel, cuda_graphs: str = "auto", chain: bool = False,
                  torch_compile: bool = False):
-        """cuda_graphs, torch_compile: the draft's steps over a static cache replayed as CUDA graphs
-        (and compiled), as the engine's options of those names. chain: with a static cache and a plain argmax picker, a
-        round's draft steps run as one chain on the device, read back once (`StaticDecoder.
-        draft_greedy`); off until a GPU measures what it saves."""
+        """cuda_graphs, torch_compile: the draft's steps over a static cache replayed as CUDA
+        graphs (and compiled), as the engine's options of those names. chain: with a static cache
+        and a plain argmax picker, a round's draft steps run as one chain on the device, read back
+        once (`StaticDecoder.draft_greedy`); off until a GPU measures what it saves."""
         self.model = model
         # A round's drafts end at the draft's end token: nothing after an end is ever kept.
         self.ends = eos_ids(model)
@@ -163,10 +169,8 @@ class _ModelSession(DraftSession):
 
     def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
         if self.chain and keep is None:
-            tokens = self.decoder.draft_greedy(seq, k)
             self.steps += k
-            end = next((i for i, t in enumerate(tokens) if t in self.ends), None)
-            return Draft(tokens if end is None else tokens[: end + 1], None)
+            return Draft(through_end(self.decoder.draft_greedy(seq, k), self.ends), None)
         cur = list(seq)
         qs = []
         confs: list[float] | None = [] if keep is not None else None
