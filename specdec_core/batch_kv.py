@@ -33,6 +33,7 @@ once, when the row enters) and the encoder's padding mask; they move with the ro
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 
 import torch
@@ -68,30 +69,31 @@ def decoder_position_modules(model: PreTrainedModel) -> tuple[list, list]:
     return embeds, biases
 
 
-@contextmanager
-def positions_by_row(embeds: list, biases: list, queries: torch.Tensor, keys, embed_hook, embed_pre_hook=None):
-    """While a pass runs: `embed_hook` (and `embed_pre_hook`) on each decoder position embedding,
-    and each relative-bias module's `compute_bias` looking up, per row, the module's own bias of
-    every distance by each query's and key's true position: `queries` (rows, q) and
+def bias_by_row(original, queries: Callable[[], torch.Tensor], keys) -> Callable:
+    """A relative-bias module's `compute_bias` (`original`) looking up, per row, the module's own
+    bias of every distance by each query's and key's true position: `queries()` (rows, q) and
     `keys(key_length)` -> (key positions broadcastable to (rows, q, key_length), the number of
     distances to tabulate, more than any distance that occurs)."""
+    def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
+        key_positions, top = keys(key_length)
+        table = original(1, top, device=device, past_seen_tokens=top - 1)[0, :, 0]  # (heads, top)
+        distance = (key_positions - queries()[:, :, None]).clamp(1 - top, 0) + top - 1  # query after key
+        return table[:, distance.to(table.device)].permute(1, 0, 2, 3)  # (rows, heads, queries, keys)
+    return compute_bias
+
+
+@contextmanager
+def hooked(embeds: list, biases: dict, embed_hook, embed_pre_hook=None):
+    """While a pass runs: `embed_hook` (and `embed_pre_hook`) on each decoder position embedding,
+    and each relative-bias module's `compute_bias` replaced by `biases[module]`."""
     handles, patched = [], []
-
-    def biased(original):
-        def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
-            key_positions, top = keys(key_length)
-            table = original(1, top, device=device, past_seen_tokens=top - 1)[0, :, 0]  # (heads, top)
-            distance = (key_positions - queries[:, :, None]).clamp(1 - top, 0) + top - 1  # query after key
-            return table[:, distance.to(table.device)].permute(1, 0, 2, 3)  # (rows, heads, queries, keys)
-        return compute_bias
-
     try:
         for module in embeds:
             if embed_pre_hook is not None:
                 handles.append(module.register_forward_pre_hook(embed_pre_hook, with_kwargs=True))
             handles.append(module.register_forward_hook(embed_hook, with_kwargs=True))
-        for module in biases:
-            module.compute_bias = biased(module.compute_bias)
+        for module, compute_bias in biases.items():
+            module.compute_bias = compute_bias
             patched.append(module)
         yield
     finally:
@@ -99,6 +101,11 @@ def positions_by_row(embeds: list, biases: list, queries: torch.Tensor, keys, em
             h.remove()
         for module in patched:
             del module.compute_bias
+
+
+def positions_by_row(embeds: list, biases: list, queries: torch.Tensor, keys, embed_hook):
+    """`hooked`, each bias looked up by the rows' query positions `queries` (rows, q) (`bias_by_row`)."""
+    return hooked(embeds, {m: bias_by_row(m.compute_bias, lambda: queries, keys) for m in biases}, embed_hook)
 
 
 def drop_order(rows: int, gone: list[int]) -> list[int]:

@@ -24,7 +24,7 @@ import logging
 import torch
 from transformers import PreTrainedModel
 
-from specdec_core.batch_kv import BatchKV, decoder_position_modules, drop_order, positions_by_row
+from specdec_core.batch_kv import BatchKV, bias_by_row, decoder_position_modules, drop_order, hooked
 from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticKV, wants_static
 
 log = logging.getLogger(__name__)
@@ -36,17 +36,23 @@ def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0, 
     `--torch_compile`, or None."""
     if not wants_static(model, mode, batched=True):
         return None
-    if compile and model.config.is_encoder_decoder:
-        # Its rows' positions reach the decoder through hooks set for each pass, which a
-        # compiled pass would take as a change of code and compile again every time.
-        log.info("%s batches: passes not compiled (encoder-decoder rows in slots run uncompiled)",
-                 type(model).__name__)
-        compile = False
     kv = SlotKV(model, slots, pad_id, strict=mode == "on", compile=compile)
     log.info("%s batches decode in %d fixed slots%s%s", type(model).__name__, slots,
              " with CUDA graphs (each pass width captured once, on first use)" if kv.graphs
              else ", eagerly (no CUDA device)", ", their passes compiled by torch.compile" if compile else "")
     return kv
+
+
+def _clamp_ids(module, args, kwargs):
+    """A position embedding's ids past its table clamped (only pads reach them)."""
+    ids = kwargs.get("position_ids")
+    if ids is not None:
+        kwargs["position_ids"] = ids.clamp(max=module.weight.shape[0] - getattr(module, "offset", 0) - 1)
+    return args, kwargs
+
+
+def _per_row(module, args, kwargs, output):
+    return output[0] if output.dim() == 4 else output  # learned embeddings add a leading dim to 2D ids
 
 
 class SlotKV(StaticKV):
@@ -59,8 +65,11 @@ class SlotKV(StaticKV):
         self.lengths = [0] * slots  # per slot: its row's cached tokens (0 when free)
         self.slot_of: list[int] = []  # per row of the batch, in the engine's order: its slot
         self.logits: torch.Tensor | None = None  # the last pass's float32 logits (rows, fed, V)
-        # Encoder-decoder: the decoder modules that take each row's own positions (`_by_row`).
-        self._embeds, self._biases = decoder_position_modules(model) if self.encdec else ([], [])
+        # Encoder-decoder: the decoder modules that take each row's own positions (`_by_row`),
+        # each bias made once from its class's own `compute_bias` (never from a patch in place).
+        self._embeds, biases = decoder_position_modules(model) if self.encdec else ([], [])
+        self._bias_by_row = {m: bias_by_row(type(m).compute_bias.__get__(m), lambda: self.positions,
+                                            self._key_columns) for m in biases}
 
     def _reset(self) -> None:
         self.lengths = [0] * self.buffer_rows
@@ -73,24 +82,16 @@ class SlotKV(StaticKV):
         # Per row, (slots, 1): position embeddings then count from each row's own start.
         return base[:, None]
 
-    def _by_row(self, positions: torch.Tensor):
+    def _by_row(self):
         """While a pass runs: each decoder position embedding gets every row's ids (its output
         brought to (rows, w, d), and ids past its table clamped: only pads reach them), and each
         relative position bias is looked up per row from the module's own bias of every distance
-        (`batch_kv.positions_by_row`, here over the static column count, so that nothing waits
-        for the host)."""
-        def clamp_ids(module, args, kwargs):
-            ids = kwargs.get("position_ids")
-            if ids is not None:
-                kwargs["position_ids"] = ids.clamp(max=module.weight.shape[0] - getattr(module, "offset", 0) - 1)
-            return args, kwargs
+        (`batch_kv.bias_by_row`, here over the static column count, so that nothing waits for the
+        host). The hooks are made once, so that a compiled pass sees the same ones every time."""
+        return hooked(self._embeds, self._bias_by_row, _per_row, _clamp_ids)
 
-        def per_row(module, args, kwargs, output):
-            return output[0] if output.dim() == 4 else output  # learned embeddings add a leading dim to 2D ids
-
-        return positions_by_row(self._embeds, self._biases, positions,
-                                lambda key_length: (self.columns[None, None, :key_length], key_length), per_row,
-                                clamp_ids)
+    def _key_columns(self, key_length: int) -> tuple[torch.Tensor, int]:
+        return self.columns[None, None, :key_length], key_length
 
     # BatchKV's interface: its rows are the batch's rows, whichever slots they sit in.
 

@@ -315,20 +315,21 @@ class StaticKV:
         marked dynamic, so that one compiled pass serves every width (a 1-token pass may get its
         own)."""
         w = inp.shape[1] - 2
-        if (self._compiled is None or w > self.max_graph_width or keep != w
-                or not self.cache.layers[0].is_initialized):
-            return self._packed_pass(inp, keep)
-        try:
-            torch._dynamo.maybe_mark_dynamic(inp, 1)
-            with torch._dynamo.config.patch(recompile_limit=COMPILE_LIMIT):
-                return self._compiled(inp, 0)  # logits_to_keep 0: all
-        except Exception as e:  # e.g. no compiler for inductor's kernels on this machine
-            if self.strict:
-                raise
-            log.warning("%s: torch.compile failed (%s: %s); its passes run uncompiled from now on",
-                        type(self.model).__name__, type(e).__name__, str(e)[:200])
-            self._compiled = None
-            return self._packed_pass(inp, keep)
+        with self._by_row():
+            if (self._compiled is None or w > self.max_graph_width or keep != w
+                    or not self.cache.layers[0].is_initialized):
+                return self._packed_pass(inp, keep)
+            try:
+                torch._dynamo.maybe_mark_dynamic(inp, 1)
+                with torch._dynamo.config.patch(recompile_limit=COMPILE_LIMIT):
+                    return self._compiled(inp, 0)  # logits_to_keep 0: all
+            except Exception as e:  # e.g. no compiler for inductor's kernels on this machine
+                if self.strict:
+                    raise
+                log.warning("%s: torch.compile failed (%s: %s); its passes run uncompiled from now on",
+                            type(self.model).__name__, type(e).__name__, str(e)[:200])
+                self._compiled = None
+                return self._packed_pass(inp, keep)
 
     def _packed_pass(self, inp: torch.Tensor, keep: int) -> torch.Tensor:
         """`_forward` over packed inputs (rows, w + 2): one contiguous tensor, so that a compiled
@@ -348,10 +349,10 @@ class StaticKV:
         kwargs = {"logits_to_keep": keep} if self._logits_kwarg else {}
         if self.encdec:
             self.seen = self._starts(base)
-            with self._by_row(positions):
-                out = self.model(decoder_input_ids=ids, decoder_attention_mask=mask, attention_mask=self.enc_mask,
-                                 encoder_outputs=BaseModelOutput(last_hidden_state=self.unused),
-                                 cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
+            self.positions = positions  # read by `_by_row`'s hooks
+            out = self.model(decoder_input_ids=ids, decoder_attention_mask=mask, attention_mask=self.enc_mask,
+                             encoder_outputs=BaseModelOutput(last_hidden_state=self.unused),
+                             cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
         else:
             out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
                              use_cache=True, **kwargs)
@@ -377,8 +378,9 @@ class StaticKV:
         first position (one row)."""
         return base[0]
 
-    def _by_row(self, positions: torch.Tensor):
-        """A context in which the model takes each row's own positions (one row: nothing to do)."""
+    def _by_row(self):
+        """A context in which the model takes each row's own positions, `self.positions` as each
+        pass sets them (one row: nothing to do)."""
         return contextlib.nullcontext()
 
     def _grow_encoder(self, n: int) -> None:
