@@ -60,15 +60,21 @@ def test_a_bad_setting_stops_in_one_line(capsys):
 
 def test_figures_are_saved_as_they_are_made(tmp_path):
     """A run cut short keeps what it measured: the single section is written after each prompt,
-    the batched one after each batch size, each marked partial until its section ends."""
-    args = gpu.parse_args([*TINY, "--batched_before"])
+    the batched one after each configuration, each marked partial until its section ends; the
+    configurations that compile run last, so a run cut short while compiling keeps the others."""
+    args = gpu.parse_args([*TINY, "--batched_before", "--torch_compile", "--include", "chained|per-row"])
     target, draft = gpu.build_pair(gpu.SHAPES["tiny"], gpu.torch.device("cpu"), gpu.torch.float32)
     single, batched = [], []
     gpu.run_single(target, draft, args, single.append)
     gpu.run_batched(target, draft, args, batched.append)
-    assert [p["prompts"] for p in single] == [1, 2]
-    assert [list(p["by_batch_size"]) for p in batched] == [["2"], ["2", "4"]]
-    assert "ours, draft, per-row picks, cuDNN attention" in batched[0]["by_batch_size"]["2"]
+    compiled = "ours, draft, chained, compiled"
+    assert [p["prompts"] for p in single] == [1, 2, 2, 2]
+    assert [compiled in p["rows"] for p in single] == [False, False, True, True]
+    assert single[-1]["rows"][compiled]["prompts"] == 2 and single[-1]["rows"][compiled]["identical_to_hf"] == 2
+    at_two = [list(p["by_batch_size"]["2"]) for p in batched if p["batch_size_partial"] == 2]
+    assert at_two[0] == ["HF generate"] and at_two[-1][-1] == compiled
+    assert "ours, draft, per-row picks, cuDNN attention" in at_two[-1]
+    assert batched[-1]["by_batch_size"]["4"][compiled]["identical_to_hf"] == 5
     cut = {"shape": "tiny", "dtype": "float32", "device_name": "cpu", "torch": "", "cuda": None, "transformers": "",
            "gamma": 4, "max_new_tokens": 10, "min_len": 4, "max_len": 12, "single": single[0], "single_partial": True}
     assert "(cut short in: single)" in gpu.markdown(cut)

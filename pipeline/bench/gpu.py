@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import logging
 import platform
@@ -220,62 +221,73 @@ def _alone(name: str) -> str:
     return name.replace("draft", "target alone").replace(", chained", "")
 
 
+def _compiles(name: str) -> bool:
+    """A configuration that compiles in its warm-up: it runs after the others (`run_single`)."""
+    return "compile" in name
+
+
 def _single_summary(rows: dict, outputs: dict, failed: dict) -> dict:
     ref = outputs["HF generate"]
-    done = len(ref)
-    summary = {name: dict(r) for name, r in rows.items()}
+    summary = {name: dict(r) for name, r in rows.items() if outputs[name]}
     for name, r in summary.items():
         alone = outputs.get(_alone(name), outputs["ours, target alone, eager"])
+        done = r["prompts"] = len(outputs[name])  # the compiling configurations may have run fewer
         r["ms_per_token"] = 1000 * r["seconds"] / max(r["tokens"], 1)
-        r["identical_to_hf"] = sum(a == b for a, b in zip(outputs[name][:done], ref, strict=True))
-        r["identical_to_ours_alone"] = sum(a == b for a, b in zip(outputs[name][:done], alone[:done], strict=True))
+        r["identical_to_hf"] = sum(a == b for a, b in zip(outputs[name], ref[:done], strict=True))
+        r["identical_to_ours_alone"] = sum(a == b for a, b in zip(outputs[name], alone[:done], strict=True))
         r["acceptance"] = r["accepted"] / r["drafted"] if r["drafted"] else None
-    return {"prompts": done, "rows": summary, "failed": failed}
+    return {"prompts": len(ref), "rows": summary, "failed": failed}
 
 
 def run_single(target, draft, args, save: Callable[[dict], None] = lambda partial: None) -> dict:
-    """save: called with the figures so far after each prompt (a run cut short keeps them)."""
+    """The configurations that compile are warmed up and measured after the others, on the same
+    prompts, so that a run cut short while compiling keeps every other figure. save: called with
+    the figures so far after each prompt."""
     device = target.device
     configs = {name: fn for name, fn in single_configs(target, draft, args).items()
                if name in ("HF generate", "ours, target alone, eager") or re.search(args.include, name)}
     warm = distinct_prompts(args.warmup, args.min_len, args.max_len, target.config.vocab_size, seed=1000)
-    failed = {}
-    for ids in warm:  # compile, allocate, load kernels: on prompts that are never measured
-        for name, fn in list(configs.items()):
-            t0 = time.perf_counter()
-            try:
-                fn(ids)
-            except Exception as e:  # noqa: BLE001 (a configuration this machine cannot run is reported, not fatal)
-                _LOG.exception("%s failed in its warm-up: left out", name)
-                failed[name] = f"{type(e).__name__}: {e}"[:300]
-                del configs[name]
-                continue
-            _LOG.info("warm-up %s: %.1f s", name, time.perf_counter() - t0)
     prompts = distinct_prompts(args.prompts, args.min_len, args.max_len, target.config.vocab_size, seed=1)
     rows = {name: {"seconds": 0.0, "tokens": 0, "drafted": 0, "accepted": 0, "rounds": 0} for name in configs}
     outputs: dict[str, list[list[int]]] = {name: [] for name in configs}
-    for i, ids in enumerate(prompts):
-        order = list(configs) if i % 2 == 0 else list(reversed(configs))  # no config always runs first
-        for name in order:
-            _sync(device)
-            t0 = time.perf_counter()
-            tokens, stats = configs[name](ids)
-            _sync(device)
-            r = rows[name]
-            r["seconds"] += time.perf_counter() - t0
-            r["tokens"] += len(tokens)
-            for key, value in stats.items():
-                r[key] += value
-            outputs[name].append(tokens)
-        # Every config has run this prompt (the order alternates, so HF generate may run last).
-        save(_single_summary(rows, outputs, failed))
+    failed: dict[str, str] = {}
+    for compiling in (False, True):
+        group = {name: fn for name, fn in configs.items() if _compiles(name) == compiling}
+        if not group:
+            continue
+        for ids in warm:  # compile, allocate, load kernels: on prompts that are never measured
+            for name, fn in list(group.items()):
+                t0 = time.perf_counter()
+                try:
+                    fn(ids)
+                except Exception as e:  # noqa: BLE001 (a configuration this machine cannot run is reported)
+                    _LOG.exception("%s failed in its warm-up: left out", name)
+                    failed[name] = f"{type(e).__name__}: {e}"[:300]
+                    del group[name]
+                    continue
+                _LOG.info("warm-up %s: %.1f s", name, time.perf_counter() - t0)
+        for i, ids in enumerate(prompts):
+            order = list(group) if i % 2 == 0 else list(reversed(group))  # no config always runs first
+            for name in order:
+                _sync(device)
+                t0 = time.perf_counter()
+                tokens, stats = group[name](ids)
+                _sync(device)
+                r = rows[name]
+                r["seconds"] += time.perf_counter() - t0
+                r["tokens"] += len(tokens)
+                for key, value in stats.items():
+                    r[key] += value
+                outputs[name].append(tokens)
+            save(_single_summary(rows, outputs, failed))  # every config of the group has run this prompt
     return _single_summary(rows, outputs, failed)
 
 
 # -- batched ---------------------------------------------------------------------------------------
 
 def run_batched(target, draft, args, save: Callable[[dict], None] = lambda partial: None) -> dict:
-    """save: called with the figures so far after each batch size."""
+    """save: called with the figures so far after each configuration (the batch size it was
+    measuring under "batch_size_partial")."""
     device, n, g = target.device, args.batch_max_new_tokens or args.max_new_tokens, args.gamma
     prompts = distinct_prompts(args.batch_prompts, args.min_len, args.max_len, target.config.vocab_size, seed=2)
     warm = distinct_prompts(max(args.batch_sizes), args.min_len, args.max_len, target.config.vocab_size, seed=2000)
@@ -331,10 +343,12 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
             if args.batched_before:
                 configs["ours, draft, per-row picks, cuDNN attention"] = ours(
                     b, ModelDrafter(draft, cuda_graphs="off"), "off", before=True)
-        configs = {name: fn for name, fn in configs.items()
+        # Those that compile run last: a run cut short while compiling keeps the others' figures.
+        configs = {name: configs[name] for name in sorted(configs, key=_compiles)
                    if name in ("HF generate", "ours, target alone") or re.search(args.include, name)}
-        row = {}
-        outs = {}
+        row: dict[str, dict] = {}
+        outs: dict[str, list[list[int]]] = {}
+        results[str(b)] = row
         for name, fn in configs.items():
             try:
                 fn(warm[:b])  # this batch width's shapes, graphs and allocations, on prompts never measured
@@ -350,12 +364,12 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
             tokens = sum(len(o) for o in outs[name])
             row[name] = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
             _LOG.info("B=%d %s: %.0f tokens/s", b, name, tokens / seconds)
-        for name in row:
-            row[name]["identical_to_hf"] = sum(a == c for a, c in zip(outs[name], outs["HF generate"], strict=True))
-            row[name]["identical_to_ours_alone"] = sum(
-                a == c for a, c in zip(outs[name], outs["ours, target alone"], strict=True))
-        results[str(b)] = row
-        save({"prompts": len(prompts), "by_batch_size": dict(results), "failed": failed})
+            for measured, r in row.items():  # against the references measured so far (they run first)
+                for key, ref in (("identical_to_hf", "HF generate"), ("identical_to_ours_alone", "ours, target alone")):
+                    if ref in outs:
+                        r[key] = sum(a == c for a, c in zip(outs[measured], outs[ref], strict=True))
+            save({"prompts": len(prompts), "by_batch_size": copy.deepcopy(results), "failed": dict(failed),
+                  "batch_size_partial": b})
     return {"prompts": len(prompts), "by_batch_size": results, "failed": failed}
 
 
@@ -442,9 +456,10 @@ def markdown(result: dict) -> str:
             alone = rows.get(_alone(name)) if drafted else None
             ratio = f"{alone['ms_per_token'] / r['ms_per_token']:.2f}x" if alone else "-"
             acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
-            same = f"{r['identical_to_ours_alone']}/{k}" if drafted else "-"
+            n = r.get("prompts", k)  # fewer where a run was cut short while it compiled
+            same = f"{r['identical_to_ours_alone']}/{n}" if drafted else "-"
             lines.append(f"| {name} | {r['ms_per_token']:.2f} | {hf / r['ms_per_token']:.2f}x | {ratio} | {acc} | "
-                         f"{r['identical_to_hf']}/{k} | {same} |")
+                         f"{r['identical_to_hf']}/{n} | {same} |")
         lines += [f"- {name}: failed ({why})" for name, why in single.get("failed", {}).items()]
         lines.append("")
     batched = result.get("batched")
@@ -455,12 +470,14 @@ def markdown(result: dict) -> str:
                   "| B | | tokens/s | vs HF generate | vs ours alone | same as HF | same as ours alone |",
                   "|---|---|---|---|---|---|---|"]
         for b, row in batched["by_batch_size"].items():
+            if "HF generate" not in row:  # cut short before its first figure
+                continue
             hf = row["HF generate"]["tokens_per_s"]
             for name, r in row.items():
                 alone = row.get(_alone(name)) if name.startswith("ours") and "draft" in name else None
                 ratio = f"{r['tokens_per_s'] / alone['tokens_per_s']:.2f}x" if alone else "-"
                 lines.append(f"| {b} | {name} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / hf:.2f}x | {ratio} | "
-                             f"{r['identical_to_hf']}/{k} | {r['identical_to_ours_alone']}/{k} |")
+                             f"{r.get('identical_to_hf', '-')}/{k} | {r.get('identical_to_ours_alone', '-')}/{k} |")
         lines += [f"- {name}: failed ({why})" for name, why in batched.get("failed", {}).items()]
         lines.append("")
     if result.get("graph_fallbacks"):
