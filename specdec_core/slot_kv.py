@@ -87,7 +87,9 @@ class SlotKV(StaticKV):
         brought to (rows, w, d), and ids past its table clamped: only pads reach them), and each
         relative position bias is looked up per row from the module's own bias of every distance
         (`batch_kv.bias_by_row`, here over the static column count, so that nothing waits for the
-        host). The hooks are made once, so that a compiled pass sees the same ones every time."""
+        host). The hooks are made once per cache and set around the pass, outside its compiled
+        code (dynamo's tracing does not keep a `compute_bias` patched inside it); they read the
+        positions the pass stores."""
         return hooked(self._embeds, self._bias_by_row, _per_row, _clamp_ids)
 
     def _key_columns(self, key_length: int) -> tuple[torch.Tensor, int]:

@@ -62,6 +62,35 @@ def test_compiled_passes_decode_what_generate_does(models, prompts, kind):
     assert counters["stats"]["unique_graphs"] == compiled  # the same hooks, the same compiled passes
 
 
+@pytest.mark.parametrize("family", ["bart", "umt5"])
+def test_encoder_decoder_rows_at_their_own_positions_compiled(family):
+    """Batched rows of an encoder-decoder, each at its own position: BART's learned position
+    embeddings and UMT5's relative biases in every layer reach the compiled passes through hooks
+    made once per cache; exact, and really compiled."""
+    from tests.family_models import V, family_model
+    from tests.test_batch_families import hf_greedy
+    from tests.tiny_models import perturbed_copy
+
+    target = family_model(family, seed=1)
+    draft = perturbed_copy(target, 0.15, seed=2)
+    draft.generation_config = target.generation_config
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3)]
+    batch = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True, torch_compile=True), batch_size=2,
+                                      num_speculative_tokens=3, max_new_tokens=10, cuda_graphs="on",
+                                      torch_compile=True)
+    runs = count_compiled(*batch.slots.values())
+    assert [o.tokens for o in batch.generate_many([(p, 0) for p in prompts])] == [
+        hf_greedy(target, p, 10) for p in prompts]
+    assert {w for _, w in runs} >= {1, 4}  # draft steps and verify passes, compiled
+    from torch._dynamo.utils import counters
+
+    compiled = counters["stats"]["unique_graphs"]
+    assert [o.tokens for o in batch.generate_many([(p, 0) for p in prompts[::-1]])] == [
+        hf_greedy(target, p, 10) for p in prompts[::-1]]
+    assert counters["stats"]["unique_graphs"] == compiled  # nothing compiled again for new rows' positions
+
+
 def test_a_compile_that_fails_falls_back_or_stops_when_strict(models, prompts, caplog):
     target, _ = models["llama"]
     reference = hf_greedy(target, prompts[0], 6)
