@@ -33,6 +33,8 @@ once, when the row enters) and the encoder's padding mask; they move with the ro
 from __future__ import annotations
 
 import inspect
+import threading
+import weakref
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 
@@ -82,30 +84,29 @@ def bias_by_row(original, queries: Callable[[], torch.Tensor], keys) -> Callable
     return compute_bias
 
 
+_HOOKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the lock its hooked passes hold
+
+
 @contextmanager
-def hooked(embeds: list, biases: dict, embed_hook, embed_pre_hook=None):
-    """While a pass runs: `embed_hook` (and `embed_pre_hook`) on each decoder position embedding,
-    and each relative-bias module's `compute_bias` replaced by `biases[module]`."""
-    handles, patched = [], []
-    try:
-        for module in embeds:
-            if embed_pre_hook is not None:
-                handles.append(module.register_forward_pre_hook(embed_pre_hook, with_kwargs=True))
-            handles.append(module.register_forward_hook(embed_hook, with_kwargs=True))
-        for module, compute_bias in biases.items():
-            module.compute_bias = compute_bias
-            patched.append(module)
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-        for module in patched:
-            del module.compute_bias
-
-
-def positions_by_row(embeds: list, biases: list, queries: torch.Tensor, keys, embed_hook):
-    """`hooked`, each bias looked up by the rows' query positions `queries` (rows, q) (`bias_by_row`)."""
-    return hooked(embeds, {m: bias_by_row(m.compute_bias, lambda: queries, keys) for m in biases}, embed_hook)
+def hooked(model: PreTrainedModel, embeds: list, biases: dict, embed_hook, embed_pre_hook=None):
+    """While a pass of `model` runs: `embed_hook` (and `embed_pre_hook`) on each decoder position
+    embedding, and each relative-bias module's `compute_bias` replaced by `biases[module]`. They
+    change the model for every caller, so one such pass of a model runs at a time."""
+    with _HOOKED.setdefault(model, threading.RLock()):
+        handles = []
+        try:
+            for module in embeds:
+                if embed_pre_hook is not None:
+                    handles.append(module.register_forward_pre_hook(embed_pre_hook, with_kwargs=True))
+                handles.append(module.register_forward_hook(embed_hook, with_kwargs=True))
+            for module, compute_bias in biases.items():
+                module.compute_bias = compute_bias
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+            for module in biases:
+                vars(module).pop("compute_bias", None)  # the class's own again
 
 
 def drop_order(rows: int, gone: list[int]) -> list[int]:
@@ -290,8 +291,12 @@ class BatchKV:
 
         colpos = self._column_positions(pos, width)
         top = int(max(colpos.max(), pos.max())) + 1
-        return positions_by_row(self._pos_modules, self._bias_modules, pos,
-                                lambda key_length: (colpos[:, None, :key_length], top), embed_hook)
+        def keys(key_length: int) -> tuple[torch.Tensor, int]:
+            return colpos[:, None, :key_length], top
+
+        return hooked(self.model, self._pos_modules,
+                      {m: bias_by_row(type(m).compute_bias.__get__(m), lambda: pos, keys) for m in self._bias_modules},
+                      embed_hook)
 
     @torch.inference_mode()
     def rollback(self, b: int, length: int) -> None:

@@ -19,6 +19,7 @@ others keep `BatchKV`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -86,11 +87,13 @@ class SlotKV(StaticKV):
         """While a pass runs: each decoder position embedding gets every row's ids (its output
         brought to (rows, w, d), and ids past its table clamped: only pads reach them), and each
         relative position bias is looked up per row from the module's own bias of every distance
-        (`batch_kv.bias_by_row`, here over the static column count, so that nothing waits for the
-        host). The hooks are made once per cache and set around the pass, outside its compiled
-        code (dynamo's tracing does not keep a `compute_bias` patched inside it); they read the
-        positions the pass stores."""
-        return hooked(self._embeds, self._bias_by_row, _per_row, _clamp_ids)
+        at the positions the pass stores (`batch_kv.bias_by_row`, here over the static column
+        count, so that nothing waits for the host). The hooks are made once per cache and set
+        around the pass, outside its compiled code (dynamo's tracing does not keep a
+        `compute_bias` patched inside it)."""
+        if not self.encdec:
+            return contextlib.nullcontext()
+        return hooked(self.model, self._embeds, self._bias_by_row, _per_row, _clamp_ids)
 
     def _key_columns(self, key_length: int) -> tuple[torch.Tensor, int]:
         return self.columns[None, None, :key_length], key_length

@@ -179,7 +179,8 @@ class _FixedLayer(_Buffers):
         # A graph would freeze a number read here. Decoder-only models take positions from
         # position_ids and visibility from the explicit mask, so they get 0; an encoder-decoder's
         # decoder takes none and counts positions (BART) or relative distances (T5) from this, so
-        # it gets the pass's first position as a tensor on the device, which a replay updates.
+        # it gets the pass's first position as a tensor on the device, which a replay updates
+        # (in slots, each row's: `SlotKV._starts`, and T5's distances come from `SlotKV._by_row`).
         return self.owner.seen
 
     def get_max_length(self) -> int:
@@ -310,10 +311,10 @@ class StaticKV:
                             dtype=torch.long)
 
     def _pass(self, inp: torch.Tensor, keep: int) -> torch.Tensor:
-        """`_packed_pass`, compiled when asked, for passes as narrow as a graph's that keep every
-        position's logits, over buffers that exist (a first pass allocates them). The width is
-        marked dynamic, so that one compiled pass serves every width (a 1-token pass may get its
-        own)."""
+        """`_packed_pass` inside `_by_row`, compiled when asked, for passes as narrow as a graph's
+        that keep every position's logits, over buffers that exist (a first pass allocates them).
+        The width is marked dynamic, so that one compiled pass serves every width (a 1-token pass
+        may get its own)."""
         w = inp.shape[1] - 2
         with self._by_row():
             if (self._compiled is None or w > self.max_graph_width or keep != w
@@ -349,7 +350,7 @@ class StaticKV:
         kwargs = {"logits_to_keep": keep} if self._logits_kwarg else {}
         if self.encdec:
             self.seen = self._starts(base)
-            self.positions = positions  # read by `_by_row`'s hooks
+            self.positions = positions  # in slots, read by the relative biases (`SlotKV._by_row`)
             out = self.model(decoder_input_ids=ids, decoder_attention_mask=mask, attention_mask=self.enc_mask,
                              encoder_outputs=BaseModelOutput(last_hidden_state=self.unused),
                              cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
@@ -365,8 +366,10 @@ class StaticKV:
         its tokens."""
         w = inp.shape[1] - 2
         base, fed = inp[:, w], inp[:, w + 1]
-        logits = self._pass(inp, w)
-        last = (fed - 1).clamp(min=0)
+        # One row past the graph width (a prompt) feeds all w: its last position's logits suffice.
+        keep = 1 if self.buffer_rows == 1 and w > self.max_graph_width else w
+        logits = self._pass(inp, keep)
+        last = (fed - 1).clamp(min=0) - (w - logits.shape[1])  # (a model may return them all)
         picks = [logits[torch.arange(self.buffer_rows, device=self.device), last].argmax(-1)]
         one, start = torch.ones_like(fed), base + fed
         for i in range(1, k):

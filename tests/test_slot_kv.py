@@ -334,3 +334,34 @@ def test_encoder_decoder_rows_in_slots_equal_generate(family, graphs, fake_graph
         out = engine.generate_many([(p, 0) for p in prompts])
         assert [o.tokens for o in out] == reference, (family, drafter.name)
         assert (engine.slots[id(target)].captures > 0) == graphs
+
+
+def test_position_hooks_hold_the_model_and_leave_it_as_it_was(models):
+    """An encoder-decoder's per-row position hooks change the model for every caller: one hooked
+    pass of a model at a time (another thread waits), and after a pass that fails the model has
+    no hook and its own `compute_bias` again."""
+    import threading
+
+    from specdec_core.batch_kv import decoder_position_modules, hooked
+
+    target, _ = models["t5"]
+    embeds, biases = decoder_position_modules(target)
+    assert biases
+    patch = {m: (lambda *a, **k: None) for m in biases}
+    entered = threading.Event()
+
+    def other():
+        with hooked(target, embeds, patch, lambda *a: None):
+            entered.set()
+
+    with hooked(target, embeds, patch, lambda *a: None):
+        assert all(vars(m)["compute_bias"] is patch[m] for m in biases)
+        thread = threading.Thread(target=other)
+        thread.start()
+        assert not entered.wait(0.5)  # held: it waits for this pass
+    thread.join()
+    assert entered.is_set()
+    with pytest.raises(RuntimeError, match="a pass failed"), hooked(target, embeds, patch, lambda *a: None):
+        raise RuntimeError("a pass failed")
+    assert all("compute_bias" not in vars(m) for m in biases)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in embeds)

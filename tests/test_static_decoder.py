@@ -127,9 +127,12 @@ def test_an_item_that_fails_gives_its_static_decoders_back(models, tokenizer):
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_draft_chained_on_the_device_drafts_what_steps_draft(kind, models, tokenizer):
     """A round's greedy drafts as one chain (read back once) are the per-step drafts: same
-    output, same rounds, same acceptance; a sampled item or a processor keeps per-step picks."""
+    output, same rounds, same acceptance, also after a prompt wider than a graph (whose first
+    chain keeps only its last position's logits)."""
     target, draft = models[kind]
-    for prompt in PROMPTS:
+    wide = " ".join(PROMPTS) * 2
+    assert len(tokenizer(wide).input_ids) > static_decoder.MAX_GRAPH_WIDTH
+    for prompt in [*PROMPTS, wide]:
         ids = tokenizer(prompt).input_ids
         ref = reference(target, ids, 24)
         for gamma in (1, 3, 5):
