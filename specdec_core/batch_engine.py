@@ -31,7 +31,7 @@ from specdec_core.attention import attention_kernels
 from specdec_core.batch_kv import BatchKV, sliding_window
 from specdec_core.decoder import initial_decoder_ids, synchronize
 from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter, through_end
-from specdec_core.engine import FinishCheck, Generation, ItemStats, ItemTimeout, SpeculativeGenerator
+from specdec_core.engine import FinishCheck, Generation, ItemStats, ItemTimeout, SpeculativeGenerator, setup_seconds
 from specdec_core.gamma import LOOKUP_DRAFT_COST, AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
 from specdec_core.slot_kv import SlotKV, slot_kv_for
@@ -112,6 +112,7 @@ class _Row:
     draft_steps: int = 0
     finish_check: FinishCheck | None = None  # the row's own end rule (stop strings)
     draft_behind: bool = False  # admitted without the draft's prefill (the batch was not drafting)
+    setup: float = 0.0  # the caches' one-off seconds (`engine.setup_seconds`) when it entered
 
 
 class BatchSpeculativeGenerator:
@@ -207,8 +208,9 @@ class BatchSpeculativeGenerator:
         """(prompt ids, seed) per item -> one Generation per item, in the same order.
 
         finish_checks: each item's own end rule, as the batch-1 engine's `finish_check`.
-        max_seconds: an item still running this long after it entered the batch leaves it, and
-        its place in the result holds an ItemTimeout instead (the other rows go on).
+        max_seconds: an item still running this long after it entered the batch (one-off graph
+        captures and compiles not counted) leaves it, and its place in the result holds an
+        ItemTimeout instead (the other rows go on).
         """
         if not items:
             return []
@@ -253,9 +255,9 @@ class BatchSpeculativeGenerator:
                     self._measure_costs(live, tkv, dkv)
             self._round(live, tkv, dkv)
             if max_seconds is not None:
-                now = time.perf_counter()
-                for r in live:
-                    if not r.finish and now - r.start > max_seconds:
+                now, setup = time.perf_counter(), setup_seconds(tkv, dkv)
+                for r in live:  # new graphs or compiles meanwhile are not the row's own time
+                    if not r.finish and now - r.start - (setup - r.setup) > max_seconds:
                         r.finish = "timeout"
             done = [b for b, r in enumerate(live) if r.finish]
             if done:
@@ -295,6 +297,9 @@ class BatchSpeculativeGenerator:
         per prompt)."""
         rows = [self._new_row(i, list(ids), seed, check) for i, (ids, seed, check) in
                 (waiting.popleft() for _ in range(min(slots, len(waiting))))]
+        setup = setup_seconds(tkv, dkv)
+        for r in rows:
+            r.setup = setup
         # Invariant between rounds, as in the batch-1 engine: each cache holds every committed
         # token of a row except the newest. The draft's cache may hold fewer (`_draft` feeds it
         # what it lacks); while the batch does not draft, newcomers skip the draft's prefill.
@@ -371,7 +376,7 @@ class BatchSpeculativeGenerator:
         time out, as the batch-1 engine measures before an item's clock starts. In a batch, a
         row's gammas depend on its batch-mates, so adaptive sampling does not reproduce a
         seed's batch-1 sample (greedy output never depends on gamma)."""
-        t0 = time.perf_counter()
+        t0, setup = time.perf_counter(), setup_seconds(tkv, dkv)
         n, ks = len(live), tuple(range(2, self.gamma + 2))
         fill = [(r.seq * (max(ks) // len(r.seq) + 2))[: max(ks)] for r in live]  # tokens to time with
 
@@ -412,7 +417,8 @@ class BatchSpeculativeGenerator:
                 kv.compact()  # the timing passes left holes
         self.gamma_policy.set_costs(costs, replace=True)
         self._costs_width = n
-        spent = time.perf_counter() - t0
+        # (Graphs captured meanwhile are left out of the rows' limits with the others: `r.setup`.)
+        spent = time.perf_counter() - t0 - (setup_seconds(tkv, dkv) - setup)
         for r in live:
             r.start += spent
 

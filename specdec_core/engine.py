@@ -34,6 +34,29 @@ class ItemTimeout(TimeoutError):
     """An item ran past its wall-time limit; the class name is the failed row's error_type."""
 
 
+def setup_seconds(*caches) -> float:
+    """Seconds these caches (static ones; others have none) have spent capturing graphs and, with
+    `--torch_compile`, compiling: one-off work of a worker that no item's clock counts."""
+    return sum(getattr(kv, "capture_s", 0.0) for kv in caches if kv is not None)
+
+
+class ItemClock:
+    """An item's wall time since it started (its stats), and its own time: less the one-off work
+    (`setup_seconds`) done meanwhile, so that a first item that pays for new graphs or compiles
+    is not timed out for it."""
+
+    def __init__(self, setup: Callable[[], float]):
+        self._setup = setup
+        self.start = time.perf_counter()
+        self._setup_at_start = setup()
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.start
+
+    def own(self) -> float:
+        return self.wall() - (self._setup() - self._setup_at_start)
+
+
 @dataclass
 class ItemStats:
     """Per-item statistics; DESIGN.md defines each column."""
@@ -135,7 +158,8 @@ class SpeculativeGenerator:
 
     def generate(self, prompt_ids: list[int], seed: int = 0, finish_check: FinishCheck | None = None,
                  max_seconds: float | None = None) -> Generation:
-        """max_seconds: raise ItemTimeout at the first round that starts past this wall time."""
+        """max_seconds: raise ItemTimeout at the first round that starts past this many seconds of
+        the item's own (`ItemClock`: one-off graph captures and compiles not counted)."""
         with attention_kernels(self.target.device):
             return self._generate(prompt_ids, seed, finish_check, max_seconds)
 
@@ -144,7 +168,7 @@ class SpeculativeGenerator:
         if self.gamma_policy.needs_costs and not isinstance(self.drafter, NoDrafter):
             # Once per process, before this item's clock starts.
             self.gamma_policy.set_costs(self.measure_costs(prompt_ids))
-        start = time.perf_counter()
+        clock = ItemClock(lambda: setup_seconds(self.static, getattr(self.drafter, "static", None)))
         target, sampling = self.target, self.sampling
         device = target.device
         seq = initial_decoder_ids(target, prompt_ids)
@@ -167,7 +191,7 @@ class SpeculativeGenerator:
                 verifier.forward(seq[:-1], 0)
             session = self.drafter.start(prompt_ids, seq, pick, verifier.encoded if self.shared_encoder else None)
             held.callback(session.close)
-            return self._rounds(seq, verifier, session, transform, generator, stats, start, finish_check,
+            return self._rounds(seq, verifier, session, transform, generator, stats, clock, finish_check,
                                 max_seconds)
 
     def _verifier(self, prompt_ids: list[int], held: contextlib.ExitStack) -> CachedDecoder | StaticDecoder:
@@ -180,7 +204,7 @@ class SpeculativeGenerator:
         return CachedDecoder(self.target, prompt_ids)
 
     def _rounds(self, seq: list[int], verifier, session, transform: LogitsTransform, generator: torch.Generator,
-                stats: ItemStats, start: float, finish_check: FinishCheck | None, max_seconds: float | None
+                stats: ItemStats, clock: ItemClock, finish_check: FinishCheck | None, max_seconds: float | None
                 ) -> Generation:
         """Draft, verify, accept until the item ends; both caches hold its prompt."""
         sampling = self.sampling
@@ -188,12 +212,11 @@ class SpeculativeGenerator:
         # Stopping a round on the draft's confidence in the token it just drew changes the
         # distribution the kept drafts come from: that is exact only for greedy drafting.
         keep = gamma_state.keep_drafting if sampling.greedy and gamma_state.stops_early else None
-        stats.prefill_s = time.perf_counter() - start
+        stats.prefill_s = clock.wall()
 
         new: list[int] = []
-        deadline = None if max_seconds is None else start + max_seconds
         while True:
-            if deadline is not None and time.perf_counter() > deadline:
+            if max_seconds is not None and clock.own() > max_seconds:
                 raise ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after {len(new)} new tokens)")
             remaining = self.max_new_tokens - len(new)
             # Never draft past the budget: the round's extra target token needs one slot.
@@ -224,7 +247,7 @@ class SpeculativeGenerator:
             emitted, finish = self._truncate(emitted, remaining, finish_check)
             stats.accepted_tokens += min(n, len(emitted))
             if not new:
-                stats.ttft_s = time.perf_counter() - start
+                stats.ttft_s = clock.wall()
             new += emitted
             if finish:
                 stats.finish_reason = finish
@@ -236,7 +259,7 @@ class SpeculativeGenerator:
 
         stats.draft_steps = session.steps
         stats.new_tokens = len(new)
-        stats.latency_s = time.perf_counter() - start
+        stats.latency_s = clock.wall()
         return Generation(new, stats)
 
     def _truncate(self, emitted: list[int], remaining: int, finish_check: FinishCheck | None = None

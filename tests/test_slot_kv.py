@@ -365,3 +365,48 @@ def test_position_hooks_hold_the_model_and_leave_it_as_it_was(models):
         raise RuntimeError("a pass failed")
     assert all("compute_bias" not in vars(m) for m in biases)
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in embeds)
+
+
+def test_time_limits_do_not_count_capturing_and_compiling(models, prompts, fake_graphs, monkeypatch):
+    """A first item that pays for new graphs (and compiles) is not timed out for it, at batch 1
+    and in slots: here every capture takes 100 s of a fake clock, and the limit is 50 s."""
+    import time
+
+    from specdec_core.engine import ItemTimeout
+
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 1e-6
+        return now[0]
+
+    original = StaticKV._capture
+
+    def slow_capture(self, run, inp):
+        now[0] += 100.0
+        return original(self, run, inp)
+
+    monkeypatch.setattr(time, "perf_counter", clock)
+    monkeypatch.setattr(StaticKV, "_capture", slow_capture)
+    target, draft = models["llama"]
+    drafter = ModelDrafter(draft, cuda_graphs="on")
+    single = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=8, cuda_graphs="on")
+    batch = BatchSpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="on"), batch_size=2,
+                                      num_speculative_tokens=3, max_new_tokens=8, cuda_graphs="on")
+    for kv in (single.static, drafter.static, *batch.slots.values()):
+        kv.graphs = True
+    out = single.generate(prompts[0], max_seconds=50)
+    assert out.tokens == hf_greedy(target, prompts[0], 8) and out.stats.latency_s > 100  # its wall time
+    assert single.static.capture_s >= 100  # it did capture
+    rows = batch.generate_many([(p, 0) for p in prompts[:3]], max_seconds=50)
+    assert [o.tokens for o in rows] == [hf_greedy(target, p, 8) for p in prompts[:3]]
+    assert batch.slots[id(target)].capture_s >= 100
+    started = drafter.start
+
+    def slow_start(*args):  # an item whose own work takes 100 s: that still counts
+        now[0] += 100.0
+        return started(*args)
+
+    monkeypatch.setattr(drafter, "start", slow_start)
+    with pytest.raises(ItemTimeout):
+        single.generate(prompts[1], max_seconds=50)
