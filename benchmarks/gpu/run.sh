@@ -23,6 +23,7 @@ fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+  cc --version 2>/dev/null | head -n 1 || echo "no C compiler: Triton cannot build torch.compile's kernels here"
 } >>"$LOG" 2>&1
 
 step() {  # step NAME SECONDS command...: run it under a limit, its output's tail into the log
