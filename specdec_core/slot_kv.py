@@ -36,6 +36,9 @@ def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0, 
     """The batch engine's slots for `--cuda_graphs` (`static_decoder.wants_static`) and
     `--torch_compile`, or None."""
     if not wants_static(model, mode, batched=True):
+        if compile:
+            log.info("--torch_compile: %s batches run uncompiled (their passes run over no static cache)",
+                     type(model).__name__)
         return None
     kv = SlotKV(model, slots, pad_id, strict=mode == "on", compile=compile)
     log.info("%s batches decode in %d fixed slots%s%s", type(model).__name__, slots,

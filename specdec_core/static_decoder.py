@@ -117,6 +117,8 @@ def static_decoder_for(model: PreTrainedModel, mode: str = "auto", compile: bool
     """The batch-1 engines' static decoder for `--cuda_graphs` (`wants_static`) and
     `--torch_compile`, or None."""
     if not wants_static(model, mode):
+        if compile:
+            log.info("--torch_compile: %s runs uncompiled (its passes run over no static cache)", type(model).__name__)
         return None
     decoder = StaticDecoder(model, strict=mode == "on", compile=compile)
     log.info("%s decodes over a static cache%s%s", type(model).__name__,

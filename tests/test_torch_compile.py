@@ -114,6 +114,15 @@ def test_a_compile_that_fails_falls_back_or_stops_when_strict(models, prompts, c
         strict.forward(prompts[0], 1)
 
 
+def test_an_engine_with_nothing_to_compile_says_so(models, caplog):
+    target, _ = models["llama"]
+    with caplog.at_level(logging.INFO, logger="specdec_core"):
+        SpeculativeGenerator(target, None, max_new_tokens=4, torch_compile=True)  # no CUDA: no static cache
+        BatchSpeculativeGenerator(target, None, batch_size=2, max_new_tokens=4, torch_compile=True)
+    assert "--torch_compile: LlamaForCausalLM runs uncompiled" in caplog.text
+    assert "--torch_compile: LlamaForCausalLM batches run uncompiled" in caplog.text
+
+
 def test_settings_that_would_compile_nothing_are_refused():
     with pytest.raises(ValueError, match="--torch_compile compiles the passes over static caches: not with "
                                          "--cuda_graphs off"):
