@@ -31,12 +31,12 @@ FinishCheck = Callable[[list[int]], int | None]
 
 
 class ItemTimeout(TimeoutError):
-    """An item ran past its wall-time limit; the class name is the failed row's error_type."""
+    """An item ran past its time limit; the class name is the failed row's error_type."""
 
 
 def setup_seconds(*caches) -> float:
     """Seconds these caches (static ones; others have none) have spent capturing graphs and, with
-    `--torch_compile`, compiling: one-off work of a worker that no item's clock counts."""
+    `--torch_compile`, compiling: one-off work of a worker that no item's time limit counts."""
     return sum(getattr(kv, "capture_s", 0.0) for kv in caches if kv is not None)
 
 
