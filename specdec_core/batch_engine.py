@@ -530,7 +530,6 @@ class BatchSpeculativeGenerator:
                 drafts.append(r.session.propose(r.seq, k).tokens if k > 0 and r.session else [])
             return drafts, qs, confs
         greedy = self.sampling.greedy
-        curs = [list(r.seq) for r in live]
         keeps = []
         for b, r in enumerate(live):
             # As in batch 1: stopping on the draft's confidence is exact only for greedy drafting.
@@ -541,11 +540,12 @@ class BatchSpeculativeGenerator:
         if (isinstance(dkv, SlotKV) and getattr(self.drafter, "chain", False) and self._plain_greedy(live)
                 and all(keep is None for keep in keeps) and max(ks, default=0) > 0):
             # The round's steps chained on the device for every row, read back once.
-            picks = dkv.draft_greedy([curs[b][dkv.length(b):] if k > 0 else [] for b, k in enumerate(ks)], max(ks))
-            for b, k in enumerate(ks):
-                curs[b] += through_end(picks[b][:k], ends)
-                live[b].draft_steps += k
-            return [curs[b][len(r.seq):] for b, r in enumerate(live)], qs, confs
+            feeds = [r.seq[dkv.length(b):] if k > 0 else [] for b, (r, k) in enumerate(zip(live, ks, strict=True))]
+            picks = dkv.draft_greedy(feeds, max(ks))
+            for r, k in zip(live, ks, strict=True):
+                r.draft_steps += k
+            return [through_end(p[:k], ends) for p, k in zip(picks, ks, strict=True)], qs, confs
+        curs = [list(r.seq) for r in live]  # each row's tokens and its drafts so far (a picker reads them)
         picks = [self._picker(r) for r in live]
         draft_q: list[list[torch.Tensor]] = [[] for _ in live]
         active = [k > 0 for k in ks]
