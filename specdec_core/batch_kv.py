@@ -71,14 +71,16 @@ def decoder_position_modules(model: PreTrainedModel) -> tuple[list, list]:
     return embeds, biases
 
 
-def bias_by_row(original, queries: Callable[[], torch.Tensor], keys) -> Callable:
-    """A relative-bias module's `compute_bias` (`original`) looking up, per row, the module's own
-    bias of every distance by each query's and key's true position: `queries()` (rows, q) and
-    `keys(key_length)` -> (key positions broadcastable to (rows, q, key_length), the number of
-    distances to tabulate, more than any distance that occurs)."""
+def bias_by_row(module, queries: Callable[[], torch.Tensor], keys) -> Callable:
+    """A relative-bias module's `compute_bias` looking up, per row, the bias its class computes
+    for every distance (never a patch in place) by each query's and key's true position:
+    `queries()` (rows, q) and `keys(key_length)` -> (key positions broadcastable to (rows, q,
+    key_length), the number of distances to tabulate, more than any distance that occurs)."""
+    original = type(module).compute_bias
+
     def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
         key_positions, top = keys(key_length)
-        table = original(1, top, device=device, past_seen_tokens=top - 1)[0, :, 0]  # (heads, top)
+        table = original(module, 1, top, device=device, past_seen_tokens=top - 1)[0, :, 0]  # (heads, top)
         distance = (key_positions - queries()[:, :, None]).clamp(1 - top, 0) + top - 1  # query after key
         return table[:, distance.to(table.device)].permute(1, 0, 2, 3)  # (rows, heads, queries, keys)
     return compute_bias
@@ -291,11 +293,11 @@ class BatchKV:
 
         colpos = self._column_positions(pos, width)
         top = int(max(colpos.max(), pos.max())) + 1
+
         def keys(key_length: int) -> tuple[torch.Tensor, int]:
             return colpos[:, None, :key_length], top
 
-        return hooked(self.model, self._pos_modules,
-                      {m: bias_by_row(type(m).compute_bias.__get__(m), lambda: pos, keys) for m in self._bias_modules},
+        return hooked(self.model, self._pos_modules, {m: bias_by_row(m, lambda: pos, keys) for m in self._bias_modules},
                       embed_hook)
 
     @torch.inference_mode()

@@ -70,10 +70,9 @@ class SlotKV(StaticKV):
         self.slot_of: list[int] = []  # per row of the batch, in the engine's order: its slot
         self.logits: torch.Tensor | None = None  # the last pass's float32 logits (rows, fed, V)
         # Encoder-decoder: the decoder modules that take each row's own positions (`_by_row`),
-        # each bias made once from its class's own `compute_bias` (never from a patch in place).
+        # each bias made once.
         self._embeds, biases = decoder_position_modules(model) if self.encdec else ([], [])
-        self._bias_by_row = {m: bias_by_row(type(m).compute_bias.__get__(m), lambda: self.positions,
-                                            self._key_columns) for m in biases}
+        self._bias_by_row = {m: bias_by_row(m, lambda: self.positions, self._key_columns) for m in biases}
 
     def _reset(self) -> None:
         self.lengths = [0] * self.buffer_rows

@@ -166,6 +166,15 @@ def _prompt_in_output(model) -> Callable[[list[int]], int]:
     return (lambda ids: 1) if model.config.is_encoder_decoder else len
 
 
+def _hf_static_compiled(args, new_tokens: int) -> dict:
+    """`generate()` keywords for HF's best plain decoding: a static cache and `torch.compile`. One
+    cache size for every prompt and batch, so that one compiled decode step serves them all."""
+    from transformers import CompileConfig
+
+    return dict(cache_implementation="static", max_cache_len=args.max_len + new_tokens + 8,
+                compile_config=CompileConfig(fullgraph=False, mode="reduce-overhead"))
+
+
 def single_configs(target, draft, args) -> dict[str, Callable[[list[int]], tuple[list[int], dict]]]:
     """name -> fn(prompt ids) -> (new tokens, stats), all greedy, same gamma and length."""
     device, n, g = target.device, args.max_new_tokens, args.gamma
@@ -194,12 +203,7 @@ def single_configs(target, draft, args) -> dict[str, Callable[[list[int]], tuple
     gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, gc.assistant_confidence_threshold = g, "constant", 0.0
     configs = {"HF generate": hf()}
     if args.hf_compile:
-        from transformers import CompileConfig
-
-        # One static cache size for every prompt, so that one compiled decode step serves them all.
-        configs["HF generate, static cache + compile"] = hf(
-            cache_implementation="static", max_cache_len=args.max_len + n + 8,
-            compile_config=CompileConfig(fullgraph=False, mode="reduce-overhead"))
+        configs["HF generate, static cache + compile"] = hf(**_hf_static_compiled(args, n))
     configs["HF assisted"] = hf(assistant_model=draft)
     # Our engine as it runs (CUDA graphs where the model allows), eager, and eager with PyTorch's
     # default attention kernels (cuDNN attention allowed): each with the target alone and the draft.
@@ -306,12 +310,7 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
         return outs
 
     def hf_compiled(batch_size: int):
-        from transformers import CompileConfig
-
-        # One static cache size for every batch, so that one compiled decode step serves them all.
-        kwargs = dict(cache_implementation="static", max_cache_len=args.max_len + n + 8,
-                      compile_config=CompileConfig(fullgraph=False, mode="reduce-overhead"))
-        return lambda items: hf(batch_size, items, **kwargs)
+        return lambda items: hf(batch_size, items, **_hf_static_compiled(args, n))
 
     def ours(batch_size: int, drafter, graphs: str = "auto", before: bool = False, compiled: bool = False):
         # One engine per configuration: its static slots and graphs are made once, in the warm-up.
