@@ -479,12 +479,25 @@ class StaticKV:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         previous = torch.cuda.current_stream(self.device)
+        _clear_cublas_workspaces()
         try:
             with torch.cuda.graph(graph, pool=self._pool, stream=self._side()):
                 out = run(static)
         finally:
             torch.cuda.set_stream(previous)  # a capture that failed would leave its stream current
+            _clear_cublas_workspaces()
         return graph, out
+
+
+def _clear_cublas_workspaces() -> None:
+    """Drop cuBLAS's cached workspaces (every stream's), as torch.compile's own CUDA graphs do
+    around each recording. A capture then allocates the workspace its matmuls use inside its
+    graph's pool, which lives as long as the graph. Otherwise the graph keeps the address of a
+    workspace that PyTorch frees whenever anything clears them (torch.compile's
+    "reduce-overhead" graphs on each recording; in torch 2.11 the destruction of any graph
+    captured on the same pooled stream), and its next replay reads freed memory: an illegal
+    memory access seen on an H200 after HF's compiled `generate()` ran in the same process."""
+    torch._C._cuda_clearCublasWorkspaces()
 
 
 class StaticDecoder(StaticKV):

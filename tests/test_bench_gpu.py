@@ -61,18 +61,21 @@ def test_a_bad_setting_stops_in_one_line(capsys):
 def test_figures_are_saved_as_they_are_made(tmp_path):
     """A run cut short keeps what it measured: the single section is written after each prompt,
     the batched one after each configuration, each marked partial until its section ends; the
-    configurations that compile run last, so a run cut short while compiling keeps the others."""
-    args = gpu.parse_args([*TINY, "--batched_before", "--torch_compile", "--include", "chained|per-row"])
+    configurations that compile run last, so a run cut short while compiling keeps the others, and
+    HF's compiled `generate()` after ours."""
+    args = gpu.parse_args([*TINY, "--batched_before", "--torch_compile", "--hf_compile", "--include",
+                           "chained|per-row|static cache"])
     target, draft = gpu.build_pair(gpu.SHAPES["tiny"], gpu.torch.device("cpu"), gpu.torch.float32)
     single, batched = [], []
     gpu.run_single(target, draft, args, single.append)
     gpu.run_batched(target, draft, args, batched.append)
-    compiled = "ours, draft, chained, compiled"
-    assert [p["prompts"] for p in single] == [1, 2, 2, 2]
-    assert [compiled in p["rows"] for p in single] == [False, False, True, True]
+    compiled, hf_compiled = "ours, draft, chained, compiled", "HF generate, static cache + compile"
+    assert [p["prompts"] for p in single] == [1, 2, 2, 2, 2, 2]
+    assert [compiled in p["rows"] for p in single] == [False, False, True, True, True, True]
+    assert [hf_compiled in p["rows"] for p in single] == [False, False, False, False, True, True]
     assert single[-1]["rows"][compiled]["prompts"] == 2 and single[-1]["rows"][compiled]["identical_to_hf"] == 2
     at_two = [list(p["by_batch_size"]["2"]) for p in batched if p["batch_size_partial"] == 2]
-    assert at_two[0] == ["HF generate"] and at_two[-1][-1] == compiled
+    assert at_two[0] == ["HF generate"] and at_two[-1][-2:] == [compiled, hf_compiled]
     assert "ours, draft, per-row picks, cuDNN attention" in at_two[-1]
     assert batched[-1]["by_batch_size"]["4"][compiled]["identical_to_hf"] == 5
     cut = {"shape": "tiny", "dtype": "float32", "device_name": "cpu", "torch": "", "cuda": None, "transformers": "",

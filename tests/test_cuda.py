@@ -78,3 +78,16 @@ def test_compiled_passes_equal_generate_on_cuda(kind, cuda_models, tokenizer):
     assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, (kind, "batched")
     slots = engine.slots[id(target)]
     assert slots.graphs and slots.captures > 0 and slots._compiled is not None
+
+
+def test_graphs_survive_cublas_workspaces_cleared_elsewhere():
+    """torch.compile's own CUDA graphs (HF `generate()` with a compile config, say) clear every
+    cuBLAS workspace when they record: the engine's graphs, captured before, still replay and
+    decode the same (they own their workspaces). In a child process: a failure here is an
+    illegal memory access, which would break CUDA for every later test."""
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-m", "tests.cuda_workspace_child"], capture_output=True, text=True,
+                           timeout=300)
+    assert child.returncode == 0 and child.stdout.startswith("same"), child.stdout + child.stderr[-2000:]

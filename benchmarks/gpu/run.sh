@@ -3,7 +3,8 @@
 # lacks, the CUDA tests, the GPU benchmark in bf16 and fp32, and a whole job on the GPU. Each step
 # has its own time limit and appends to $OUT/log.txt; figures land in $OUT/bench/ as they are made.
 # STEPS picks steps (default: the first call's; the second call is STEPS="job t5", see README.md
-# beside this file); BEFORE=1 adds ours as it was (cuDNN attention, per-row batched picks); SIZE=small
+# beside this file; "workspace" checks that the engine's graphs survive cuBLAS workspaces cleared
+# elsewhere, "workspace-control" the same without the engine's own clearing); SINGLE_ARGS, SINGLE_INCLUDE: the single step's sizes and configurations; BEFORE=1 adds ours as it was (cuDNN attention, per-row batched picks); SIZE=small
 # runs each step at a size for a first try;
 # DEVICE=cpu SHAPE=tiny PYTHON=.venv/bin/python try the script on a machine without a GPU.
 set -uo pipefail
@@ -49,6 +50,8 @@ else
   FP32="--prompts 4 --warmup 1 --max_new_tokens 128"
   BIG="--prompts 3 --warmup 1 --max_new_tokens 64"
 fi
+ONE=${SINGLE_ARGS:-$ONE}  # e.g. fewer prompts where device time is short
+SINGLE_INCLUDE=${SINGLE_INCLUDE:-'^(HF generate, static cache \+ compile|ours, draft(, chained)?(, compiled)?|ours, target alone, compiled)$'}
 # The targets' comparison: HF generate with a static cache and torch.compile against ours with graphs,
 # chained drafts, and passes compiled before capture (both compile in the warm-up).
 COMPILED="--dtype bfloat16 --hf_compile --torch_compile"
@@ -57,8 +60,11 @@ for s in $STEPS; do
   case $s in
     tests) step tests 200 $PY -m pytest -v -p no:cacheprovider tests/test_cuda.py tests/test_gpu_placement.py ;;  # -v: a run cut short still shows each test it ended
     single) step single 230 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE $COMPILED \
-      --sections single,profile $ONE --out "$OUT/bench" \
-      --include '^(HF generate, static cache \+ compile|ours, draft(, chained)?(, compiled)?|ours, target alone, compiled)$' ;;
+      --sections single,profile $ONE --out "$OUT/bench" --include "$SINGLE_INCLUDE" ;;
+    # The engine's graphs after cuBLAS's workspaces were cleared elsewhere; control: without the
+    # engine's own clearing around its captures (shows whether this GPU's matmuls use a workspace).
+    workspace) step workspace 60 $PY -m tests.cuda_workspace_child ;;
+    workspace-control) step workspace-control 60 $PY -m tests.cuda_workspace_child control ;;
     batched) step batched 140 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE $COMPILED \
       --sections batched $MANY --include 'chained|compile' --out "$OUT/bench/batched" ;;
     bf16) step bf16 320 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 $BF16 --out "$OUT/bench" ;;
