@@ -41,9 +41,11 @@ class SpecDecOptions(PipelineOptions):
           help="on a GPU: the target's and the draft's passes over static caches (fixed row slots when batched), "
           "replayed as CUDA graphs (auto: on CUDA, for models with full attention on one device; on: insist; "
           "off: eager)")
-        a("--torch_compile", action="store_true", default=False,
-          help="compile the passes over static caches with torch.compile before they are captured (fewer, "
-          "fused kernels per pass; minutes of compiling per worker); needs --cuda_graphs on, or auto on a GPU")
+        a("--torch_compile", nargs="?", const="on", default="auto", choices=GRAPH_MODES,
+          help="the passes over static caches compiled by torch.compile before they are captured (fewer, fused "
+          "kernels per pass; about a minute of compiling per worker and batch width), the draft's steps chained "
+          "(auto: wherever --cuda_graphs puts passes in graphs, on a GPU; on: also with --cuda_graphs on on a "
+          "CPU; off)")
         a("--draft_dtype", default="auto", choices=DRAFT_DTYPES,
           help="the draft model's weights only (the target keeps --dtype, so outputs are unchanged): auto = "
           "--dtype, with the large linears of an fp32 CPU draft in bf16 where the CPU has native bf16; same = "

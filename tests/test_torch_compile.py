@@ -124,9 +124,28 @@ def test_an_engine_with_nothing_to_compile_says_so(models, caplog):
 
 
 def test_settings_that_would_compile_nothing_are_refused():
-    with pytest.raises(ValueError, match="--torch_compile compiles the passes over static caches: not with "
+    with pytest.raises(ValueError, match="--torch_compile on compiles the passes over static caches: not with "
                                          "--cuda_graphs off"):
-        GeneratorSpec(target_model="t", drafter="none", torch_compile=True, cuda_graphs="off")
+        GeneratorSpec(target_model="t", drafter="none", torch_compile="on", cuda_graphs="off")
     with pytest.raises(ValueError, match="not with --device cpu"):
-        GeneratorSpec(target_model="t", drafter="none", torch_compile=True, device="cpu")
-    GeneratorSpec(target_model="t", drafter="none", torch_compile=True, device="cpu", cuda_graphs="on")
+        GeneratorSpec(target_model="t", drafter="none", torch_compile="on", device="cpu")
+    GeneratorSpec(target_model="t", drafter="none", torch_compile="on", device="cpu", cuda_graphs="on")
+
+
+def test_auto_compiles_where_the_passes_are_cuda_graphs():
+    """The default: compiled (and the draft's steps chained) on a GPU wherever --cuda_graphs puts
+    the passes in graphs; never on a CPU unless asked; a bare `--torch_compile` means on."""
+    from pipeline.options import SpecDecOptions
+    from specdec_core.text import compiles
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert compiles("auto", "auto", gpu) and compiles("auto", "on", gpu) and not compiles("auto", "off", gpu)
+    assert not compiles("auto", "auto", cpu) and not compiles("auto", "on", cpu)
+    assert compiles("on", "on", cpu) and not compiles("off", "auto", gpu)
+    with pytest.raises(ValueError, match="--torch_compile 'sometimes': expected one of auto, on, off"):
+        GeneratorSpec(target_model="t", drafter="none", torch_compile="sometimes")
+
+    def parsed(*argv):
+        return SpecDecOptions(["--input", "i", "--output", "o", "--target_model", "t", *argv]).torch_compile
+
+    assert (parsed(), parsed("--torch_compile"), parsed("--torch_compile", "off")) == ("auto", "on", "off")
