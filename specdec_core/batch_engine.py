@@ -174,6 +174,7 @@ class BatchSpeculativeGenerator:
         # per finished row.
         self._draft_prefill = [0.0, 0]  # seconds, prompts
         self._row_tokens = [0, 0]  # new tokens, finished rows
+        self.admit_s = 0.0  # wall seconds spent admitting rows (their prefills), since construction
 
     # -- one row --------------------------------------------------------------------------------
 
@@ -295,6 +296,7 @@ class BatchSpeculativeGenerator:
         """Prefill up to `slots` waiting prompts (in passes of at most `prefill_tokens` tokens),
         then merge them in after the live rows, or write them over the finished rows `into` (one
         per prompt)."""
+        t0 = time.perf_counter()
         rows = [self._new_row(i, list(ids), seed, check) for i, (ids, seed, check) in
                 (waiting.popleft() for _ in range(min(slots, len(waiting))))]
         setup = setup_seconds(tkv, dkv)
@@ -319,6 +321,7 @@ class BatchSpeculativeGenerator:
         now = time.perf_counter()
         for r in rows:
             r.stats.prefill_s = now - r.start
+        self.admit_s += now - t0
         return rows
 
     def _prefill(self, model: PreTrainedModel, kv: BatchKV | SlotKV, rows: list[_Row], into: list[int] | None,

@@ -78,6 +78,8 @@ def test_figures_are_saved_as_they_are_made(tmp_path):
     assert at_two[0] == ["HF generate"] and at_two[-1][-2:] == [compiled, hf_compiled]
     assert "ours, draft, per-row picks, cuDNN attention" in at_two[-1]
     assert batched[-1]["by_batch_size"]["4"][compiled]["identical_to_hf"] == 5
+    ours_row, hf_row = batched[-1]["by_batch_size"]["4"][compiled], batched[-1]["by_batch_size"]["4"]["HF generate"]
+    assert 0 < ours_row["admit_s"] < ours_row["seconds"] and "admit_s" not in hf_row  # ours' time in prefills
     cut = {"shape": "tiny", "dtype": "float32", "device_name": "cpu", "torch": "", "cuda": None, "transformers": "",
            "gamma": 4, "max_new_tokens": 10, "min_len": 4, "max_len": 12, "single": single[0], "single_partial": True}
     assert "(cut short in: single)" in gpu.markdown(cut)

@@ -2,15 +2,16 @@
 # The whole GPU check in one call of the GPU machine (see README.md beside this file): wheels it
 # lacks, the CUDA tests, the GPU benchmark in bf16 and fp32, and a whole job on the GPU. Each step
 # has its own time limit and appends to $OUT/log.txt; figures land in $OUT/bench/ as they are made.
-# STEPS picks steps (default: the first call's; the second call is STEPS="job t5", see README.md
-# beside this file; "workspace" checks that the engine's graphs survive cuBLAS workspaces cleared
-# elsewhere, "workspace-control" the same without the engine's own clearing); SINGLE_ARGS, SINGLE_INCLUDE: the single step's sizes and configurations; BEFORE=1 adds ours as it was (cuDNN attention, per-row batched picks); SIZE=small
-# runs each step at a size for a first try;
+# STEPS picks steps (default: the next session's first call, see README.md beside this file);
+# "workspace" checks that the engine's graphs survive cuBLAS workspaces cleared elsewhere,
+# "workspace-control" the same without the engine's own clearing; SINGLE_ARGS, SINGLE_INCLUDE:
+# the single step's sizes and configurations; BEFORE=1 adds ours as it was (cuDNN attention,
+# per-row batched picks); SIZE=small runs each step at a size for a first try;
 # DEVICE=cpu SHAPE=tiny PYTHON=.venv/bin/python try the script on a machine without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
-STEPS=${STEPS:-tests single batched}
+STEPS=${STEPS:-batched job}
 DEVICE=${DEVICE:-cuda}
 SHAPE=${SHAPE:-tinyllama-1.1b}
 PY=${PYTHON:-python3}
@@ -65,7 +66,7 @@ for s in $STEPS; do
     # engine's own clearing around its captures (shows whether this GPU's matmuls use a workspace).
     workspace) step workspace 60 $PY -m tests.cuda_workspace_child ;;
     workspace-control) step workspace-control 60 $PY -m tests.cuda_workspace_child control ;;
-    batched) step batched 140 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE $COMPILED \
+    batched) step batched 300 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE $COMPILED \
       --sections batched $MANY --include 'chained|compile' --out "$OUT/bench/batched" ;;
     bf16) step bf16 320 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 $BF16 --out "$OUT/bench" ;;
     fp32) step fp32 150 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype float32 --sections single \
