@@ -319,13 +319,12 @@ class StaticKV:
         may get its own)."""
         w = inp.shape[1] - 2
         with self._by_row():
-            if (self._compiled is None or w > self.max_graph_width or keep != w
-                    or not self.cache.layers[0].is_initialized):
+            if self._compiled is None or keep not in (w, 1) or not self.cache.layers[0].is_initialized:
                 return self._packed_pass(inp, keep)
             try:
                 torch._dynamo.maybe_mark_dynamic(inp, 1)
                 with torch._dynamo.config.patch(recompile_limit=COMPILE_LIMIT):
-                    return self._compiled(inp, 0)  # logits_to_keep 0: all
+                    return self._compiled(inp, 0 if keep == w else 1)  # logits_to_keep 0: all
             except Exception as e:  # e.g. no compiler for inductor's kernels on this machine
                 if self.strict:
                     raise
