@@ -266,7 +266,7 @@ class StaticKV:
         self.strict = strict
         self.layers = decoder_layers(model.config)
         self.capacity = 0
-        self.capture_s = 0.0  # seconds spent capturing graphs, for the log
+        self.capture_s = 0.0  # seconds spent capturing graphs (and compiling passes run without one)
         self.captures = 0
         self._graphs: dict[int | tuple[int, int], _Graph] = {}
         self._pool = None  # one memory pool for all graphs: one pass runs at a time, outputs stay held
@@ -414,7 +414,17 @@ class StaticKV:
         """`run(inputs on the device)`: replayed through the graph kept under `key` (captured now
         if it is new) when graphs are on and the pass is narrow enough, else eagerly."""
         if not self.graphs or inp.shape[1] - 2 > self.max_graph_width:
-            return run(inp.to(self.device))
+            if self._compiled is None:
+                return run(inp.to(self.device))
+            from torch._dynamo.utils import counters
+
+            compiled, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
+            out = run(inp.to(self.device))
+            if counters["stats"]["unique_graphs"] != compiled:  # one-off work, counted as a capture is
+                self.capture_s += time.perf_counter() - t0
+                log.info("%s: %s compiled (%.2f s with captures and compiles so far)", type(self.model).__name__,
+                         what, self.capture_s)
+            return out
         with self._on_device():  # a graph is captured and replayed on its model's own GPU
             g = self._graphs.get(key)
             if g is None:

@@ -153,3 +153,19 @@ def test_auto_compiles_where_the_passes_are_cuda_graphs():
         return SpecDecOptions(["--input", "i", "--output", "o", "--target_model", "t", *argv]).torch_compile
 
     assert (parsed(), parsed("--torch_compile"), parsed("--torch_compile", "off")) == ("auto", "on", "off")
+
+
+def test_compiling_without_a_graph_counts_as_one_off_work(models, prompts, caplog):
+    """Passes compiled outside a capture (here every pass: a CPU captures none; on a GPU, prompts)
+    add their compile time to the cache's one-off seconds, which item time limits leave out."""
+    torch._dynamo.reset()
+    target, _ = models["llama"]
+    gen = SpeculativeGenerator(target, None, max_new_tokens=4, cuda_graphs="on", torch_compile=True)
+    with caplog.at_level(logging.INFO, logger="specdec_core"):
+        for p in prompts:  # the first allocates the buffers; the others' prompt passes compile
+            gen.generate(p)
+    setup = gen.static.capture_s
+    assert setup > 0 and "-token pass compiled" in caplog.text
+    for p in prompts[::-1]:  # nothing new to compile, nothing added
+        gen.generate(p)
+    assert gen.static.capture_s == setup
