@@ -106,7 +106,7 @@ class ModelDrafter(Drafter):
         """cuda_graphs, torch_compile: the draft's steps over a static cache replayed as CUDA
         graphs (and compiled), as the engine's options of those names. chain: with a static cache
         and a plain argmax picker, a round's draft steps run as one chain on the device, read back
-        once (`StaticDecoder.draft_greedy`); off until a GPU measures what it saves."""
+        once (`StaticDecoder.draft_greedy`); the job turns it on with compiled passes, where it pays."""
         self.model = model
         # A round's drafts end at the draft's end token: nothing after an end is ever kept.
         self.ends = eos_ids(model)

@@ -254,7 +254,8 @@ class StaticKV:
         says so and this model's passes run eagerly from then on, over the same buffers.
         compile: passes up to `max_graph_width` wide go through `torch.compile` (inductor fuses a
         layer's small kernels: a graph replays the launches, not their count) before capture; a
-        compile that fails is logged and the passes run uncompiled (raises when strict)."""
+        compile that fails is logged and the passes run uncompiled, strict or not (compiling is on
+        by default on a GPU: a worker that cannot compile still decodes the same)."""
         why = graph_support(model, batched)
         if why:
             raise ValueError(f"{type(model).__name__} {why}")
@@ -319,15 +320,16 @@ class StaticKV:
         may get its own)."""
         w = inp.shape[1] - 2
         with self._by_row():
-            if self._compiled is None or keep not in (w, 1) or not self.cache.layers[0].is_initialized:
+            if (self._compiled is None or w > self.max_graph_width or keep != w
+                    or not self.cache.layers[0].is_initialized):
                 return self._packed_pass(inp, keep)
             try:
                 torch._dynamo.maybe_mark_dynamic(inp, 1)
                 with torch._dynamo.config.patch(recompile_limit=COMPILE_LIMIT):
-                    return self._compiled(inp, 0 if keep == w else 1)  # logits_to_keep 0: all
+                    return self._compiled(inp, 0)  # logits_to_keep 0: all
+            except torch.OutOfMemoryError:  # the pass's own failure, not the compiler's
+                raise
             except Exception as e:  # e.g. no compiler for inductor's kernels on this machine
-                if self.strict:
-                    raise
                 log.warning("%s: torch.compile failed (%s: %s); its passes run uncompiled from now on",
                             type(self.model).__name__, type(e).__name__, str(e)[:200])
                 self._compiled = None
@@ -420,7 +422,9 @@ class StaticKV:
 
             compiled, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
             out = run(inp.to(self.device))
-            if counters["stats"]["unique_graphs"] != compiled:  # one-off work, counted as a capture is
+            # One-off work, counted as a capture is (dynamo's count is per process: items run one
+            # at a time per engine, so a compile meanwhile is this pass's).
+            if counters["stats"]["unique_graphs"] != compiled:
                 self.capture_s += time.perf_counter() - t0
                 log.info("%s: %s compiled (%.2f s with captures and compiles so far)", type(self.model).__name__,
                          what, self.capture_s)

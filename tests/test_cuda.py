@@ -87,7 +87,8 @@ def test_graphs_survive_cublas_workspaces_cleared_elsewhere():
     illegal memory access, which would break CUDA for every later test."""
     import subprocess
     import sys
+    from pathlib import Path
 
     child = subprocess.run([sys.executable, "-m", "tests.cuda_workspace_child"], capture_output=True, text=True,
-                           timeout=300)
+                           timeout=300, cwd=Path(__file__).parents[1])
     assert child.returncode == 0 and child.stdout.startswith("same"), child.stdout + child.stderr[-2000:]

@@ -211,7 +211,7 @@ def single_configs(target, draft, args) -> dict[str, Callable[[list[int]], tuple
                                   (", eager, cuDNN attention", True, "off")):
         configs["ours, target alone" + suffix] = ours(NoDrafter(), cudnn, graphs)
         configs["ours, draft" + suffix] = ours(ModelDrafter(draft, cuda_graphs=graphs), cudnn, graphs)
-    # A round's greedy drafts chained on the device, read back once (off by default until measured).
+    # A round's greedy drafts chained on the device, read back once (the job's default when compiled).
     configs["ours, draft, chained"] = ours(ModelDrafter(draft, cuda_graphs="auto", chain=True), False, "auto")
     if args.torch_compile:  # each pass compiled (fused kernels) before its capture
         configs["ours, target alone, compiled"] = ours(NoDrafter(), False, "auto", True)
