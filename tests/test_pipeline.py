@@ -93,6 +93,18 @@ def test_greedy_job_output_equals_target_generate(tmp_path, saved_pairs, kind, d
         assert row["tokens_per_s"] == pytest.approx(row["new_tokens"] / row["latency_s"])
 
 
+@pytest.mark.parametrize("batch_size", ["1", "2"])
+def test_a_compiled_job_decodes_what_generate_does(tmp_path, saved_pairs, batch_size):
+    """--torch_compile on (what auto does on a GPU; here inductor's CPU code, over static caches
+    without graphs): the job's passes compiled and its draft's steps chained, through Beam."""
+    target, draft = saved_pairs["gpt2"]
+    results, failed = run_job(tmp_path, target, draft, "--cuda_graphs", "on", "--torch_compile", "--batch_size",
+                              batch_size)
+    assert failed.num_rows == 0
+    by_id = dict(zip(results["id"].to_pylist(), results["generation"].to_pylist(), strict=True))
+    assert [by_id[f"g{i}"] for i in range(len(GOOD))] == [greedy_reference(target, p, 12) for p in GOOD]
+
+
 def test_baseline_runs_target_alone_with_no_drafts(tmp_path, saved_pairs):
     target, _ = saved_pairs["llama"]
     results, _ = run_job(tmp_path, target, None, "--drafter", "none")
