@@ -11,7 +11,8 @@ prompt distinct and of its own length (a job never repeats a shape), interleaved
   kernels (cuDNN attention allowed: `specdec_core.attention`);
 - batched: HF `generate` over left-padded batches of B prompts against our batch engine at the
   same B, with and without the draft, tokens/s over the whole set;
-- a profile of one generation of ours with the draft: the GPU's busy share and the top CPU ops.
+- a profile of one generation of ours with the draft: the GPU's busy share and the top CPU ops;
+  and of one batched call of ours, alone and with the draft, with its share of time admitting rows.
 
 Exactness counts stand beside every figure: outputs identical to HF `generate` of the same
 batch size, and ours with the draft identical to ours alone. Results go to OUT/gpu-<dtype>.json
@@ -379,16 +380,36 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
     return {"prompts": len(prompts), "by_batch_size": results, "failed": failed}
 
 
+SECTIONS = ("single", "batched", "profile", "profile_batched")
+
+
 # -- profile ---------------------------------------------------------------------------------------
 
-def run_profile(target, draft, args, save: Callable[[dict], None] = lambda partial: None) -> dict:
-    """One generation of ours with the draft, on a fresh prompt, per way of running its passes:
-    the share of wall time the GPU spends in kernels, kernel launches, and the costliest CPU-side
-    ops."""
+def _profiled(run: Callable[[], object], device: torch.device) -> dict:
+    """`run()` under torch's profiler: wall time, the share of it the GPU spends in kernels,
+    kernel launches, cuDNN kernels and the costliest CPU-side ops."""
     from torch.profiler import ProfilerActivity, profile
 
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    _sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        run()
+        _sync(device)
+    wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
+    return {"wall_s": wall, "gpu_kernel_s": kernel_us / 1e6, "gpu_busy_share": kernel_us / 1e6 / wall,
+            "launches": launches, "cudnn_kernels": sum(e.count for e in events if "cudnn" in e.key.lower()),
+            "top_cpu_ops_ms": {e.key: e.self_cpu_time_total / 1000 for e in top}}
+
+
+def run_profile(target, draft, args, save: Callable[[dict], None] = lambda partial: None) -> dict:
+    """One generation of ours with the draft, on a fresh prompt, per way of running its passes
+    (`_profiled`)."""
     out = {}
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if target.device.type == "cuda" else [])
     ways = [("CUDA graphs", False, "auto", False, False), ("CUDA graphs, chained", False, "auto", True, False),
             ("eager", False, "off", False, False)]
     if args.torch_compile:
@@ -402,22 +423,31 @@ def run_profile(target, draft, args, save: Callable[[dict], None] = lambda parti
         ids = distinct_prompts(1, args.min_len, args.max_len, target.config.vocab_size, seed=3000 + i)[0]
         with _cudnn(cudnn):
             engine.generate(distinct_prompts(1, args.min_len, args.max_len, target.config.vocab_size, 4000)[0])
-            _sync(target.device)
-            t0 = time.perf_counter()
-            with profile(activities=activities) as prof:
-                engine.generate(ids)
-                _sync(target.device)
-            wall = time.perf_counter() - t0
-        events = prof.key_averages()
-        kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
-        launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel",
-                                                             "cudaLaunchKernelExC"))
-        top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
-        out[label] = {
-            "wall_s": wall, "gpu_kernel_s": kernel_us / 1e6, "gpu_busy_share": kernel_us / 1e6 / wall,
-            "launches": launches,
-            "cudnn_kernels": sum(e.count for e in events if "cudnn" in e.key.lower()),
-            "top_cpu_ops_ms": {e.key: e.self_cpu_time_total / 1000 for e in top}}
+            out[label] = _profiled(lambda engine=engine, ids=ids: engine.generate(ids), target.device)
+    return out
+
+
+def run_profile_batched(target, draft, args, save: Callable[[dict], None] = lambda partial: None) -> dict:
+    """Ours batched at the first of `--batch_sizes` (fixed slots and graphs where the model allows),
+    the target alone and the draft chained, each over twice that many fresh prompts after a warm-up
+    on as many: where a batched round's time goes, and the share of it spent admitting rows."""
+    b, n = args.batch_sizes[0], args.batch_max_new_tokens or args.max_new_tokens
+    out = {}
+    for i, (label, drafter) in enumerate(((f"B={b}, target alone", NoDrafter()),
+                                          (f"B={b}, draft, chained", ModelDrafter(draft, chain=True)))):
+        engine = BatchSpeculativeGenerator(target, drafter, batch_size=b, num_speculative_tokens=args.gamma,
+                                           max_new_tokens=n)
+        warm, ids = (distinct_prompts(2 * b, args.min_len, args.max_len, target.config.vocab_size, seed=s)
+                     for s in (5000 + i, 6000 + i))
+        engine.generate_many([(p, 0) for p in warm])
+        admitting = engine.admit_s
+        outs: list = []
+
+        def run(engine=engine, ids=ids, outs=outs) -> None:
+            outs.extend(engine.generate_many([(p, 0) for p in ids]))
+        out[label] = _profiled(run, target.device)
+        out[label]["admit_s"] = engine.admit_s - admitting
+        out[label]["tokens"] = sum(len(o.tokens) for o in outs)
     return out
 
 
@@ -501,6 +531,16 @@ def markdown(result: dict) -> str:
             lines.append(f"| {name} | {p['wall_s']:.3f} | {p['gpu_kernel_s']:.3f} | {100 * p['gpu_busy_share']:.0f}% |"
                          f" {p['launches']} | {p['cudnn_kernels']} |")
         lines.append("")
+    prof = result.get("profile_batched")
+    if prof:
+        lines += ["Profile of one batched call of ours (fixed slots and graphs where the model allows):", "",
+                  "| engine | tokens | wall s | GPU kernel s | GPU busy | in admissions | kernel launches |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, p in prof.items():
+            busy, admitting = 100 * p["gpu_busy_share"], 100 * p["admit_s"] / p["wall_s"]
+            lines.append(f"| {name} | {p['tokens']} | {p['wall_s']:.3f} | {p['gpu_kernel_s']:.3f} | {busy:.0f}% | "
+                         f"{admitting:.0f}% | {p['launches']} |")
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
@@ -521,7 +561,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--shape", default="tinyllama-1.1b", choices=sorted(SHAPES))
     p.add_argument("--sections", default="single,batched,profile",
-                   help="comma-separated: single (batch 1), batched, profile")
+                   help="comma-separated: single (batch 1), batched, profile (batch 1), profile_batched (at the "
+                   "first --batch_sizes)")
     p.add_argument("--prompts", type=int, default=8, help="measured prompts at batch 1")
     p.add_argument("--warmup", type=int, default=2, help="warm-up prompts at batch 1 (never measured)")
     p.add_argument("--batch_prompts", type=int, default=128, help="prompts in the batched set")
@@ -549,9 +590,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
     args.sections = [s for s in args.sections.split(",") if s]
-    unknown = set(args.sections) - {"single", "batched", "profile"}
+    unknown = set(args.sections) - set(SECTIONS)
     if unknown:
-        p.error(f"--sections: unknown {', '.join(sorted(unknown))} (single, batched, profile)")
+        p.error(f"--sections: unknown {', '.join(sorted(unknown))} ({', '.join(SECTIONS)})")
     if not 1 <= args.min_len <= args.max_len:
         p.error(f"--min_len/--max_len: need 1 <= min <= max, got {args.min_len}, {args.max_len}")
     return args
@@ -588,7 +629,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.save:
         save_job_inputs(target, draft, args, Path(args.save))
         return result
-    runners = {"single": run_single, "batched": run_batched, "profile": run_profile}
+    runners = {"single": run_single, "batched": run_batched, "profile": run_profile,
+               "profile_batched": run_profile_batched}
     # A figure labelled "graphs" must be one: any pass that fell back to eager is reported beside them.
     fallbacks, static_log = _Warnings(), logging.getLogger("specdec_core.static_decoder")
     static_log.addHandler(fallbacks)
