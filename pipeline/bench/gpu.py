@@ -447,16 +447,14 @@ def run_profile_batched(target, draft, args, save: Callable[[dict], None] = lamb
         warm, ids = (distinct_prompts(2 * b, args.min_len, args.max_len, target.config.vocab_size, seed=s)
                      for s in (5000 + i, 6000 + i))
         engine.generate_many([(p, 0) for p in warm])
-        outs: list = []
-        admits: list[float] = []  # per run: its seconds admitting rows
+        runs: list[tuple[int, float]] = []  # per run: its new tokens, its seconds admitting rows
 
-        def run(engine=engine, ids=ids, outs=outs, admits=admits) -> None:
+        def run(engine=engine, ids=ids, runs=runs) -> None:
             before = engine.admit_s
-            outs[:] = engine.generate_many([(p, 0) for p in ids])
-            admits.append(engine.admit_s - before)
+            gens = engine.generate_many([(p, 0) for p in ids])
+            runs.append((sum(len(g.tokens) for g in gens), engine.admit_s - before))
         out[label] = _profiled(run, target.device)
-        out[label]["admit_s"] = admits[0]  # of the unprofiled run
-        out[label]["tokens"] = sum(len(o.tokens) for o in outs)
+        out[label]["tokens"], out[label]["admit_s"] = runs[0]  # the unprofiled run's
     return out
 
 
@@ -540,7 +538,7 @@ def markdown(result: dict) -> str:
                   "|---|---|---|---|---|---|---|"]
         for name, p in prof.items():
             plain = p.get("unprofiled_wall_s")  # absent from runs before it was measured
-            busy = f"{p['gpu_kernel_s'] / plain:.0%}" if plain else "-"
+            busy = f"{p['gpu_busy_share_unprofiled']:.0%}" if plain else "-"
             wall = f"{plain:.3f}" if plain else "-"
             lines.append(f"| {name} | {wall} | {p['gpu_kernel_s']:.3f} | {busy} | {p['wall_s']:.3f}, "
                          f"{p['gpu_busy_share']:.0%} | {p['launches']} | {p['cudnn_kernels']} |")
