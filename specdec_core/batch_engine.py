@@ -327,24 +327,28 @@ class BatchSpeculativeGenerator:
     def _prefill(self, model: PreTrainedModel, kv: BatchKV | SlotKV, rows: list[_Row], into: list[int] | None,
                  encoded: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Each row's committed tokens but the newest into `kv`, in passes of at most
-        `prefill_tokens` tokens, merged after the rows there or written over the rows `into`.
+        `prefill_tokens` tokens (slots with graphs: `SlotKV.prefill`), merged after the rows there
+        or written over the rows `into`.
         Encoder-decoder: returns the encoder's outputs per pass; `encoded` (those of a model with
         the same encoder module, over the same rows) spares running the encoder again."""
         t0 = time.perf_counter()
         feeds = [r.seq[:-1] for r in rows]
         parts, hidden = [], []
         lengths = [len(r.prompt) for r in rows] if self.encdec else [len(f) for f in feeds]
-        for i, chunk in enumerate(prefill_chunks(lengths, self.prefill_tokens)):
-            fresh = BatchKV(model, len(chunk), self.pad_id)
-            if self.encdec:  # the decoder holds no prompt: the encoder runs, the cross cache fills
-                hidden.append(fresh.encode([rows[j].prompt for j in chunk], encoded[i] if encoded else None))
-            else:
-                fresh.forward([feeds[j] for j in chunk], logits=False)
-            if into is not None:
-                kv.place([into[j] for j in chunk], fresh)
-            parts.append(fresh)
-        if into is None:
-            kv.merge(*parts)
+        if isinstance(kv, SlotKV) and kv.prefills_in_graphs:  # row by row, through graphs
+            kv.prefill(feeds, into)
+        else:
+            for i, chunk in enumerate(prefill_chunks(lengths, self.prefill_tokens)):
+                fresh = BatchKV(model, len(chunk), self.pad_id)
+                if self.encdec:  # the decoder holds no prompt: the encoder runs, the cross cache fills
+                    hidden.append(fresh.encode([rows[j].prompt for j in chunk], encoded[i] if encoded else None))
+                else:
+                    fresh.forward([feeds[j] for j in chunk], logits=False)
+                if into is not None:
+                    kv.place([into[j] for j in chunk], fresh)
+                parts.append(fresh)
+            if into is None:
+                kv.merge(*parts)
         if model is self.draft_model:
             self._draft_prefill[0] += time.perf_counter() - t0
             self._draft_prefill[1] += len(rows)

@@ -26,7 +26,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec_core.batch_kv import BatchKV, bias_by_row, decoder_position_modules, drop_order, hooked
-from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticKV, wants_static
+from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticDecoder, StaticKV, wants_static
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class SlotKV(StaticKV):
         # each bias made once.
         self._embeds, biases = decoder_position_modules(model) if self.encdec else ([], [])
         self._bias_by_row = {m: bias_by_row(m, lambda: self.positions, self._key_columns) for m in biases}
+        self._prefiller: StaticDecoder | None = None  # new rows' prefills (`prefill`), made on first use
 
     def _reset(self) -> None:
         self.lengths = [0] * self.buffer_rows
@@ -211,6 +212,49 @@ class SlotKV(StaticKV):
         """`fresh`'s rows (prefilled) into the slots of these rows, whose items have left."""
         assert len(rows) == fresh.rows
         self._copy([self.slot_of[b] for b in rows], fresh)
+
+    @property
+    def prefills_in_graphs(self) -> bool:
+        """Whether `prefill` takes the batch's new rows (with graphs, decoder-only); else they are
+        prefilled into a `BatchKV` and copied (`place`, `merge`)."""
+        return self.graphs and not self.encdec
+
+    @torch.inference_mode()
+    def prefill(self, feeds: list[list[int]], into: list[int] | None = None) -> None:
+        """New rows' tokens (all but their newest), merged after the batch's rows in free slots or
+        written over the rows `into`. Each row is prefilled through a one-row static decoder of
+        this model, whose prefills replay a graph per padded width (`StaticDecoder._prefill`),
+        and its columns copied into its slot: an eager prefill costs the host a decode step's
+        launches, and a batch whose rows finish at different rounds admits rows one by one."""
+        if into is None:
+            taken = set(self.slot_of)
+            free = [s for s in range(self.buffer_rows) if s not in taken]
+            if len(feeds) > len(free):
+                raise ValueError(f"{self.rows + len(feeds)} rows do not fit {self.buffer_rows} slots")
+            slots = free[: len(feeds)]
+            self.slot_of += slots
+        else:
+            slots = [self.slot_of[b] for b in into]
+        if self._prefiller is None:
+            self._prefiller = StaticDecoder(self.model, graphs=True, max_graph_width=self.max_graph_width,
+                                            strict=self.strict)
+        pre, setup = self._prefiller, self._prefiller.capture_s
+        for slot, feed in zip(slots, feeds, strict=True):
+            self.lengths[slot] = 0
+            if not feed:
+                continue
+            pre.length = 0
+            pre.forward(feed, 0)
+            n = len(feed)
+            if n > self.capacity:
+                self._grow(n, self.width)
+            for layer, theirs in zip(self.cache.layers, pre.cache.layers, strict=True):
+                if not layer.is_initialized:
+                    layer.lazy_initialization(theirs.keys, theirs.values)
+                layer.keys[slot, :, :n] = theirs.keys[0, :, :n]
+                layer.values[slot, :, :n] = theirs.values[0, :, :n]
+            self.lengths[slot] = n
+        self.capture_s += pre.capture_s - setup
 
     def merge(self, *others: BatchKV) -> None:
         """The rows of `others` after the batch's rows, each in a free slot."""

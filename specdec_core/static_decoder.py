@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 
 CAPACITY_STEP = 512  # columns; a cache grows to the next multiple of this when an item needs more
 MAX_GRAPH_WIDTH = 16  # widest pass captured: a verify pass is gamma + 1 tokens
+# With graphs, a prompt's prefill is padded to a few widths (`prefill_width`), each captured
+# once: powers of two up to PREFILL_STEP, then multiples of it up to MAX_PREFILL_GRAPH (wider
+# prompts prefill eagerly at their own width).
+PREFILL_STEP = 512
+MAX_PREFILL_GRAPH = 4096
 # Compiled passes: one code object serves every StaticKV (target, draft) and, with dynamo's
 # automatic dynamic shapes, every width after the second; capacity growth recompiles too.
 COMPILE_LIMIT = 64
@@ -55,6 +60,14 @@ HOST_POSITIONS = {
 def capacity_for(n: int) -> int:
     """Columns a static buffer allocates to hold n: the next multiple of `CAPACITY_STEP`."""
     return -(-n // CAPACITY_STEP) * CAPACITY_STEP
+
+
+def prefill_width(n: int) -> int:
+    """The width a graphed prefill of n tokens is padded to: the next power of two up to
+    `PREFILL_STEP`, then the next multiple of it (at most twice the work, 13 graphs up to 4096)."""
+    if n <= PREFILL_STEP:
+        return 1 << max(n - 1, 0).bit_length()
+    return -(-n // PREFILL_STEP) * PREFILL_STEP
 
 
 def config_support(config) -> str | None:
@@ -306,10 +319,10 @@ class StaticKV:
         self.columns = torch.arange(self.capacity, device=self.device)
         self._graphs.clear()  # they hold the old buffers' addresses
 
-    def _inputs(self, tokens: list[list[int]], bases: list[int], pad: int) -> torch.Tensor:
-        """The packed inputs of one pass, on the host: per row its tokens (padded to the widest),
-        its first position and how many of the tokens are real."""
-        w = max(len(t) for t in tokens)
+    def _inputs(self, tokens: list[list[int]], bases: list[int], pad: int, width: int = 0) -> torch.Tensor:
+        """The packed inputs of one pass, on the host: per row its tokens (padded to the widest,
+        or to `width`), its first position and how many of the tokens are real."""
+        w = max(width, *(len(t) for t in tokens))
         return torch.tensor([t + [pad] * (w - len(t)) + [b, len(t)] for t, b in zip(tokens, bases, strict=True)],
                             dtype=torch.long)
 
@@ -412,10 +425,11 @@ class StaticKV:
                 layer.values[:, :, :old] = v
         self._graphs.clear()  # they hold the old buffers' addresses
 
-    def _run(self, key: int | tuple[int, int], inp: torch.Tensor, run, what: str) -> torch.Tensor:
+    def _run(self, key: int | tuple, inp: torch.Tensor, run, what: str, wide: bool = False) -> torch.Tensor:
         """`run(inputs on the device)`: replayed through the graph kept under `key` (captured now
-        if it is new) when graphs are on and the pass is narrow enough, else eagerly."""
-        if not self.graphs or inp.shape[1] - 2 > self.max_graph_width:
+        if it is new) when graphs are on and the pass is narrow enough (or `wide`: a padded
+        prefill), else eagerly."""
+        if not self.graphs or (inp.shape[1] - 2 > self.max_graph_width and not wide):
             if self._compiled is None:
                 return run(inp.to(self.device))
             from torch._dynamo.utils import counters
@@ -556,13 +570,43 @@ class StaticDecoder(StaticKV):
                    decoder_input_ids=torch.tensor([initial_decoder_ids(self.model, [])], device=self.device),
                    cache=cache, use_cache=True, **kwargs)
 
+    def _prefill(self, tokens: list[int]) -> None:
+        """`tokens` into the cache after its `length`, no logits kept. With graphs (decoder-only),
+        padded to `prefill_width` and replayed as that width's graph: eagerly, a prefill is as many
+        launches as a decode step (an eager forward of a 1.1B model took ~13 ms on an H200 at any
+        width up to 8 tokens, launch-bound), paid again for every prompt. The pads land past the
+        tokens' columns, hidden, and later passes overwrite them; the tokens' own keys and values
+        are those of the unpadded pass (causal attention)."""
+        n = len(tokens)
+        padded = self.graphs and not self.encdec and n <= MAX_PREFILL_GRAPH
+        width = prefill_width(n) if padded else n
+        if self.length + width > self.capacity:
+            self._grow(self.length + width, self.length)
+        inp = self._inputs([tokens], [self.length], 0, width)
+        self._run(("prefill", width), inp, lambda x: self._pass(x, 1), f"a {width}-token prefill", wide=padded)
+        self.length += n
+
+    def _prefill_head(self, new: list[int], tail: int) -> list[int]:
+        """With graphs (decoder-only): a feed of no logits, or one wider than any decode graph,
+        prefilled (`_prefill`) but for its last `tail` tokens, which are returned for the pass
+        that needs their logits; else `new` as it is."""
+        if not self.graphs or self.encdec or (tail and (len(new) <= self.max_graph_width
+                                                        or tail > self.max_graph_width)):
+            return new
+        head, new = (new, []) if tail == 0 else (new[:-tail], new[-tail:])
+        self._prefill(head)
+        return new
+
     @torch.inference_mode()
     def forward(self, tokens: list[int], num_logits: int) -> torch.Tensor:
         """Feed tokens[self.length:], return float32 logits of the last `num_logits` positions."""
         new = tokens[self.length:]
-        w = len(new)
-        if not w:
+        if not new:
             raise ValueError("forward() needs at least one token the cache has not seen")
+        new = self._prefill_head(new, num_logits)
+        if not new:
+            return torch.empty(0, device=self.device)  # no logits asked for
+        w = len(new)
         if self.length + w > self.capacity:
             self._grow(self.length + w, self.length)
         keep = w if (self.graphs or self._compiled) and w <= self.max_graph_width else max(num_logits, 1)
@@ -580,9 +624,10 @@ class StaticDecoder(StaticKV):
         device and all read back at once: one synchronisation per round instead of one per token.
         The cache then holds `tokens` and the first k-1 drafts."""
         new = tokens[self.length:]
-        w = len(new)
-        if not w or k < 1:
+        if not new or k < 1:
             raise ValueError("draft_greedy() needs a token the cache has not seen and k >= 1")
+        new = self._prefill_head(new, 1)
+        w = len(new)
         if self.length + w + k - 1 > self.capacity:
             self._grow(self.length + w + k - 1, self.length)
         picks = self._run((w, k), self._inputs([new], [self.length], 0), lambda inp: self._chain(inp, k),

@@ -47,6 +47,8 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
         assert [single.generate(ids).tokens for ids in prompts] == refs, (kind, name, "batch 1")
         if graphs == "auto":  # really through graphs: no capture failed or disagreed with its eager pass
             assert single.static.graphs and single.static.captures > 0, (kind, name)
+            if not target.config.is_encoder_decoder:  # prompts prefilled through graphs of their padded widths
+                assert any(isinstance(key, tuple) and key[0] == "prefill" for key in single.static._graphs)
         for batch_size in (2, 6):
             engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=4,
                                                max_new_tokens=24, cuda_graphs=graphs)
@@ -58,6 +60,8 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
             slots = engine.slots[id(target)]
             if slots is not None:
                 assert slots.graphs and slots.captures > 0, (kind, name, batch_size)
+                if not target.config.is_encoder_decoder:  # new rows prefilled through graphs
+                    assert slots._prefiller.graphs and slots._prefiller.captures > 0, (kind, name, batch_size)
 
 
 

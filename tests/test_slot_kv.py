@@ -16,7 +16,7 @@ from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma
 from specdec_core.processing import SamplingSettings
 from specdec_core.slot_kv import SlotKV, slot_kv_for
-from specdec_core.static_decoder import StaticKV
+from specdec_core.static_decoder import StaticDecoder, StaticKV
 from tests.numerics import assert_logits_close
 from tests.test_batch_engine import TEXTS, check_a_round, drafter_for, hf_greedy
 
@@ -410,3 +410,60 @@ def test_time_limits_do_not_count_capturing_and_compiling(models, prompts, fake_
     monkeypatch.setattr(drafter, "start", slow_start)
     with pytest.raises(ItemTimeout):
         single.generate(prompts[1], max_seconds=50)
+
+
+def test_prefill_widths():
+    """A graphed prefill pads to a power of two up to 512 tokens, then to a multiple of 512."""
+    assert [static_decoder.prefill_width(n) for n in (1, 2, 5, 16, 17, 300, 512, 513, 1100, 4096)] == \
+        [1, 2, 8, 16, 32, 512, 512, 1024, 1536, 4096]
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_prefills_replay_one_graph_per_padded_width(models, prompts, kind, fake_graphs):
+    """With graphs, a prompt's prefill (and the part of a wide feed before the positions whose
+    logits are asked for) runs padded to its width's graph; prompts of other lengths in the same
+    width replay it; the logits after it are those of a growing cache; the pads leave no trace."""
+    target, _ = models[kind]
+    static = StaticDecoder(target, graphs=True)
+    g = torch.Generator().manual_seed(0)
+    for ids in (prompts[5], prompts[6], prompts[1]):  # 24, 27 and 17 tokens before the newest: all pad to 32
+        assert static.acquire()
+        static.forward(ids[:-1], 0)
+        dynamic = CachedDecoder(target, ids)
+        dynamic.forward(ids[:-1], 0)
+        extra = torch.randint(5, 300, (3,), generator=g).tolist()
+        assert_logits_close(static.forward(ids + extra, 4), dynamic.forward(ids + extra, 4))
+        static.release()
+    assert ("prefill", 32) in static._graphs and static._graphs["prefill", 32].graph.replays == 1 + 3  # its check
+    captured = static.captures
+    # A wide feed whose last logits are asked for (a draft's first step): its head is a prefill.
+    long = prompts[4] + prompts[6]
+    assert static.acquire()
+    assert_logits_close(static.forward(long, 1), CachedDecoder(target, long).forward(long, 1))
+    assert static.length == len(long) and ("prefill", 128) in static._graphs
+    static.rollback(0)
+    assert static.draft_greedy(prompts[5], 3) == hf_greedy(target, prompts[5], 3)
+    static.release()
+    assert static.captures == captured + 3  # the 128-token prefill, a 1-token pass, a chain after 1 token
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_rows_admitted_one_by_one_prefill_through_graphs(models, prompts, kind, fake_graphs, monkeypatch):
+    """Slots with graphs take new rows through a one-row static decoder's padded prefill graphs
+    (no padded batch cache is made for them) and copy them into their slots: rows that finish at
+    different rounds are refilled one by one, each prefill a replay, and greedy output equals
+    `generate()`."""
+    target, draft = models[kind]
+    made = []
+    monkeypatch.setattr(BatchKV, "forward", lambda self, *a, **k: made.append(self) or pytest.fail("padded prefill"))
+    items = [prompts[i] for i in (4, 1, 5, 6, 0, 2)]
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=2,
+                                       num_speculative_tokens=3, max_new_tokens=12, cuda_graphs="on")
+    kvs = [graphed(kv, True) for kv in engine.slots.values()]
+    out = engine.generate_many([(p, 0) for p in items])
+    assert [o.tokens for o in out] == [hf_greedy(target, p, 12) for p in items]
+    for kv in kvs:
+        pre = kv._prefiller
+        widths = {key for key in pre._graphs if key[0] == "prefill"}
+        assert widths == {("prefill", w) for w in (64, 32, 16, 4)}  # 47 / 17, 24, 27 / 12 / 3 tokens
+        assert sum(pre._graphs[w].graph.replays for w in widths) == len(widths) + len(items)  # checks, rows
