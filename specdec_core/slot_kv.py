@@ -10,9 +10,11 @@ width serves every round. Free slots and short rows feed pads that land past the
 lengths and are overwritten later.
 
 It keeps `BatchKV`'s interface for the batch engine (rows in the engine's order, `forward`,
-`rollback`, `drop`, `place`, `merge`): prompts are still prefilled into a `BatchKV` (eagerly,
-in passes as wide as the budget allows) and their columns copied into free slots, with an
-encoder-decoder row's cross-attention keys/values and encoder mask. Decoder-only and
+`rollback`, `drop`, `place`, `merge`). With graphs, a decoder-only row's prompt is prefilled
+through a one-row `StaticDecoder`'s padded prefill graphs and its columns copied into its slot
+(`prefill`); otherwise prompts are prefilled into a `BatchKV` (eagerly, in passes as wide as the
+budget allows) and their columns copied into free slots, with an encoder-decoder row's
+cross-attention keys/values and encoder mask. Decoder-only and
 encoder-decoder models with full attention on one device (`static_decoder.graph_support`); the
 others keep `BatchKV`.
 """
@@ -217,7 +219,8 @@ class SlotKV(StaticKV):
     def prefills_in_graphs(self) -> bool:
         """Whether `prefill` takes the batch's new rows (with graphs, decoder-only); else they are
         prefilled into a `BatchKV` and copied (`place`, `merge`)."""
-        return self.graphs and not self.encdec
+        return (self.graphs and self.graph_prefills and not self.encdec
+                and (self._prefiller is None or self._prefiller.graphs))  # (its captures may have failed)
 
     @torch.inference_mode()
     def prefill(self, feeds: list[list[int]], into: list[int] | None = None) -> None:

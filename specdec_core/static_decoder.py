@@ -9,7 +9,8 @@ keys/values at columns length..length+w-1, and attends over all columns through 
 4D mask that hides every column past the query's own position. Columns beyond the committed
 length hold stale drafts, which the mask hides until a later pass overwrites them: a rollback
 only moves `length`. One graph per pass width (1..`max_graph_width` tokens, captured the first
-time a width occurs); wider passes (a prompt's prefill) run eagerly through the same code.
+time a width occurs); a prompt's prefill is padded to one of a few widths (`prefill_width`),
+each a graph too, and prompts past the widest run eagerly through the same code.
 
 The numbers are those of the model's own attention over the same keys, with masked columns at
 exactly zero weight; only the kernels' summation order can differ from a growing cache's, as
@@ -64,7 +65,7 @@ def capacity_for(n: int) -> int:
 
 def prefill_width(n: int) -> int:
     """The width a graphed prefill of n tokens is padded to: the next power of two up to
-    `PREFILL_STEP`, then the next multiple of it (at most twice the work, 13 graphs up to 4096)."""
+    `PREFILL_STEP`, then the next multiple of it (at most twice the work; 17 widths up to 4096)."""
     if n <= PREFILL_STEP:
         return 1 << max(n - 1, 0).bit_length()
     return -(-n // PREFILL_STEP) * PREFILL_STEP
@@ -296,6 +297,9 @@ class StaticKV:
         self.enc_capacity = 0
         self.cross = Cache(layers=[_CrossLayer(self) for _ in range(self.layers)]) if self.encdec else None
         self._compiled = torch.compile(self._packed_pass) if compile else None
+        # With graphs, prompts prefill through graphs of padded widths (`StaticDecoder._prefill`,
+        # `SlotKV.prefill`); the GPU bench turns this off to measure eager prefills beside them.
+        self.graph_prefills = True
 
     def acquire(self) -> bool:
         """Take the buffers for one call, emptied; False while another call (thread) holds them,
@@ -573,10 +577,10 @@ class StaticDecoder(StaticKV):
     def _prefill(self, tokens: list[int]) -> None:
         """`tokens` into the cache after its `length`, no logits kept. With graphs (decoder-only),
         padded to `prefill_width` and replayed as that width's graph: eagerly, a prefill is as many
-        launches as a decode step (an eager forward of a 1.1B model took ~13 ms on an H200 at any
-        width up to 8 tokens, launch-bound), paid again for every prompt. The pads land past the
-        tokens' columns, hidden, and later passes overwrite them; the tokens' own keys and values
-        are those of the unpadded pass (causal attention)."""
+        launches as a decode step (our eager 1.1B target alone decoded at 16 ms per token on an
+        H200, launch-bound: BENCHMARKS.md), paid again for every prompt. The pads land past the tokens'
+        columns, hidden, and later passes overwrite them; causal attention keeps the tokens' own
+        keys and values those of the unpadded pass, up to the rounding of other matmul shapes."""
         n = len(tokens)
         padded = self.graphs and not self.encdec and n <= MAX_PREFILL_GRAPH
         width = prefill_width(n) if padded else n
@@ -590,7 +594,7 @@ class StaticDecoder(StaticKV):
         """With graphs (decoder-only): a feed of no logits, or one wider than any decode graph,
         prefilled (`_prefill`) but for its last `tail` tokens, which are returned for the pass
         that needs their logits; else `new` as it is."""
-        if not self.graphs or self.encdec or (tail and (len(new) <= self.max_graph_width
+        if not (self.graphs and self.graph_prefills) or self.encdec or (tail and (len(new) <= self.max_graph_width
                                                         or tail > self.max_graph_width)):
             return new
         head, new = (new, []) if tail == 0 else (new[:-tail], new[-tail:])

@@ -447,23 +447,39 @@ def test_prefills_replay_one_graph_per_padded_width(models, prompts, kind, fake_
     assert static.captures == captured + 3  # the 128-token prefill, a 1-token pass, a chain after 1 token
 
 
+@pytest.mark.parametrize("graph_prefills", [True, False], ids=["prefill-graphs", "padded-prefills"])
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
-def test_rows_admitted_one_by_one_prefill_through_graphs(models, prompts, kind, fake_graphs, monkeypatch):
+def test_rows_admitted_one_by_one_prefill_through_graphs(models, prompts, kind, graph_prefills, fake_graphs,
+                                                         monkeypatch):
     """Slots with graphs take new rows through a one-row static decoder's padded prefill graphs
-    (no padded batch cache is made for them) and copy them into their slots: rows that finish at
-    different rounds are refilled one by one, each prefill a replay, and greedy output equals
-    `generate()`."""
+    (no padded batch cache is made for them) and copy them into their slots, growing the slots
+    beside live rows: rows that finish at different rounds are refilled one by one, each prefill a
+    replay, a one-token prompt prefills nothing, and greedy output equals `generate()`; with
+    prefill graphs off (the GPU bench's comparison), rows enter through a padded cache again."""
+    monkeypatch.setattr(static_decoder, "CAPACITY_STEP", 8)  # slots grow as longer rows come in
     target, draft = models[kind]
-    made = []
-    monkeypatch.setattr(BatchKV, "forward", lambda self, *a, **k: made.append(self) or pytest.fail("padded prefill"))
-    items = [prompts[i] for i in (4, 1, 5, 6, 0, 2)]
+    padded = []
+    forward = BatchKV.forward
+    monkeypatch.setattr(BatchKV, "forward", lambda self, *a, **k: padded.append(self) or forward(self, *a, **k))
+    items = [prompts[i] for i in (0, 3, 1, 4, 5, 6, 2)]
+    prefilled = []
+    prefill = StaticDecoder._prefill
+    monkeypatch.setattr(StaticDecoder, "_prefill", lambda self, tokens: prefilled.append((self, len(tokens)))
+                        or prefill(self, tokens))
     engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=2,
                                        num_speculative_tokens=3, max_new_tokens=12, cuda_graphs="on")
     kvs = [graphed(kv, True) for kv in engine.slots.values()]
+    for kv in kvs:
+        kv.graph_prefills = graph_prefills
     out = engine.generate_many([(p, 0) for p in items])
     assert [o.tokens for o in out] == [hf_greedy(target, p, 12) for p in items]
+    if not graph_prefills:
+        assert padded and all(kv._prefiller is None for kv in kvs)
+        return
+    assert not padded
     for kv in kvs:
         pre = kv._prefiller
-        widths = {key for key in pre._graphs if key[0] == "prefill"}
-        assert widths == {("prefill", w) for w in (64, 32, 16, 4)}  # 47 / 17, 24, 27 / 12 / 3 tokens
-        assert sum(pre._graphs[w].graph.replays for w in widths) == len(widths) + len(items)  # checks, rows
+        assert sorted(n for who, n in prefilled if who is pre) == [3, 12, 17, 24, 27, 47]  # the 1-token prompt: none
+        # (each growth of the one-row decoder drops its graphs: those since the last one)
+        assert {key for key in pre._graphs if key[0] == "prefill"} <= {("prefill", w) for w in (4, 16, 32, 64)}
+        assert pre.captures > 0 and kv.capture_s >= pre.capture_s

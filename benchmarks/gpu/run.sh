@@ -67,7 +67,7 @@ for s in $STEPS; do
     workspace) step workspace 60 $PY -m tests.cuda_workspace_child ;;
     workspace-control) step workspace-control 60 $PY -m tests.cuda_workspace_child control ;;
     batched) step batched 300 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE $COMPILED \
-      --sections batched,profile_batched $MANY --include 'chained|compile' --out "$OUT/bench/batched" ;;
+      --sections batched,profile_batched $MANY --include 'chained|compile|prefills' --out "$OUT/bench/batched" ;;
     bf16) step bf16 320 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 $BF16 --out "$OUT/bench" ;;
     fp32) step fp32 150 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype float32 --sections single \
       $FP32 --include '^ours, (draft|target alone)(, eager)?$' --out "$OUT/bench" ;;
