@@ -148,6 +148,17 @@ def graph_bytes(opts: SpecDecOptions, config, rows: int, dtype: torch.dtype, dra
     return max(rows, 1) * vocab * (widest * (widest + 1) // 2 * placement.DTYPE_BYTES.get(dtype, 4) + widest * 4)
 
 
+def prefill_row_bytes(opts: SpecDecOptions, config, prompt_tokens: int, dtype: torch.dtype) -> int:
+    """Batched with CUDA graphs, a decoder-only model prefills each new row through a one-row
+    static cache of its own (`SlotKV.prefill`), as long as the longest prompt padded to its
+    prefill width: one more row of prompt columns."""
+    from specdec_core.static_decoder import capacity_for, prefill_width
+
+    if opts.batch_size <= 1 or not _static(opts, config) or config.is_encoder_decoder:
+        return 0
+    return placement.kv_bytes(config, 1, capacity_for(prefill_width(max(prompt_tokens, 1))), 0, dtype)
+
+
 def weights_need(opts: SpecDecOptions, target, rows: int = 0, prompt_tokens: int = 0) -> Footprint:
     """What one copy needs (`placement.Footprint`); `target`: the target's config."""
     trust = opts.trust_remote_code
@@ -161,6 +172,9 @@ def weights_need(opts: SpecDecOptions, target, rows: int = 0, prompt_tokens: int
         need = replace(need, draft_weights=int(need.draft_weights * scale), draft_kv=int(need.draft_kv * scale))
     graphs = graph_bytes(opts, target, rows, dtype) + (graph_bytes(opts, draft, rows, draft_dtype, draft=True)
                                                        if draft is not None else 0)
+    need = replace(need, target_kv=need.target_kv + prefill_row_bytes(opts, target, prompt_tokens, dtype))
+    if draft is not None:
+        need = replace(need, draft_kv=need.draft_kv + prefill_row_bytes(opts, draft, prompt_tokens, draft_dtype))
     return replace(need, graphs=graphs)
 
 

@@ -274,3 +274,16 @@ def test_static_caches_are_counted_in_their_allocation_steps(tmp_path, tokenizer
     assert graph_bytes(SpecDecOptions([*base, "--batch_size", "4"]), config, 4, torch.bfloat16) == \
         4 * vocab * (15 * 2 + 5 * 4)
     assert graph_bytes(SpecDecOptions([*base, "--cuda_graphs", "off"]), config, 4, torch.bfloat16) == 0
+    # Batched, each new row is prefilled through a one-row cache of the longest prompt's padded width.
+    from pipeline.fit import prefill_row_bytes, weights_need
+    from specdec_core.placement import kv_bytes
+
+    batched = SpecDecOptions([*base, "--batch_size", "4"])
+    assert prefill_row_bytes(batched, config, 600, torch.bfloat16) == kv_bytes(config, 1, 1024, 0, torch.bfloat16)
+    assert prefill_row_bytes(SpecDecOptions(base), config, 600, torch.bfloat16) == 0  # batch 1: no second cache
+    assert prefill_row_bytes(SpecDecOptions([*base, "--batch_size", "4", "--cuda_graphs", "off"]), config, 600,
+                             torch.bfloat16) == 0
+    assert prefill_row_bytes(batched, t5, 600, torch.bfloat16) == 0  # encoder-decoder rows: a padded cache
+    # Four rows of 600 + 105 columns in 1024, and the prefill row of 600 padded to 1024 (bfloat16 for a GPU).
+    assert weights_need(batched, config, rows=4, prompt_tokens=600).target_kv == \
+        kv_bytes(config, 5, 1024, 0, torch.bfloat16)
