@@ -11,7 +11,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
-STEPS=${STEPS:-batched job}
+STEPS=${STEPS:-tests batched}
 DEVICE=${DEVICE:-cuda}
 SHAPE=${SHAPE:-tinyllama-1.1b}
 PY=${PYTHON:-python3}
