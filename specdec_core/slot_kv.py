@@ -282,13 +282,15 @@ class SlotKV(StaticKV):
         if max(lengths, default=0) > self.capacity:
             self._grow(max(lengths), self.width)
         theirs = fresh._layers()
+        # Each row's valid columns, moved to the device once for all layers (one copy each on a GPU).
+        index = [torch.tensor(cols, device=self.device) if n else None for cols, n in zip(fresh.cols, lengths,
+                                                                                          strict=True)]
         for layer, (fk, fv) in zip(self.cache.layers, theirs, strict=True) if theirs else ():
             if not layer.is_initialized:
                 layer.lazy_initialization(fk, fv)
-            for j, (slot, cols, n) in enumerate(zip(slots, fresh.cols, lengths, strict=True)):
+            for j, (slot, n) in enumerate(zip(slots, lengths, strict=True)):
                 if n:
-                    index = torch.tensor(cols, device=fk.device)
-                    layer.keys[slot, :, :n] = fk[j, :, index]
-                    layer.values[slot, :, :n] = fv[j, :, index]
+                    layer.keys[slot, :, :n] = fk[j, :, index[j]]
+                    layer.values[slot, :, :n] = fv[j, :, index[j]]
         for s, n in zip(slots, lengths, strict=True):
             self.lengths[s] = n
