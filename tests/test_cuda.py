@@ -84,6 +84,25 @@ def test_compiled_passes_equal_generate_on_cuda(kind, cuda_models, tokenizer):
     assert slots.graphs and slots.captures > 0 and slots._compiled is not None
 
 
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_long_prompts_prefilled_through_graphs_equal_generate_on_cuda(kind, cuda_models, tokenizer):
+    """Prompts of several padded prefill widths (up to 256 tokens), at batch 1 and admitted into
+    slots one by one (rows that finish at different rounds), each prefill a graph replay."""
+    target, draft = cuda_models[kind]
+    text = " ".join(PROMPTS)
+    prompts = [tokenizer((text * 4)[:chars]).input_ids for chars in (40, 90, 150, 230, 60)]
+    refs = [reference(target, ids, 16) for ids in prompts]
+    drafter = ModelDrafter(draft, chain=True)
+    single = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=16)
+    assert [single.generate(ids).tokens for ids in prompts] == refs, (kind, "batch 1")
+    widths = {key[1] for key in single.static._graphs if isinstance(key, tuple) and key[0] == "prefill"}
+    assert len(widths) >= 3 and max(widths) > 64, widths
+    engine = BatchSpeculativeGenerator(target, drafter, batch_size=2, num_speculative_tokens=4, max_new_tokens=16)
+    assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, (kind, "batched")
+    pre = engine.slots[id(target)]._prefiller
+    assert pre.graphs and any(key[0] == "prefill" and key[1] > 64 for key in pre._graphs if isinstance(key, tuple))
+
+
 def test_graphs_survive_cublas_workspaces_cleared_elsewhere():
     """torch.compile's own CUDA graphs (HF `generate()` with a compile config, say) clear every
     cuBLAS workspace when they record: the engine's graphs, captured before, still replay and
