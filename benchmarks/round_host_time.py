@@ -27,7 +27,7 @@ from tests.tiny_models import build_tokenizer, make_model  # noqa: E402
 _stored: dict = {}
 
 
-def free_run(self, key, inp, run, what, wide=False):
+def free_run(self, key, inp, run, what, prefill=False):
     k = (id(self), key, tuple(inp.shape))
     if k not in _stored:
         _stored[k] = run(inp.to(self.device)).clone()

@@ -220,7 +220,8 @@ class SlotKV(StaticKV):
         """Whether `prefill` takes the batch's new rows (with graphs, decoder-only); else they are
         prefilled into a `BatchKV` and copied (`place`, `merge`)."""
         return (self.graphs and self.graph_prefills and not self.encdec
-                and (self._prefiller is None or self._prefiller.graphs))  # (its captures may have failed)
+                and (self._prefiller is None  # (its captures may have failed)
+                     or (self._prefiller.graphs and self._prefiller.graph_prefills)))
 
     @torch.inference_mode()
     def prefill(self, feeds: list[list[int]], into: list[int] | None = None) -> None:

@@ -429,11 +429,12 @@ class StaticKV:
                 layer.values[:, :, :old] = v
         self._graphs.clear()  # they hold the old buffers' addresses
 
-    def _run(self, key: int | tuple, inp: torch.Tensor, run, what: str, wide: bool = False) -> torch.Tensor:
+    def _run(self, key: int | tuple, inp: torch.Tensor, run, what: str, prefill: bool = False) -> torch.Tensor:
         """`run(inputs on the device)`: replayed through the graph kept under `key` (captured now
-        if it is new) when graphs are on and the pass is narrow enough (or `wide`: a padded
-        prefill), else eagerly."""
-        if not self.graphs or (inp.shape[1] - 2 > self.max_graph_width and not wide):
+        if it is new) when graphs are on and the pass is narrow enough (or a padded `prefill`),
+        else eagerly. A prefill that cannot be captured (say, out of memory for a long prompt)
+        turns off prefill graphs only, even with `strict`: decode passes keep theirs."""
+        if not self.graphs or (inp.shape[1] - 2 > self.max_graph_width and not prefill):
             if self._compiled is None:
                 return run(inp.to(self.device))
             from torch._dynamo.utils import counters
@@ -454,6 +455,11 @@ class StaticKV:
                 try:
                     g = self._graphs[key] = self._capture(run, inp)
                 except Exception as e:  # e.g. a model whose forward waits on a value from the device
+                    if prefill:
+                        log.warning("%s: no CUDA graph of %s (%s: %s); prompts prefill eagerly from now on",
+                                    type(self.model).__name__, what, type(e).__name__, str(e)[:200])
+                        self.graph_prefills = False
+                        return run(inp.to(self.device))
                     if self.strict:
                         raise
                     log.warning("%s: no CUDA graph of %s (%s: %s); its passes run eagerly from now on",
@@ -582,12 +588,12 @@ class StaticDecoder(StaticKV):
         columns, hidden, and later passes overwrite them; causal attention keeps the tokens' own
         keys and values those of the unpadded pass, up to the rounding of other matmul shapes."""
         n = len(tokens)
-        padded = self.graphs and not self.encdec and n <= MAX_PREFILL_GRAPH
+        padded = self.graphs and self.graph_prefills and not self.encdec and n <= MAX_PREFILL_GRAPH
         width = prefill_width(n) if padded else n
         if self.length + width > self.capacity:
             self._grow(self.length + width, self.length)
         inp = self._inputs([tokens], [self.length], 0, width)
-        self._run(("prefill", width), inp, lambda x: self._pass(x, 1), f"a {width}-token prefill", wide=padded)
+        self._run(("prefill", width), inp, lambda x: self._pass(x, 1), f"a {width}-token prefill", prefill=padded)
         self.length += n
 
     def _prefill_head(self, new: list[int], tail: int) -> list[int]:

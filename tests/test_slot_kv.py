@@ -312,6 +312,32 @@ def test_a_capture_that_recorded_nothing_is_caught_by_its_check_replay(models, p
 
 
 
+def test_a_prefill_that_cannot_be_captured_leaves_the_decode_graphs(models, prompts, monkeypatch, caplog):
+    """A prompt's prefill graph that fails to capture (out of memory for a long prompt, say) turns
+    off prefill graphs only, even with graphs insisted on: prompts prefill eagerly, decode passes
+    keep their graphs, at batch 1 and in slots (whose rows then enter through a padded cache)."""
+    def record(self, run, static):
+        if static.shape[1] - 2 > self.max_graph_width:  # the prefills of these prompts
+            raise torch.OutOfMemoryError("CUDA out of memory (a stand-in)")
+        return trace(self, run, static)
+
+    monkeypatch.setattr(StaticKV, "_record", record)
+    target, _ = models["llama"]
+    items = [prompts[4], prompts[5], prompts[0]]
+    refs = [hf_greedy(target, p, 8) for p in items]
+    gen = SpeculativeGenerator(target, NoDrafter(), max_new_tokens=8, cuda_graphs="on")
+    gen.static.graphs = True
+    assert gen.static.strict
+    with caplog.at_level("WARNING"):
+        assert [gen.generate(p).tokens for p in items] == refs
+    assert gen.static.graphs and not gen.static.graph_prefills and gen.static.captures > 0
+    assert "no CUDA graph of a 64-token prefill (OutOfMemoryError" in caplog.text
+    engine = BatchSpeculativeGenerator(target, NoDrafter(), batch_size=2, max_new_tokens=8, cuda_graphs="on")
+    kv = graphed(engine.slots[id(target)], True)
+    assert [o.tokens for o in engine.generate_many([(p, 0) for p in items])] == refs
+    assert kv.graphs and kv.captures > 0 and not kv.prefills_in_graphs and not kv._prefiller.graph_prefills
+
+
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("family", ["t5", "mt5", "umt5", "bart", "pegasus", "marian", "mbart"])
 def test_encoder_decoder_rows_in_slots_equal_generate(family, graphs, fake_graphs):
