@@ -600,9 +600,10 @@ class StaticDecoder(StaticKV):
         """With graphs (decoder-only): a feed of no logits, or one wider than any decode graph,
         prefilled (`_prefill`) but for its last `tail` tokens, which are returned for the pass
         that needs their logits; else `new` as it is."""
-        if not (self.graphs and self.graph_prefills) or self.encdec or (tail and (len(new) <= self.max_graph_width
-                                                        or tail > self.max_graph_width)):
+        if not (self.graphs and self.graph_prefills) or self.encdec:
             return new
+        if tail and (len(new) <= self.max_graph_width or tail > self.max_graph_width):
+            return new  # a decode graph's width already, or more logits than a decode graph keeps
         head, new = (new, []) if tail == 0 else (new[:-tail], new[-tail:])
         self._prefill(head)
         return new
