@@ -230,15 +230,7 @@ class SlotKV(StaticKV):
         this model, whose prefills replay a graph per padded width (`StaticDecoder._prefill`),
         and its columns copied into its slot: an eager prefill costs the host a decode step's
         launches, and a batch whose rows finish at different rounds admits rows one by one."""
-        if into is None:
-            taken = set(self.slot_of)
-            free = [s for s in range(self.buffer_rows) if s not in taken]
-            if len(feeds) > len(free):
-                raise ValueError(f"{self.rows + len(feeds)} rows do not fit {self.buffer_rows} slots")
-            slots = free[: len(feeds)]
-            self.slot_of += slots
-        else:
-            slots = [self.slot_of[b] for b in into]
+        slots = self._take_free(len(feeds)) if into is None else [self.slot_of[b] for b in into]
         if self._prefiller is None:
             self._prefiller = StaticDecoder(self.model, graphs=True, max_graph_width=self.max_graph_width,
                                             strict=self.strict)
@@ -247,7 +239,7 @@ class SlotKV(StaticKV):
             self.lengths[slot] = 0
             if not feed:
                 continue
-            pre.length = 0
+            pre.rollback(0)
             pre.forward(feed, 0)
             n = len(feed)
             if n > self.capacity:
@@ -262,14 +254,17 @@ class SlotKV(StaticKV):
 
     def merge(self, *others: BatchKV) -> None:
         """The rows of `others` after the batch's rows, each in a free slot."""
+        for fresh in others:
+            self._copy(self._take_free(fresh.rows), fresh)
+
+    def _take_free(self, n: int) -> list[int]:
+        """n free slots, given to n new rows after the batch's rows."""
         taken = set(self.slot_of)
         free = [s for s in range(self.buffer_rows) if s not in taken]
-        for fresh in others:
-            if fresh.rows > len(free):
-                raise ValueError(f"{self.rows + fresh.rows} rows do not fit {self.buffer_rows} slots")
-            slots, free = free[: fresh.rows], free[fresh.rows:]
-            self.slot_of += slots
-            self._copy(slots, fresh)
+        if n > len(free):
+            raise ValueError(f"{self.rows + n} rows do not fit {self.buffer_rows} slots")
+        self.slot_of += free[:n]
+        return free[:n]
 
     @torch.inference_mode()
     def _copy(self, slots: list[int], fresh: BatchKV) -> None:

@@ -581,14 +581,15 @@ class StaticDecoder(StaticKV):
                    cache=cache, use_cache=True, **kwargs)
 
     def _prefill(self, tokens: list[int]) -> None:
-        """`tokens` into the cache after its `length`, no logits kept. With graphs (decoder-only),
-        padded to `prefill_width` and replayed as that width's graph: eagerly, a prefill is as many
-        launches as a decode step (our eager 1.1B target alone decoded at 16 ms per token on an
-        H200, launch-bound: BENCHMARKS.md), paid again for every prompt. The pads land past the tokens'
-        columns, hidden, and later passes overwrite them; causal attention keeps the tokens' own
-        keys and values those of the unpadded pass, up to the rounding of other matmul shapes."""
+        """`tokens` into the cache after its `length`, no logits kept, for `_prefill_head` (graphs
+        and prefill graphs on, decoder-only): padded to `prefill_width` and replayed as that width's
+        graph. Eagerly, a prefill is as many launches as a decode step (our eager 1.1B target alone
+        decoded at 16 ms per token on an H200, launch-bound: BENCHMARKS.md), paid again for every
+        prompt. The pads land past the tokens' columns, hidden, and later passes overwrite them;
+        causal attention keeps the tokens' own keys and values those of the unpadded pass, up to
+        the rounding of other matmul shapes."""
         n = len(tokens)
-        padded = self.graphs and self.graph_prefills and not self.encdec and n <= MAX_PREFILL_GRAPH
+        padded = n <= MAX_PREFILL_GRAPH
         width = prefill_width(n) if padded else n
         if self.length + width > self.capacity:
             self._grow(self.length + width, self.length)
