@@ -149,12 +149,12 @@ def graph_bytes(opts: SpecDecOptions, config, rows: int, dtype: torch.dtype, dra
 
 
 def prefill_row_bytes(opts: SpecDecOptions, config, prompt_tokens: int, dtype: torch.dtype) -> int:
-    """Batched with CUDA graphs, a decoder-only model prefills each new row through a one-row
-    static cache of its own (`SlotKV.prefill`), as long as the longest prompt padded to its
-    prefill width: one more row of prompt columns."""
+    """Batched with CUDA graphs, a model prefills each new row through a one-row static cache of
+    its own (`SlotKV.prefill`), as long as the longest prompt padded to its prefill width (an
+    encoder-decoder's cross-attention columns): one more row of prompt columns."""
     from specdec_core.static_decoder import capacity_for, prefill_width
 
-    if opts.batch_size <= 1 or not _static(opts, config) or config.is_encoder_decoder:
+    if opts.batch_size <= 1 or not _static(opts, config):
         return 0
     return placement.kv_bytes(config, 1, capacity_for(prefill_width(max(prompt_tokens, 1))), 0, dtype)
 

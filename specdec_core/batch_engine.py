@@ -68,6 +68,11 @@ def prefill_chunks(lengths: list[int], budget: int | None) -> list[list[int]]:
     return chunks
 
 
+def _by_rows(kv: BatchKV | SlotKV | None) -> bool:
+    """Whether new rows enter this cache one by one through graphs (`SlotKV.prefill`)."""
+    return isinstance(kv, SlotKV) and kv.prefills_in_graphs
+
+
 def unbatchable(config) -> str | None:
     """Why a model cannot decode in our padded batches, or None. The scheme needs a key/value
     cache per layer over all positions, attention that depends on the mask and the positions
@@ -304,12 +309,16 @@ class BatchSpeculativeGenerator:
         # Invariant between rounds, as in the batch-1 engine: each cache holds every committed
         # token of a row except the newest. The draft's cache may hold fewer (`_draft` feeds it
         # what it lacks); while the batch does not draft, newcomers skip the draft's prefill.
+        by_rows = _by_rows(tkv)
         encoded = self._prefill(self.target, tkv, rows, into)
         if dkv is not None:
             # An encoder-decoder draft is always prefilled: its encoding is the row's cross cache,
-            # and a row without one would have nothing to attend to in the draft's passes.
+            # and a row without one would have nothing to attend to in the draft's passes. A draft
+            # sharing the encoder takes the target's outputs where both prefill alike (per row
+            # through graphs, or in the same padded chunks).
             if self._drafting or self.encdec:
-                self._prefill(self.draft_model, dkv, rows, into, encoded if self.shared_encoder else None)
+                shared = self.shared_encoder and _by_rows(dkv) == by_rows
+                self._prefill(self.draft_model, dkv, rows, into, encoded if shared else None)
             else:
                 for r in rows:
                     r.draft_behind = True
@@ -326,16 +335,17 @@ class BatchSpeculativeGenerator:
     def _prefill(self, model: PreTrainedModel, kv: BatchKV | SlotKV, rows: list[_Row], into: list[int] | None,
                  encoded: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Each row's committed tokens but the newest into `kv`, in passes of at most
-        `prefill_tokens` tokens (slots with graphs: `SlotKV.prefill`), merged after the rows there
-        or written over the rows `into`.
-        Encoder-decoder: returns the encoder's outputs per pass; `encoded` (those of a model with
-        the same encoder module, over the same rows) spares running the encoder again."""
+        `prefill_tokens` tokens (slots with graphs: row by row, `SlotKV.prefill`), merged after
+        the rows there or written over the rows `into`.
+        Encoder-decoder: returns the encoder's outputs per pass (per row through graphs);
+        `encoded` (those of a model with the same encoder module, over the same rows, prefilled
+        the same way) spares running the encoder again."""
         t0, setup = time.perf_counter(), setup_seconds(kv)
         feeds = [r.seq[:-1] for r in rows]
         parts, hidden = [], []
         lengths = [len(r.prompt) for r in rows] if self.encdec else [len(f) for f in feeds]
-        if isinstance(kv, SlotKV) and kv.prefills_in_graphs:  # row by row, through graphs
-            kv.prefill(feeds, into)
+        if _by_rows(kv):
+            hidden = kv.prefill(feeds, into, [r.prompt for r in rows] if self.encdec else None, encoded)
         else:
             for i, chunk in enumerate(prefill_chunks(lengths, self.prefill_tokens)):
                 fresh = BatchKV(model, len(chunk), self.pad_id)

@@ -10,13 +10,13 @@ width serves every round. Free slots and short rows feed pads that land past the
 lengths and are overwritten later.
 
 It keeps `BatchKV`'s interface for the batch engine (rows in the engine's order, `forward`,
-`rollback`, `drop`, `place`, `merge`). With graphs, a decoder-only row's prompt is prefilled
-through a one-row `StaticDecoder`'s padded prefill graphs and its columns copied into its slot
-(`prefill`); otherwise prompts are prefilled into a `BatchKV` (eagerly, in passes as wide as the
-budget allows) and their columns copied into free slots, with an encoder-decoder row's
-cross-attention keys/values and encoder mask. Decoder-only and
-encoder-decoder models with full attention on one device (`static_decoder.graph_support`); the
-others keep `BatchKV`.
+`rollback`, `drop`, `place`, `merge`). With graphs, a row's prompt is prefilled through a
+one-row `StaticDecoder`'s padded graphs (a decoder-only model's prefill, an encoder-decoder's
+encoder pass and cross-attention keys/values) and its columns copied into its slot (`prefill`);
+otherwise prompts are prefilled into a `BatchKV` (eagerly, in passes as wide as the budget
+allows) and their columns copied into free slots, with an encoder-decoder row's cross-attention
+keys/values and encoder mask. Decoder-only and encoder-decoder models with full attention on one
+device (`static_decoder.graph_support`); the others keep `BatchKV`.
 """
 
 from __future__ import annotations
@@ -179,19 +179,22 @@ class SlotKV(StaticKV):
         inp[:, w + 1] = torch.tensor([len(t) for t in tokens])
         return inp
 
-    def _copy_cross(self, slots: list[int], fresh: BatchKV) -> None:
-        n = fresh.enc_mask.shape[1]
+    def _copy_cross(self, slots: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]],
+                    visible: torch.Tensor) -> None:
+        """Cross-attention keys/values (rows, heads, n, dim) per layer into these slots' first n
+        columns, the rest zeroed, and their encoder masks from `visible` (rows, n)."""
+        n = visible.shape[1]
         if n > self.enc_capacity:
             self._grow_encoder(n)
         index = torch.tensor(slots, device=self.device)
-        for layer, (fk, fv) in zip(self.cross.layers, fresh._cross_layers(), strict=True):
+        for layer, (fk, fv) in zip(self.cross.layers, layers, strict=True):
             if not layer.is_initialized:
                 layer.lazy_initialization(fk, fv)
             layer.keys[index, :, :n] = fk
             layer.values[index, :, :n] = fv
             layer.keys[index, :, n:] = 0
             layer.values[index, :, n:] = 0
-        visible = fresh.enc_mask.to(self.device).bool()[:, None, None, :]
+        visible = visible.to(self.device).bool()[:, None, None, :]
         self.enc_mask[index] = self._low
         self.enc_mask[index, ..., :n] = torch.zeros((), dtype=self.enc_mask.dtype, device=self.device).masked_fill(
             ~visible, self._low)
@@ -217,29 +220,39 @@ class SlotKV(StaticKV):
 
     @property
     def prefills_in_graphs(self) -> bool:
-        """Whether `prefill` takes the batch's new rows (with graphs, decoder-only); else they are
-        prefilled into a `BatchKV` and copied (`place`, `merge`)."""
-        return (self.graphs and self.graph_prefills and not self.encdec
+        """Whether `prefill` takes the batch's new rows (with graphs); else they are prefilled
+        into a `BatchKV` and copied (`place`, `merge`)."""
+        return (self.graphs and self.graph_prefills
                 and (self._prefiller is None  # (its captures may have failed)
                      or (self._prefiller.graphs and self._prefiller.graph_prefills)))
 
     @torch.inference_mode()
-    def prefill(self, feeds: list[list[int]], into: list[int] | None = None) -> None:
+    def prefill(self, feeds: list[list[int]], into: list[int] | None = None, prompts: list[list[int]] | None = None,
+                encoded: list[dict] | None = None) -> list[dict]:
         """New rows' tokens (all but their newest), merged after the batch's rows in free slots or
         written over the rows `into`. Each row is prefilled through a one-row static decoder of
-        this model, whose prefills replay a graph per padded width (`StaticDecoder._prefill`),
-        and its columns copied into its slot: an eager prefill costs the host a decode step's
-        launches, and a batch whose rows finish at different rounds admits rows one by one."""
+        this model, whose prefills replay a graph per padded width (`StaticDecoder._prefill`;
+        an encoder-decoder's encoder pass and cross-attention keys/values of its `prompts`,
+        `StaticDecoder.encode`, given `encoded`: those of a model sharing the encoder), and its
+        columns copied into its slot: an eager prefill costs the host a decode step's launches,
+        and a batch whose rows finish at different rounds admits rows one by one. Returns an
+        encoder-decoder's `encoded` per row (`StaticDecoder.encoded`)."""
         slots = self._take_free(len(feeds)) if into is None else [self.slot_of[b] for b in into]
         if self._prefiller is None:
             self._prefiller = StaticDecoder(self.model, graphs=True, max_graph_width=self.max_graph_width,
                                             strict=self.strict)
-        pre, setup = self._prefiller, self._prefiller.capture_s
-        for slot, feed in zip(slots, feeds, strict=True):
+        pre, setup, out = self._prefiller, self._prefiller.capture_s, []
+        for j, (slot, feed) in enumerate(zip(slots, feeds, strict=True)):
             self.lengths[slot] = 0
+            pre.rollback(0)
+            if self.encdec:
+                pre.encode(prompts[j], encoded[j] if encoded else None)
+                out.append(pre.encoded)
+                width = pre.encoded["encoder_outputs"].last_hidden_state.shape[1]
+                self._copy_cross([slot], [(c.keys[:, :, :width], c.values[:, :, :width]) for c in pre.cross.layers],
+                                 pre.encoded["attention_mask"])
             if not feed:
                 continue
-            pre.rollback(0)
             pre.forward(feed, 0)
             n = len(feed)
             if n > self.capacity:
@@ -251,6 +264,7 @@ class SlotKV(StaticKV):
                 layer.values[slot, :, :n] = theirs.values[0, :, :n]
             self.lengths[slot] = n
         self.capture_s += pre.capture_s - setup
+        return out
 
     def merge(self, *others: BatchKV) -> None:
         """The rows of `others` after the batch's rows, each in a free slot."""
@@ -271,7 +285,7 @@ class SlotKV(StaticKV):
         """Each of `fresh`'s rows' valid columns to columns 0.. of its slot (and an encoder-decoder
         row's cross-attention keys/values and encoder mask)."""
         if self.encdec:
-            self._copy_cross(slots, fresh)
+            self._copy_cross(slots, fresh._cross_layers(), fresh.enc_mask)
         lengths = [len(c) for c in fresh.cols]
         for s in slots:
             self.lengths[s] = 0

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+from transformers import EncoderDecoderCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.modeling_outputs import BaseModelOutput
 
@@ -232,6 +232,31 @@ class _CrossLayer(_Buffers):
 
     def get_max_length(self) -> int:
         return self.owner.enc_capacity
+
+
+class _Scratch(CacheLayerMixin):
+    """Self-attention for `StaticDecoder.encode`'s one-token decoder pass, which is run only for
+    the cross-attention keys/values it writes: the token attends to itself and nothing is kept
+    (a `DynamicCache` would build its start from host data, which a CUDA graph cannot capture)."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return query_length, 0
+
+    def get_seq_length(self) -> int:
+        return 0
+
+    def get_max_length(self) -> int:
+        return -1
 
 
 def _same(replayed: torch.Tensor, eager: torch.Tensor) -> bool:
@@ -482,7 +507,7 @@ class StaticKV:
         """A graph of `run` over a static copy of `inp` (valid inputs: the warm-up passes write
         where this pass would), checked by one replay against the eager pass: a capture that
         recorded the wrong work fails here instead of changing outputs later."""
-        static = inp.to(self.device)
+        static = inp.to(self.device, copy=True)  # (an input already on the device stays its caller's)
         with self._side_stream():  # warm-up off the capture stream, as torch.cuda.graphs asks
             for _ in range(2):
                 expected = run(static).clone()
@@ -548,6 +573,7 @@ class StaticDecoder(StaticKV):
         super().__init__(model, 1, graphs, max_graph_width, strict, batched=False, compile=compile)
         self.length = 0
         self.encoded: dict = {}  # decoder-only: no encoder outputs (CachedDecoder's interface)
+        self._start: torch.Tensor | None = None  # encoder-decoder: the decoder start ids (1, 1), on the device
 
     def _reset(self) -> None:
         self.length = 0
@@ -556,29 +582,70 @@ class StaticDecoder(StaticKV):
     def encode(self, prompt_ids: list[int], encoded: dict | None = None) -> None:
         """Encoder-decoder: this item's encoder outputs (run now, or `encoded`: another decoder's,
         from this model's own encoder module) and its cross-attention keys/values, written into
-        the fixed buffers by a one-token decoder pass whose self-attention cache is thrown away.
-        `self.encoded` then holds the outputs for a draft sharing the encoder. A no-op for a
-        decoder-only model."""
+        the fixed buffers by a one-token decoder pass whose self-attention is thrown away
+        (`_encode`, `_cross`). With graphs, the prompt is padded (`_encoder_width`) and both
+        replay a graph per width: eagerly, an encoder pass and that decoder pass cost the host as
+        many launches as two decode steps, paid again for every prompt. The pads are masked
+        everywhere, so a prompt's encoder outputs and keys/values are its own, up to the rounding
+        of other kernel shapes. `self.encoded` then holds the outputs (and their mask) for a
+        draft sharing the encoder. A no-op for a decoder-only model."""
         if not self.encdec:
             return
-        ids = torch.tensor([prompt_ids], device=self.device)
-        mask = torch.ones_like(ids)
+        n = len(prompt_ids)
+        graphed = self.graphs and self.graph_prefills and n <= MAX_PREFILL_GRAPH
         if encoded is None:
-            encoded = {"encoder_outputs": self.model.get_encoder()(input_ids=ids, attention_mask=mask),
-                       "attention_mask": mask}
-        self.encoded = encoded
-        hidden = encoded["encoder_outputs"].last_hidden_state
-        n = hidden.shape[1]
-        if n > self.enc_capacity:  # new buffers (and graphs over them)
-            self._grow_encoder(n)
+            width = self._encoder_width(n) if graphed else n
+        else:  # graphed where padded as this decoder pads (not, say, a growing cache's outputs)
+            width = encoded["encoder_outputs"].last_hidden_state.shape[1]
+            graphed = graphed and width == self._encoder_width(n)
+        if width > self.enc_capacity:  # new buffers (and graphs over them)
+            self._grow_encoder(width)
         self.enc_mask.zero_()
         self.enc_mask[..., n:] = self._low
-        cache = EncoderDecoderCache(DynamicCache(), self.cross)
+        if self._start is None:
+            self._start = torch.tensor([initial_decoder_ids(self.model, [])], device=self.device)
+        if encoded is None:
+            ids = torch.tensor([prompt_ids + [self.model.config.pad_token_id or 0] * (width - n)])
+            hidden = self._encoder_run(("encode", width), ids, self._encode, f"the encoder over {width} tokens",
+                                       graphed)
+            mask = (torch.arange(width, device=self.device) < n).long()[None]
+            # A copy: a graph's output is overwritten by the next item's replay.
+            encoded = {"encoder_outputs": BaseModelOutput(last_hidden_state=hidden.clone()), "attention_mask": mask}
+        else:
+            self._encoder_run(("cross", width), encoded["encoder_outputs"].last_hidden_state, self._cross,
+                              f"the cross-attention of {width} encoder outputs", graphed)
+        self.encoded = encoded
+
+    def _encoder_width(self, n: int) -> int:
+        """The width a graphed encoder pass of an n-token prompt is padded to: `prefill_width`,
+        within the encoder's position table where it has one (`max_position_embeddings`:
+        BART's learned positions, Marian's and Pegasus's sinusoidal ones; T5's are relative)."""
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        return max(n, min(prefill_width(n), limit or prefill_width(n)))
+
+    def _encoder_run(self, key: tuple, inp: torch.Tensor, run, what: str, graphed: bool) -> torch.Tensor:
+        return self._run(key, inp, run, what, prefill=True) if graphed else run(inp.to(self.device))
+
+    def _encode(self, ids: torch.Tensor) -> torch.Tensor:
+        """The encoder over a padded prompt (1, w), the pads hidden by `enc_mask` (a 4D mask,
+        which the model takes as it is), then `_cross`; device ops only. Returns its outputs."""
+        mask = self.enc_mask[..., : ids.shape[1]]
+        hidden = self.model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        self._cross(hidden)
+        return hidden
+
+    def _cross(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Every layer's cross-attention keys/values of these encoder outputs into the fixed
+        buffers, by a one-token decoder pass; device ops only. Returns its logits (a graph's
+        output, which its check replay compares)."""
+        cache = EncoderDecoderCache(Cache(layers=[_Scratch() for _ in range(self.layers)]), self.cross)
         cache.is_updated = dict.fromkeys(range(self.layers), False)  # every layer computes its keys and writes them
         kwargs = {"logits_to_keep": 1} if self._logits_kwarg else {}
-        self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=self.enc_mask,
-                   decoder_input_ids=torch.tensor([initial_decoder_ids(self.model, [])], device=self.device),
-                   cache=cache, use_cache=True, **kwargs)
+        # A 4D decoder mask (the token sees itself), taken as it is: nothing is read on the host.
+        alone = torch.zeros((1, 1, 1, 1), dtype=self.model.dtype, device=self.device)
+        return self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=self.enc_mask,
+                          decoder_input_ids=self._start, decoder_attention_mask=alone, cache=cache, use_cache=True,
+                          **kwargs).logits
 
     def _prefill(self, tokens: list[int]) -> None:
         """`tokens` into the cache after its `length`, no logits kept, for `_prefill_head` (graphs

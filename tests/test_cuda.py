@@ -25,6 +25,11 @@ def cuda_models(models):
     return {kind: tuple(copy.deepcopy(m).to("cuda") for m in pair) for kind, pair in models.items()}
 
 
+def _prefill_key(model) -> str:
+    """The graph key of a prompt's prefill: a decoder-only prefill, or an encoder pass."""
+    return "encode" if model.config.is_encoder_decoder else "prefill"
+
+
 def reference(target, ids: list[int], max_new: int) -> list[int]:
     out = target.generate(torch.tensor([ids], device="cuda"), do_sample=False, max_new_tokens=max_new)[0].tolist()
     return out[1:] if target.config.is_encoder_decoder else out[len(ids):]
@@ -47,8 +52,8 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
         assert [single.generate(ids).tokens for ids in prompts] == refs, (kind, name, "batch 1")
         if graphs == "auto":  # really through graphs: no capture failed or disagreed with its eager pass
             assert single.static.graphs and single.static.captures > 0, (kind, name)
-            if not target.config.is_encoder_decoder:  # prompts prefilled through graphs of their padded widths
-                assert any(isinstance(key, tuple) and key[0] == "prefill" for key in single.static._graphs)
+            # prompts prefilled (an encoder-decoder's: encoded) through graphs of their padded widths
+            assert any(isinstance(key, tuple) and key[0] == _prefill_key(target) for key in single.static._graphs)
         for batch_size in (2, 6):
             engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=4,
                                                max_new_tokens=24, cuda_graphs=graphs)
@@ -60,8 +65,8 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
             slots = engine.slots[id(target)]
             if slots is not None:
                 assert slots.graphs and slots.captures > 0, (kind, name, batch_size)
-                if not target.config.is_encoder_decoder:  # new rows prefilled through graphs
-                    assert slots._prefiller.graphs and slots._prefiller.captures > 0, (kind, name, batch_size)
+                # new rows prefilled (or encoded) through graphs
+                assert slots._prefiller.graph_prefills and slots._prefiller.captures > 0, (kind, name, batch_size)
 
 
 
@@ -84,10 +89,11 @@ def test_compiled_passes_equal_generate_on_cuda(kind, cuda_models, tokenizer):
     assert slots.graphs and slots.captures > 0 and slots._compiled is not None
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_long_prompts_prefilled_through_graphs_equal_generate_on_cuda(kind, cuda_models, tokenizer):
     """Prompts of several padded prefill widths (up to 256 tokens), at batch 1 and admitted into
-    slots one by one (rows that finish at different rounds), each prefill a graph replay."""
+    slots one by one (rows that finish at different rounds), each prefill (an encoder-decoder's
+    encoder pass and cross-attention keys/values) a graph replay."""
     target, draft = cuda_models[kind]
     text = " ".join(PROMPTS)
     prompts = [tokenizer((text * 4)[:chars]).input_ids for chars in (40, 90, 150, 230, 60)]
@@ -95,12 +101,13 @@ def test_long_prompts_prefilled_through_graphs_equal_generate_on_cuda(kind, cuda
     drafter = ModelDrafter(draft, chain=True)
     single = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=16)
     assert [single.generate(ids).tokens for ids in prompts] == refs, (kind, "batch 1")
-    widths = {key[1] for key in single.static._graphs if isinstance(key, tuple) and key[0] == "prefill"}
+    key = _prefill_key(target)
+    widths = {k[1] for k in single.static._graphs if isinstance(k, tuple) and k[0] == key}
     assert len(widths) >= 3 and max(widths) > 64, widths
     engine = BatchSpeculativeGenerator(target, drafter, batch_size=2, num_speculative_tokens=4, max_new_tokens=16)
     assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, (kind, "batched")
     pre = engine.slots[id(target)]._prefiller
-    assert pre.graphs and any(key[0] == "prefill" and key[1] > 64 for key in pre._graphs if isinstance(key, tuple))
+    assert pre.graph_prefills and any(k[0] == key and k[1] > 64 for k in pre._graphs if isinstance(k, tuple))
 
 
 def test_graphs_survive_cublas_workspaces_cleared_elsewhere():

@@ -283,7 +283,8 @@ def test_static_caches_are_counted_in_their_allocation_steps(tmp_path, tokenizer
     assert prefill_row_bytes(SpecDecOptions(base), config, 600, torch.bfloat16) == 0  # batch 1: no second cache
     assert prefill_row_bytes(SpecDecOptions([*base, "--batch_size", "4", "--cuda_graphs", "off"]), config, 600,
                              torch.bfloat16) == 0
-    assert prefill_row_bytes(batched, t5, 600, torch.bfloat16) == 0  # encoder-decoder rows: a padded cache
+    # An encoder-decoder row's prefill cache: its cross-attention columns, 600 padded to 1024.
+    assert prefill_row_bytes(batched, t5, 600, torch.bfloat16) == kv_bytes(t5, 1, 1024, 0, torch.bfloat16)
     # Four rows of 600 + 105 columns in 1024, and the prefill row of 600 padded to 1024 (bfloat16 for a GPU).
     assert weights_need(batched, config, rows=4, prompt_tokens=600).target_kv == \
         kv_bytes(config, 5, 1024, 0, torch.bfloat16)

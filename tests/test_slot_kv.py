@@ -31,7 +31,7 @@ class TracedGraph:
 
     def __init__(self, run, static: torch.Tensor):
         self.static = static
-        self.traced = make_fx(run, tracing_mode="real")(static)
+        self.traced = make_fx(lambda x: run(x), tracing_mode="real")(static)  # (make_fx counts a bound method's self)
         self.out = self.traced(static).clone()
         self.replays = 0
 
@@ -197,6 +197,9 @@ def test_batch_one_through_graph_replays_equals_generate(models, prompts, kind, 
         gen.static.graphs = drafter.static.graphs = True
         assert [gen.generate(p).tokens for p in prompts] == [hf_greedy(target, p, 16) for p in prompts]
         assert gen.static.captures and drafter.static.captures
+        if target.config.is_encoder_decoder:  # each prompt's encoder pass was a graph's replay
+            assert gen.static.graph_prefills and any(key[0] == "encode" for key in gen.static._graphs
+                                                     if isinstance(key, tuple))
         if chain and kind != "bart":  # (BART's forced end token is a logits processor: per-step picks)
             assert any(isinstance(key, tuple) for key in drafter.static._graphs)  # the chained rounds were graphs
     gen = SpeculativeGenerator(target, NgramDrafter(), num_speculative_tokens=3, max_new_tokens=16, cuda_graphs="on")
@@ -360,6 +363,72 @@ def test_encoder_decoder_rows_in_slots_equal_generate(family, graphs, fake_graph
         out = engine.generate_many([(p, 0) for p in prompts])
         assert [o.tokens for o in out] == reference, (family, drafter.name)
         assert (engine.slots[id(target)].captures > 0) == graphs
+        for kv in engine.slots.values():  # with graphs, rows entered through their encoder's graphs
+            assert (kv._prefiller is not None and kv._prefiller.graph_prefills
+                    and kv._prefiller.captures > 0) == graphs, (family, drafter.name)
+
+
+@pytest.mark.parametrize("family", ["t5", "bart"])
+def test_encoder_decoder_rows_enter_slots_one_by_one_through_graphs(family, fake_graphs, monkeypatch):
+    """With graphs, each new row's encoder pass and cross-attention keys/values replay a graph per
+    padded prompt width (no padded cache is made), BART's width kept within its position table;
+    a draft sharing the target's encoder replays only the cross-attention of the target's
+    outputs, or runs its own encoder where it prefills another way (its slots busy)."""
+    from specdec_core.loading import share_encoder
+    from tests.family_models import V, family_model
+    from tests.test_batch_families import hf_greedy as hf_greedy_seq2seq
+    from tests.test_shared_encoder import same_encoder_draft
+
+    table = {"max_position_embeddings": 100} if family == "bart" else {}  # (BART's holds 128; T5's are relative)
+    target = family_model(family, seed=1, **table)
+    draft = same_encoder_draft(target)
+    assert share_encoder(target, draft)
+    g = torch.Generator().manual_seed(5)
+    lengths = (5, 12, 70, 3, 9, 33)
+    prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in lengths]
+    widths = {8, 16, 4, 64} | ({100} if family == "bart" else {128})  # 70 tokens: 128 past BART's 100 positions
+    reference = [hf_greedy_seq2seq(target, p, 10) for p in prompts]
+
+    def no_padded_cache(*args, **kwargs):
+        raise AssertionError("a padded cache encoded rows")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(BatchKV, "encode", no_padded_cache)
+        engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=3,
+                                           max_new_tokens=10, cuda_graphs="on")
+        tkv, dkv = (graphed(engine.slots[id(m)], True) for m in (target, draft))
+        assert [o.tokens for o in engine.generate_many([(p, 0) for p in prompts])] == reference
+    assert set(tkv._prefiller._graphs) == {("encode", w) for w in widths}
+    assert set(dkv._prefiller._graphs) == {("cross", w) for w in widths}  # the draft never ran its encoder
+    assert tkv.prefills_in_graphs and dkv.prefills_in_graphs
+    assert dkv.acquire()  # another call holds the draft's slots: it prefills a padded cache, encoding itself
+    try:
+        assert [o.tokens for o in engine.generate_many([(p, 0) for p in prompts])] == reference
+    finally:
+        dkv.release()
+
+
+def test_encoder_outputs_of_a_growing_cache_are_not_captured_per_length(models, prompts, fake_graphs):
+    """A draft given another decoder's encoder outputs at the prompt's own length (the target's
+    growing cache, when its static decoder is busy) takes them eagerly: graphs are per padded
+    width, never one per prompt length. Its logits are those of the draft alone."""
+    target, _ = models["t5"]
+    prompt = prompts[1]
+    assert len(prompt) not in {4, 8, 16, 32, 64}
+    alone = CachedDecoder(target, prompt)
+    decoder = StaticDecoder(target, graphs=True)
+    assert decoder.acquire()
+    decoder.encode(prompt, alone.encoded)
+    assert not decoder._graphs
+    start = [target.config.decoder_start_token_id]
+    reference = alone.forward(start, 1)
+    assert_logits_close(decoder.forward(start, 1), reference)
+    decoder.rollback(0)
+    decoder.encode(prompt)  # its own encoder: padded, a graph
+    assert {key for key in decoder._graphs if isinstance(key, tuple)} == {("encode", 32)}
+    assert decoder.encoded["encoder_outputs"].last_hidden_state.shape[1] == 32
+    assert_logits_close(decoder.forward(start, 1), reference)
+    decoder.release()
 
 
 def test_position_hooks_hold_the_model_and_leave_it_as_it_was(models):
