@@ -404,24 +404,25 @@ SECTIONS = ("single", "batched", "profile", "profile_batched")
 
 # -- profile ---------------------------------------------------------------------------------------
 
-def _profiled(run: Callable[[], object], device: torch.device) -> dict:
+def _profiled(run: Callable[[], object], device: torch.device, setup: Callable[[], float] = lambda: 0.0) -> dict:
     """`run()` once as it is, then under torch's profiler: wall times, the GPU's kernel time, its
     share of the profiled wall time and of the unprofiled one (the profiler's own cost per
     operation stretches the first, not the kernels), kernel launches, cuDNN kernels and the
-    costliest CPU-side ops."""
+    costliest CPU-side ops. Wall times leave out one-off captures and compiles meanwhile
+    (`setup()`: the engine's `setup_seconds`), as the bench's timings do."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     _sync(device)
-    t0 = time.perf_counter()
+    t0, s0 = time.perf_counter(), setup()
     run()
     _sync(device)
-    plain = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    plain = time.perf_counter() - t0 - (setup() - s0)
+    t0, s0 = time.perf_counter(), setup()
     with profile(activities=activities) as prof:
         run()
         _sync(device)
-    wall = time.perf_counter() - t0
+    wall = time.perf_counter() - t0 - (setup() - s0)
     events = prof.key_averages()
     kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
     launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
@@ -449,7 +450,8 @@ def run_profile(target, draft, args, save: Callable[[dict], None] = lambda parti
         ids = distinct_prompts(1, args.min_len, args.max_len, target.config.vocab_size, seed=3000 + i)[0]
         with _cudnn(cudnn):
             engine.generate(distinct_prompts(1, args.min_len, args.max_len, target.config.vocab_size, 4000)[0])
-            out[label] = _profiled(lambda engine=engine, ids=ids: engine.generate(ids), target.device)
+            out[label] = _profiled(lambda engine=engine, ids=ids: engine.generate(ids), target.device,
+                                   lambda engine=engine, drafter=drafter: setup_seconds(engine.static, drafter.static))
     return out
 
 
@@ -472,7 +474,7 @@ def run_profile_batched(target, draft, args, save: Callable[[dict], None] = lamb
             before = engine.admit_s
             gens = engine.generate_many([(p, 0) for p in ids])
             runs.append((sum(len(g.tokens) for g in gens), engine.admit_s - before))
-        out[label] = _profiled(run, target.device)
+        out[label] = _profiled(run, target.device, lambda engine=engine: setup_seconds(*engine.slots.values()))
         out[label]["tokens"], out[label]["admit_s"] = runs[0]  # the unprofiled run's
     return out
 
