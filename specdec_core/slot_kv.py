@@ -222,9 +222,10 @@ class SlotKV(StaticKV):
     def prefills_in_graphs(self) -> bool:
         """Whether `prefill` takes the batch's new rows (with graphs); else they are prefilled
         into a `BatchKV` and copied (`place`, `merge`)."""
-        return (self.graphs and self.graph_prefills
-                and (self._prefiller is None  # (its captures may have failed)
-                     or (self._prefiller.graphs and self._prefiller.graph_prefills)))
+        # Row by row pays while the pass each row needs replays (an encoder-decoder's cross-attention
+        # pass; a failed capture of its encoder leaves that eager but still one pass per row).
+        kind = "cross" if self.encdec else "prefill"
+        return self.prefill_graphs(kind) and (self._prefiller is None or self._prefiller.prefill_graphs(kind))
 
     @torch.inference_mode()
     def prefill(self, feeds: list[list[int]], into: list[int] | None = None, prompts: list[list[int]] | None = None,

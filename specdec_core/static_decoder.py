@@ -323,8 +323,15 @@ class StaticKV:
         self.cross = Cache(layers=[_CrossLayer(self) for _ in range(self.layers)]) if self.encdec else None
         self._compiled = torch.compile(self._packed_pass) if compile else None
         # With graphs, prompts prefill through graphs of padded widths (`StaticDecoder._prefill`,
-        # `SlotKV.prefill`); the GPU bench turns this off to measure eager prefills beside them.
+        # `StaticDecoder.encode`, `SlotKV.prefill`); the GPU bench turns this off to measure eager
+        # prefills beside them. `uncaptured`: the kinds of those graphs ("prefill", "encode",
+        # "cross") that failed to capture, which then run eagerly.
         self.graph_prefills = True
+        self.uncaptured: set[str] = set()
+
+    def prefill_graphs(self, kind: str) -> bool:
+        """Whether prompts' passes of this kind ("prefill", "encode", "cross") replay graphs."""
+        return self.graphs and self.graph_prefills and kind not in self.uncaptured
 
     def acquire(self) -> bool:
         """Take the buffers for one call, emptied; False while another call (thread) holds them,
@@ -346,7 +353,9 @@ class StaticKV:
         for layer in self.cache.layers:
             layer.grow(self.capacity, keep)
         self.columns = torch.arange(self.capacity, device=self.device)
-        self._graphs.clear()  # they hold the old buffers' addresses
+        # Graphs over the old buffers go; an encoder's and cross-attention's never touch them.
+        self._graphs = {key: g for key, g in self._graphs.items()
+                        if isinstance(key, tuple) and key[0] in ("encode", "cross")}
 
     def _inputs(self, tokens: list[list[int]], bases: list[int], pad: int, width: int = 0) -> torch.Tensor:
         """The packed inputs of one pass, on the host: per row its tokens (padded to the widest,
@@ -481,9 +490,9 @@ class StaticKV:
                     g = self._graphs[key] = self._capture(run, inp)
                 except Exception as e:  # e.g. a model whose forward waits on a value from the device
                     if prefill:
-                        log.warning("%s: no CUDA graph of %s (%s: %s); prompts prefill eagerly from now on",
-                                    type(self.model).__name__, what, type(e).__name__, str(e)[:200])
-                        self.graph_prefills = False
+                        log.warning("%s: no CUDA graph of %s (%s: %s); such passes of prompts run eagerly from "
+                                    "now on", type(self.model).__name__, what, type(e).__name__, str(e)[:200])
+                        self.uncaptured.add(key[0])
                         return run(inp.to(self.device))
                     if self.strict:
                         raise
@@ -583,16 +592,17 @@ class StaticDecoder(StaticKV):
         """Encoder-decoder: this item's encoder outputs (run now, or `encoded`: another decoder's,
         from this model's own encoder module) and its cross-attention keys/values, written into
         the fixed buffers by a one-token decoder pass whose self-attention is thrown away
-        (`_encode`, `_cross`). With graphs, the prompt is padded (`_encoder_width`) and both
-        replay a graph per width: eagerly, an encoder pass and that decoder pass cost the host as
-        many launches as two decode steps, paid again for every prompt. The pads are masked
+        (`_cross`). With graphs, the prompt is padded (`_encoder_width`) and the encoder pass and
+        that decoder pass each replay a graph per width: eagerly, they cost the host as many
+        launches as two decode steps, paid again for every prompt. The pads are masked
         everywhere, so a prompt's encoder outputs and keys/values are its own, up to the rounding
-        of other kernel shapes. `self.encoded` then holds the outputs (and their mask) for a
-        draft sharing the encoder. A no-op for a decoder-only model."""
+        of other kernel shapes. An encoder that cannot be captured (BART's in float16 checks its
+        outputs on the host) runs eagerly over the padded prompt. `self.encoded` then holds the
+        outputs (and their mask) for a draft sharing the encoder. A no-op for a decoder-only model."""
         if not self.encdec:
             return
         n = len(prompt_ids)
-        graphed = self.graphs and self.graph_prefills and n <= MAX_PREFILL_GRAPH
+        graphed = self.prefill_graphs("cross") and n <= MAX_PREFILL_GRAPH
         if encoded is None:
             width = self._encoder_width(n) if graphed else n
         else:  # graphed where padded as this decoder pads (not, say, a growing cache's outputs)
@@ -605,15 +615,23 @@ class StaticDecoder(StaticKV):
         if self._start is None:
             self._start = torch.tensor([initial_decoder_ids(self.model, [])], device=self.device)
         if encoded is None:
-            ids = torch.tensor([prompt_ids + [self.model.config.pad_token_id or 0] * (width - n)])
-            hidden = self._encoder_run(("encode", width), ids, self._encode, f"the encoder over {width} tokens",
-                                       graphed)
-            mask = (torch.arange(width, device=self.device) < n).long()[None]
-            # A copy: a graph's output is overwritten by the next item's replay.
-            encoded = {"encoder_outputs": BaseModelOutput(last_hidden_state=hidden.clone()), "attention_mask": mask}
+            pad = getattr(self.model.config, "pad_token_id", None) or 0
+            ids = torch.tensor([prompt_ids + [pad] * (width - n)])
+            visible = (torch.arange(width) < n).long()[None].to(self.device)
+            if graphed and self.prefill_graphs("encode"):
+                # A copy: a graph's output is overwritten by the next item's replay.
+                hidden = self._run(("encode", width), ids, self._encoder, f"the encoder over {width} tokens",
+                                   prefill=True).clone()
+            else:  # (unpadded, the mask is all ones, as `generate()` gives it)
+                hidden = self.model.get_encoder()(input_ids=ids.to(self.device), attention_mask=visible
+                                                  ).last_hidden_state
+            encoded = {"encoder_outputs": BaseModelOutput(last_hidden_state=hidden), "attention_mask": visible}
+        hidden = encoded["encoder_outputs"].last_hidden_state
+        if graphed:
+            self._run(("cross", width), hidden, self._cross, f"the cross-attention of {width} encoder outputs",
+                      prefill=True)
         else:
-            self._encoder_run(("cross", width), encoded["encoder_outputs"].last_hidden_state, self._cross,
-                              f"the cross-attention of {width} encoder outputs", graphed)
+            self._cross(hidden)
         self.encoded = encoded
 
     def _encoder_width(self, n: int) -> int:
@@ -623,16 +641,11 @@ class StaticDecoder(StaticKV):
         limit = getattr(self.model.config, "max_position_embeddings", None)
         return max(n, min(prefill_width(n), limit or prefill_width(n)))
 
-    def _encoder_run(self, key: tuple, inp: torch.Tensor, run, what: str, graphed: bool) -> torch.Tensor:
-        return self._run(key, inp, run, what, prefill=True) if graphed else run(inp.to(self.device))
-
-    def _encode(self, ids: torch.Tensor) -> torch.Tensor:
-        """The encoder over a padded prompt (1, w), the pads hidden by `enc_mask` (a 4D mask,
-        which the model takes as it is), then `_cross`; device ops only. Returns its outputs."""
-        mask = self.enc_mask[..., : ids.shape[1]]
-        hidden = self.model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
-        self._cross(hidden)
-        return hidden
+    def _encoder(self, ids: torch.Tensor) -> torch.Tensor:
+        """The encoder's outputs over a padded prompt (1, w), the pads hidden by `enc_mask` (a 4D
+        mask, which the model takes as it is, never reading it on the host); device ops only."""
+        return self.model.get_encoder()(input_ids=ids, attention_mask=self.enc_mask[..., : ids.shape[1]]
+                                        ).last_hidden_state
 
     def _cross(self, hidden: torch.Tensor) -> torch.Tensor:
         """Every layer's cross-attention keys/values of these encoder outputs into the fixed
@@ -668,7 +681,7 @@ class StaticDecoder(StaticKV):
         """With graphs (decoder-only): a feed of no logits, or one wider than any decode graph,
         prefilled (`_prefill`) but for its last `tail` tokens, which are returned for the pass
         that needs their logits; else `new` as it is."""
-        if not (self.graphs and self.graph_prefills) or self.encdec:
+        if not self.prefill_graphs("prefill") or self.encdec:
             return new
         if tail and (len(new) <= self.max_graph_width or tail > self.max_graph_width):
             return new  # a decode graph's width already, or more logits than a decode graph keeps

@@ -66,7 +66,7 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
             if slots is not None:
                 assert slots.graphs and slots.captures > 0, (kind, name, batch_size)
                 # new rows prefilled (or encoded) through graphs
-                assert slots._prefiller.graph_prefills and slots._prefiller.captures > 0, (kind, name, batch_size)
+                assert not slots._prefiller.uncaptured and slots._prefiller.captures > 0, (kind, name, batch_size)
 
 
 
@@ -107,7 +107,7 @@ def test_long_prompts_prefilled_through_graphs_equal_generate_on_cuda(kind, cuda
     engine = BatchSpeculativeGenerator(target, drafter, batch_size=2, num_speculative_tokens=4, max_new_tokens=16)
     assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, (kind, "batched")
     pre = engine.slots[id(target)]._prefiller
-    assert pre.graph_prefills and any(k[0] == key and k[1] > 64 for k in pre._graphs if isinstance(k, tuple))
+    assert not pre.uncaptured and any(k[0] == key and k[1] > 64 for k in pre._graphs if isinstance(k, tuple))
 
 
 def test_graphs_survive_cublas_workspaces_cleared_elsewhere():

@@ -17,7 +17,7 @@ from specdec_core.gamma import AdaptiveGamma
 from specdec_core.processing import SamplingSettings
 from specdec_core.slot_kv import SlotKV, slot_kv_for
 from specdec_core.static_decoder import StaticDecoder, StaticKV
-from tests.numerics import assert_logits_close
+from tests.numerics import assert_logits_close, logit_tolerance
 from tests.test_batch_engine import TEXTS, check_a_round, drafter_for, hf_greedy
 
 
@@ -198,7 +198,7 @@ def test_batch_one_through_graph_replays_equals_generate(models, prompts, kind, 
         assert [gen.generate(p).tokens for p in prompts] == [hf_greedy(target, p, 16) for p in prompts]
         assert gen.static.captures and drafter.static.captures
         if target.config.is_encoder_decoder:  # each prompt's encoder pass was a graph's replay
-            assert gen.static.graph_prefills and any(key[0] == "encode" for key in gen.static._graphs
+            assert not gen.static.uncaptured and any(key[0] == "encode" for key in gen.static._graphs
                                                      if isinstance(key, tuple))
         if chain and kind != "bart":  # (BART's forced end token is a logits processor: per-step picks)
             assert any(isinstance(key, tuple) for key in drafter.static._graphs)  # the chained rounds were graphs
@@ -333,12 +333,12 @@ def test_a_prefill_that_cannot_be_captured_leaves_the_decode_graphs(models, prom
     assert gen.static.strict
     with caplog.at_level("WARNING"):
         assert [gen.generate(p).tokens for p in items] == refs
-    assert gen.static.graphs and not gen.static.graph_prefills and gen.static.captures > 0
+    assert gen.static.graphs and gen.static.uncaptured == {"prefill"} and gen.static.captures > 0
     assert "no CUDA graph of a 64-token prefill (OutOfMemoryError" in caplog.text
     engine = BatchSpeculativeGenerator(target, NoDrafter(), batch_size=2, max_new_tokens=8, cuda_graphs="on")
     kv = graphed(engine.slots[id(target)], True)
     assert [o.tokens for o in engine.generate_many([(p, 0) for p in items])] == refs
-    assert kv.graphs and kv.captures > 0 and not kv.prefills_in_graphs and not kv._prefiller.graph_prefills
+    assert kv.graphs and kv.captures > 0 and not kv.prefills_in_graphs and kv._prefiller.uncaptured == {"prefill"}
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
@@ -364,7 +364,7 @@ def test_encoder_decoder_rows_in_slots_equal_generate(family, graphs, fake_graph
         assert [o.tokens for o in out] == reference, (family, drafter.name)
         assert (engine.slots[id(target)].captures > 0) == graphs
         for kv in engine.slots.values():  # with graphs, rows entered through their encoder's graphs
-            assert (kv._prefiller is not None and kv._prefiller.graph_prefills
+            assert (kv._prefiller is not None and not kv._prefiller.uncaptured
                     and kv._prefiller.captures > 0) == graphs, (family, drafter.name)
 
 
@@ -398,7 +398,7 @@ def test_encoder_decoder_rows_enter_slots_one_by_one_through_graphs(family, fake
                                            max_new_tokens=10, cuda_graphs="on")
         tkv, dkv = (graphed(engine.slots[id(m)], True) for m in (target, draft))
         assert [o.tokens for o in engine.generate_many([(p, 0) for p in prompts])] == reference
-    assert set(tkv._prefiller._graphs) == {("encode", w) for w in widths}
+    assert set(tkv._prefiller._graphs) == {(kind, w) for w in widths for kind in ("encode", "cross")}
     assert set(dkv._prefiller._graphs) == {("cross", w) for w in widths}  # the draft never ran its encoder
     assert tkv.prefills_in_graphs and dkv.prefills_in_graphs
     assert dkv.acquire()  # another call holds the draft's slots: it prefills a padded cache, encoding itself
@@ -425,10 +425,53 @@ def test_encoder_outputs_of_a_growing_cache_are_not_captured_per_length(models, 
     assert_logits_close(decoder.forward(start, 1), reference)
     decoder.rollback(0)
     decoder.encode(prompt)  # its own encoder: padded, a graph
-    assert {key for key in decoder._graphs if isinstance(key, tuple)} == {("encode", 32)}
+    assert {key for key in decoder._graphs if isinstance(key, tuple)} == {("encode", 32), ("cross", 32)}
     assert decoder.encoded["encoder_outputs"].last_hidden_state.shape[1] == 32
     assert_logits_close(decoder.forward(start, 1), reference)
     decoder.release()
+
+
+def test_an_encoder_that_cannot_be_captured_runs_eagerly_under_the_cross_attention_graphs(monkeypatch, caplog):
+    """BART's encoder in float16 checks its outputs on the host, which a graph cannot capture: the
+    encoder then runs eagerly over the padded prompt, the cross-attention pass keeps its graphs,
+    and rows still enter slots one by one, exactly (a refused encoder capture, in float32)."""
+    from tests.family_models import V, family_model
+    from tests.test_batch_families import hf_greedy as hf_greedy_seq2seq
+
+    monkeypatch.setattr(StaticKV, "_record", trace)
+    half = family_model("bart", seed=1).to(torch.float16)
+    decoder = StaticDecoder(half, graphs=True)
+    assert decoder.acquire()
+    prompt = list(range(3, 14))
+    with caplog.at_level("WARNING"):
+        decoder.encode(prompt)
+    assert decoder.uncaptured == {"encode"} and set(decoder._graphs) == {("cross", 16)}
+    assert "no CUDA graph of the encoder over 16 tokens" in caplog.text
+    start = [half.config.decoder_start_token_id]
+    expected = CachedDecoder(half, prompt).forward(start, 1)  # (float32 logits of a float16 model)
+    torch.testing.assert_close(decoder.forward(start, 1), expected, rtol=0.0,
+                               atol=logit_tolerance(expected.to(torch.float16)))
+    decoder.release()
+
+    original = StaticKV._record
+
+    def no_encoder(self, run, static):
+        if getattr(run, "__name__", "") == "_encoder":
+            raise RuntimeError("operation not permitted when stream is capturing (a stand-in)")
+        return original(self, run, static)
+
+    monkeypatch.setattr(StaticKV, "_record", no_encoder)
+    target, draft = family_model("bart", seed=1), family_model("bart", seed=2)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3, 9)]
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=2, num_speculative_tokens=3,
+                                       max_new_tokens=10, cuda_graphs="on")
+    kvs = [graphed(kv, True) for kv in engine.slots.values()]
+    assert [o.tokens for o in engine.generate_many([(p, 0) for p in prompts])] == \
+        [hf_greedy_seq2seq(target, p, 10) for p in prompts]
+    for kv in kvs:
+        assert kv.prefills_in_graphs and kv._prefiller.uncaptured == {"encode"}
+        assert {key[0] for key in kv._prefiller._graphs if isinstance(key, tuple)} == {"cross"}
 
 
 def test_position_hooks_hold_the_model_and_leave_it_as_it_was(models):
