@@ -110,6 +110,31 @@ def test_long_prompts_prefilled_through_graphs_equal_generate_on_cuda(kind, cuda
     assert not pre.uncaptured and any(k[0] == key and k[1] > 64 for k in pre._graphs if isinstance(k, tuple))
 
 
+@pytest.mark.parametrize("kind", ["t5", "bart"])
+def test_a_draft_sharing_the_encoder_replays_its_cross_attention_on_cuda(kind, cuda_models, tokenizer):
+    """A draft given the target's encoder module: at batch 1 and batched, each prompt's encoder
+    runs once (the target's graph) and the draft replays only its cross-attention graph over the
+    target's padded outputs; greedy equal to `generate()`."""
+    from specdec_core.loading import share_encoder
+    from tests.test_shared_encoder import same_encoder_draft
+
+    target = cuda_models[kind][0]
+    draft = same_encoder_draft(target)
+    assert share_encoder(target, draft)
+    prompts = [tokenizer(p).input_ids for p in PROMPTS]
+    refs = [reference(target, ids, 16) for ids in prompts]
+    drafter = ModelDrafter(draft)
+    single = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=16)
+    assert single.shared_encoder
+    assert [single.generate(ids).tokens for ids in prompts] == refs, (kind, "batch 1")
+    engine = BatchSpeculativeGenerator(target, drafter, batch_size=3, num_speculative_tokens=4, max_new_tokens=16)
+    assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, (kind, "batched")
+    for static in (drafter.static, engine.slots[id(draft)]._prefiller):
+        kinds = {key[0] for key in static._graphs if isinstance(key, tuple) and isinstance(key[0], str)}
+        assert kinds == {"cross"} and not static.uncaptured, (kind, kinds, static.uncaptured)
+    assert not engine.slots[id(target)]._prefiller.uncaptured
+
+
 def test_graphs_survive_cublas_workspaces_cleared_elsewhere():
     """torch.compile's own CUDA graphs (HF `generate()` with a compile config, say) clear every
     cuBLAS workspace when they record: the engine's graphs, captured before, still replay and
