@@ -4,9 +4,11 @@ draft, each row's acceptance ends it at its own round, so rows enter one or two 
 each admission was one eager prefill, launch-bound on a GPU. The bench's tiny pair on a CPU
 (outputs and admissions only, no timing); prompts of 64-256 tokens, gamma 4, as the GPU bench.
 
-    python benchmarks/admission_count.py [B] [prompts] [new tokens] [damp]
+    python benchmarks/admission_count.py [B] [prompts] [new tokens] [damp] [shape]
 
-damp: the tiny pair's damping of the target's layers past the draft's (lower: higher acceptance).
+damp: the tiny pair's damping of the target's layers past the draft's (lower: higher acceptance);
+shape: the bench's "tiny" (Llama, the default) or "tiny-t5" (an encoder-decoder pair whose draft
+runs the target's encoder: each admission was an eager encoder pass and cross-attention pass).
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from specdec_core.drafters import ModelDrafter, NoDrafter  # noqa: E402
 
 
 def main() -> None:
-    args = sys.argv[1:] + ["8", "64", "32", str(SHAPES["tiny"].damp)][len(sys.argv) - 1:]
+    shape = SHAPES[sys.argv[5] if len(sys.argv) > 5 else "tiny"]
+    args = sys.argv[1:5] + ["8", "64", "32", str(shape.damp)][len(sys.argv[1:5]):]
     b, n, new, damp = int(args[0]), int(args[1]), int(args[2]), float(args[3])
     torch.set_num_threads(2)
-    target, draft = build_pair(dataclasses.replace(SHAPES["tiny"], damp=damp), torch.device("cpu"), torch.float32)
-    items = [(p, 0) for p in distinct_prompts(n, 64, 256, SHAPES["tiny"].vocab, seed=2)]
+    target, draft = build_pair(dataclasses.replace(shape, damp=damp), torch.device("cpu"), torch.float32)
+    items = [(p, 0) for p in distinct_prompts(n, 64, 256, shape.vocab, seed=2)]
     for name, drafter in (("target alone", NoDrafter()), ("draft, chained", ModelDrafter(draft, chain=True))):
         engine = BatchSpeculativeGenerator(target, drafter, batch_size=b, num_speculative_tokens=4,
                                            max_new_tokens=new, cuda_graphs="on")
