@@ -465,9 +465,11 @@ class StaticKV:
 
     def _run(self, key: int | tuple, inp: torch.Tensor, run, what: str, prefill: bool = False) -> torch.Tensor:
         """`run(inputs on the device)`: replayed through the graph kept under `key` (captured now
-        if it is new) when graphs are on and the pass is narrow enough (or a padded `prefill`),
-        else eagerly. A prefill that cannot be captured (say, out of memory for a long prompt)
-        turns off prefill graphs only, even with `strict`: decode passes keep theirs."""
+        if it is new) when graphs are on and the pass is narrow enough (or a prompt's padded
+        `prefill`, encoder or cross-attention pass), else eagerly. A prompt's pass that cannot be
+        captured (out of memory for a long prompt, an encoder that reads a value on the host)
+        turns off that kind's graphs only (`uncaptured`, keyed by `key[0]`), even with `strict`:
+        decode passes keep theirs."""
         if not self.graphs or (inp.shape[1] - 2 > self.max_graph_width and not prefill):
             if self._compiled is None:
                 return run(inp.to(self.device))
