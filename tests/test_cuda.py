@@ -111,7 +111,7 @@ def test_long_prompts_prefilled_through_graphs_equal_generate_on_cuda(kind, cuda
 
 
 @pytest.mark.parametrize("kind", ["t5", "bart"])
-def test_a_draft_sharing_the_encoder_replays_its_cross_attention_on_cuda(kind, cuda_models, tokenizer):
+def test_a_draft_sharing_the_encoder_replays_its_cross_attention_on_cuda(kind, models, cuda_models, tokenizer):
     """A draft given the target's encoder module: at batch 1 and batched, each prompt's encoder
     runs once (the target's graph) and the draft replays only its cross-attention graph over the
     target's padded outputs; greedy equal to `generate()`."""
@@ -119,7 +119,7 @@ def test_a_draft_sharing_the_encoder_replays_its_cross_attention_on_cuda(kind, c
     from tests.test_shared_encoder import same_encoder_draft
 
     target = cuda_models[kind][0]
-    draft = same_encoder_draft(target)
+    draft = same_encoder_draft(models[kind][0]).to("cuda")  # (its noise is drawn on the CPU)
     assert share_encoder(target, draft)
     prompts = [tokenizer(p).input_ids for p in PROMPTS]
     refs = [reference(target, ids, 16) for ids in prompts]
