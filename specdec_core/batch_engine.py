@@ -333,20 +333,21 @@ class BatchSpeculativeGenerator:
         return rows
 
     def _prefill(self, model: PreTrainedModel, kv: BatchKV | SlotKV, rows: list[_Row], into: list[int] | None,
-                 encoded: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+                 encoded: list | None = None) -> list:
         """Each row's committed tokens but the newest into `kv`, in passes of at most
         `prefill_tokens` tokens (slots with graphs: row by row, `SlotKV.prefill`), merged after
         the rows there or written over the rows `into`.
-        Encoder-decoder: returns the encoder's outputs per pass (per row through graphs);
+        Encoder-decoder: returns the encoder's outputs per pass (tensors), or per row through
+        graphs (`StaticDecoder.encoded` dicts);
         `encoded` (those of a model with the same encoder module, over the same rows, prefilled
         the same way) spares running the encoder again."""
         t0, setup = time.perf_counter(), setup_seconds(kv)
         feeds = [r.seq[:-1] for r in rows]
-        parts, hidden = [], []
-        lengths = [len(r.prompt) for r in rows] if self.encdec else [len(f) for f in feeds]
         if _by_rows(kv):
             hidden = kv.prefill(feeds, into, [r.prompt for r in rows] if self.encdec else None, encoded)
         else:
+            parts, hidden = [], []
+            lengths = [len(r.prompt) for r in rows] if self.encdec else [len(f) for f in feeds]
             for i, chunk in enumerate(prefill_chunks(lengths, self.prefill_tokens)):
                 fresh = BatchKV(model, len(chunk), self.pad_id)
                 if self.encdec:  # the decoder holds no prompt: the encoder runs, the cross cache fills

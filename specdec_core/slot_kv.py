@@ -249,9 +249,9 @@ class SlotKV(StaticKV):
             if self.encdec:
                 pre.encode(prompts[j], encoded[j] if encoded else None)
                 out.append(pre.encoded)
-                width = pre.encoded["encoder_outputs"].last_hidden_state.shape[1]
-                self._copy_cross([slot], [(c.keys[:, :, :width], c.values[:, :, :width]) for c in pre.cross.layers],
-                                 pre.encoded["attention_mask"])
+                visible = pre.encoded["attention_mask"]  # (1, the padded width the encoder wrote)
+                w = visible.shape[1]
+                self._copy_cross([slot], [(c.keys[:, :, :w], c.values[:, :, :w]) for c in pre.cross.layers], visible)
             if not feed:
                 continue
             pre.forward(feed, 0)
