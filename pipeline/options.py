@@ -39,8 +39,8 @@ class SpecDecOptions(PipelineOptions):
           "defaults")
         a("--cuda_graphs", default="auto", choices=GRAPH_MODES,
           help="on a GPU: the target's and the draft's passes over static caches (fixed row slots when batched), "
-          "replayed as CUDA graphs (auto: on CUDA, for models with full attention on one device; on: insist; "
-          "off: eager)")
+          "replayed as CUDA graphs (auto: on CUDA, for models with full or sliding-window attention on one device; "
+          "on: insist; off: eager)")
         a("--torch_compile", nargs="?", const="on", default="auto", choices=GRAPH_MODES,
           help="the passes over static caches compiled by torch.compile before they are captured (fewer, fused "
           "kernels per pass; about a minute of compiling per worker and batch width), the draft's steps chained "

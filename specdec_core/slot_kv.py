@@ -15,8 +15,8 @@ one-row `StaticDecoder`'s padded graphs (a decoder-only model's prefill, an enco
 encoder pass and cross-attention keys/values) and its columns copied into its slot (`prefill`);
 otherwise prompts are prefilled into a `BatchKV` (eagerly, in passes as wide as the budget
 allows) and their columns copied into free slots, with an encoder-decoder row's cross-attention
-keys/values and encoder mask. Decoder-only and encoder-decoder models with full attention on one
-device (`static_decoder.graph_support`); the others keep `BatchKV`.
+keys/values and encoder mask. Decoder-only and encoder-decoder models with full or sliding-window
+attention on one device (`static_decoder.graph_support`); the others keep `BatchKV`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ issued from Python: on a GPU the launches, not the kernels, set the pace (a 1.1B
 once and replays them with a single launch. That needs fixed shapes and fixed addresses, so
 here the cache is one buffer per layer of `capacity` columns, a pass of w tokens writes its
 keys/values at columns length..length+w-1, and attends over all columns through an explicit
-4D mask that hides every column past the query's own position. Columns beyond the committed
+4D mask that hides every column past the query's own position (and, in sliding-window layers,
+every column a window or more behind it). Columns beyond the committed
 length hold stale drafts, which the mask hides until a later pass overwrites them: a rollback
 only moves `length`. One graph per pass width (1..`max_graph_width` tokens, captured the first
 time a width occurs); a prompt's prefill is padded to one of a few widths (`prefill_width`),
@@ -75,11 +76,9 @@ def config_support(config) -> str | None:
     """None when a model of this config can decode over static caches, one item at a time
     (`StaticDecoder`) or batched in slots (`slot_kv.SlotKV`), as far as its config tells (the
     preflight's check), else why not."""
-    if sliding_window(config) is not None:
-        return "has sliding-window layers (the static mask is full causal attention)"
-    types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if types != {"full_attention"}:
-        return f"has {', '.join(sorted(types - {'full_attention'}))} layers"
+    other = set(getattr(config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}
+    if other:
+        return f"has {', '.join(sorted(other))} layers"
     text = config.get_text_config(decoder=True)
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
     if isinstance(rope, dict) and "dynamic" in (rope.get("rope_type"), rope.get("type")):
@@ -314,6 +313,10 @@ class StaticKV:
         self._lock = threading.Lock()
         self.cache = Cache(layers=[_FixedLayer(self) for _ in range(self.layers)])
         self._low = torch.finfo(model.dtype).min
+        # Sliding-window layers (Mistral, Gemma 2/3, Phi-3, StarCoder2, Qwen2): their keys stay in
+        # the buffers past the window, hidden by the mask (`_masks`), as `BatchKV` keeps them.
+        self.window = sliding_window(model.config)
+        self.layer_types = getattr(model.config, "layer_types", None)
         self._logits_kwarg = _accepts_logits_to_keep(type(model))
         self.seen: int | torch.Tensor = 0  # what the layers report as their length (`_FixedLayer`)
         # Encoder-decoder: each row's cross-attention cache and its additive encoder mask
@@ -399,8 +402,7 @@ class StaticKV:
         self.slots = base[:, None] + self.columns[:w]
         last = (fed - 1).clamp(min=0)[:, None]
         positions = base[:, None] + torch.minimum(self.columns[:w][None], last)
-        hidden = self.columns[None, None, None, :] > self.slots[:, None, :, None]  # (rows, 1, w, capacity)
-        mask = torch.zeros(hidden.shape, dtype=self.model.dtype, device=self.device).masked_fill_(hidden, self._low)
+        mask = self._masks()
         kwargs = {"logits_to_keep": keep} if self._logits_kwarg else {}
         if self.encdec:
             self.seen = self._starts(base)
@@ -412,6 +414,20 @@ class StaticKV:
             out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
                              use_cache=True, **kwargs)
         return out.logits
+
+    def _masks(self) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The pass's 4D additive masks over the buffers (rows, 1, w, capacity), from `slots`: a
+        column is hidden after the query's own (a column is a position here) and, for sliding
+        layers, `window` or more behind it, as the models' own window masks count. One mask for
+        a model whose every layer is alike, a dict by layer type for a hybrid (Gemma 2/3)."""
+        behind = self.slots[:, None, :, None] - self.columns[None, None, None, :]
+        full = torch.zeros(behind.shape, dtype=self.model.dtype, device=self.device).masked_fill_(behind < 0, self._low)
+        if self.window is None:
+            return full
+        slide = full.masked_fill(behind >= self.window, self._low)
+        if self.layer_types is None:
+            return slide
+        return {kind: slide if kind == "sliding_attention" else full for kind in set(self.layer_types)}
 
     def _chain(self, inp: torch.Tensor, k: int) -> torch.Tensor:
         """(rows, k) greedy tokens: the pass `inp`, each row's pick at its last fed token, then

@@ -96,6 +96,19 @@ def test_an_encoder_decoder_pair_runs_the_same_way(tmp_path):
     assert all(r["identical_to_hf"] == 5 for r in result["batched"]["by_batch_size"]["4"].values())
 
 
+def test_a_sliding_window_pair_passes_its_window_and_runs_the_same_way(tmp_path):
+    """The `window` step's pair: a Mistral, the draft an early exit of the target, most rows (4-24
+    prompt tokens, 10 new) past its window. (Here the passes run eagerly; their masks over static
+    caches: tests/test_static_decoder.py and tests/test_slot_kv.py.)"""
+    target, draft = gpu.build_pair(gpu.SHAPES["tiny-mistral"], gpu.torch.device("cpu"), gpu.torch.float32)
+    assert type(target).__name__ == "MistralForCausalLM" and target.config.sliding_window == 16
+    assert draft.config.num_hidden_layers == 1 and draft.config.sliding_window == 16
+    argv = [a if a != "tiny" else "tiny-mistral" for a in TINY]
+    result = gpu.main([*argv, "--sections", "single,batched", "--max_len", "24", "--out", str(tmp_path)])
+    assert all(r["identical_to_hf"] == 2 for r in result["single"]["rows"].values())
+    assert all(r["identical_to_hf"] == 5 for r in result["batched"]["by_batch_size"]["4"].values())
+
+
 def test_a_batched_call_is_profiled_with_its_time_in_admissions(tmp_path):
     result = gpu.main([*TINY, "--sections", "profile_batched", "--out", str(tmp_path)])
     prof = result["profile_batched"]

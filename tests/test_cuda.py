@@ -135,6 +135,27 @@ def test_a_draft_sharing_the_encoder_replays_its_cross_attention_on_cuda(kind, m
     assert not engine.slots[id(target)]._prefiller.uncaptured
 
 
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_sliding_window_families_equal_generate_on_cuda(family):
+    """Rows past a 6-token sliding window (every layer's: Mistral; every other layer's: Gemma 2)
+    through graphs over static caches, at batch 1 and in slots."""
+    from tests.family_models import WINDOW, V, family_model
+
+    target, draft = (family_model(family, seed=seed).to("cuda") for seed in (1, 2))
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3, 9)]
+    refs = [reference(target, ids, 16) for ids in prompts]
+    drafter = ModelDrafter(draft, chain=True)
+    single = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=16)
+    assert single.static is not None and single.static.window == WINDOW
+    assert [single.generate(ids).tokens for ids in prompts] == refs, (family, "batch 1")
+    assert single.static.graphs and single.static.captures > 0
+    engine = BatchSpeculativeGenerator(target, drafter, batch_size=3, num_speculative_tokens=3, max_new_tokens=16)
+    assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, (family, "batched")
+    slots = engine.slots[id(target)]
+    assert slots.graphs and slots.captures > 0 and slots._prefiller.captures > 0 and not slots._prefiller.uncaptured
+
+
 def test_graphs_survive_cublas_workspaces_cleared_elsewhere():
     """torch.compile's own CUDA graphs (HF `generate()` with a compile config, say) clear every
     cuBLAS workspace when they record: the engine's graphs, captured before, still replay and

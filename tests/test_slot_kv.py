@@ -259,13 +259,15 @@ def test_a_chained_round_leaves_rows_that_feed_nothing_intact(models, prompts, g
     kv.release()
 
 
-@pytest.mark.parametrize("family", ["mistral", "phi3", "starcoder2"])
-def test_other_decoder_families_in_slots_equal_generate(family, fake_graphs):
-    """Families with their own special tokens and end rules (Phi-3: several end ids), with full
-    attention (no sliding window: the slots' mask is plain causal), through graph replays."""
+@pytest.mark.parametrize("family", ["mistral", "phi3", "gemma2", "gemma3", "starcoder2"])
+def test_sliding_window_families_in_slots_equal_generate(family, fake_graphs):
+    """Families with their own special tokens and end rules (Phi-3, Gemma: several end ids) and
+    a sliding window (6 tokens) that every row passes, all layers' (Mistral, Phi-3, StarCoder2)
+    or every other one's (Gemma 2/3), through graph replays: rows enter slots through the
+    one-row prefiller's graphs, and each slot's mask hides what its row's window leaves."""
     from tests.family_models import V, family_model
 
-    target, draft = family_model(family, seed=1, window=None), family_model(family, seed=2, window=None)
+    target, draft = family_model(family, seed=1), family_model(family, seed=2)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 9, 3, 12, 7)]
     engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=3, num_speculative_tokens=3,
@@ -274,6 +276,8 @@ def test_other_decoder_families_in_slots_equal_generate(family, fake_graphs):
         graphed(kv, True)
     out = engine.generate_many([(p, 0) for p in prompts])
     assert [o.tokens for o in out] == [hf_greedy(target, p, 10) for p in prompts]
+    kv = engine.slots[id(target)]
+    assert kv.window == 6 and kv._prefiller.captures > 0 and not kv._prefiller.uncaptured
 
 
 def test_a_pass_that_cannot_be_captured_runs_eagerly_unless_graphs_are_insisted_on(models, prompts, monkeypatch,

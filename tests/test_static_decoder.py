@@ -238,6 +238,45 @@ def test_every_seq2seq_family_through_static_caches_equals_generate(family, monk
             assert (gen.static.captures > 0) == graphs
 
 
+@pytest.mark.parametrize("family", ["mistral", "gemma3"])
+def test_sliding_window_families_through_static_caches_equal_generate(family, monkeypatch):
+    """Rows longer than the window (6 tokens): each sliding layer's mask hides the columns a
+    window or more behind the query (every layer's one mask: Mistral; Gemma 3's sliding layers
+    only, a mask per layer type), eagerly and through traced graph replays, with a draft and
+    without. Without the window in the masks every case here differs from `generate()`. (The
+    other sliding-window families, in slots: tests/test_slot_kv.py.)"""
+    from tests.family_models import WINDOW, V, family_model
+    from tests.test_batch_families import hf_greedy
+    from tests.test_slot_kv import trace
+
+    monkeypatch.setattr(static_decoder.StaticKV, "_record", trace)
+    target, draft = family_model(family, seed=1), family_model(family, seed=2)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3)]
+    refs = [hf_greedy(target, ids, 16) for ids in prompts]
+    for graphs in (False, True):
+        for drafter in (ModelDrafter(draft, cuda_graphs="on"), NoDrafter()):
+            gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=16,
+                                       cuda_graphs="on")
+            assert gen.static.window == WINDOW
+            for static in (gen.static, getattr(drafter, "static", None)):
+                if static is not None:
+                    static.graphs = graphs
+            assert [gen.generate(ids).tokens for ids in prompts] == refs, (family, drafter.name, graphs)
+            assert (gen.static.captures > 0) == graphs
+
+
+def test_layers_other_than_full_or_sliding_attention_are_refused(models):
+    """Chunked (Llama 4), linear (Qwen3-Next) or state-space layers keep no columns a 4D mask can
+    hide; sliding-window layers, hybrid or not, do."""
+    from tests.family_models import family_model
+
+    assert graph_support(family_model("gemma2", seed=1)) is None
+    config = models["llama"][0].config.__class__.from_dict(models["llama"][0].config.to_dict())
+    config.layer_types = ["full_attention", "chunked_attention"]
+    assert static_decoder.config_support(config) == "has chunked_attention layers"
+
+
 def test_models_whose_positions_wait_on_the_host_are_refused(models):
     """M2M100/NLLB compares a device length with its position table's size, dynamic-NTK RoPE its
     frequencies' length: both read a value on the host inside a pass, which a capture cannot."""

@@ -88,6 +88,11 @@ print(f'job rows: {ok} results, {bad} failed, of 64'); raise SystemExit(ok + bad
       --sections single,batched $BIG --batch_prompts 64 --batch_sizes 8,32 --batch_max_new_tokens 32 \
       --include '^(HF assisted|ours, (draft|target alone)(, eager)?|ours, draft, chained(, eager prefills)?|ours, target alone, eager prefills)$' \
       --out "$OUT/bench" ;;
+    # A sliding-window pair whose 128-token window every row passes: graphs against eager passes
+    # (how such models ran on a GPU before static caches took sliding windows), at batch 1 and B = 8.
+    window) step window 180 $PY -m pipeline.bench.gpu --device $DEVICE --shape ${WINDOW_SHAPE:-mistral-1.1b} \
+      --dtype bfloat16 --sections single,batched $BIG --batch_prompts 64 --batch_sizes 8 --batch_max_new_tokens 32 \
+      --include '^(ours, (draft|target alone)(, eager)?|ours, draft, chained)$' --out "$OUT/bench" ;;
     *) echo "unknown step $s" >>"$LOG" ;;
   esac
 done

@@ -55,6 +55,7 @@ class Shape:
     draft_layers: int
     damp: float  # residual-branch outputs of the layers past the draft's, scaled by this
     encoder_layers: int = 0  # 0: a decoder-only Llama; else a T5 with this many encoder layers
+    window: int = 0  # decoder-only: a Mistral with this sliding window (tokens) instead of a Llama
 
     @property
     def encoder_decoder(self) -> bool:
@@ -64,12 +65,15 @@ class Shape:
 # TinyLlama-1.1B's, Llama-3-8B's and T5-v1.1-large's shapes (for T5, `layers` counts decoder
 # layers and the draft runs the target's encoder; transformers 5.24's `generate()` sizes a T5 cache by its
 # encoder layers, so a target has as many of each); damping for greedy agreement ~0.75-0.85 at bf16.
+# "mistral-1.1b": TinyLlama's shape as a Mistral whose 128-token window every row passes.
 SHAPES = {
     "tinyllama-1.1b": Shape(32000, 2048, 5632, 22, 32, 4, 2, 0.012),
     "llama3-8b": Shape(128256, 4096, 14336, 32, 32, 8, 2, 0.008),
+    "mistral-1.1b": Shape(32000, 2048, 5632, 22, 32, 4, 2, 0.012, window=128),
     "t5-large": Shape(32128, 1024, 2816, 24, 16, 16, 2, 0.025, encoder_layers=24),
     "tiny": Shape(320, 64, 128, 3, 4, 2, 1, 0.02),
     "tiny-t5": Shape(320, 64, 128, 3, 2, 2, 1, 0.02, encoder_layers=3),
+    "tiny-mistral": Shape(320, 64, 128, 3, 4, 2, 1, 0.02, window=16),
 }
 
 
@@ -84,12 +88,15 @@ def _default_dtype(dtype: torch.dtype):
 
 
 def _config(shape: Shape, layers: int):
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig, MistralConfig
 
-    return LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-                       num_hidden_layers=layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-                       max_position_embeddings=4096, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
-                       eos_token_id=None)
+    fields = dict(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+                  num_hidden_layers=layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                  max_position_embeddings=4096, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
+                  eos_token_id=None)
+    if shape.window:
+        return MistralConfig(**fields, sliding_window=shape.window)
+    return LlamaConfig(**fields)
 
 
 def _t5(shape: Shape, decoder_layers: int):
@@ -107,7 +114,7 @@ def build_pair(shape: Shape, device: torch.device, dtype: torch.dtype, seed: int
     """(target, draft) built on `device` in `dtype`: the draft is the target's first (decoder)
     layers with its embeddings, final norm and head (an early exit); a T5 draft runs the target's
     encoder module. No end token: every row runs to length."""
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaForCausalLM, MistralForCausalLM
 
     from specdec_core.loading import share_encoder
 
@@ -116,8 +123,9 @@ def build_pair(shape: Shape, device: torch.device, dtype: torch.dtype, seed: int
         if shape.encoder_decoder:
             target, draft = _t5(shape, shape.layers), _t5(shape, shape.draft_layers)
         else:
-            target = LlamaForCausalLM(_config(shape, shape.layers)).eval()
-            draft = LlamaForCausalLM(_config(shape, shape.draft_layers)).eval()
+            cls = MistralForCausalLM if shape.window else LlamaForCausalLM
+            target = cls(_config(shape, shape.layers)).eval()
+            draft = cls(_config(shape, shape.draft_layers)).eval()
     with torch.no_grad():
         if shape.encoder_decoder:
             for block in target.decoder.block[shape.draft_layers:]:
