@@ -90,7 +90,8 @@ class SlotKV(StaticKV):
 
     def _by_row(self):
         """While a pass runs: each decoder position embedding gets every row's ids (its output
-        brought to (rows, w, d), and ids past its table clamped: only pads reach them), and each
+        brought to (rows, w, d), and ids past its table clamped: only pads reach them; one that
+        counts positions from the token ids, M2M100's, is looked up per row: `_table_post`), and each
         relative position bias is looked up per row from the module's own bias of every distance
         at the positions the pass stores (`batch_kv.bias_by_row`, here over the static column
         count, so that nothing waits for the host). The hooks are made once per cache and set
@@ -98,7 +99,13 @@ class SlotKV(StaticKV):
         `compute_bias` patched inside it)."""
         if not self.encdec:
             return contextlib.nullcontext()
-        return hooked(self.model, self._embeds, self._bias_by_row, _per_row, _clamp_ids)
+        return hooked(self.model, self._embeds, self._bias_by_row, self._embed_post, self._embed_pre)
+
+    def _embed_pre(self, module, args, kwargs):
+        return (self._table_pre if module in self._tables else _clamp_ids)(module, args, kwargs)
+
+    def _embed_post(self, module, args, kwargs, output):
+        return (self._table_post if module in self._tables else _per_row)(module, args, kwargs, output)
 
     def _key_columns(self, key_length: int) -> tuple[torch.Tensor, int]:
         return self.columns[None, None, :key_length], key_length

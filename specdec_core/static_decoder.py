@@ -34,7 +34,7 @@ from transformers import EncoderDecoderCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.modeling_outputs import BaseModelOutput
 
-from specdec_core.batch_kv import decoder_position_modules, sliding_window
+from specdec_core.batch_kv import decoder_position_modules, hooked, sliding_window
 from specdec_core.decoder import _accepts_logits_to_keep, initial_decoder_ids
 from specdec_core.device_map import devices_of
 from specdec_core.placement import decoder_layers
@@ -52,11 +52,14 @@ MAX_PREFILL_GRAPH = 4096
 # automatic dynamic shapes, every width after the second; capacity growth recompiles too.
 COMPILE_LIMIT = 64
 GRAPH_MODES = ("auto", "on", "off")
-# Families whose decoders read a value from the device on the host inside a pass, which a CUDA
-# graph cannot capture (others that do are found at their first capture and run eagerly).
-HOST_POSITIONS = {
-    "m2m_100": "compares its decoder positions with its position table's size on the host (M2M100, NLLB)",
-}
+def counts_positions_from_ids(module: torch.nn.Module) -> bool:
+    """Whether a decoder position embedding is fairseq's sinusoidal one (M2M100, NLLB): it counts
+    positions from the token ids (a pad keeps the padding position) and the cache length, and
+    compares them with its table's size on the host to grow it, which a capture cannot do with
+    the device's length (`StaticKV._table_pre`/`_table_post` look them up on the device instead)."""
+    return (callable(getattr(module, "create_position_ids_from_input_ids", None))
+            and isinstance(getattr(module, "weights", None), torch.Tensor)
+            and isinstance(getattr(module, "padding_idx", None), int))
 
 
 def capacity_for(n: int) -> int:
@@ -83,8 +86,6 @@ def config_support(config) -> str | None:
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
     if isinstance(rope, dict) and "dynamic" in (rope.get("rope_type"), rope.get("type")):
         return "uses dynamic-NTK RoPE (it recomputes its frequencies from a length read on the host)"
-    if config.model_type in HOST_POSITIONS:
-        return HOST_POSITIONS[config.model_type]
     return None
 
 
@@ -102,7 +103,8 @@ def graph_support(model: PreTrainedModel, batched: bool = False) -> str | None:
     if model.config.is_encoder_decoder and batched:
         # Each row's positions reach the decoder's position embeddings as ids (`slot_kv.SlotKV`).
         for module in decoder_position_modules(model)[0]:
-            if "position_ids" not in inspect.signature(module.forward).parameters:
+            if "position_ids" not in inspect.signature(module.forward).parameters \
+                    and not counts_positions_from_ids(module):
                 return f"has a decoder position embedding ({type(module).__name__}) that takes no position ids"
     return None
 
@@ -324,6 +326,11 @@ class StaticKV:
         self.encdec = bool(model.config.is_encoder_decoder)
         self.enc_capacity = 0
         self.cross = Cache(layers=[_CrossLayer(self) for _ in range(self.layers)]) if self.encdec else None
+        # Encoder-decoder position embeddings that count positions from ids (M2M100, NLLB), and
+        # this cache's copy of each one's table (`_copy_tables`).
+        self._tables = [m for m in decoder_position_modules(model)[0] if counts_positions_from_ids(m)] \
+            if self.encdec else []
+        self._table: dict[torch.nn.Module, torch.Tensor] = {}
         self._compiled = torch.compile(self._packed_pass) if compile else None
         # With graphs, prompts prefill through graphs of padded widths (`StaticDecoder._prefill`,
         # `StaticDecoder.encode`, `SlotKV.prefill`); the GPU bench turns this off to measure eager
@@ -359,6 +366,7 @@ class StaticKV:
         # Graphs over the old buffers go; an encoder's and cross-attention's never touch them.
         self._graphs = {key: g for key, g in self._graphs.items()
                         if isinstance(key, tuple) and key[0] in ("encode", "cross")}
+        self._copy_tables()
 
     def _inputs(self, tokens: list[list[int]], bases: list[int], pad: int, width: int = 0) -> torch.Tensor:
         """The packed inputs of one pass, on the host: per row its tokens (padded to the widest,
@@ -453,8 +461,37 @@ class StaticKV:
 
     def _by_row(self):
         """A context in which the model takes each row's own positions, `self.positions` as each
-        pass sets them (one row: nothing to do)."""
-        return contextlib.nullcontext()
+        pass sets them (one row: nothing to do but look up the tables of `_tables`)."""
+        if not self._tables:
+            return contextlib.nullcontext()
+        return hooked(self.model, self._tables, {}, self._table_post, self._table_pre)
+
+    def _copy_tables(self) -> None:
+        """Each `_tables` embedding's table, copied once it reaches every column of the buffers
+        (grown first by the module's own host check): graphs read the copy, which stays where it
+        is when an eager pass elsewhere grows the module's table."""
+        for module in self._tables:
+            if module.weights.shape[0] <= self.capacity + module.padding_idx:
+                module(input_ids=torch.full((1, 1), module.padding_idx + 1, device=self.device),
+                       cache_length=self.capacity)
+            if module not in self._table or self._table[module].shape[0] <= self.capacity + module.padding_idx:
+                self._table[module] = module.weights.clone()
+                self._graphs.clear()  # they read the old copy
+
+    def _table_pre(self, module, args, kwargs):
+        """A `counts_positions_from_ids` embedding called with cache length 0, a host number:
+        its own table check then reads nothing from the device (`_table_post` replaces its output)."""
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+        bound.arguments["cache_length"] = 0
+        return bound.args, bound.kwargs
+
+    def _table_post(self, module, args, kwargs, output):
+        """Its output at each row's positions: the module's own count from the ids and each row's
+        start (`seen`, on the device), looked up in its table (grown beforehand, `_grow`)."""
+        ids = inspect.signature(module.forward).bind(*args, **kwargs).arguments["input_ids"]
+        pos = module.create_position_ids_from_input_ids(ids, module.padding_idx, self.seen)
+        table = self._table[module]
+        return table.index_select(0, pos.view(-1)).view(*pos.shape, table.shape[-1])
 
     def _grow_encoder(self, n: int) -> None:
         """Cross-attention buffers and encoder masks of at least n columns, keeping each row's
@@ -601,6 +638,7 @@ class StaticDecoder(StaticKV):
         self.length = 0
         self.encoded: dict = {}  # decoder-only: no encoder outputs (CachedDecoder's interface)
         self._start: torch.Tensor | None = None  # encoder-decoder: the decoder start ids (1, 1), on the device
+        self._first = torch.zeros((), dtype=torch.long, device=self.device)  # the start token's position
 
     def _reset(self) -> None:
         self.length = 0
@@ -632,6 +670,7 @@ class StaticDecoder(StaticKV):
         self.enc_mask[..., n:] = self._low
         if self._start is None:
             self._start = torch.tensor([initial_decoder_ids(self.model, [])], device=self.device)
+        self._copy_tables()
         if encoded is None:
             pad = getattr(self.model.config, "pad_token_id", None) or 0
             ids = torch.tensor([prompt_ids + [pad] * (width - n)])
@@ -674,9 +713,11 @@ class StaticDecoder(StaticKV):
         kwargs = {"logits_to_keep": 1} if self._logits_kwarg else {}
         # A 4D decoder mask (the token sees itself), taken as it is: nothing is read on the host.
         alone = torch.zeros((1, 1, 1, 1), dtype=self.model.dtype, device=self.device)
-        return self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=self.enc_mask,
-                          decoder_input_ids=self._start, decoder_attention_mask=alone, cache=cache, use_cache=True,
-                          **kwargs).logits
+        self.seen = self._first  # the token's position, for `_tables` (`_by_row`)
+        with self._by_row():
+            return self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=self.enc_mask,
+                              decoder_input_ids=self._start, decoder_attention_mask=alone, cache=cache,
+                              use_cache=True, **kwargs).logits
 
     def _prefill(self, tokens: list[int]) -> None:
         """`tokens` into the cache after its `length`, no logits kept, for `_prefill_head` (graphs

@@ -156,6 +156,31 @@ def test_sliding_window_families_equal_generate_on_cuda(family):
     assert slots.graphs and slots.captures > 0 and slots._prefiller.captures > 0 and not slots._prefiller.uncaptured
 
 
+def test_m2m100_positions_are_looked_up_on_the_device_on_cuda():
+    """M2M100/NLLB counts its decoder positions from the ids and checks its table on the host:
+    through graphs at batch 1 and in slots, its positions are looked up on the device in a copy of
+    the table; after the module's own table is grown (and moved, as an eager item past its end
+    grows it), the graphs still read their copy."""
+    from tests.family_models import V, family_model
+
+    target, draft = (family_model("m2m100", seed=seed).to("cuda") for seed in (1, 2))
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3, 9)]
+    refs = [reference(target, ids, 16) for ids in prompts]
+    drafter = ModelDrafter(draft, chain=True)
+    single = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=16)
+    engine = BatchSpeculativeGenerator(target, drafter, batch_size=3, num_speculative_tokens=3, max_new_tokens=16)
+    for attempt in ("first", "after the tables moved"):
+        assert [single.generate(ids).tokens for ids in prompts] == refs, ("batch 1", attempt)
+        assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, ("batched", attempt)
+        for model in (target, draft):
+            embed = model.get_decoder().embed_positions
+            embed(input_ids=torch.full((1, 1), 3, device="cuda"), cache_length=embed.weights.shape[0])
+    assert single.static.graphs and single.static.captures > 0 and not single.static.uncaptured
+    slots = engine.slots[id(target)]
+    assert slots.graphs and slots.captures > 0 and slots._prefiller.captures > 0 and not slots._prefiller.uncaptured
+
+
 def test_graphs_survive_cublas_workspaces_cleared_elsewhere():
     """torch.compile's own CUDA graphs (HF `generate()` with a compile config, say) clear every
     cuBLAS workspace when they record: the engine's graphs, captured before, still replay and

@@ -169,13 +169,14 @@ def test_busy_slots_fall_back_to_a_padded_cache(models, prompts):
 
 
 def test_models_slots_cannot_take(models):
-    from tests.family_models import family_model
 
     target, _ = models["t5"]
     assert slot_kv_for(target, "auto", 4) is None and slot_kv_for(models["llama"][0], "auto", 4) is None  # no CUDA
     assert slot_kv_for(models["llama"][0], "off", 4) is None
-    with pytest.raises(ValueError, match="cuda_graphs on: M2M100ForConditionalGeneration compares its decoder"):
-        BatchSpeculativeGenerator(family_model("m2m100", seed=1), NoDrafter(), batch_size=2, cuda_graphs="on")
+    ntk = models["llama"][0].config.__class__.from_dict(models["llama"][0].config.to_dict())
+    ntk.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    with pytest.raises(ValueError, match="cuda_graphs on: LlamaForCausalLM uses dynamic-NTK RoPE"):
+        BatchSpeculativeGenerator(type(models["llama"][0])(ntk), NoDrafter(), batch_size=2, cuda_graphs="on")
     with pytest.raises(ValueError, match="cuda_graphs must be one of"):
         slot_kv_for(target, "yes", 4)
     kv = SlotKV(models["llama"][0], 2)
@@ -346,11 +347,12 @@ def test_a_prefill_that_cannot_be_captured_leaves_the_decode_graphs(models, prom
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
-@pytest.mark.parametrize("family", ["t5", "mt5", "umt5", "bart", "pegasus", "marian", "mbart"])
+@pytest.mark.parametrize("family", ["t5", "mt5", "umt5", "bart", "pegasus", "marian", "m2m100", "mbart"])
 def test_encoder_decoder_rows_in_slots_equal_generate(family, graphs, fake_graphs):
     """Encoder-decoder rows at their own positions in one pass: each row's cross-attention in its
-    slot, its position embeddings from its own start (learned, sinusoidal) or its relative biases
-    from its own distances (T5: first layer; UMT5: every layer), rows finishing and refilled."""
+    slot, its position embeddings from its own start (learned, sinusoidal; M2M100/NLLB's counted
+    from the ids, looked up on the device) or its relative biases from its own distances (T5:
+    first layer; UMT5: every layer), rows finishing and refilled."""
     from tests.family_models import V, family_model
     from tests.test_batch_families import hf_greedy as hf_greedy_seq2seq
 
