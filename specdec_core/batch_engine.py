@@ -78,7 +78,8 @@ def unbatchable(config) -> str | None:
     cache per layer over all positions, attention that depends on the mask and the positions
     only (full or sliding-window attention, `BatchKV`): other layer kinds (chunked, linear or
     state-space layers) keep state that rows cannot roll back or share."""
-    types = set(getattr(config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}
+    types = set(getattr(config.get_text_config(decoder=True), "layer_types", None) or ()) - {"full_attention",
+                                                                                            "sliding_attention"}
     if types:
         return f"has {', '.join(sorted(types))} layers"
     return None
@@ -164,7 +165,7 @@ class BatchSpeculativeGenerator:
         self.shared_encoder = (self.encdec and self.draft_model is not None
                                and self.draft_model.get_encoder() is target.get_encoder())
         self._noted: set[tuple[str, int]] = set()
-        pad = target.config.pad_token_id
+        pad = getattr(target.config.get_text_config(decoder=True), "pad_token_id", None)  # (multimodal: its text's)
         self.pad_id = int(pad) if isinstance(pad, int) else 0
         if prefill_tokens is None and target.device.type == "cpu":
             prefill_tokens = CPU_PREFILL_TOKENS

@@ -33,8 +33,6 @@ once, when the row enters) and the encoder's padding mask; they move with the ro
 from __future__ import annotations
 
 import inspect
-import threading
-import weakref
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 
@@ -42,21 +40,33 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
-from specdec_core.decoder import _accepts_logits_to_keep, initial_decoder_ids
+from specdec_core.decoder import _accepts_logits_to_keep, initial_decoder_ids, pass_lock
 from specdec_core.kv_cache import GrowingCache, GrowingLayer
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows, heads, columns, dim)
 
 
 def sliding_window(config) -> int | None:
-    """The sliding window (tokens) of a decoder-only model with such layers, or None."""
-    window = getattr(config, "sliding_window", None)
-    if not window or config.is_encoder_decoder or not getattr(config, "use_sliding_window", True):
+    """The sliding window (tokens) of a decoder-only model with such layers, or None. Read from
+    its text config: a multimodal model (Gemma 3's 4B and larger) keeps it there."""
+    if config.is_encoder_decoder:
         return None
-    types = getattr(config, "layer_types", None)
+    text = config.get_text_config(decoder=True)
+    window = getattr(text, "sliding_window", None)
+    if not window or not getattr(text, "use_sliding_window", True):
+        return None
+    types = getattr(text, "layer_types", None)
     if types is not None and "sliding_attention" not in types:
         return None
     return int(window)
+
+
+def mixed_layer_types(config) -> list[str] | None:
+    """Per layer, its attention kind, for a model that mixes full and sliding-window layers (Gemma
+    2/3, Qwen2 past `max_window_layers`): such models take a 4D mask per kind. None where every
+    layer is alike (the one mask a model such as Mistral takes, which ignores `layer_types`)."""
+    types = getattr(config.get_text_config(decoder=True), "layer_types", None)
+    return list(types) if types and len(set(types)) > 1 else None
 
 
 def decoder_position_modules(model: PreTrainedModel) -> tuple[list, list]:
@@ -86,15 +96,15 @@ def bias_by_row(module, queries: Callable[[], torch.Tensor], keys) -> Callable:
     return compute_bias
 
 
-_HOOKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the lock its hooked passes hold
-
-
 @contextmanager
-def hooked(model: PreTrainedModel, embeds: list, biases: dict, embed_hook, embed_pre_hook=None):
+def hooked(model: PreTrainedModel, embeds: list, biases: dict, embed_hook, embed_pre_hook=None,
+           forwards: dict | None = None):
     """While a pass of `model` runs: `embed_hook` (and `embed_pre_hook`) on each decoder position
-    embedding, and each relative-bias module's `compute_bias` replaced by `biases[module]`. They
-    change the model for every caller, so one such pass of a model runs at a time."""
-    with _HOOKED.setdefault(model, threading.RLock()):
+    embedding, each relative-bias module's `compute_bias` replaced by `biases[module]`, and each
+    module of `forwards` run as `forwards[module]` instead of its own forward. They
+    change the model for every caller, so one such pass of a model runs at a time, and an
+    encoder-decoder's unhooked passes (`decoder.CachedDecoder`) wait for it (`pass_lock`)."""
+    with pass_lock(model):
         handles = []
         try:
             for module in embeds:
@@ -103,12 +113,16 @@ def hooked(model: PreTrainedModel, embeds: list, biases: dict, embed_hook, embed
                 handles.append(module.register_forward_hook(embed_hook, with_kwargs=True))
             for module, compute_bias in biases.items():
                 module.compute_bias = compute_bias
+            for module, forward in (forwards or {}).items():
+                module.forward = forward
             yield
         finally:
             for h in handles:
                 h.remove()
             for module in biases:
                 vars(module).pop("compute_bias", None)  # the class's own again
+            for module in forwards or {}:
+                vars(module).pop("forward", None)
 
 
 def drop_order(rows: int, gone: list[int]) -> list[int]:
@@ -143,7 +157,7 @@ class BatchKV:
         self.cross = DynamicCache() if self.encdec else None
         self.enc_mask = torch.zeros((rows, 0), dtype=torch.long, device=self.device)
         self.window = sliding_window(config)
-        self.layer_types = getattr(config, "layer_types", None)
+        self.layer_types = mixed_layer_types(config)
         self._pos_modules, self._bias_modules = decoder_position_modules(model) if self.encdec else ([], [])
         for module in self._pos_modules:
             if "cache_length" not in inspect.signature(module.forward).parameters:

@@ -9,6 +9,8 @@ to one architecture.
 from __future__ import annotations
 
 import inspect
+import threading
+import weakref
 from functools import cache
 
 import torch
@@ -52,6 +54,16 @@ def eos_ids(model: PreTrainedModel) -> set[int]:
     return {int(e) for e in (eos if isinstance(eos, list) else [eos])}
 
 
+_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def pass_lock(model: PreTrainedModel) -> threading.RLock:
+    """The lock of `model`'s passes that hook its modules (`batch_kv.hooked`: position embeddings
+    and relative biases, changed for every caller while such a pass runs) and of its
+    encoder-decoder passes that must not see those hooks (`CachedDecoder`, in another thread)."""
+    return _LOCKS.setdefault(model, threading.RLock())
+
+
 class CachedDecoder:
     """A model plus the KV cache of the decoder tokens it has already processed."""
 
@@ -87,7 +99,11 @@ class CachedDecoder:
         kwargs = {key: ids, "cache": self.cache, "use_cache": True, **self.encoded}
         if self._logits_kwarg:
             kwargs["logits_to_keep"] = max(num_logits, 1)
-        out = self.model(**kwargs)
+        if self.model.config.is_encoder_decoder:  # not while another thread's pass hooks its decoder
+            with pass_lock(self.model):
+                out = self.model(**kwargs)
+        else:
+            out = self.model(**kwargs)
         self.length = len(tokens)
         if num_logits == 0:
             return out.logits[0, :0].float()

@@ -74,6 +74,7 @@ class SlotKV(StaticKV):
         # Encoder-decoder: the decoder modules that take each row's own positions (`_by_row`),
         # each bias made once.
         self._embeds, biases = decoder_position_modules(model) if self.encdec else ([], [])
+        self._embeds = [m for m in self._embeds if m not in self._tables]  # (their forward is replaced)
         self._bias_by_row = {m: bias_by_row(m, lambda: self.positions, self._key_columns) for m in biases}
         self._prefiller: StaticDecoder | None = None  # new rows' prefills (`prefill`), made on first use
 
@@ -91,7 +92,7 @@ class SlotKV(StaticKV):
     def _by_row(self):
         """While a pass runs: each decoder position embedding gets every row's ids (its output
         brought to (rows, w, d), and ids past its table clamped: only pads reach them; one that
-        counts positions from the token ids, M2M100's, is looked up per row: `_table_post`), and each
+        counts positions from the token ids, M2M100's, is looked up per row: `_table_forward`), and each
         relative position bias is looked up per row from the module's own bias of every distance
         at the positions the pass stores (`batch_kv.bias_by_row`, here over the static column
         count, so that nothing waits for the host). The hooks are made once per cache and set
@@ -99,13 +100,7 @@ class SlotKV(StaticKV):
         `compute_bias` patched inside it)."""
         if not self.encdec:
             return contextlib.nullcontext()
-        return hooked(self.model, self._embeds, self._bias_by_row, self._embed_post, self._embed_pre)
-
-    def _embed_pre(self, module, args, kwargs):
-        return (self._table_pre if module in self._tables else _clamp_ids)(module, args, kwargs)
-
-    def _embed_post(self, module, args, kwargs, output):
-        return (self._table_post if module in self._tables else _per_row)(module, args, kwargs, output)
+        return hooked(self.model, self._embeds, self._bias_by_row, _per_row, _clamp_ids, self._forwards)
 
     def _key_columns(self, key_length: int) -> tuple[torch.Tensor, int]:
         return self.columns[None, None, :key_length], key_length

@@ -34,7 +34,7 @@ from transformers import EncoderDecoderCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.modeling_outputs import BaseModelOutput
 
-from specdec_core.batch_kv import decoder_position_modules, hooked, sliding_window
+from specdec_core.batch_kv import decoder_position_modules, hooked, mixed_layer_types, sliding_window
 from specdec_core.decoder import _accepts_logits_to_keep, initial_decoder_ids
 from specdec_core.device_map import devices_of
 from specdec_core.placement import decoder_layers
@@ -56,8 +56,9 @@ def counts_positions_from_ids(module: torch.nn.Module) -> bool:
     """Whether a decoder position embedding is fairseq's sinusoidal one (M2M100, NLLB): it counts
     positions from the token ids (a pad keeps the padding position) and the cache length, and
     compares them with its table's size on the host to grow it, which a capture cannot do with
-    the device's length (`StaticKV._table_pre`/`_table_post` look them up on the device instead)."""
+    the device's length (`StaticKV._table_forward` looks them up on the device instead)."""
     return (callable(getattr(module, "create_position_ids_from_input_ids", None))
+            and callable(getattr(module, "get_embedding", None))
             and isinstance(getattr(module, "weights", None), torch.Tensor)
             and isinstance(getattr(module, "padding_idx", None), int))
 
@@ -79,7 +80,8 @@ def config_support(config) -> str | None:
     """None when a model of this config can decode over static caches, one item at a time
     (`StaticDecoder`) or batched in slots (`slot_kv.SlotKV`), as far as its config tells (the
     preflight's check), else why not."""
-    other = set(getattr(config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}
+    other = set(getattr(config.get_text_config(decoder=True), "layer_types", None) or ()) - {"full_attention",
+                                                                                            "sliding_attention"}
     if other:
         return f"has {', '.join(sorted(other))} layers"
     text = config.get_text_config(decoder=True)
@@ -318,7 +320,7 @@ class StaticKV:
         # Sliding-window layers (Mistral, Gemma 2/3, Phi-3, StarCoder2, Qwen2): their keys stay in
         # the buffers past the window, hidden by the mask (`_masks`), as `BatchKV` keeps them.
         self.window = sliding_window(model.config)
-        self.layer_types = getattr(model.config, "layer_types", None)
+        self.layer_types = mixed_layer_types(model.config)
         self._logits_kwarg = _accepts_logits_to_keep(type(model))
         self.seen: int | torch.Tensor = 0  # what the layers report as their length (`_FixedLayer`)
         # Encoder-decoder: each row's cross-attention cache and its additive encoder mask
@@ -331,6 +333,7 @@ class StaticKV:
         self._tables = [m for m in decoder_position_modules(model)[0] if counts_positions_from_ids(m)] \
             if self.encdec else []
         self._table: dict[torch.nn.Module, torch.Tensor] = {}
+        self._forwards = {m: self._table_forward(m) for m in self._tables}
         self._compiled = torch.compile(self._packed_pass) if compile else None
         # With graphs, prompts prefill through graphs of padded widths (`StaticDecoder._prefill`,
         # `StaticDecoder.encode`, `SlotKV.prefill`); the GPU bench turns this off to measure eager
@@ -414,7 +417,7 @@ class StaticKV:
         kwargs = {"logits_to_keep": keep} if self._logits_kwarg else {}
         if self.encdec:
             self.seen = self._starts(base)
-            self.positions = positions  # in slots, read by the relative biases (`SlotKV._by_row`)
+            self.positions = positions  # read by relative biases in slots (`SlotKV._by_row`), and `_table_forward`
             out = self.model(decoder_input_ids=ids, decoder_attention_mask=mask, attention_mask=self.enc_mask,
                              encoder_outputs=BaseModelOutput(last_hidden_state=self.unused),
                              cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
@@ -464,34 +467,38 @@ class StaticKV:
         pass sets them (one row: nothing to do but look up the tables of `_tables`)."""
         if not self._tables:
             return contextlib.nullcontext()
-        return hooked(self.model, self._tables, {}, self._table_post, self._table_pre)
+        return hooked(self.model, [], {}, None, forwards=self._forwards)
 
     def _copy_tables(self) -> None:
-        """Each `_tables` embedding's table, copied once it reaches every column of the buffers
-        (grown first by the module's own host check): graphs read the copy, which stays where it
-        is when an eager pass elsewhere grows the module's table."""
+        """This cache's copy of each `_tables` embedding's table, reaching every column of the
+        buffers: the module's own rows, then rows of the same sinusoids (`get_embedding`, as the
+        module grows itself) past them. Graphs read the copy, which stays where it is when an
+        eager pass elsewhere grows the module's own table (and frees the old one)."""
         for module in self._tables:
-            if module.weights.shape[0] <= self.capacity + module.padding_idx:
-                module(input_ids=torch.full((1, 1), module.padding_idx + 1, device=self.device),
-                       cache_length=self.capacity)
-            if module not in self._table or self._table[module].shape[0] <= self.capacity + module.padding_idx:
-                self._table[module] = module.weights.clone()
-                self._graphs.clear()  # they read the old copy
+            need = self.capacity + module.padding_idx + 1
+            if module in self._table and self._table[module].shape[0] >= need:
+                continue
+            own = module.weights
+            more = module.get_embedding(max(need, own.shape[0]), own.shape[-1], module.padding_idx)[own.shape[0]:]
+            self._table[module] = torch.cat([own, more.to(own)])
+            self._graphs.clear()  # they read the old copy
 
-    def _table_pre(self, module, args, kwargs):
-        """A `counts_positions_from_ids` embedding called with cache length 0, a host number:
-        its own table check then reads nothing from the device (`_table_post` replaces its output)."""
-        bound = inspect.signature(module.forward).bind(*args, **kwargs)
-        bound.arguments["cache_length"] = 0
-        return bound.args, bound.kwargs
-
-    def _table_post(self, module, args, kwargs, output):
-        """Its output at each row's positions: the module's own count from the ids and each row's
-        start (`seen`, on the device), looked up in its table (grown beforehand, `_grow`)."""
-        ids = inspect.signature(module.forward).bind(*args, **kwargs).arguments["input_ids"]
-        pos = module.create_position_ids_from_input_ids(ids, module.padding_idx, self.seen)
-        table = self._table[module]
-        return table.index_select(0, pos.view(-1)).view(*pos.shape, table.shape[-1])
+    def _table_forward(self, module: torch.nn.Module):
+        """A `counts_positions_from_ids` embedding's forward while this cache's passes run (its own
+        would compare a device length with its table's size on the host): the module's own count
+        for each token as `generate()` feeds it, alone after its row's earlier tokens (at its
+        position, `self.positions`, on the device; a pad id keeps the padding position and moves
+        no later token), looked up in this cache's copy of its table (`_copy_tables`)."""
+        def forward(input_ids=None, inputs_embeds=None, cache_length=0):
+            at = self.positions.reshape(-1, 1)
+            if input_ids is not None:
+                ids = module.create_position_ids_from_input_ids(input_ids.reshape(-1, 1), module.padding_idx, at)
+            else:
+                ids = module.create_position_ids_from_inputs_embeds(
+                    inputs_embeds.reshape(-1, 1, inputs_embeds.shape[-1]), at, module.padding_idx)
+            table = self._table[module]
+            return table.index_select(0, ids.view(-1)).view(*self.positions.shape, table.shape[-1])
+        return forward
 
     def _grow_encoder(self, n: int) -> None:
         """Cross-attention buffers and encoder masks of at least n columns, keeping each row's
@@ -638,7 +645,7 @@ class StaticDecoder(StaticKV):
         self.length = 0
         self.encoded: dict = {}  # decoder-only: no encoder outputs (CachedDecoder's interface)
         self._start: torch.Tensor | None = None  # encoder-decoder: the decoder start ids (1, 1), on the device
-        self._first = torch.zeros((), dtype=torch.long, device=self.device)  # the start token's position
+        self._first = torch.zeros((1, 1), dtype=torch.long, device=self.device)  # the start token's position
 
     def _reset(self) -> None:
         self.length = 0
@@ -713,7 +720,7 @@ class StaticDecoder(StaticKV):
         kwargs = {"logits_to_keep": 1} if self._logits_kwarg else {}
         # A 4D decoder mask (the token sees itself), taken as it is: nothing is read on the host.
         alone = torch.zeros((1, 1, 1, 1), dtype=self.model.dtype, device=self.device)
-        self.seen = self._first  # the token's position, for `_tables` (`_by_row`)
+        self.positions = self._first  # the token's position, for `_tables` (`_by_row`)
         with self._by_row():
             return self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=self.enc_mask,
                               decoder_input_ids=self._start, decoder_attention_mask=alone, cache=cache,

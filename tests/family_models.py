@@ -120,6 +120,26 @@ def family_model(family: str, seed: int, window: int | None = WINDOW, **override
     return model
 
 
+def multimodal_gemma3(seed: int) -> PreTrainedModel:
+    """Gemma 3 as its 4B and larger checkpoints load (`Gemma3ForConditionalGeneration`, a vision
+    tower beside the text model): its window and layer types sit in its text config only."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+
+    text = _causal("gemma3", WINDOW)[1]
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=16, patch_size=8)
+    cfg = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=V - 1,
+                       boi_token_index=V - 2, eoi_token_index=V - 3)
+    torch.manual_seed(seed)
+    model = Gemma3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and "vision" not in name:
+                p.normal_(0, 0.3)
+    model.generation_config.eos_token_id = [1, V - 3]
+    return model
+
+
 def with_window(model: PreTrainedModel, window: int) -> PreTrainedModel:
     """The same weights with another sliding window (a window no row reaches: none)."""
     cls = type(model)

@@ -159,8 +159,8 @@ def test_sliding_window_families_equal_generate_on_cuda(family):
 def test_m2m100_positions_are_looked_up_on_the_device_on_cuda():
     """M2M100/NLLB counts its decoder positions from the ids and checks its table on the host:
     through graphs at batch 1 and in slots, its positions are looked up on the device in a copy of
-    the table; after the module's own table is grown (and moved, as an eager item past its end
-    grows it), the graphs still read their copy."""
+    the table; after the module's own table is poisoned and grown (and moved, as an eager item
+    past its end grows it), the graphs still read only their copy."""
     from tests.family_models import V, family_model
 
     target, draft = (family_model("m2m100", seed=seed).to("cuda") for seed in (1, 2))
@@ -173,8 +173,9 @@ def test_m2m100_positions_are_looked_up_on_the_device_on_cuda():
     for attempt in ("first", "after the tables moved"):
         assert [single.generate(ids).tokens for ids in prompts] == refs, ("batch 1", attempt)
         assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, ("batched", attempt)
-        for model in (target, draft):
+        for model in (target, draft):  # the module's table poisoned, then grown (and freed)
             embed = model.get_decoder().embed_positions
+            embed.weights.fill_(float("nan"))
             embed(input_ids=torch.full((1, 1), 3, device="cuda"), cache_length=embed.weights.shape[0])
     assert single.static.graphs and single.static.captures > 0 and not single.static.uncaptured
     slots = engine.slots[id(target)]
@@ -193,3 +194,25 @@ def test_graphs_survive_cublas_workspaces_cleared_elsewhere():
     child = subprocess.run([sys.executable, "-m", "tests.cuda_workspace_child"], capture_output=True, text=True,
                            timeout=300, cwd=Path(__file__).parents[1])
     assert child.returncode == 0 and child.stdout.startswith("same"), child.stdout + child.stderr[-2000:]
+
+
+@pytest.mark.parametrize("family", ["gemma2", "m2m100"])
+def test_compiled_passes_of_a_window_and_a_position_table_equal_generate_on_cuda(family):
+    """--torch_compile over a mask per layer type (Gemma 2) and over M2M100's replaced position
+    embedding, batch 1 and batched (last in this file: a run cut short by its time limit loses
+    these first)."""
+    from tests.family_models import V, family_model
+
+    target, draft = (family_model(family, seed=seed).to("cuda") for seed in (1, 2))
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3)]
+    refs = [reference(target, ids, 16) for ids in prompts]
+    drafter = ModelDrafter(draft, chain=True, torch_compile=True)
+    single = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=16, torch_compile=True)
+    assert [single.generate(ids).tokens for ids in prompts] == refs, (family, "batch 1")
+    assert single.static.captures > 0 and single.static._compiled is not None, (family, "a compile or capture failed")
+    engine = BatchSpeculativeGenerator(target, drafter, batch_size=2, num_speculative_tokens=3, max_new_tokens=16,
+                                       torch_compile=True)
+    assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, (family, "batched")
+    slots = engine.slots[id(target)]
+    assert slots.captures > 0 and slots._compiled is not None

@@ -281,6 +281,30 @@ def test_sliding_window_families_in_slots_equal_generate(family, fake_graphs):
     assert kv.window == 6 and kv._prefiller.captures > 0 and not kv._prefiller.uncaptured
 
 
+def test_a_multimodal_gemma3_keeps_its_window_in_its_text_config(fake_graphs):
+    """Gemma 3's larger checkpoints load with a vision tower, their window and layer types in the
+    text config: read there, the window is kept at batch 1 (static cache, graphs), in slots and
+    in the padded batch; read from the top config it was lost (full attention, other tokens)."""
+    from tests.family_models import WINDOW, V, multimodal_gemma3
+    from tests.test_batch_families import hf_greedy as hf_greedy_family
+
+    target, draft = multimodal_gemma3(seed=1), multimodal_gemma3(seed=2)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3, 9)]
+    refs = [hf_greedy_family(target, p, 12) for p in prompts]
+    single = SpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="on"), num_speculative_tokens=3,
+                                  max_new_tokens=12, cuda_graphs="on")
+    graphed(single.static, True)
+    assert single.static.window == WINDOW and single.static.layer_types == ["sliding_attention", "full_attention"]
+    assert [single.generate(p).tokens for p in prompts] == refs and single.static.captures > 0
+    for graphs in ("on", "off"):
+        engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=3,
+                                           num_speculative_tokens=3, max_new_tokens=12, cuda_graphs=graphs)
+        for kv in engine.slots.values():
+            graphed(kv, True)
+        assert [o.tokens for o in engine.generate_many([(p, 0) for p in prompts])] == refs, graphs
+
+
 def test_a_pass_that_cannot_be_captured_runs_eagerly_unless_graphs_are_insisted_on(models, prompts, monkeypatch,
                                                                                    caplog):
     def refuse(self, run, static):

@@ -278,6 +278,31 @@ def test_layers_other_than_full_or_sliding_attention_are_refused(models):
     assert static_decoder.config_support(config) == "has chunked_attention layers"
 
 
+def test_m2m100_positions_are_counted_as_generate_feeds_them():
+    """M2M100/NLLB's positions over static caches: each token's as the module gives it fed alone
+    after its row's earlier tokens (as `generate()` feeds them), a pad id included (it keeps the
+    padding position and moves no later token), past the module's own table (from this cache's
+    copy) and without the module's own forward running."""
+    from tests.family_models import family_model
+
+    model = family_model("m2m100", seed=1)
+    embed = model.get_decoder().embed_positions
+    static = StaticDecoder(model)
+    static._grow(600, 0)  # past the module's table (130 rows)
+    assert embed.weights.shape[0] < 600 < static._table[embed].shape[0]
+    pad = embed.padding_idx
+    ids = torch.tensor([[5, pad, 7, 9], [4, 4, pad, 8]])
+    static.positions = torch.tensor([[3, 4, 5, 6], [590, 591, 592, 593]])
+    with static._by_row():
+        out = model.get_decoder().embed_positions(ids, None, torch.tensor(0))
+    for r in range(2):
+        for i in range(4):
+            start = int(static.positions[r, i])
+            alone = embed(ids[r:r + 1, i:i + 1], None, start)  # the module itself, its table grown
+            torch.testing.assert_close(out[r, i], alone[0, 0], rtol=0, atol=0)
+    assert "forward" not in vars(embed)  # its own forward again
+
+
 def test_models_whose_positions_wait_on_the_host_are_refused(models):
     """Dynamic-NTK RoPE recomputes its frequencies from a length read on the host inside a pass,
     which a capture cannot. (M2M100/NLLB's position table check is sidestepped: its positions are
