@@ -313,3 +313,39 @@ def test_models_whose_positions_wait_on_the_host_are_refused(models):
     config = models["llama"][0].config.__class__.from_dict(models["llama"][0].config.to_dict())
     config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
     assert "dynamic" in static_decoder.config_support(config)
+
+
+def test_an_encoder_decoder_pass_waits_while_another_thread_hooks_its_model(models, tokenizer):
+    """A static cache's pass changes the model's decoder modules for every caller (position
+    embeddings, relative biases) while it runs: a growing-cache pass of the same model in another
+    thread waits for it (`decoder.pass_lock`), then decodes as it would alone."""
+    import threading
+
+    from specdec_core.decoder import pass_lock
+
+    target = models["t5"][0]
+    ids = tokenizer(PROMPTS[0]).input_ids
+    alone = CachedDecoder(target, ids).forward([0], 1)
+    holding, release, done = threading.Event(), threading.Event(), threading.Event()
+    out = []
+
+    def hook_holder():
+        with pass_lock(target):
+            holding.set()
+            release.wait(60)
+
+    def decode():
+        out.append(CachedDecoder(target, ids).forward([0], 1))
+        done.set()
+
+    holder = threading.Thread(target=hook_holder)
+    holder.start()
+    assert holding.wait(60)
+    worker = threading.Thread(target=decode)
+    worker.start()
+    waited = not done.wait(0.5)
+    release.set()
+    holder.join(60)
+    worker.join(60)
+    assert waited and done.is_set()
+    torch.testing.assert_close(out[0], alone, rtol=0, atol=0)

@@ -59,7 +59,7 @@ COMPILED="--dtype bfloat16 --hf_compile --torch_compile"
 if [ "${BEFORE:-0}" = 1 ]; then BF16="$BF16 --batched_before"; else BF16="$BF16 --include ^(?!.*cuDNN)"; fi
 for s in $STEPS; do
   case $s in
-    tests) step tests 240 $PY -m pytest -v -p no:cacheprovider tests/test_cuda.py tests/test_gpu_placement.py ;;  # -v: a run cut short still shows each test it ended
+    tests) step tests 240 $PY -m pytest -v -p no:cacheprovider tests/test_gpu_placement.py tests/test_cuda.py ;;  # -v: a run cut short still shows each test it ended; the compiled ones last
     single) step single 230 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE $COMPILED \
       --sections single,profile $ONE --out "$OUT/bench" --include "$SINGLE_INCLUDE" ;;
     # The engine's graphs after cuBLAS's workspaces were cleared elsewhere; control: without the
