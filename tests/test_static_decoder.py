@@ -349,3 +349,25 @@ def test_an_encoder_decoder_pass_waits_while_another_thread_hooks_its_model(mode
     worker.join(60)
     assert waited and done.is_set()
     torch.testing.assert_close(out[0], alone, rtol=0, atol=0)
+
+
+def test_windows_and_layer_kinds_as_the_models_use_them():
+    """Which mask a static cache builds: none past the causal one where no layer slides (Qwen2
+    with every layer under `max_window_layers`), one sliding mask where every layer slides
+    (Mistral, which ignores `layer_types`), one per kind where kinds mix (Qwen2 past
+    `max_window_layers`); a multimodal model's from its text config."""
+    from transformers import MistralConfig, Qwen2Config
+
+    from specdec_core.batch_kv import mixed_layer_types, sliding_window
+    from tests.family_models import multimodal_gemma3
+
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2)
+    mistral = MistralConfig(**small, sliding_window=6)
+    assert (sliding_window(mistral), mixed_layer_types(mistral)) == (6, None)
+    qwen_full = Qwen2Config(**small, use_sliding_window=True, sliding_window=6, max_window_layers=2)
+    assert (sliding_window(qwen_full), mixed_layer_types(qwen_full)) == (None, None)
+    qwen_mixed = Qwen2Config(**small, use_sliding_window=True, sliding_window=6, max_window_layers=1)
+    assert (sliding_window(qwen_mixed), mixed_layer_types(qwen_mixed)) == (6, ["full_attention", "sliding_attention"])
+    gemma = multimodal_gemma3(seed=1).config
+    assert (sliding_window(gemma), mixed_layer_types(gemma)) == (6, ["sliding_attention", "full_attention"])
