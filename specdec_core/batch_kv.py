@@ -102,27 +102,31 @@ def hooked(model: PreTrainedModel, embeds: list, biases: dict, embed_hook, embed
     """While a pass of `model` runs: `embed_hook` (and `embed_pre_hook`) on each decoder position
     embedding, each relative-bias module's `compute_bias` replaced by `biases[module]`, and each
     module of `forwards` run as `forwards[module]` instead of its own forward. They
-    change the model for every caller, so one such pass of a model runs at a time, and an
-    encoder-decoder's unhooked passes (`decoder.CachedDecoder`) wait for it (`pass_lock`)."""
+    change the model for every caller, so one such pass of a model runs at a time, and the other
+    passes of an encoder-decoder model (growing caches, aligned padded passes, static caches)
+    wait for it (`decoder.pass_lock`). An instance's own `compute_bias` or `forward` comes back
+    after."""
     with pass_lock(model):
+        patches = [(m, "compute_bias", f) for m, f in biases.items()]
+        patches += [(m, "forward", f) for m, f in (forwards or {}).items()]
+        saved = [(m, name, vars(m).get(name)) for m, name, _ in patches]
         handles = []
         try:
             for module in embeds:
                 if embed_pre_hook is not None:
                     handles.append(module.register_forward_pre_hook(embed_pre_hook, with_kwargs=True))
                 handles.append(module.register_forward_hook(embed_hook, with_kwargs=True))
-            for module, compute_bias in biases.items():
-                module.compute_bias = compute_bias
-            for module, forward in (forwards or {}).items():
-                module.forward = forward
+            for module, name, fn in patches:
+                setattr(module, name, fn)
             yield
         finally:
             for h in handles:
                 h.remove()
-            for module in biases:
-                vars(module).pop("compute_bias", None)  # the class's own again
-            for module in forwards or {}:
-                vars(module).pop("forward", None)
+            for module, name, before in saved:
+                if before is None:
+                    vars(module).pop(name, None)  # the class's own again
+                else:
+                    setattr(module, name, before)
 
 
 def drop_order(rows: int, gone: list[int]) -> list[int]:
@@ -194,9 +198,10 @@ class BatchKV:
             hidden = self.model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
         start = initial_decoder_ids(self.model, [])[0]
         kwargs = {"logits_to_keep": 1} if _accepts_logits_to_keep(type(self.model)) else {}
-        self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=mask,
-                   decoder_input_ids=torch.full((self.rows, 1), start, dtype=torch.long, device=self.device),
-                   cache=EncoderDecoderCache(DynamicCache(), self.cross), use_cache=True, **kwargs)
+        with pass_lock(self.model):  # a decoder pass: not while another thread's hooks change it
+            self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=mask,
+                       decoder_input_ids=torch.full((self.rows, 1), start, dtype=torch.long, device=self.device),
+                       cache=EncoderDecoderCache(DynamicCache(), self.cross), use_cache=True, **kwargs)
         self.enc_mask = mask
         return hidden
 
@@ -225,9 +230,8 @@ class BatchKV:
         pos = pos.to(self.device)
         aligned = all(len(c) == width for c in self.cols)  # no holes, one length: columns are positions
         with ExitStack() as stack:
-            if self.encdec:
-                if not aligned:
-                    stack.enter_context(self._true_positions(pos, width))
+            if self.encdec:  # hooked, or (aligned) not while another thread's hooks change the model
+                stack.enter_context(pass_lock(self.model) if aligned else self._true_positions(pos, width))
                 d = getattr(self.model.config, "d_model", None) or self.model.config.hidden_size
                 # The cross-attention keys/values are cached: the encoder outputs are not read again.
                 unused = torch.zeros((), dtype=self.model.dtype, device=self.device).expand(

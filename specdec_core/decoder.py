@@ -59,8 +59,9 @@ _LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def pass_lock(model: PreTrainedModel) -> threading.RLock:
     """The lock of `model`'s passes that hook its modules (`batch_kv.hooked`: position embeddings
-    and relative biases, changed for every caller while such a pass runs) and of its
-    encoder-decoder passes that must not see those hooks (`CachedDecoder`, in another thread)."""
+    and relative biases, changed for every caller while such a pass runs), which an
+    encoder-decoder's other passes take too (here, in `BatchKV` and in static caches), so that
+    none runs through another thread's hooks. Decoder-only models are never hooked."""
     return _LOCKS.setdefault(model, threading.RLock())
 
 

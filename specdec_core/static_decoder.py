@@ -35,7 +35,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.modeling_outputs import BaseModelOutput
 
 from specdec_core.batch_kv import decoder_position_modules, hooked, mixed_layer_types, sliding_window
-from specdec_core.decoder import _accepts_logits_to_keep, initial_decoder_ids
+from specdec_core.decoder import _accepts_logits_to_keep, initial_decoder_ids, pass_lock
 from specdec_core.device_map import devices_of
 from specdec_core.placement import decoder_layers
 
@@ -465,8 +465,8 @@ class StaticKV:
     def _by_row(self):
         """A context in which the model takes each row's own positions, `self.positions` as each
         pass sets them (one row: nothing to do but look up the tables of `_tables`)."""
-        if not self._tables:
-            return contextlib.nullcontext()
+        if not self._tables:  # (an encoder-decoder's pass: not while another thread's hooks change it)
+            return pass_lock(self.model) if self.encdec else contextlib.nullcontext()
         return hooked(self.model, [], {}, None, forwards=self._forwards)
 
     def _copy_tables(self) -> None:
@@ -481,7 +481,8 @@ class StaticKV:
             own = module.weights
             more = module.get_embedding(max(need, own.shape[0]), own.shape[-1], module.padding_idx)[own.shape[0]:]
             self._table[module] = torch.cat([own, more.to(own)])
-            self._graphs.clear()  # they read the old copy
+            # Graphs of decoder passes read the old copy; the encoder's never do.
+            self._graphs = {key: g for key, g in self._graphs.items() if isinstance(key, tuple) and key[0] == "encode"}
 
     def _table_forward(self, module: torch.nn.Module):
         """A `counts_positions_from_ids` embedding's forward while this cache's passes run (its own

@@ -317,25 +317,45 @@ def test_models_whose_positions_wait_on_the_host_are_refused(models):
 
 def test_an_encoder_decoder_pass_waits_while_another_thread_hooks_its_model(models, tokenizer):
     """A static cache's pass changes the model's decoder modules for every caller (position
-    embeddings, relative biases) while it runs: a growing-cache pass of the same model in another
-    thread waits for it (`decoder.pass_lock`), then decodes as it would alone."""
+    embeddings, relative biases) while it runs: the same model's other decoder passes in other
+    threads (a growing cache's, a padded batch's, another static cache's) wait for it
+    (`decoder.pass_lock`), then decode as they would alone."""
+    from specdec_core.batch_kv import BatchKV
+
+    target = models["t5"][0]
+    ids = tokenizer(PROMPTS[0]).input_ids
+
+    def encoded(cache):
+        cache.encode(ids) if isinstance(cache, StaticDecoder) else cache.encode([ids])
+        return cache
+
+    passes = {"growing": lambda: CachedDecoder(target, ids).forward([0], 1),
+              "padded": lambda: encoded(BatchKV(target, 1)).forward([[0]])[0],
+              "static": lambda: encoded(StaticDecoder(target)).forward([0], 1)}
+    for name, run in passes.items():
+        alone = run()
+        waited, out = _run_while_the_model_is_hooked(target, run)
+        assert waited, name
+        torch.testing.assert_close(out, alone, rtol=0, atol=0)
+
+
+def _run_while_the_model_is_hooked(model, run):
+    """(whether `run` in a thread of its own waited while another thread held the model's pass
+    lock, its result once that thread let go)."""
     import threading
 
     from specdec_core.decoder import pass_lock
 
-    target = models["t5"][0]
-    ids = tokenizer(PROMPTS[0]).input_ids
-    alone = CachedDecoder(target, ids).forward([0], 1)
     holding, release, done = threading.Event(), threading.Event(), threading.Event()
     out = []
 
     def hook_holder():
-        with pass_lock(target):
+        with pass_lock(model):
             holding.set()
             release.wait(60)
 
     def decode():
-        out.append(CachedDecoder(target, ids).forward([0], 1))
+        out.append(run())
         done.set()
 
     holder = threading.Thread(target=hook_holder)
@@ -347,8 +367,8 @@ def test_an_encoder_decoder_pass_waits_while_another_thread_hooks_its_model(mode
     release.set()
     holder.join(60)
     worker.join(60)
-    assert waited and done.is_set()
-    torch.testing.assert_close(out[0], alone, rtol=0, atol=0)
+    assert done.is_set()
+    return waited, out[0]
 
 
 def test_windows_and_layer_kinds_as_the_models_use_them():
