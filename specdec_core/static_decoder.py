@@ -52,6 +52,8 @@ MAX_PREFILL_GRAPH = 4096
 # automatic dynamic shapes, every width after the second; capacity growth recompiles too.
 COMPILE_LIMIT = 64
 GRAPH_MODES = ("auto", "on", "off")
+
+
 def counts_positions_from_ids(module: torch.nn.Module) -> bool:
     """Whether a decoder position embedding is fairseq's sinusoidal one (M2M100, NLLB): it counts
     positions from the token ids (a pad keeps the padding position) and the cache length, and
@@ -464,8 +466,9 @@ class StaticKV:
 
     def _by_row(self):
         """A context in which the model takes each row's own positions, `self.positions` as each
-        pass sets them (one row: nothing to do but look up the tables of `_tables`)."""
-        if not self._tables:  # (an encoder-decoder's pass: not while another thread's hooks change it)
+        pass sets them (one row: nothing to do but replace the forward of `_tables`' embeddings).
+        An encoder-decoder's pass holds the model's pass lock either way (`decoder.pass_lock`)."""
+        if not self._tables:
             return pass_lock(self.model) if self.encdec else contextlib.nullcontext()
         return hooked(self.model, [], {}, None, forwards=self._forwards)
 
