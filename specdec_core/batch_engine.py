@@ -28,7 +28,7 @@ from transformers import PreTrainedModel
 
 from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.attention import attention_kernels
-from specdec_core.batch_kv import BatchKV, sliding_window
+from specdec_core.batch_kv import BatchKV, other_layer_kinds, sliding_window
 from specdec_core.decoder import initial_decoder_ids, synchronize
 from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter, through_end
 from specdec_core.engine import FinishCheck, Generation, ItemStats, ItemTimeout, SpeculativeGenerator, setup_seconds
@@ -78,11 +78,8 @@ def unbatchable(config) -> str | None:
     cache per layer over all positions, attention that depends on the mask and the positions
     only (full or sliding-window attention, `BatchKV`): other layer kinds (chunked, linear or
     state-space layers) keep state that rows cannot roll back or share."""
-    types = set(getattr(config.get_text_config(decoder=True), "layer_types", None) or ()) - {"full_attention",
-                                                                                            "sliding_attention"}
-    if types:
-        return f"has {', '.join(sorted(types))} layers"
-    return None
+    other = other_layer_kinds(config)
+    return f"has {', '.join(other)} layers" if other else None
 
 
 def window_note(model: PreTrainedModel, longest: int) -> str | None:

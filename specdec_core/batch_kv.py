@@ -61,6 +61,14 @@ def sliding_window(config) -> int | None:
     return int(window)
 
 
+def other_layer_kinds(config) -> list[str]:
+    """A model's layer kinds other than full and sliding-window attention (chunked or linear
+    attention, state-space layers), from its text config: neither our padded batches nor our
+    static caches take them."""
+    types = getattr(config.get_text_config(decoder=True), "layer_types", None) or ()
+    return sorted(set(types) - {"full_attention", "sliding_attention"})
+
+
 def mixed_layer_types(config) -> list[str] | None:
     """Per layer, its attention kind, for a model that mixes full and sliding-window layers (Gemma
     2/3, Qwen2 past `max_window_layers`): such models take a 4D mask per kind. None where every

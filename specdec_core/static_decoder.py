@@ -34,7 +34,7 @@ from transformers import EncoderDecoderCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.modeling_outputs import BaseModelOutput
 
-from specdec_core.batch_kv import decoder_position_modules, hooked, mixed_layer_types, sliding_window
+from specdec_core.batch_kv import decoder_position_modules, hooked, mixed_layer_types, other_layer_kinds, sliding_window
 from specdec_core.decoder import _accepts_logits_to_keep, initial_decoder_ids, pass_lock
 from specdec_core.device_map import devices_of
 from specdec_core.placement import decoder_layers
@@ -82,10 +82,9 @@ def config_support(config) -> str | None:
     """None when a model of this config can decode over static caches, one item at a time
     (`StaticDecoder`) or batched in slots (`slot_kv.SlotKV`), as far as its config tells (the
     preflight's check), else why not."""
-    other = set(getattr(config.get_text_config(decoder=True), "layer_types", None) or ()) - {"full_attention",
-                                                                                            "sliding_attention"}
+    other = other_layer_kinds(config)
     if other:
-        return f"has {', '.join(sorted(other))} layers"
+        return f"has {', '.join(other)} layers"
     text = config.get_text_config(decoder=True)
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
     if isinstance(rope, dict) and "dynamic" in (rope.get("rope_type"), rope.get("type")):
@@ -368,10 +367,13 @@ class StaticKV:
         for layer in self.cache.layers:
             layer.grow(self.capacity, keep)
         self.columns = torch.arange(self.capacity, device=self.device)
-        # Graphs over the old buffers go; an encoder's and cross-attention's never touch them.
-        self._graphs = {key: g for key, g in self._graphs.items()
-                        if isinstance(key, tuple) and key[0] in ("encode", "cross")}
+        self._keep_graphs("encode", "cross")  # (the only ones that never touch these buffers)
         self._copy_tables()
+
+    def _keep_graphs(self, *kinds: str) -> None:
+        """Drop every graph but those of prompts' passes of these kinds ("encode", "cross"): the
+        others hold addresses that just changed."""
+        self._graphs = {key: g for key, g in self._graphs.items() if isinstance(key, tuple) and key[0] in kinds}
 
     def _inputs(self, tokens: list[list[int]], bases: list[int], pad: int, width: int = 0) -> torch.Tensor:
         """The packed inputs of one pass, on the host: per row its tokens (padded to the widest,
@@ -484,8 +486,7 @@ class StaticKV:
             own = module.weights
             more = module.get_embedding(max(need, own.shape[0]), own.shape[-1], module.padding_idx)[own.shape[0]:]
             self._table[module] = torch.cat([own, more.to(own)])
-            # Graphs of decoder passes read the old copy; the encoder's never do.
-            self._graphs = {key: g for key, g in self._graphs.items() if isinstance(key, tuple) and key[0] == "encode"}
+            self._keep_graphs("encode")  # (decoder passes read the old copy)
 
     def _table_forward(self, module: torch.nn.Module):
         """A `counts_positions_from_ids` embedding's forward while this cache's passes run (its own
