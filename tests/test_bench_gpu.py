@@ -1,6 +1,10 @@
 """The GPU benchmark's whole path, run on a CPU at a tiny size (its CUDA figures come from a GPU)."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -115,3 +119,18 @@ def test_a_batched_call_is_profiled_with_its_time_in_admissions(tmp_path):
     assert set(prof) == {"B=2, target alone", "B=2, draft, chained"}
     assert all(p["tokens"] == 40 and 0 < p["admit_s"] < p["unprofiled_wall_s"] for p in prof.values())  # 4 x 10
     assert "| B=2, draft, chained | 40 |" in (tmp_path / "gpu-tiny-float32.md").read_text()
+
+
+def test_a_failed_test_is_reported_as_it_fails(tmp_path):
+    """The GPU script's plugin writes each failure's reason at once (a run cut off by its time
+    limit never reaches pytest's summary), and nothing for a test that passes."""
+    (tmp_path / "test_x.py").write_text("def test_ok():\n    pass\n\n\ndef test_bad():\n    assert 1 + 1 == 3, 'sum'\n")
+    failures = tmp_path / "failures.txt"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "FAILURES_FILE": str(failures), "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.failures_now",
+                           str(tmp_path / "test_x.py")], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 1, done.stdout
+    text = failures.read_text()
+    assert "test_x.py::test_bad (call)" in text and "AssertionError: sum" in text
+    assert "test_ok" not in text

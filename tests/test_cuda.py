@@ -110,6 +110,44 @@ def test_long_prompts_prefilled_through_graphs_equal_generate_on_cuda(kind, cuda
     assert not pre.uncaptured and any(k[0] == key and k[1] > 64 for k in pre._graphs if isinstance(k, tuple))
 
 
+def encoded_logits_differences(target, prompts: list[list[int]], device: str) -> list[str]:
+    """Each prompt encoded by a static decoder's graphs (its padded width's encoder and
+    cross-attention passes), then the reference continuation fed in passes of 1 and 5 tokens
+    (decode graphs), against the model's own forward over the unpadded prompt and the whole
+    continuation: which prompts' logits differ beyond rounding, and from which position."""
+    from specdec_core.decoder import initial_decoder_ids
+    from specdec_core.static_decoder import StaticDecoder
+    from tests.numerics import logit_tolerance
+
+    static, wrong = StaticDecoder(target, graphs=True), []
+    for ids in prompts:
+        out = target.generate(torch.tensor([ids], device=device), do_sample=False, max_new_tokens=15)[0].tolist()
+        dec = initial_decoder_ids(target, []) + out[1:]
+        with torch.inference_mode():
+            full = target(input_ids=torch.tensor([ids], device=device),
+                          decoder_input_ids=torch.tensor([dec], device=device)).logits[0].float()
+        assert static.acquire()
+        try:
+            static.encode(ids)
+            got = torch.cat([static.forward(dec[:end], end - start)
+                             for start, end in ((0, 1), (1, 6), (6, 11), (11, len(dec)))])
+        finally:
+            static.release()
+        off = ((got - full).abs().amax(-1) > logit_tolerance(full)).nonzero().flatten().tolist()
+        if off:
+            wrong.append(f"{len(ids)} tokens (width {static._encoder_width(len(ids))}): positions {off}, "
+                         f"largest difference {float((got - full).abs().max()):.3g} of {float(full.abs().max()):.3g}")
+    return wrong
+
+
+@pytest.mark.parametrize("kind", ["t5", "bart"])
+def test_long_prompts_encoded_through_graphs_give_the_models_logits_on_cuda(kind, cuda_models, tokenizer):
+    """The test above's prompts, one pass kind at a time: says whether a difference starts in the
+    encoder and cross-attention graphs of a long prompt (from position 0) or in decode passes."""
+    prompts = [tokenizer((" ".join(PROMPTS) * 4)[:chars]).input_ids for chars in (40, 90, 150, 230, 60)]
+    assert encoded_logits_differences(cuda_models[kind][0], prompts, "cuda") == []
+
+
 @pytest.mark.parametrize("kind", ["t5", "bart"])
 def test_a_draft_sharing_the_encoder_replays_its_cross_attention_on_cuda(kind, models, cuda_models, tokenizer):
     """A draft given the target's encoder module: at batch 1 and batched, each prompt's encoder

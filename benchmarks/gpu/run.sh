@@ -3,6 +3,8 @@
 # lacks, the CUDA tests, the GPU benchmark in bf16 and fp32, and a whole job on the GPU. Each step
 # has its own time limit and appends to $OUT/log.txt; figures land in $OUT/bench/ as they are made.
 # STEPS picks steps (default: the next session's first call, see README.md beside this file);
+# "tests" runs the CUDA tests but the compiled ones, "tests-compiled" those (each failure's report
+# lands in $OUT/failures.txt as it happens); BATCHED_SIZES: the batched step's B (default 8,32);
 # "workspace" checks that the engine's graphs survive cuBLAS workspaces cleared elsewhere,
 # "workspace-control" the same without the engine's own clearing; SINGLE_ARGS, SINGLE_INCLUDE:
 # the single step's sizes and configurations; BEFORE=1 adds ours as it was (cuDNN attention,
@@ -47,7 +49,7 @@ if [ "${SIZE:-full}" = small ]; then
 else
   BF16="--prompts 6 --warmup 1 --batch_prompts 128 --batch_sizes 8,32,128 --max_new_tokens 128 --batch_max_new_tokens 32"
   ONE="--prompts 4 --warmup 1 --max_new_tokens 128"
-  MANY="--batch_prompts 64 --batch_sizes 8,32 --batch_max_new_tokens 32"
+  MANY="--batch_prompts 64 --batch_sizes ${BATCHED_SIZES:-8,32} --batch_max_new_tokens 32"
   FP32="--prompts 4 --warmup 1 --max_new_tokens 128"
   BIG="--prompts 3 --warmup 1 --max_new_tokens 64"
 fi
@@ -59,7 +61,11 @@ COMPILED="--dtype bfloat16 --hf_compile --torch_compile"
 if [ "${BEFORE:-0}" = 1 ]; then BF16="$BF16 --batched_before"; else BF16="$BF16 --include ^(?!.*cuDNN)"; fi
 for s in $STEPS; do
   case $s in
-    tests) step tests 240 $PY -m pytest -v -p no:cacheprovider tests/test_gpu_placement.py tests/test_cuda.py ;;  # -v: a run cut short still shows each test it ended; the compiled ones last
+    # -v: a run cut short still shows each test it ended; failures.txt: why each failed, as it fails.
+    tests) FAILURES_FILE="$OUT/failures.txt" step tests 200 $PY -m pytest -v -p no:cacheprovider -p tests.failures_now \
+      tests/test_gpu_placement.py tests/test_cuda.py -k "not compiled" ;;
+    tests-compiled) FAILURES_FILE="$OUT/failures.txt" step tests-compiled 200 $PY -m pytest -v -p no:cacheprovider \
+      -p tests.failures_now tests/test_cuda.py -k compiled ;;
     single) step single 230 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE $COMPILED \
       --sections single,profile $ONE --out "$OUT/bench" --include "$SINGLE_INCLUDE" ;;
     # The engine's graphs after cuBLAS's workspaces were cleared elsewhere; control: without the
