@@ -10,4 +10,7 @@ def pytest_runtest_logreport(report) -> None:
     path = os.environ.get("FAILURES_FILE")
     if path and report.failed:
         with open(path, "a") as f:
-            f.write(f"== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+            f.write(f"== {report.nodeid} ({report.when})\n{report.longreprtext}\n")
+            for name, text in report.sections:  # its captured log (a capture's warning, say) and output
+                f.write(f"-- {name}\n{text[-4000:]}\n")
+            f.write("\n")

@@ -124,7 +124,9 @@ def test_a_batched_call_is_profiled_with_its_time_in_admissions(tmp_path):
 def test_a_failed_test_is_reported_as_it_fails(tmp_path):
     """The GPU script's plugin writes each failure's reason at once (a run cut off by its time
     limit never reaches pytest's summary), and nothing for a test that passes."""
-    (tmp_path / "test_x.py").write_text("def test_ok():\n    pass\n\n\ndef test_bad():\n    assert 1 + 1 == 3, 'sum'\n")
+    (tmp_path / "test_x.py").write_text("import logging\n\n\ndef test_ok():\n    pass\n\n\n"
+                                          "def test_bad():\n    logging.warning('a capture failed')\n"
+                                          "    assert 1 + 1 == 3, 'sum'\n")
     failures = tmp_path / "failures.txt"
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "FAILURES_FILE": str(failures), "PYTHONPATH": str(root)}
@@ -132,5 +134,5 @@ def test_a_failed_test_is_reported_as_it_fails(tmp_path):
                            str(tmp_path / "test_x.py")], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 1, done.stdout
     text = failures.read_text()
-    assert "test_x.py::test_bad (call)" in text and "AssertionError: sum" in text
+    assert "test_x.py::test_bad (call)" in text and "AssertionError: sum" in text and "a capture failed" in text
     assert "test_ok" not in text

@@ -103,11 +103,12 @@ def test_long_prompts_prefilled_through_graphs_equal_generate_on_cuda(kind, cuda
     assert [single.generate(ids).tokens for ids in prompts] == refs, (kind, "batch 1")
     key = _prefill_key(target)
     widths = {k[1] for k in single.static._graphs if isinstance(k, tuple) and k[0] == key}
-    assert len(widths) >= 3 and max(widths) > 64, widths
+    assert len(widths) >= 3 and max(widths) > 64, (widths, single.static.uncaptured, single.static.graphs)
     engine = BatchSpeculativeGenerator(target, drafter, batch_size=2, num_speculative_tokens=4, max_new_tokens=16)
     assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, (kind, "batched")
     pre = engine.slots[id(target)]._prefiller
-    assert not pre.uncaptured and any(k[0] == key and k[1] > 64 for k in pre._graphs if isinstance(k, tuple))
+    assert not pre.uncaptured and any(k[0] == key and k[1] > 64 for k in pre._graphs if isinstance(k, tuple)), \
+        (pre.uncaptured, sorted(k for k in pre._graphs if isinstance(k, tuple)))
 
 
 def encoded_logits_differences(target, prompts: list[list[int]], device: str) -> list[str]:
