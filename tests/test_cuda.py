@@ -122,7 +122,8 @@ def encoded_logits_differences(target, prompts: list[list[int]], device: str) ->
 
     static, wrong = StaticDecoder(target, graphs=True), []
     for ids in prompts:
-        out = target.generate(torch.tensor([ids], device=device), do_sample=False, max_new_tokens=15)[0].tolist()
+        out = target.generate(torch.tensor([ids], device=device), do_sample=False, max_new_tokens=15,
+                              min_new_tokens=15)[0].tolist()
         dec = initial_decoder_ids(target, []) + out[1:]
         with torch.inference_mode():
             full = target(input_ids=torch.tensor([ids], device=device),
