@@ -4,6 +4,7 @@ passes, rollbacks, refills, merges and drops; greedy rows equal `generate()`; sa
 what the padded cache draws; a busy cache falls back; models it cannot take are refused."""
 
 import contextlib
+import threading
 
 import pytest
 import torch
@@ -44,22 +45,29 @@ class TracedGraph:
         self.replays += 1
 
 
+_tracing = threading.local()
+_extract_val = proxy_tensor.extract_val
+
+
+def _extract_val_while_tracing(val, include_real=False):
+    """make_fx stores a fake copy of each real intermediate as its node's metadata (a new fake
+    tensor mode per tensor: two thirds of the tracing time); the stand-in never reads it, so its
+    traces skip it. Every other trace, in any thread, gets make_fx's own."""
+    if getattr(_tracing, "on", False) and isinstance(val, torch.Tensor) and not proxy_tensor.is_fake(val):
+        return None
+    return _extract_val(val, include_real)
+
+
+proxy_tensor.extract_val = _extract_val_while_tracing
+
+
 @contextlib.contextmanager
 def _no_fake_values():
-    """make_fx stores a fake copy of each real intermediate as the node's metadata (a new fake
-    tensor mode per tensor, two thirds of the tracing time); nothing here reads it."""
-    real = proxy_tensor.extract_val
-
-    def extract_val(val, include_real=False):
-        if isinstance(val, torch.Tensor) and not proxy_tensor.is_fake(val):
-            return None
-        return real(val, include_real)
-
-    proxy_tensor.extract_val = extract_val
+    _tracing.on = True
     try:
         yield
     finally:
-        proxy_tensor.extract_val = real
+        _tracing.on = False
 
 
 def trace(self, run, static):
