@@ -136,3 +136,15 @@ def test_a_failed_test_is_reported_as_it_fails(tmp_path):
     text = failures.read_text()
     assert "test_x.py::test_bad (call)" in text and "AssertionError: sum" in text and "a capture failed" in text
     assert "test_ok" not in text
+
+
+def test_the_gpu_scripts_test_steps_run(tmp_path):
+    """benchmarks/gpu/run.sh's two test steps as the GPU machine runs them (its pytest options and
+    plugin), here where every CUDA test skips: a broken invocation would cost a device call."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OUT": str(tmp_path), "DEVICE": "cpu", "PYTHON": sys.executable,
+           "STEPS": "tests tests-compiled"}
+    subprocess.run(["bash", str(root / "benchmarks/gpu/run.sh")], env=env, cwd=root, check=True, timeout=300)
+    log = (tmp_path / "log.txt").read_text()
+    assert "== tests: exit 0" in log and "== tests-compiled: exit 0" in log, log[-2000:]
+    assert log.count(" deselected / ") == 2  # each step runs its part of tests/test_cuda.py
