@@ -62,7 +62,7 @@ if [ "${BEFORE:-0}" = 1 ]; then BF16="$BF16 --batched_before"; else BF16="$BF16 
 for s in $STEPS; do
   case $s in
     # -v: a run cut short still shows each test it ended; failures.txt: why each failed, as it fails.
-    tests) FAILURES_FILE="$OUT/failures.txt" step tests 200 $PY -m pytest -v -p no:cacheprovider -p tests.failures_now \
+    tests) FAILURES_FILE="$OUT/failures.txt" step tests 220 $PY -m pytest -v -p no:cacheprovider -p tests.failures_now \
       tests/test_gpu_placement.py tests/test_cuda.py -k "not compiled" ;;
     tests-compiled) FAILURES_FILE="$OUT/failures.txt" step tests-compiled 200 $PY -m pytest -v -p no:cacheprovider \
       -p tests.failures_now tests/test_cuda.py -k compiled ;;
