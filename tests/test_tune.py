@@ -24,6 +24,7 @@ from pipeline.tune.model import (
     predict,
     relative_error,
 )
+from pipeline.tune.report import format_report
 from specdec_core.gamma import Costs, expected_tokens
 
 # --------------------------------------------------------------------------------------------
@@ -147,6 +148,10 @@ def test_cli_end_to_end_with_two_drafts(tiny, capsys):
     if any(d != "none" for d, _, _ in at2):
         assert len(at2) == 3 and any(g == 1 and p == "fixed" for d, g, p in at2 if d != "none"), at2
     assert res["job_estimate"]["rows"] == 11 and res["job_estimate"]["seconds"] > 0
+    # On a GPU (here the same results said to be from one), the report says what tune did not measure.
+    assert "uncompiled" not in printed
+    on_gpu = {**res, "settings": {**res["settings"], "device": "cuda:0"}}
+    assert "On a GPU tune measures uncompiled passes" in format_report(on_gpu)
 
 
 def test_a_draft_that_cannot_pay_is_recommended_against(tiny, capsys):
