@@ -205,3 +205,27 @@ def test_bad_input_is_a_one_line_error(tiny, tmp_path, capsys):
     assert tune.main(["--input", str(tmp_path / "none-*.parquet"), "--target_model", str(tiny["target"])]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "matches no files" in err[0]
+
+
+def test_batched_times_leave_out_graph_captures(monkeypatch):
+    """A batched setting's time leaves out what its engine spent capturing graphs (on a GPU, at
+    its first rounds): a job's worker pays that once, not per sample. A stand-in engine and clock."""
+    from types import SimpleNamespace
+
+    clock = [100.0]
+    kv = SimpleNamespace(capture_s=1.0)
+
+    class Engine:
+        def __init__(self, *args, **kwargs):
+            self.slots = {1: kv, 2: None}
+
+        def generate_many(self, items):
+            clock[0] += 10.0
+            kv.capture_s += 4.0  # captured while decoding
+            stats = SimpleNamespace(draft_tokens=0, accepted_tokens=0, rejections=0)
+            return [SimpleNamespace(tokens=[1, 2, 3], stats=stats) for _ in items]
+
+    monkeypatch.setattr(tune, "BatchSpeculativeGenerator", Engine)
+    monkeypatch.setattr(tune.time, "perf_counter", lambda: clock[0])
+    run = tune.run_batched(None, None, [[5], [6]], 3, 2, SimpleNamespace(max_new_tokens=3), None)
+    assert (run.total_s, run.decode_s, run.new_tokens) == (6.0, 6.0, 6)

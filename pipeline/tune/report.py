@@ -55,8 +55,9 @@ def format_report(res: dict) -> str:
               f"(the target alone at batch 1: {_duration(est['seconds_target_alone_batch1'])}), from the sample's "
               f"time per row."]
     if st["device"].startswith("cuda"):
-        lines.append("On a GPU tune measures uncompiled passes, their graph captures included; the job compiles them "
-                     "by default, which can change how the draft compares with the target alone (docs/tune.md).")
+        lines.append("On a GPU tune measures uncompiled passes (at batch 1 their graph captures included); the job "
+                     "compiles them by default, which can change how the draft compares with the target alone "
+                     "(docs/tune.md).")
     return "\n".join(lines)
 
 
