@@ -8,6 +8,7 @@ to one architecture.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import weakref
@@ -100,10 +101,8 @@ class CachedDecoder:
         kwargs = {key: ids, "cache": self.cache, "use_cache": True, **self.encoded}
         if self._logits_kwarg:
             kwargs["logits_to_keep"] = max(num_logits, 1)
-        if self.model.config.is_encoder_decoder:  # not while another thread's pass hooks its decoder
-            with pass_lock(self.model):
-                out = self.model(**kwargs)
-        else:
+        # An encoder-decoder's pass: not while another thread's pass hooks its decoder.
+        with pass_lock(self.model) if self.model.config.is_encoder_decoder else contextlib.nullcontext():
             out = self.model(**kwargs)
         self.length = len(tokens)
         if num_logits == 0:

@@ -11,6 +11,7 @@ import pytest
 
 from pipeline.bench import gpu
 
+ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--device", "cpu", "--dtype", "float32", "--shape", "tiny", "--prompts", "2", "--warmup", "1",
         "--batch_prompts", "5", "--batch_sizes", "2,4", "--min_len", "4", "--max_len", "12", "--max_new_tokens", "10"]
 
@@ -128,8 +129,7 @@ def test_a_failed_test_is_reported_as_it_fails(tmp_path):
                                           "def test_bad():\n    logging.warning('a capture failed')\n"
                                           "    assert 1 + 1 == 3, 'sum'\n")
     failures = tmp_path / "failures.txt"
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "FAILURES_FILE": str(failures), "PYTHONPATH": str(root)}
+    env = {**os.environ, "FAILURES_FILE": str(failures), "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.failures_now",
                            str(tmp_path / "test_x.py")], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 1, done.stdout
@@ -141,10 +141,9 @@ def test_a_failed_test_is_reported_as_it_fails(tmp_path):
 def test_the_gpu_scripts_test_steps_run(tmp_path):
     """benchmarks/gpu/run.sh's two test steps as the GPU machine runs them (its pytest options and
     plugin), here where every CUDA test skips: a broken invocation would cost a device call."""
-    root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "OUT": str(tmp_path), "DEVICE": "cpu", "PYTHON": sys.executable,
            "STEPS": "tests tests-compiled"}
-    subprocess.run(["bash", str(root / "benchmarks/gpu/run.sh")], env=env, cwd=root, check=True, timeout=300)
+    subprocess.run(["bash", str(ROOT / "benchmarks/gpu/run.sh")], env=env, cwd=ROOT, check=True, timeout=300)
     log = (tmp_path / "log.txt").read_text()
     assert "== tests: exit 0" in log and "== tests-compiled: exit 0" in log, log[-2000:]
     assert log.count(" deselected / ") == 2  # each step runs its part of tests/test_cuda.py
