@@ -34,13 +34,21 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
-from specdec_core.decoder import _accepts_logits_to_keep, initial_decoder_ids, pass_lock
+from specdec_core.decoder import (
+    _accepts_logits_to_keep,
+    counts_positions_from_ids,
+    decoder_position_modules,
+    fed_alone,
+    hooked,
+    initial_decoder_ids,
+    pass_lock,
+)
 from specdec_core.kv_cache import GrowingCache, GrowingLayer
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows, heads, columns, dim)
@@ -77,18 +85,6 @@ def mixed_layer_types(config) -> list[str] | None:
     return list(types) if types and len(set(types)) > 1 else None
 
 
-def decoder_position_modules(model: PreTrainedModel) -> tuple[list, list]:
-    """An encoder-decoder's decoder modules that compute from its cache length: position
-    embeddings (`embed_positions`) and relative position biases (`compute_bias`)."""
-    embeds, biases = [], []
-    for name, module in model.get_decoder().named_modules():
-        if name.rsplit(".", 1)[-1] == "embed_positions":
-            embeds.append(module)
-        if getattr(module, "has_relative_attention_bias", False) and callable(getattr(module, "compute_bias", None)):
-            biases.append(module)
-    return embeds, biases
-
-
 def bias_by_row(module, queries: Callable[[], torch.Tensor], keys) -> Callable:
     """A relative-bias module's `compute_bias` looking up, per row, the bias its class computes
     for every distance (never a patch in place) by each query's and key's true position:
@@ -102,39 +98,6 @@ def bias_by_row(module, queries: Callable[[], torch.Tensor], keys) -> Callable:
         distance = (key_positions - queries()[:, :, None]).clamp(1 - top, 0) + top - 1  # query after key
         return table[:, distance.to(table.device)].permute(1, 0, 2, 3)  # (rows, heads, queries, keys)
     return compute_bias
-
-
-@contextmanager
-def hooked(model: PreTrainedModel, embeds: list, biases: dict, embed_hook, embed_pre_hook=None,
-           forwards: dict | None = None):
-    """While a pass of `model` runs: `embed_hook` (and `embed_pre_hook`) on each decoder position
-    embedding, each relative-bias module's `compute_bias` replaced by `biases[module]`, and each
-    module of `forwards` run as `forwards[module]` instead of its own forward. They
-    change the model for every caller, so one such pass of a model runs at a time, and the other
-    passes of an encoder-decoder model (growing caches, aligned padded passes, static caches)
-    wait for it (`decoder.pass_lock`). An instance's own `compute_bias` or `forward` comes back
-    after."""
-    with pass_lock(model):
-        patches = [(m, "compute_bias", f) for m, f in biases.items()]
-        patches += [(m, "forward", f) for m, f in (forwards or {}).items()]
-        saved = [(m, name, vars(m).get(name)) for m, name, _ in patches]
-        handles = []
-        try:
-            for module in embeds:
-                if embed_pre_hook is not None:
-                    handles.append(module.register_forward_pre_hook(embed_pre_hook, with_kwargs=True))
-                handles.append(module.register_forward_hook(embed_hook, with_kwargs=True))
-            for module, name, fn in patches:
-                setattr(module, name, fn)
-            yield
-        finally:
-            for h in handles:
-                h.remove()
-            for module, name, before in saved:
-                if before is None:
-                    vars(module).pop(name, None)  # the class's own again
-                else:
-                    setattr(module, name, before)
 
 
 def drop_order(rows: int, gone: list[int]) -> list[int]:
@@ -171,6 +134,8 @@ class BatchKV:
         self.window = sliding_window(config)
         self.layer_types = mixed_layer_types(config)
         self._pos_modules, self._bias_modules = decoder_position_modules(model) if self.encdec else ([], [])
+        # Position embeddings that count from the ids (M2M100, NLLB): counted per token (`fed_alone`).
+        self._forwards = {m: fed_alone(m) for m in self._pos_modules if counts_positions_from_ids(m)}
         for module in self._pos_modules:
             if "cache_length" not in inspect.signature(module.forward).parameters:
                 raise ValueError(f"{type(model).__name__}: its decoder's position embedding takes no cache length, so "
@@ -239,7 +204,8 @@ class BatchKV:
         aligned = all(len(c) == width for c in self.cols)  # no holes, one length: columns are positions
         with ExitStack() as stack:
             if self.encdec:  # hooked, or (aligned) not while another thread's hooks change the model
-                stack.enter_context(pass_lock(self.model) if aligned else self._true_positions(pos, width))
+                stack.enter_context(hooked(self.model, [], {}, None, forwards=self._forwards) if aligned
+                                    else self._true_positions(pos, width))
                 d = getattr(self.model.config, "d_model", None) or self.model.config.hidden_size
                 # The cross-attention keys/values are cached: the encoder outputs are not read again.
                 unused = torch.zeros((), dtype=self.model.dtype, device=self.device).expand(
@@ -324,7 +290,7 @@ class BatchKV:
             return colpos[:, None, :key_length], top
 
         return hooked(self.model, self._pos_modules, {m: bias_by_row(m, lambda: pos, keys) for m in self._bias_modules},
-                      embed_hook)
+                      embed_hook, forwards=self._forwards)
 
     @torch.inference_mode()
     def rollback(self, b: int, length: int) -> None:

@@ -8,10 +8,10 @@ to one architecture.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import threading
 import weakref
+from contextlib import contextmanager
 from functools import cache
 
 import torch
@@ -59,11 +59,85 @@ _LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def pass_lock(model: PreTrainedModel) -> threading.RLock:
-    """The lock of `model`'s passes that hook its modules (`batch_kv.hooked`: position embeddings
+    """The lock of `model`'s passes that hook its modules (`hooked`: position embeddings
     and relative biases, changed for every caller while such a pass runs), which an
     encoder-decoder's other passes take too (here, in `BatchKV` and in static caches), so that
     none runs through another thread's hooks. Decoder-only models are never hooked."""
     return _LOCKS.setdefault(model, threading.RLock())
+
+
+def decoder_position_modules(model: PreTrainedModel) -> tuple[list, list]:
+    """An encoder-decoder's decoder modules that compute from its cache length: position
+    embeddings (`embed_positions`) and relative position biases (`compute_bias`)."""
+    embeds, biases = [], []
+    for name, module in model.get_decoder().named_modules():
+        if name.rsplit(".", 1)[-1] == "embed_positions":
+            embeds.append(module)
+        if getattr(module, "has_relative_attention_bias", False) and callable(getattr(module, "compute_bias", None)):
+            biases.append(module)
+    return embeds, biases
+
+
+def counts_positions_from_ids(module: torch.nn.Module) -> bool:
+    """Whether a decoder position embedding is fairseq's sinusoidal one (M2M100, NLLB): it counts
+    positions from the token ids (a pad keeps the padding position) and the cache length, and
+    compares them with its table's size on the host to grow it, which a capture cannot do with
+    the device's length (`StaticKV._table_forward` looks them up on the device instead)."""
+    return (callable(getattr(module, "create_position_ids_from_input_ids", None))
+            and callable(getattr(module, "get_embedding", None))
+            and isinstance(getattr(module, "weights", None), torch.Tensor)
+            and isinstance(getattr(module, "padding_idx", None), int))
+
+
+def fed_alone(module: torch.nn.Module):
+    """A `counts_positions_from_ids` embedding's forward for the eager passes of several tokens:
+    each token's embedding as the module gives it fed alone after the cache's earlier tokens, as
+    `generate()` feeds them. Its own forward counts over the whole pass, so a pad id inside a
+    pass (a draft, or an output that holds one) would move every later token back a position:
+    here a pad keeps the padding position and moves nothing. The module's own forward runs
+    (growing its table as it does), over the ids with each pad counted."""
+    own = type(module).forward
+
+    def forward(input_ids=None, inputs_embeds=None, cache_length=0):
+        if input_ids is None:  # (embeddings count every position)
+            return own(module, input_ids, inputs_embeds, cache_length)
+        pad = (input_ids == module.padding_idx)[..., None]
+        counted = own(module, input_ids.masked_fill(pad[..., 0], module.padding_idx + 1), None, cache_length)
+        return torch.where(pad, module.weights[module.padding_idx].to(counted), counted)
+    return forward
+
+
+@contextmanager
+def hooked(model: PreTrainedModel, embeds: list, biases: dict, embed_hook, embed_pre_hook=None,
+           forwards: dict | None = None):
+    """While a pass of `model` runs: `embed_hook` (and `embed_pre_hook`) on each decoder position
+    embedding, each relative-bias module's `compute_bias` replaced by `biases[module]`, and each
+    module of `forwards` run as `forwards[module]` instead of its own forward. They
+    change the model for every caller, so one such pass of a model runs at a time, and the other
+    passes of an encoder-decoder model (growing caches, aligned padded passes, static caches)
+    wait for it (`pass_lock`). An instance's own `compute_bias` or `forward` comes back
+    after."""
+    with pass_lock(model):
+        patches = [(m, "compute_bias", f) for m, f in biases.items()]
+        patches += [(m, "forward", f) for m, f in (forwards or {}).items()]
+        saved = [(m, name, vars(m).get(name)) for m, name, _ in patches]
+        handles = []
+        try:
+            for module in embeds:
+                if embed_pre_hook is not None:
+                    handles.append(module.register_forward_pre_hook(embed_pre_hook, with_kwargs=True))
+                handles.append(module.register_forward_hook(embed_hook, with_kwargs=True))
+            for module, name, fn in patches:
+                setattr(module, name, fn)
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+            for module, name, before in saved:
+                if before is None:
+                    vars(module).pop(name, None)  # the class's own again
+                else:
+                    setattr(module, name, before)
 
 
 class CachedDecoder:
@@ -89,6 +163,9 @@ class CachedDecoder:
                     "attention_mask": mask,
                 }
         self.cache = new_cache(model.config.is_encoder_decoder)
+        # Position embeddings that count from the ids (M2M100, NLLB): counted per token (`fed_alone`).
+        self._forwards = {m: fed_alone(m) for m in decoder_position_modules(model)[0]
+                          if counts_positions_from_ids(m)} if model.config.is_encoder_decoder else {}
 
     @torch.inference_mode()
     def forward(self, tokens: list[int], num_logits: int) -> torch.Tensor:
@@ -101,8 +178,10 @@ class CachedDecoder:
         kwargs = {key: ids, "cache": self.cache, "use_cache": True, **self.encoded}
         if self._logits_kwarg:
             kwargs["logits_to_keep"] = max(num_logits, 1)
-        # An encoder-decoder's pass: not while another thread's pass hooks its decoder.
-        with pass_lock(self.model) if self.model.config.is_encoder_decoder else contextlib.nullcontext():
+        if self.model.config.is_encoder_decoder:  # not while another thread's pass hooks its decoder
+            with hooked(self.model, [], {}, None, forwards=self._forwards):
+                out = self.model(**kwargs)
+        else:
             out = self.model(**kwargs)
         self.length = len(tokens)
         if num_logits == 0:

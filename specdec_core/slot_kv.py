@@ -27,7 +27,8 @@ import logging
 import torch
 from transformers import PreTrainedModel
 
-from specdec_core.batch_kv import BatchKV, bias_by_row, decoder_position_modules, drop_order, hooked
+from specdec_core.batch_kv import BatchKV, bias_by_row, drop_order
+from specdec_core.decoder import decoder_position_modules, hooked
 from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticDecoder, StaticKV, wants_static
 
 log = logging.getLogger(__name__)

@@ -34,8 +34,15 @@ from transformers import EncoderDecoderCache, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.modeling_outputs import BaseModelOutput
 
-from specdec_core.batch_kv import decoder_position_modules, hooked, mixed_layer_types, other_layer_kinds, sliding_window
-from specdec_core.decoder import _accepts_logits_to_keep, initial_decoder_ids, pass_lock
+from specdec_core.batch_kv import mixed_layer_types, other_layer_kinds, sliding_window
+from specdec_core.decoder import (
+    _accepts_logits_to_keep,
+    counts_positions_from_ids,
+    decoder_position_modules,
+    hooked,
+    initial_decoder_ids,
+    pass_lock,
+)
 from specdec_core.device_map import devices_of
 from specdec_core.placement import decoder_layers
 
@@ -52,17 +59,6 @@ MAX_PREFILL_GRAPH = 4096
 # automatic dynamic shapes, every width after the second; capacity growth recompiles too.
 COMPILE_LIMIT = 64
 GRAPH_MODES = ("auto", "on", "off")
-
-
-def counts_positions_from_ids(module: torch.nn.Module) -> bool:
-    """Whether a decoder position embedding is fairseq's sinusoidal one (M2M100, NLLB): it counts
-    positions from the token ids (a pad keeps the padding position) and the cache length, and
-    compares them with its table's size on the host to grow it, which a capture cannot do with
-    the device's length (`StaticKV._table_forward` looks them up on the device instead)."""
-    return (callable(getattr(module, "create_position_ids_from_input_ids", None))
-            and callable(getattr(module, "get_embedding", None))
-            and isinstance(getattr(module, "weights", None), torch.Tensor)
-            and isinstance(getattr(module, "padding_idx", None), int))
 
 
 def capacity_for(n: int) -> int:

@@ -17,7 +17,7 @@ from transformers import DynamicCache, EncoderDecoderCache
 
 from specdec_core.batch_engine import BatchSpeculativeGenerator, unbatchable
 from specdec_core.batch_kv import BatchKV
-from specdec_core.decoder import initial_decoder_ids
+from specdec_core.decoder import CachedDecoder, initial_decoder_ids
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.processing import SamplingSettings
@@ -194,6 +194,44 @@ def test_row_logits_by_true_positions(pairs, prompts, family):
         if step == 5:
             kv.compact()
     assert max(kv.length(b) for b in range(kv.rows)) > WINDOW  # the windows were reached
+
+
+def _fed_one_at_a_time(model, prompt, decoder_ids):
+    """Logits of every decoder token fed one at a time over a growing cache, as `generate()` feeds them."""
+    cache, out, logits = EncoderDecoderCache(DynamicCache(), DynamicCache()), None, []
+    with torch.inference_mode():
+        for token in decoder_ids:
+            given = {"encoder_outputs": out.encoder_last_hidden_state} if out else {"input_ids": torch.tensor([prompt])}
+            if out:
+                given["encoder_outputs"] = (given["encoder_outputs"],)
+            out = model(**given, decoder_input_ids=torch.tensor([[token]]), cache=cache, use_cache=True)
+            logits.append(out.logits[0, -1].float())
+    return torch.stack(logits)
+
+
+def test_a_pad_id_inside_a_pass_moves_no_later_position(pairs, prompts):
+    """M2M100/NLLB counts decoder positions from the ids, a pad id keeping the padding position.
+    `generate()` feeds one token at a time, so a pad in an output moves no later token; a pass of
+    several (a verify pass over drafts holding the pad, or one after an output's pad) must count
+    as it does: at batch 1 (growing cache) and batched (padded rows, aligned and with holes).
+    Counted over the whole pass, as the module does, the tokens after a pad sit one back."""
+    target = pairs["m2m100"][0]
+    pad = target.config.pad_token_id
+    start = initial_decoder_ids(target, [])
+    seqs = [start + [11, pad, 13, 14, pad, 20], start + [pad, 12, 15, 16, 17, pad]]
+    refs = [_fed_one_at_a_time(target, p, s) for p, s in zip(prompts[:2], seqs, strict=True)]
+    for prompt, seq, ref in zip(prompts[:2], seqs, refs, strict=True):
+        dec = CachedDecoder(target, prompt)
+        assert_logits_close(dec.forward(seq, len(seq)), ref)
+        dec.rollback(2)  # the next pass starts at a pad (row 1) or just before one (row 0)
+        assert_logits_close(dec.forward(seq, len(seq) - 2), ref[2:])
+    kv = BatchKV(target, 2, pad)
+    kv.encode(prompts[:2])
+    first = kv.forward([seqs[0][:4], seqs[1][:3]])  # rows aligned: no holes yet
+    kv.rollback(0, 3)  # a hole in row 0: rows at their own positions
+    second = kv.forward([seqs[0][3:], seqs[1][3:]])
+    for b, ref in enumerate(refs):
+        assert_logits_close(torch.cat([first[b][:3], second[b]]), ref)  # (row 0's fourth fed again)
 
 
 def test_the_encoder_and_cross_attention_run_once_per_prompt(pairs, prompts):

@@ -540,7 +540,7 @@ def test_position_hooks_hold_the_model_and_leave_it_as_it_was(models):
     no hook and its own `compute_bias` again."""
     import threading
 
-    from specdec_core.batch_kv import decoder_position_modules, hooked
+    from specdec_core.decoder import decoder_position_modules, hooked
 
     target, _ = models["t5"]
     embeds, biases = decoder_position_modules(target)
