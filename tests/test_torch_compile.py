@@ -158,15 +158,17 @@ def test_auto_compiles_where_the_passes_are_cuda_graphs():
 
 def test_compiling_without_a_graph_counts_as_one_off_work(models, prompts, caplog):
     """Passes compiled outside a capture (a CPU's, with --cuda_graphs on: it captures none) add
-    their compile time to the cache's one-off seconds, which item time limits leave out."""
+    their compile time to the cache's one-off seconds, which item time limits leave out; each
+    item's stats say how much of its time it was (in all, and in its prefill)."""
     torch._dynamo.reset()
     target, _ = models["llama"]
     gen = SpeculativeGenerator(target, None, max_new_tokens=4, cuda_graphs="on", torch_compile=True)
     with caplog.at_level(logging.INFO, logger="specdec_core"):
-        for p in prompts:  # the first allocates the buffers; then passes compile
-            gen.generate(p)
+        # the first allocates the buffers; then passes compile
+        stats = [gen.generate(p).stats for p in prompts]
     setup = gen.static.capture_s
     assert setup > 0 and "-token pass compiled" in caplog.text
-    for p in prompts[::-1]:  # nothing new to compile, nothing added
-        gen.generate(p)
-    assert gen.static.capture_s == setup
+    assert sum(s.setup_s for s in stats) == pytest.approx(setup)
+    assert all(0 <= s.prefill_setup_s <= s.setup_s <= s.latency_s for s in stats)
+    again = [gen.generate(p).stats for p in prompts[::-1]]  # nothing new to compile, nothing added
+    assert gen.static.capture_s == setup and all(s.setup_s == s.prefill_setup_s == 0 for s in again)

@@ -24,7 +24,6 @@ from pipeline.tune.model import (
     predict,
     relative_error,
 )
-from pipeline.tune.report import format_report
 from specdec_core.gamma import Costs, expected_tokens
 
 # --------------------------------------------------------------------------------------------
@@ -148,10 +147,9 @@ def test_cli_end_to_end_with_two_drafts(tiny, capsys):
     if any(d != "none" for d, _, _ in at2):
         assert len(at2) == 3 and any(g == 1 and p == "fixed" for d, g, p in at2 if d != "none"), at2
     assert res["job_estimate"]["rows"] == 11 and res["job_estimate"]["seconds"] > 0
-    # On a GPU (here the same results said to be from one), the report says what tune did not measure.
-    assert "uncompiled" not in printed
-    on_gpu = {**res, "settings": {**res["settings"], "device": "cuda:0"}}
-    assert "On a GPU tune measures uncompiled passes" in format_report(on_gpu)
+    # On a CPU nothing is compiled (the job's --torch_compile auto compiles where passes are CUDA graphs).
+    assert res["settings"]["cuda_graphs"] == "auto" and res["settings"]["compiled"] is False
+    assert "compiled" not in printed
 
 
 def test_a_draft_that_cannot_pay_is_recommended_against(tiny, capsys):
@@ -190,6 +188,8 @@ def test_encoder_decoder_targets_tune_batch_sizes_too(saved_pairs, tmp_path, cap
     (["--temperature", "-1"], "temperature"),
     (["--prompt_column", "text"], "--prompt_column"),
     (["--draft_model", "/nonexistent/draft"], "--draft_model"),
+    (["--torch_compile", "on", "--cuda_graphs", "off"], "--torch_compile"),
+    (["--cuda_graphs", "sometimes"], "--cuda_graphs"),
 ])
 def test_bad_settings_are_one_line_errors(tiny, capsys, extra, culprit):
     try:
@@ -229,3 +229,45 @@ def test_batched_times_leave_out_graph_captures(monkeypatch):
     monkeypatch.setattr(tune.time, "perf_counter", lambda: clock[0])
     run = tune.run_batched(None, None, [[5], [6]], 3, 2, SimpleNamespace(max_new_tokens=3), None)
     assert (run.total_s, run.decode_s, run.new_tokens) == (6.0, 6.0, 6)
+
+
+def test_tune_runs_the_passes_as_the_job_would(tiny, monkeypatch, capsys):
+    """The job's --cuda_graphs and --torch_compile reach every engine and draft tune builds (here
+    static caches compiled on the CPU, as `--cuda_graphs on` allows), and its recommendation
+    carries them; greedy outputs stay the target's own."""
+    seen = []
+    for name in ("SpeculativeGenerator", "BatchSpeculativeGenerator"):
+        real = getattr(tune, name)
+
+        def spy(*args, real=real, **kwargs):
+            seen.append((real.__name__, kwargs.get("cuda_graphs"), kwargs.get("torch_compile")))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(tune, name, spy)
+    out = tiny["root"] / "compiled.json"
+    assert tune.main(["--input", str(tiny["input"]), "--target_model", str(tiny["target"]), "--draft_model",
+                      str(tiny["draft"]), "--no_ngram", "--sample", "2", "--max_new_tokens", "4", "--max_gamma", "2",
+                      "--verify", "0", "--batch_sizes", "2", "--cuda_graphs", "on", "--torch_compile",
+                      "--output_json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert {name for name, _, _ in seen} == {"SpeculativeGenerator", "BatchSpeculativeGenerator"}
+    assert all(mode == "on" and compiled is True for _, mode, compiled in seen), seen
+    assert res["settings"]["cuda_graphs"] == "on" and res["settings"]["compiled"] is True
+    assert all(r["equal_to_target"] == 2 for r in res["runs"])
+    flags = res["recommended"]["flags"].split()[3:]
+    check_pipeline_flags(flags)
+    assert flags[flags.index("--cuda_graphs") + 1] == "on" and flags[flags.index("--torch_compile") + 1] == "on"
+    assert "The passes were compiled (torch.compile)" in capsys.readouterr().out
+
+
+def test_batch_one_times_leave_out_graph_captures_and_compiles():
+    """A batch-1 item's one-off work (captures and compiles on its first passes of each width) is
+    left out of tune's times: out of the prefill's share and the decode's each."""
+    from types import SimpleNamespace
+
+    from specdec_core.engine import ItemStats
+
+    run = tune.SampleRun(new_tokens=0, total_s=0.0, decode_s=0.0)
+    stats = ItemStats(new_tokens=5, latency_s=10.0, prefill_s=3.0, setup_s=4.0, prefill_setup_s=1.0)
+    tune._add(run, SimpleNamespace(stats=stats, tokens=[1] * 5))
+    assert (run.total_s, run.decode_s, run.new_tokens) == (6.0, 4.0, 5)

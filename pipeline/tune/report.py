@@ -54,10 +54,9 @@ def format_report(res: dict) -> str:
               f"Estimated job time on this machine: {_duration(est['seconds'])} for {est['rows']} rows "
               f"(the target alone at batch 1: {_duration(est['seconds_target_alone_batch1'])}), from the sample's "
               f"time per row."]
-    if st["device"].startswith("cuda"):
-        lines.append("On a GPU tune measures uncompiled passes (at batch 1 their graph captures included); the job "
-                     "compiles them by default, which can change how the draft compares with the target alone "
-                     "(docs/tune.md).")
+    if st.get("compiled"):
+        lines.append("The passes were compiled (torch.compile), as the job compiles them; compiles and graph "
+                     "captures are left out of every time (a job's worker pays them once).")
     return "\n".join(lines)
 
 

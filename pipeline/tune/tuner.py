@@ -32,13 +32,15 @@ from pipeline.logs import setup_logging
 from pipeline.tune.model import Candidate, SampleRun, best_setting, fit_overhead, pick_to_verify, relative_error
 from pipeline.tune.report import format_report
 from specdec_core.batch_engine import BatchSpeculativeGenerator, unbatchable
+from specdec_core.cpu_speed import DRAFT_DTYPES
 from specdec_core.cross_tokenizer import CrossTokenizerDrafter
 from specdec_core.drafters import Drafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator, setup_seconds
 from specdec_core.gamma import AdaptiveGamma, Costs, GammaPolicy
 from specdec_core.loading import resolve_device, resolve_dtype
 from specdec_core.processing import SamplingSettings
-from specdec_core.text import CPU_KERNELS, GeneratorSpec, PromptError, TextGenerator, load_model_drafter
+from specdec_core.static_decoder import GRAPH_MODES
+from specdec_core.text import CPU_KERNELS, GeneratorSpec, PromptError, TextGenerator, compiles, load_model_drafter
 
 _LOG = logging.getLogger("pipeline.tune")
 PROG = "python -m pipeline.tune"
@@ -76,6 +78,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a("--device", default="auto")
     a("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     a("--cpu_kernels", default="prepacked", choices=CPU_KERNELS)
+    a("--draft_dtype", default="auto", choices=DRAFT_DTYPES)
+    a("--cuda_graphs", default="auto", choices=GRAPH_MODES)
+    a("--torch_compile", nargs="?", const="on", default="auto", choices=GRAPH_MODES)
     a("--trust_remote_code", action="store_true", default=False)
     # Tune's own.
     a("--sample", type=int, default=8, help="prompts measured: the first N usable rows of --input")
@@ -129,7 +134,10 @@ def run_argv(args: argparse.Namespace, drafter: str, draft_model: str | None, ga
     if args.system_prompt is not None:
         argv += ["--system_prompt", args.system_prompt]
     for flag, value, default in (("--device", args.device, "auto"), ("--dtype", args.dtype, "auto"),
-                                 ("--cpu_kernels", args.cpu_kernels, "prepacked")):
+                                 ("--cpu_kernels", args.cpu_kernels, "prepacked"),
+                                 ("--draft_dtype", args.draft_dtype, "auto"),
+                                 ("--cuda_graphs", args.cuda_graphs, "auto"),
+                                 ("--torch_compile", args.torch_compile, "auto")):
         if value != default:
             argv += [flag, value]
     if args.trust_remote_code:
@@ -213,10 +221,10 @@ class Progress:
 
 
 def _add(run: SampleRun, out) -> None:
-    s = out.stats
+    s = out.stats  # one-off graph captures and compiles left out: a job's worker pays them once
     run.new_tokens += s.new_tokens
-    run.total_s += s.latency_s
-    run.decode_s += s.latency_s - s.prefill_s
+    run.total_s += s.latency_s - s.setup_s
+    run.decode_s += (s.latency_s - s.prefill_s) - (s.setup_s - s.prefill_setup_s)
     run.rounds += s.verify_steps
     run.drafted += s.draft_tokens
     run.accepted += s.accepted_tokens
@@ -225,15 +233,21 @@ def _add(run: SampleRun, out) -> None:
     run.outputs.append(out.tokens)
 
 
+def engine_options(args: argparse.Namespace, device: torch.device) -> dict:
+    """The engines' `cuda_graphs` and `torch_compile`, from the job's flags as pipeline.run reads them."""
+    return {"cuda_graphs": args.cuda_graphs, "torch_compile": compiles(args.torch_compile, args.cuda_graphs, device)}
+
+
 def run_interleaved(target, drafters: list[Drafter], ids: list[list[int]], gammas: list[int], max_new: int,
                     sampling: SamplingSettings, policies: list[GammaPolicy | None] | None = None,
-                    progress: Progress | None = None) -> list[SampleRun]:
+                    progress: Progress | None = None, engine: dict | None = None) -> list[SampleRun]:
     """One prompt at a time through the batch-1 engine (pipeline.run's --batch_size 1), every
     setting on each prompt before the next prompt, in alternating order: load that drifts on a
-    shared machine then hits all settings alike, which a setting-after-setting order does not."""
+    shared machine then hits all settings alike, which a setting-after-setting order does not.
+    engine: `engine_options`. Graph captures and compiles are left out of the times (`_add`)."""
     policies = policies or [None] * len(drafters)
     gens = [SpeculativeGenerator(target, d, num_speculative_tokens=max(g, 1), max_new_tokens=max_new,
-                                 sampling=sampling, gamma_policy=p)
+                                 sampling=sampling, gamma_policy=p, **(engine or {}))
             for d, g, p in zip(drafters, gammas, policies, strict=True)]
     runs = [SampleRun(new_tokens=0, total_s=0.0, decode_s=0.0) for _ in gens]
     for seed, prompt in enumerate(ids):
@@ -251,11 +265,14 @@ def run_interleaved(target, drafters: list[Drafter], ids: list[list[int]], gamma
 
 
 def run_batched(target, drafter: Drafter, ids: list[list[int]], gamma: int, batch: int, args,
-                sampling: SamplingSettings, policy: GammaPolicy | None = None) -> SampleRun:
-    """All prompts through the continuous-batching engine, as pipeline.run's --batch_size B. Its
-    graph captures (on a GPU) are left out of the time: a job's worker pays them once."""
+                sampling: SamplingSettings, policy: GammaPolicy | None = None, engine: dict | None = None
+                ) -> SampleRun:
+    """All prompts through the continuous-batching engine, as pipeline.run's --batch_size B
+    (engine: `engine_options`). Its graph captures and compiles (on a GPU) are left out of the
+    time: a job's worker pays them once."""
     gen = BatchSpeculativeGenerator(target, drafter, batch_size=batch, num_speculative_tokens=max(gamma, 1),
-                                    max_new_tokens=args.max_new_tokens, sampling=sampling, gamma_policy=policy)
+                                    max_new_tokens=args.max_new_tokens, sampling=sampling, gamma_policy=policy,
+                                    **(engine or {}))
     t0, setup = time.perf_counter(), setup_seconds(*gen.slots.values())
     outs = gen.generate_many([(p, seed) for seed, p in enumerate(ids)])
     secs = time.perf_counter() - t0 - (setup_seconds(*gen.slots.values()) - setup)
@@ -268,11 +285,13 @@ def run_batched(target, drafter: Drafter, ids: list[list[int]], gamma: int, batc
 
 
 def measure_costs(target, drafters: dict[str, Drafter], prompt: list[int], max_gamma: int,
-                  rounds: int = 5) -> dict[str, Costs]:
+                  rounds: int = 5, engine: dict | None = None) -> dict[str, Costs]:
     """c and v(k) per candidate, measured alternately (median of rounds) so that load changes on
-    a shared machine hit every candidate alike; the first round warms the kernels up."""
+    a shared machine hit every candidate alike; the first round warms the kernels up (and
+    captures and compiles the passes: engine, `engine_options`)."""
     ks = tuple(range(2, max_gamma + 2))
-    engines = {name: SpeculativeGenerator(target, d, num_speculative_tokens=max_gamma, max_new_tokens=1)
+    engines = {name: SpeculativeGenerator(target, d, num_speculative_tokens=max_gamma, max_new_tokens=1,
+                                          **(engine or {}))
                for name, d in drafters.items()}
     got: dict[str, list[Costs]] = {name: [] for name in engines}
     for r in range(rounds + 1):
@@ -348,17 +367,20 @@ def load(args) -> tuple[TextGenerator, dict[str, Drafter], list[Candidate]]:
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, device=args.device, dtype=args.dtype, cpu_kernels=args.cpu_kernels,
                          chat_template=args.chat_template, system_prompt=args.system_prompt,
-                         trust_remote_code=args.trust_remote_code)
+                         trust_remote_code=args.trust_remote_code, cuda_graphs=args.cuda_graphs,
+                         torch_compile=args.torch_compile)
     text = TextGenerator.load(spec)
     target = text.engine.target
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    engine = engine_options(args, target.device)
     drafters: dict[str, Drafter] = {}
     candidates = [Candidate("target alone", "none")]
     for path in args.draft_model:
         try:
             drafter = load_model_drafter(path, target, text.tokenizer, device=device, dtype=dtype,
-                                         cpu_kernels=args.cpu_kernels, trust_remote_code=args.trust_remote_code)
+                                         draft_dtype=args.draft_dtype, cpu_kernels=args.cpu_kernels,
+                                         trust_remote_code=args.trust_remote_code, **engine)
         except ValueError as e:
             raise TuneError(f"--draft_model {path!r}: {e}") from e
         name = _draft_name(path, args.draft_model)
@@ -379,6 +401,7 @@ class Tuner:
             torch.set_num_threads(args.threads)
         self.text, self.drafters, self.candidates = load(args)
         self.target = self.text.engine.target
+        self.engine = engine_options(args, self.target.device)
         self.sampling = SamplingSettings(args.temperature, args.top_k, args.top_p)
         self.ids, self.input_rows, self.skipped = read_sample(args.input, args.prompt_column, args.sample,
                                                               self.text.encode)
@@ -411,9 +434,11 @@ class Tuner:
     def measure_costs(self) -> None:
         # Warm-up outside every clock: oneDNN builds kernels per shape on first use.
         run_interleaved(self.target, [NoDrafter(), *self.drafters.values()], self.ids[:1],
-                        [self.g0] * (1 + len(self.drafters)), min(8, self.args.max_new_tokens), self.sampling)
+                        [self.g0] * (1 + len(self.drafters)), min(8, self.args.max_new_tokens), self.sampling,
+                        engine=self.engine)
         prompt = sorted(self.ids, key=len)[self.n // 2]  # costs measured on the median-length prompt
-        costs = measure_costs(self.target, self.drafters, prompt, self.args.max_gamma) if self.drafters else {}
+        costs = measure_costs(self.target, self.drafters, prompt, self.args.max_gamma,
+                              engine=self.engine) if self.drafters else {}
         for c in self.candidates:
             c.costs = costs.get(c.name)
         _LOG.info("costs measured: %s", "; ".join(f"{k}: c={c.c:.3f}" for k, c in costs.items()))
@@ -423,7 +448,7 @@ class Tuner:
         others' measured speed-up. Returns its decode seconds per token."""
         runs = run_interleaved(self.target, [self.drafter_of(x.candidate) for x in settings], self.ids,
                                [x.gamma for x in settings], self.args.max_new_tokens, self.sampling,
-                               [self.policy_of(x) for x in settings], self.progress)
+                               [self.policy_of(x) for x in settings], self.progress, self.engine)
         for x, r in zip(settings, runs, strict=True):
             x.run = r
         base = settings[0].run.decode_s_per_token
@@ -433,7 +458,7 @@ class Tuner:
 
     def batched(self, x: Setting) -> Setting:
         x.run = run_batched(self.target, self.drafter_of(x.candidate), self.ids, x.gamma, x.batch_size, self.args,
-                            self.sampling, self.policy_of(x))
+                            self.sampling, self.policy_of(x), self.engine)
         self.progress.step(_label(x), x.run.new_tokens, x.run.total_s)
         return x
 
@@ -541,7 +566,8 @@ def tune(args: argparse.Namespace) -> dict:
         "settings": {"input": args.input, "target_model": args.target_model, "draft_models": args.draft_model,
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
                      "top_p": args.top_p, "greedy": t.sampling.greedy, "max_gamma": args.max_gamma,
-                     "threads": torch.get_num_threads(), "device": str(t.target.device)},
+                     "threads": torch.get_num_threads(), "device": str(t.target.device),
+                     "cuda_graphs": args.cuda_graphs, "compiled": t.engine["torch_compile"]},
         "sample": {"prompts": t.n, "input_rows": t.input_rows, "skipped": t.skipped,
                    "mean_prompt_tokens": statistics.fmean(len(x) for x in t.ids)},
         "target_v": first_costs.v if first_costs else {},
