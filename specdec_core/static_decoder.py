@@ -85,6 +85,8 @@ def config_support(config) -> str | None:
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
     if isinstance(rope, dict) and "dynamic" in (rope.get("rope_type"), rope.get("type")):
         return "uses dynamic-NTK RoPE (it recomputes its frequencies from a length read on the host)"
+    if getattr(text, "alibi", False) is True or getattr(getattr(text, "attn_config", None), "alibi", False) is True:
+        return "builds ALiBi biases from a 2D attention mask (static caches pass a 4D one)"
     return None
 
 

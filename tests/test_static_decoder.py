@@ -306,7 +306,7 @@ def test_m2m100_positions_are_counted_as_generate_feeds_them():
 def test_models_whose_positions_wait_on_the_host_are_refused(models):
     """Dynamic-NTK RoPE recomputes its frequencies from a length read on the host inside a pass,
     which a capture cannot. (M2M100/NLLB's position table check is sidestepped: its positions are
-    looked up on the device, `StaticKV._table_post`.)"""
+    looked up on the device, `StaticKV._table_forward`.)"""
     from tests.family_models import family_model
 
     assert graph_support(family_model("m2m100", seed=1), batched=True) is None
