@@ -34,6 +34,7 @@ from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter
 from specdec_core.engine import FinishCheck, Generation, ItemStats, ItemTimeout, SpeculativeGenerator, setup_seconds
 from specdec_core.gamma import LOOKUP_DRAFT_COST, AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
+from specdec_core.self_check import rows_disagreement
 from specdec_core.slot_kv import SlotKV, slot_kv_for
 
 log = logging.getLogger(__name__)
@@ -141,11 +142,16 @@ class BatchSpeculativeGenerator:
         and torch_compile, those passes compiled: as the batch-1 engine's options of those names."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        pad = getattr(target.config.get_text_config(decoder=True), "pad_token_id", None)  # (multimodal: its text's)
+        self.pad_id = int(pad) if isinstance(pad, int) else 0
         for model in (target, drafter.model if isinstance(drafter, ModelDrafter) else None):
             why = model is not None and unbatchable(model.config)
             if why:
                 raise ValueError(f"batch_size > 1 needs attention layers (full or sliding-window); "
                                  f"{type(model).__name__} {why} (use batch_size 1)")
+            # A self-check of two rows against each row alone, for families no test has run.
+            if model is not None and (why := rows_disagreement(model, self.pad_id, slots=False)):
+                raise ValueError(f"batch_size > 1: {type(model).__name__} {why} (use batch_size 1)")
         # The batch-1 engine holds the settings, their validation, the cost measurement and the
         # per-row finish rule (`_truncate`), so both engines stop rows the same way.
         # It decodes nothing itself, so it holds no static cache ("off").
@@ -162,8 +168,6 @@ class BatchSpeculativeGenerator:
         self.shared_encoder = (self.encdec and self.draft_model is not None
                                and self.draft_model.get_encoder() is target.get_encoder())
         self._noted: set[tuple[str, int]] = set()
-        pad = getattr(target.config.get_text_config(decoder=True), "pad_token_id", None)  # (multimodal: its text's)
-        self.pad_id = int(pad) if isinstance(pad, int) else 0
         if prefill_tokens is None and target.device.type == "cpu":
             prefill_tokens = CPU_PREFILL_TOKENS
         self.prefill_tokens = prefill_tokens
@@ -185,7 +189,7 @@ class BatchSpeculativeGenerator:
                  ) -> _Row:
         device = self.target.device
         seq = initial_decoder_ids(self.target, prompt_ids)
-        procs = build_processors(self.sampling, self.target.generation_config, len(seq) + self.max_new_tokens, device)
+        procs = build_processors(self.sampling, self.target.generation_config, len(seq), self.max_new_tokens, device)
         row = _Row(index=index, seed=seed, prompt=list(prompt_ids), seq=seq, start=time.perf_counter(),
                    transform=LogitsTransform(procs),
                    generator=torch.Generator(device=device).manual_seed(seed),

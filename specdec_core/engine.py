@@ -22,6 +22,7 @@ from specdec_core.decoder import CachedDecoder, eos_ids, initial_decoder_ids, sy
 from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
 from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
+from specdec_core.self_check import verify_disagreement
 from specdec_core.static_decoder import StaticDecoder, static_decoder_for
 
 # An item's own end condition (e.g. stop strings, specdec_core/stopping.py): called with each
@@ -129,6 +130,9 @@ class SpeculativeGenerator:
         self.sampling = sampling
         self.gamma_policy = gamma_policy or fixed_gamma
         self.eos = eos_ids(target)
+        if not isinstance(self.drafter, NoDrafter) and (why := verify_disagreement(target)):
+            raise ValueError(f"{type(target).__name__} {why}: a draft's tokens cannot be verified in one pass "
+                             "(use the target alone: --drafter none)")
         self.static = static_decoder_for(target, cuda_graphs, torch_compile)
         # A draft running the target's own encoder module takes the target's encoder outputs.
         self.shared_encoder = (target.config.is_encoder_decoder and isinstance(self.drafter, ModelDrafter)
@@ -180,8 +184,8 @@ class SpeculativeGenerator:
         target, sampling = self.target, self.sampling
         device = target.device
         seq = initial_decoder_ids(target, prompt_ids)
-        max_len = len(seq) + self.max_new_tokens
-        transform = LogitsTransform(build_processors(sampling, target.generation_config, max_len, device))
+        transform = LogitsTransform(build_processors(sampling, target.generation_config, len(seq), self.max_new_tokens,
+                                                     device))
         generator = torch.Generator(device=device).manual_seed(seed)
         stats = ItemStats(prompt_tokens=len(prompt_ids))
 

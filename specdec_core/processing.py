@@ -16,6 +16,8 @@ from transformers.generation.logits_process import (
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
     LogitsProcessorList,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
     NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
@@ -49,15 +51,35 @@ class SamplingSettings:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
-def build_processors(
-    sampling: SamplingSettings, generation_config: GenerationConfig, max_length: int, device: torch.device
-) -> LogitsProcessorList:
-    """The processors `generate()` would apply for these settings (greedy or sampling, batch 1).
+# Generation-config fields `generate()` turns into processors that `build_processors` leaves out
+# (rare in released checkpoints); `unapplied` names them so that the log says so.
+_NOT_APPLIED = ("sequence_bias", "encoder_repetition_penalty", "encoder_no_repeat_ngram_size",
+                "exponential_decay_length_penalty", "begin_suppress_tokens", "guidance_scale")
 
-    `max_length` is the decoder length at which generation must stop (initial decoder
-    tokens + max_new_tokens), as in `generate()`.
+
+def unapplied(generation_config: GenerationConfig) -> list[str]:
+    """What in a model's generation config the engines do not do as its `generate()` would: beam
+    search (speculative decoding is greedy or sampled: the outputs are `generate(num_beams=1)`'s)
+    and the processors of `_NOT_APPLIED`, each as "field=value"."""
+    gc, default = generation_config, GenerationConfig()
+    out = [f"num_beams={gc.num_beams}"] if (gc.num_beams or 1) > 1 else []
+    return out + [f"{name}={getattr(gc, name)!r}" for name in _NOT_APPLIED
+                  if getattr(gc, name, None) not in (None, getattr(default, name))]
+
+
+def build_processors(
+    sampling: SamplingSettings, generation_config: GenerationConfig, start_length: int, max_new_tokens: int,
+    device: torch.device
+) -> LogitsProcessorList:
+    """The processors `generate()` would apply for these settings (greedy or sampling, batch 1),
+    in its order.
+
+    `start_length`: the decoder tokens a generation starts from (the prompt, or an
+    encoder-decoder's start token); generation stops at `start_length + max_new_tokens`, as
+    `generate(max_new_tokens=...)` sets its max_length.
     """
     gc = generation_config
+    max_length, eos = start_length + max_new_tokens, gc.eos_token_id
     procs = LogitsProcessorList()
     if gc.repetition_penalty is not None and gc.repetition_penalty != 1.0:
         procs.append(RepetitionPenaltyLogitsProcessor(gc.repetition_penalty))
@@ -65,6 +87,11 @@ def build_processors(
         procs.append(NoRepeatNGramLogitsProcessor(gc.no_repeat_ngram_size))
     if gc.bad_words_ids:  # Marian's configs forbid the pad token this way
         procs.append(NoBadWordsLogitsProcessor(gc.bad_words_ids, gc.eos_token_id))
+    # No end before a length (summarizers such as BART-large-CNN ship min_length=56).
+    if gc.min_length and eos is not None:
+        procs.append(MinLengthLogitsProcessor(gc.min_length, eos, device=device))
+    if gc.min_new_tokens and eos is not None:
+        procs.append(MinNewTokensLengthLogitsProcessor(start_length, gc.min_new_tokens, eos, device=device))
     if gc.forced_bos_token_id is not None:
         procs.append(ForcedBOSTokenLogitsProcessor(gc.forced_bos_token_id))
     if gc.forced_eos_token_id is not None:

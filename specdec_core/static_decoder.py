@@ -45,6 +45,7 @@ from specdec_core.decoder import (
 )
 from specdec_core.device_map import devices_of
 from specdec_core.placement import decoder_layers
+from specdec_core.self_check import static_disagreement
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +131,13 @@ def wants_static(model: PreTrainedModel, mode: str, batched: bool = False) -> bo
 
 
 def static_decoder_for(model: PreTrainedModel, mode: str = "auto", compile: bool = False) -> StaticDecoder | None:
-    """The batch-1 engines' static decoder for `--cuda_graphs` (`wants_static`) and
-    `--torch_compile`, or None."""
+    """The batch-1 engines' static decoder for `--cuda_graphs` (`wants_static`, then the
+    self-check `self_check.static_disagreement`) and `--torch_compile`, or None."""
+    if wants_static(model, mode) and (why := static_disagreement(model)):
+        if mode == "on":
+            raise ValueError(f"cuda_graphs on: {type(model).__name__} {why}")
+        log.warning("no static caches for %s: it %s; it runs eagerly", type(model).__name__, why)
+        mode = "off"
     if not wants_static(model, mode):
         if compile:
             log.info("--torch_compile: %s runs uncompiled (its passes run over no static cache)", type(model).__name__)
@@ -420,7 +426,9 @@ class StaticKV:
         if self.encdec:
             self.seen = self._starts(base)
             self.positions = positions  # read by relative biases in slots (`SlotKV._by_row`), and `_table_forward`
-            out = self.model(decoder_input_ids=ids, decoder_attention_mask=mask, attention_mask=self.enc_mask,
+            # (the encoder mask at the pass's own query count: some attention modules check its size)
+            out = self.model(decoder_input_ids=ids, decoder_attention_mask=mask,
+                             attention_mask=self.enc_mask.expand(-1, -1, w, -1),
                              encoder_outputs=BaseModelOutput(last_hidden_state=self.unused),
                              cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
         else:

@@ -36,7 +36,7 @@ from specdec_core.loading import (
     share_encoder,
 )
 from specdec_core.placement import DTYPE_BYTES, check_device_map, parameter_count
-from specdec_core.processing import SamplingSettings
+from specdec_core.processing import SamplingSettings, unapplied
 from specdec_core.static_decoder import GRAPH_MODES
 from specdec_core.stopping import StopStrings, check_stop_strings, cut_at_stop
 
@@ -314,6 +314,10 @@ class TextGenerator:
                             first_extra=beside)
         if spec.cpu_kernels == "prepacked":
             prepare_for_cpu(target)  # no-op off CPU or outside fp32
+        if ignored := unapplied(target.generation_config):
+            log.warning("%s: its generation config asks for %s, which speculative decoding does not do: outputs "
+                        "are those of generate() without them (greedy or sampled, one beam)", spec.target_model,
+                        ", ".join(ignored))
         tokenizer = load_tokenizer(spec.tokenizer or spec.target_model, trust_remote_code=trust)
         if spec.chat_template and not tokenizer.chat_template:
             raise ValueError(f"--chat_template: the tokenizer of {spec.tokenizer or spec.target_model} "

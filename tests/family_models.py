@@ -108,6 +108,38 @@ def _causal(family: str, window: int | None):
     raise ValueError(family)
 
 
+# More encoder-decoder layouts: long-document summarizers (LED, LongT5, PEGASUS-X, BigBird-
+# Pegasus), FSMT (WMT19 translation), dialogue and code models, and a mixture of experts.
+MORE_SEQ2SEQ = ("led", "longt5", "pegasus_x", "bigbird_pegasus", "fsmt", "blenderbot", "blenderbot_small", "plbart",
+                "mvp", "switch")
+
+
+def _more_seq2seq(family: str):
+    """(model class, config, generation-config fields) of a `MORE_SEQ2SEQ` family."""
+    import transformers
+
+    bartish = dict(vocab_size=V, d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=4,
+                   decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
+                   pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+    t5ish = dict(vocab_size=V, d_model=32, d_ff=64, d_kv=8, num_layers=2, num_decoder_layers=2, num_heads=4,
+                 pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    own = {"led": ("LED", {**bartish, "max_encoder_position_embeddings": 128, "max_decoder_position_embeddings": 128,
+                           "attention_window": [8]}),
+           "longt5": ("LongT5", {**t5ish, "encoder_attention_type": "transient-global"}),
+           "pegasus_x": ("PegasusX", {**bartish, "num_global_tokens": 4, "block_size": 8, "pad_token_id": 0,
+                                      "eos_token_id": 1, "decoder_start_token_id": 0}),
+           "bigbird_pegasus": ("BigBirdPegasus", {**bartish, "attention_type": "original_full"}),
+           "fsmt": ("FSMT", {**{k: v for k, v in bartish.items() if k != "vocab_size"}, "src_vocab_size": V,
+                             "tgt_vocab_size": V, "langs": ["en", "de"]}),
+           "blenderbot": ("Blenderbot", bartish), "blenderbot_small": ("BlenderbotSmall", bartish),
+           "plbart": ("PLBart", bartish), "mvp": ("Mvp", bartish),
+           "switch": ("SwitchTransformers", {**t5ish, "num_experts": 2, "expert_capacity": 64})}
+    name, kwargs = own[family]
+    config = getattr(transformers, f"{name}Config")(**kwargs)
+    cls = getattr(transformers, f"{name}ForConditionalGeneration")
+    return cls, config, {}
+
+
 def _full_attention(family: str, small: dict):
     """(model class, config, generation-config fields) of a `DECODER_FAMILIES` family: pad 0, BOS 1, EOS 2."""
     import transformers
@@ -127,7 +159,8 @@ def _full_attention(family: str, small: dict):
 
 def family_model(family: str, seed: int, window: int | None = WINDOW, **overrides) -> PreTrainedModel:
     """A random model of `family` (window: the sliding window; None or large = none reached)."""
-    cls, cfg, gen = _seq2seq(family) if family in SEQ2SEQ_FAMILIES else _causal(family, window)
+    cls, cfg, gen = (_seq2seq(family) if family in SEQ2SEQ_FAMILIES else _more_seq2seq(family)
+                     if family in MORE_SEQ2SEQ else _causal(family, window))
     for key, value in overrides.items():
         setattr(cfg, key, value)
     torch.manual_seed(seed)

@@ -217,7 +217,7 @@ N_NEW, SAMPLES = 3, 1500
 @torch.inference_mode()
 def exact(model, sampling, prompt):
     """P(continuation) for every N_NEW-token continuation of `prompt`, by full recomputation."""
-    transform = LogitsTransform(build_processors(sampling, model.generation_config, len(prompt) + N_NEW, "cpu"))
+    transform = LogitsTransform(build_processors(sampling, model.generation_config, len(prompt), N_NEW, "cpu"))
     probs = {}
     for cont in itertools.product(range(6), repeat=N_NEW):
         total = 1.0

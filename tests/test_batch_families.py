@@ -247,6 +247,8 @@ def test_the_encoder_and_cross_attention_run_once_per_prompt(pairs, prompts):
     reference = [hf_greedy(target, p, n) for p in prompts]
     for draft, encodes in ((own, 2 * len(prompts)), (shared, len(prompts))):
         counts = {"encoded": 0, "cross": 0}
+        engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3,
+                                           num_speculative_tokens=GAMMA, max_new_tokens=n)
 
         def count(key, counts=counts):
             def hook(module, args, output):
@@ -258,8 +260,6 @@ def test_the_encoder_and_cross_attention_run_once_per_prompt(pairs, prompts):
         if draft is own:
             handles.append(own.encoder.register_forward_hook(count("encoded")))
         try:
-            engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3,
-                                               num_speculative_tokens=GAMMA, max_new_tokens=n)
             out = engine.generate_many([(p, 0) for p in prompts])
         finally:
             for h in handles:
@@ -323,11 +323,11 @@ def test_prompts_encoded_in_several_passes_decode_as_alone(pairs, prompts, famil
     assert draft.get_encoder() is target.get_encoder()
     n = new_tokens(family)
     calls = []
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=GAMMA,
+                                       max_new_tokens=n, prefill_tokens=20)  # (its self-checks at load encode too)
     hook = target.get_encoder().register_forward_hook(lambda m, a, k, o: calls.append(k["input_ids"].shape),
                                                       with_kwargs=True)
     try:
-        engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=GAMMA,
-                                           max_new_tokens=n, prefill_tokens=20)
         out = engine.generate_many([(p, 0) for p in prompts])
     finally:
         hook.remove()

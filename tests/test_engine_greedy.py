@@ -75,6 +75,49 @@ def test_eos_inside_an_accepted_block_stops_there(kind, models, tokenizer):
         target.generation_config.eos_token_id = old
 
 
+@pytest.mark.parametrize("kind, field", [("gpt2", "min_new_tokens"), ("bart", "min_length")])
+def test_a_minimum_length_in_the_generation_config_holds_the_end_back(kind, field, models, tokenizer):
+    """A generation config's min_length (BART-large-CNN ships 56) or min_new_tokens keeps the end
+    token out until then, as `generate()` does: at batch 1 and batched, with every drafter."""
+    from specdec_core.batch_engine import BatchSpeculativeGenerator
+
+    target, draft = models[kind]
+    ids, ref, stop_at = next((ids, ref, i) for ids in (tokenizer(p).input_ids for p in PROMPTS)
+                             for ref in [reference(target, ids, 20)] for i in range(2, 12) if ref[i] not in ref[:i])
+    gc = target.generation_config
+    saved = gc.eos_token_id, getattr(gc, field)
+    gc.eos_token_id = ref[stop_at]  # greedy would end there ...
+    try:
+        assert reference(target, ids, 20) == ref[: stop_at + 1]
+        # ... but may not end before: a minimum of the decoder's tokens (min_length, the start
+        # token included) or of new tokens
+        setattr(gc, field, stop_at + 4 if field == "min_new_tokens" else stop_at + 5)
+        expected = reference(target, ids, 20)
+        assert len(expected) > stop_at + 1 and expected[: stop_at + 1] != ref[: stop_at + 1]
+        for drafter in drafters(target, draft).values():
+            out = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=20).generate(ids)
+            assert out.tokens == expected
+            engine = BatchSpeculativeGenerator(target, drafter, batch_size=2, num_speculative_tokens=4,
+                                               max_new_tokens=20)
+            assert [g.tokens for g in engine.generate_many([(ids, 0), (ids[:2], 0)])][0] == expected
+    finally:
+        gc.eos_token_id, _ = saved
+        setattr(gc, field, saved[1])
+
+
+def test_generation_config_settings_the_engines_do_not_apply_are_named():
+    """Beam search and the rarer processors a generation config can ask for are named (the job
+    logs them at load): the outputs are those of `generate()` without them."""
+    from transformers import GenerationConfig
+
+    from specdec_core.processing import unapplied
+
+    assert unapplied(GenerationConfig()) == []
+    assert unapplied(GenerationConfig(num_beams=4, no_repeat_ngram_size=3, min_length=56)) == ["num_beams=4"]
+    assert unapplied(GenerationConfig(encoder_no_repeat_ngram_size=3, sequence_bias={(5,): 1.0})) == [
+        "sequence_bias={(5,): 1.0}", "encoder_no_repeat_ngram_size=3"]
+
+
 def test_caches_hold_all_committed_tokens_but_the_last(models, tokenizer, monkeypatch):
     """After every round both caches are rolled back to exactly the committed length - 1."""
     from specdec_core import decoder as decoder_mod

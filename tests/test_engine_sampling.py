@@ -45,7 +45,7 @@ def exact_distribution(model, sampling: SamplingSettings) -> dict[tuple, float]:
     """P(continuation) for every continuation of N_NEW tokens, by full recomputation."""
     enc = model.config.is_encoder_decoder
     start = [0] if enc else PROMPT
-    transform = LogitsTransform(build_processors(sampling, model.generation_config, len(start) + N_NEW, "cpu"))
+    transform = LogitsTransform(build_processors(sampling, model.generation_config, len(start), N_NEW, "cpu"))
     probs = {}
     for cont in itertools.product(range(V), repeat=N_NEW):
         total = 1.0

@@ -55,20 +55,23 @@ def test_a_shared_encoder_runs_once_per_prompt_and_changes_no_output(kind, token
     drafts = {batch_size: same_encoder_draft(target) for batch_size in (1, 2)}  # before the target's hook
     calls = count_encoder_calls(target)
 
-    def run(draft, batch_size):
-        calls[0] = 0
+    def run(draft, batch_size, *counters):
         if batch_size == 1:
             gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=4, max_new_tokens=20)
+        else:
+            gen = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=batch_size,
+                                            num_speculative_tokens=4, max_new_tokens=20)
+        for counter in (calls, *counters):  # from here: the engines' self-checks at load encode too
+            counter[0] = 0
+        if batch_size == 1:
             outs = [gen.generate(ids).tokens for ids in prompts]
         else:
-            engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=batch_size,
-                                               num_speculative_tokens=4, max_new_tokens=20)
-            outs = [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])]
+            outs = [g.tokens for g in gen.generate_many([(ids, 0) for ids in prompts])]
         return outs, calls[0]
 
     for batch_size, own in drafts.items():
         draft_calls = count_encoder_calls(own)
-        outs, target_calls = run(own, batch_size)
+        outs, target_calls = run(own, batch_size, draft_calls)
         assert outs == alone and draft_calls[0] == target_calls  # unshared: the draft encodes every prompt too
         assert share_encoder(target, own)
         outs, shared_calls = run(own, batch_size)

@@ -452,10 +452,11 @@ def test_encoder_decoder_rows_enter_slots_one_by_one_through_graphs(family, fake
     def no_padded_cache(*args, **kwargs):
         raise AssertionError("a padded cache encoded rows")
 
+    # (built first: its self-checks at load run a padded batch of their own)
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=3,
+                                       max_new_tokens=10, cuda_graphs="on")
     with monkeypatch.context() as patch:
         patch.setattr(BatchKV, "encode", no_padded_cache)
-        engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=3,
-                                           max_new_tokens=10, cuda_graphs="on")
         tkv, dkv = (graphed(engine.slots[id(m)], True) for m in (target, draft))
         assert [o.tokens for o in engine.generate_many([(p, 0) for p in prompts])] == reference
     assert set(tkv._prefiller._graphs) == {(kind, w) for w in widths for kind in ("encode", "cross")}
@@ -666,6 +667,7 @@ def test_rows_admitted_one_by_one_prefill_through_graphs(models, prompts, kind, 
                         or prefill(self, tokens))
     engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=2,
                                        num_speculative_tokens=3, max_new_tokens=12, cuda_graphs="on")
+    padded.clear()  # (the engine's self-checks at load, on a model's first engine, run a padded batch)
     kvs = [graphed(kv, True) for kv in engine.slots.values()]
     for kv in kvs:
         kv.graph_prefills = graph_prefills

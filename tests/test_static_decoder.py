@@ -201,10 +201,10 @@ def test_a_draft_sharing_the_targets_encoder_takes_its_outputs(models, tokenizer
     draft.config.num_decoder_layers = 1
     assert share_encoder(target, draft)
     runs = []
+    gen = SpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="on"), num_speculative_tokens=3,
+                               max_new_tokens=12, cuda_graphs="on")  # (its self-checks at load encode too)
     hook = target.get_encoder().register_forward_hook(lambda *a: runs.append(1))
     try:
-        gen = SpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="on"), num_speculative_tokens=3,
-                                   max_new_tokens=12, cuda_graphs="on")
         ids = tokenizer(PROMPTS[2]).input_ids
         out = gen.generate(ids)
     finally:

@@ -88,6 +88,23 @@ def test_draft_dir_without_tokenizer_uses_the_targets(saved_pairs, tmp_path):
     assert gen.generate("Hello")["new_tokens"] == 4
 
 
+def test_beam_search_in_a_generation_config_is_said_at_load(saved_pairs, tmp_path, caplog):
+    """A checkpoint whose generation config asks for beam search (translation and summarization
+    models often do): the job decodes greedily (or samples) and the log says so, once, at load."""
+    import json
+    import logging
+
+    target_dir, draft_dir = saved_pairs["bart"]
+    beams = tmp_path / "beams"
+    shutil.copytree(target_dir, beams)
+    config = json.loads((beams / "generation_config.json").read_text())
+    (beams / "generation_config.json").write_text(json.dumps({**config, "num_beams": 4, "min_length": 3}))
+    with caplog.at_level(logging.WARNING, logger="specdec_core"):
+        TextGenerator.load(GeneratorSpec(str(beams), str(draft_dir), max_new_tokens=6))
+    said = [r.getMessage() for r in caplog.records if "num_beams=4" in r.getMessage()]
+    assert len(said) == 1 and "min_length" not in said[0] and "one beam" in said[0], said  # min_length is applied
+
+
 def test_spec_validation():
     with pytest.raises(ValueError, match="needs --draft_model"):
         GeneratorSpec("t", drafter="model")

@@ -1,0 +1,156 @@
+"""Self-checks of a model before any item: a few passes over a short prompt, run the way the
+engines would run it, against the model's own growing cache fed as `generate()` feeds it.
+
+The engines rest on contracts that most Hugging Face models keep and a few do not: a pass of
+several tokens gives the logits of those tokens fed one at a time (what verifying drafts needs),
+an explicit 4D mask is obeyed on every pass (static caches), each row's positions can be passed
+per row (batches). Tests cover the families they run; these checks cover the ones a user brings:
+a model that breaks a contract is refused with the reason, or run the way that keeps it exact,
+instead of changing outputs. Each check runs once per model object and process.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec_core.decoder import CachedDecoder, initial_decoder_ids
+
+_DONE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _once(model: PreTrainedModel, key: tuple, check) -> str | None:
+    """`check()`'s answer for this model, computed on first use."""
+    done = _DONE.setdefault(model, {})
+    if key not in done:
+        done[key] = check()
+    return done[key]
+
+
+def probe_ids(model: PreTrainedModel, n: int, offset: int = 0) -> list[int]:
+    """n ordinary token ids of the model's vocabulary (none of its special ids)."""
+    config = model.config.get_text_config(decoder=True)
+    special = {getattr(config, f"{k}_token_id", None) for k in ("pad", "bos", "eos", "decoder_start")}
+    head = model.get_output_embeddings()
+    vocab = head.weight.shape[0] if head is not None else config.vocab_size
+    ids = [i for i in range(vocab // 3 + offset, vocab) if i not in special]
+    return [ids[(7 * j) % len(ids)] for j in range(n)]
+
+
+def logits_differ(got: torch.Tensor, want: torch.Tensor) -> str | None:
+    """How a check's logits part beyond rounding, or None: more than 1e-3 of the largest in
+    float32; in 16-bit types, whose kernels round far more coarsely, 10% (a guard against a broken
+    contract, a mask or a position a model ignores, which moves them by more; the float32 tests
+    are the proof, and a false alarm would only cost speed)."""
+    rel = 1e-3 if want.dtype == torch.float32 and got.dtype == torch.float32 else 0.1
+    gap = float((got.float() - want.float()).abs().max()) if got.shape == want.shape else float("inf")
+    top = float(want.float().abs().max())
+    return None if gap <= rel * max(top, 1e-6) else f"by {gap:.3g} (largest logit {top:.3g})"
+
+
+def probe_passes(decoder, seq: list[int], extra: list[int]) -> list[torch.Tensor]:
+    """The checks' passes over a decoder with `CachedDecoder`'s interface (its cache holding
+    nothing yet): seq then 3 drafts, the third rejected (rolled back) and re-fed alone, then two more."""
+    n = len(seq)
+    out = [decoder.forward(seq + extra[:3], 4)]
+    decoder.rollback(n + 2)
+    out.append(decoder.forward(seq + extra[:3], 1))
+    out.append(decoder.forward(seq + extra[:5], 2))
+    return out
+
+
+def _one_at_a_time(model: PreTrainedModel, prompt: list[int], seq: list[int], extra: list[int]) -> list[torch.Tensor]:
+    """`probe_passes`' logits from a growing cache fed one token at a time."""
+    decoder, full = CachedDecoder(model, prompt), seq + extra[:5]
+    if len(seq) > 1:
+        decoder.forward(seq[:-1], 0)
+    each = torch.cat([decoder.forward(full[: i + 1], 1) for i in range(len(seq) - 1, len(full))])
+    return [each[:4], each[3:4], each[4:6]]
+
+
+def _compare(got: list[torch.Tensor], want: list[torch.Tensor], what: str) -> str | None:
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        if why := logits_differ(g, w):
+            return f"gives other logits {what} (pass {i + 1} of {len(want)}, {why})"
+    return None
+
+
+def verify_disagreement(model: PreTrainedModel) -> str | None:
+    """Why this model's passes of several tokens do not give the logits of those tokens fed one
+    at a time, which verifying drafts in one pass needs (FSMT's decoder does not), or None."""
+    def check() -> str | None:
+        prompt = probe_ids(model, 9)
+        seq, extra = initial_decoder_ids(model, prompt), probe_ids(model, 6, offset=1)
+        with torch.inference_mode():
+            got = probe_passes(CachedDecoder(model, prompt), seq, extra)
+            want = _one_at_a_time(model, prompt, seq, extra)
+        return _compare(got, want, "over several tokens in one pass than one token at a time")
+    return _once(model, ("verify",), check)
+
+
+def static_disagreement(model: PreTrainedModel) -> str | None:
+    """Why this model's passes over a static cache (`StaticDecoder`, run eagerly) would not give
+    its own logits, or None. A model that ignores the explicit mask of a 1-token pass (LED's
+    decoder) or fails over the buffers is caught here."""
+    from specdec_core.static_decoder import StaticDecoder
+
+    def check() -> str | None:
+        prompt = probe_ids(model, 9)
+        seq, extra = initial_decoder_ids(model, prompt), probe_ids(model, 6, offset=1)
+        try:
+            with torch.inference_mode():
+                want = probe_passes(CachedDecoder(model, prompt), seq, extra)
+                static = StaticDecoder(model, graphs=False)
+                static.acquire()
+                static.encode(prompt)
+                got = probe_passes(static, seq, extra)
+        except Exception as e:  # a model whose passes fail over the buffers
+            return f"fails over static caches ({type(e).__name__}: {str(e)[:120]})"
+        return _compare(got, want, "over static caches than over its own cache")
+    return _once(model, ("static",), check)
+
+
+def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = True) -> str | None:
+    """Why rows decoded together would not get each row's own logits, or None: in fixed slots
+    (`slots`; after `static_disagreement`, the one-row static decoder that prefills rows on a GPU)
+    or in an eager padded batch (`BatchKV`). Two rows of different lengths, each at its own
+    positions (a position embedding that cannot take them per row fails here), a draft rejected
+    in one, against each row's own growing cache."""
+    from specdec_core.batch_kv import BatchKV
+    from specdec_core.slot_kv import SlotKV
+
+    def check() -> str | None:
+        if slots and (why := static_disagreement(model)):
+            return why
+        where = "in slots" if slots else "in a padded batch"
+        prompts = [probe_ids(model, 9), probe_ids(model, 5, offset=2)]
+        seqs = [initial_decoder_ids(model, p) for p in prompts]
+        e = probe_ids(model, 6, offset=1)
+        try:
+            with torch.inference_mode():
+                want = [probe_passes(CachedDecoder(model, prompts[0]), seqs[0], e)]
+                alone = CachedDecoder(model, prompts[1])
+                want.append([alone.forward(seqs[1] + e[:n], k) for n, k in ((1, 2), (2, 1), (4, 2))])
+                kv = fresh = BatchKV(model, 2, pad_id)
+                if fresh.encdec:  # (the batch engine's admission without graphs)
+                    fresh.encode(prompts)
+                else:
+                    fresh.forward([s[:-1] for s in seqs], logits=False)
+                if slots:
+                    kv = SlotKV(model, 2, pad_id, graphs=False)
+                    kv.acquire()
+                    kv.merge(fresh)
+                got: list[list[torch.Tensor]] = [[], []]
+                # the second pass feeds one token per row, over the hole the rejection left
+                for feeds in ([[seqs[0][-1], *e[:3]], [seqs[1][-1], e[0]]], [[e[2]], [e[1]]], [e[3:5], e[2:4]]):
+                    for row, logits in zip(got, kv.forward(feeds), strict=True):
+                        row.append(logits)
+                    if len(got[0]) == 1:
+                        kv.rollback(0, len(seqs[0]) + 2)  # row 0's third draft rejected
+        except Exception as ex:  # a model whose passes fail there
+            return f"fails {where} ({type(ex).__name__}: {str(ex)[:120]})"
+        return _compare(got[0], want[0], f"{where} (row 1) than over its own cache") or \
+            _compare(got[1], want[1], f"{where} (row 2) than over its own cache")
+    return _once(model, ("rows", pad_id, slots), check)

@@ -1,0 +1,146 @@
+"""Families beyond the ones the engine tests run: decoder-only layouts with their own position
+schemes (RoPE variants, learned positions with an offset, ALiBi built from the mask), and
+encoder-decoder ones (long-document summarizers, FSMT, dialogue and code models, a mixture of
+experts). Greedy output equals `generate()` (one beam) at batch 1 and batched, eagerly and over
+static caches (the passes CUDA graphs replay on a GPU, here run eagerly), wherever the engines
+take the model; where they do not, the config checks or the self-checks (a few passes against
+the model's own cache, before any item) refuse it with the reason, and `--cuda_graphs auto` runs
+it eagerly (or `--batch_size 1` is asked for)."""
+
+import pytest
+import torch
+
+from specdec_core.batch_engine import BatchSpeculativeGenerator
+from specdec_core.drafters import ModelDrafter, NoDrafter
+from specdec_core.engine import SpeculativeGenerator
+from specdec_core.processing import SamplingSettings
+from specdec_core.slot_kv import slot_kv_for
+from specdec_core.static_decoder import static_decoder_for
+from tests.family_models import DECODER_FAMILIES, MORE_SEQ2SEQ, V, family_model
+from tests.tiny_models import perturbed_copy
+
+FAMILIES = DECODER_FAMILIES + MORE_SEQ2SEQ
+# What refuses each family that is not taken everywhere, and why: (drafts verified in one pass,
+# static caches at batch 1, static caches in slots, eager padded batches); None = taken (and exact).
+REFUSED = {
+    "bloom": (None, "takes no position_ids", "takes no position_ids", None),
+    "falcon-alibi": (None, "ALiBi", "ALiBi", None),
+    # its decoder ignores the mask of a 1-token pass (attends to every buffer column, or hole)
+    "led": (None, "other logits over static caches", "takes no position ids", "other logits in a padded batch"),
+    # its decoder's passes of several tokens are not those tokens one at a time: only the target alone
+    "fsmt": ("over several tokens in one pass", "fails over static caches", "takes no position ids",
+             "other logits in a padded batch"),
+    # position embeddings that compute one position set for the whole batch
+    "pegasus_x": (None, None, "fails in slots", None),
+    "mvp": (None, None, "fails in slots", None),
+    # its model reads router outputs from the encoder outputs the engines pass
+    "switch": (None, "fails over static caches", "fails over static caches", "fails in a padded batch"),
+}
+NONE = (None, None, None, None)
+
+
+def _pair_and_prompts(family: str):
+    target = family_model(family, seed=1, window=None)
+    draft = perturbed_copy(target, 0.1, seed=2)
+    draft.generation_config = target.generation_config
+    gen = torch.Generator().manual_seed(0)
+    return target, draft, [torch.randint(3, V, (n,), generator=gen).tolist() for n in (5, 9, 3, 12, 7)]
+
+
+def _modes(family: str) -> tuple[str, str | None]:
+    """--cuda_graphs for the batch-1 and the batched engine (None: no batching)."""
+    _, b1, slots, eager = REFUSED.get(family, NONE)
+    return ("off" if b1 else "on"), (None if eager else "off" if slots or b1 else "on")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_refusals_name_the_reason(family):
+    target, draft, _ = _pair_and_prompts(family)
+    verify, b1, slots, eager = REFUSED.get(family, NONE)
+    for expected, make in ((verify, lambda: SpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="off"),
+                                                                 cuda_graphs="off")),
+                           (b1, lambda: static_decoder_for(target, "on")),
+                           (slots, lambda: slot_kv_for(target, "on", 3)),
+                           (eager, lambda: BatchSpeculativeGenerator(target, None, batch_size=2, cuda_graphs="off"))):
+        if expected is None:
+            assert make() is not None
+        else:
+            with pytest.raises(ValueError, match=expected):
+                make()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_equals_generate_at_batch_one_and_batched(family):
+    target, draft, prompts = _pair_and_prompts(family)
+    skip = 1 if target.config.is_encoder_decoder else None
+    with torch.inference_mode():
+        refs = [target.generate(torch.tensor([p]), do_sample=False, num_beams=1, max_new_tokens=16
+                                )[0, skip or len(p):].tolist() for p in prompts]
+    single_mode, batched_mode = _modes(family)
+    verified = REFUSED.get(family, NONE)[0] is None
+    for mode in {"off", single_mode}:
+        drafter = ModelDrafter(draft, cuda_graphs=mode) if verified else NoDrafter()
+        single = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=16, cuda_graphs=mode)
+        assert (single.static is not None) == (mode == "on")
+        outs = [single.generate(p) for p in prompts]
+        assert [o.tokens for o in outs] == refs, (family, mode, "batch 1")
+        # the draft's tokens really went through verify
+        assert sum(o.stats.accepted_tokens for o in outs) > 0 or not verified
+    for mode in {"off", batched_mode} - {None} if batched_mode else ():
+        engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs=mode), batch_size=3,
+                                           num_speculative_tokens=3, max_new_tokens=16, cuda_graphs=mode)
+        assert (engine.slots[id(target)] is not None) == (mode == "on")
+        assert [g.tokens for g in engine.generate_many([(p, 0) for p in prompts])] == refs, (family, mode, "batched")
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if _modes(f)[1]])
+def test_sampled_rows_equal_the_batch_one_sample_of_their_seed(family):
+    """Sampled: each batched row is the batch-1 sample of its seed (the batch-1 engine's own
+    distribution is tested statistically elsewhere), eagerly and over static caches where taken."""
+    target, draft, prompts = _pair_and_prompts(family)
+    sampling = SamplingSettings(temperature=1.0, top_k=20)
+    items = [(p, 50 + i) for i, p in enumerate(prompts)]
+    single_mode, batched_mode = _modes(family)
+    single = SpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs=single_mode), num_speculative_tokens=3,
+                                  max_new_tokens=12, sampling=sampling, cuda_graphs=single_mode)
+    alone = [single.generate(p, seed).tokens for p, seed in items]
+    assert len({tuple(a) for a in alone}) > 1
+    for mode in {"off", batched_mode}:
+        engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs=mode), batch_size=3,
+                                           num_speculative_tokens=3, max_new_tokens=12, sampling=sampling,
+                                           cuda_graphs=mode)
+        assert [g.tokens for g in engine.generate_many(items)] == alone, (family, mode)
+
+
+def test_on_a_gpu_auto_runs_what_the_self_checks_refuse_eagerly(monkeypatch, caplog):
+    """With `--cuda_graphs auto` on a GPU (here a CPU said to be one), a model that the self-checks
+    refuse decodes eagerly, and the log says why: LED at batch 1, PEGASUS-X in slots."""
+    import logging
+
+    from specdec_core import slot_kv, static_decoder
+
+    def on_a_gpu(model, mode, batched=False):
+        return mode != "off" and static_decoder.graph_support(model, batched) is None
+
+    monkeypatch.setattr(static_decoder, "wants_static", on_a_gpu)
+    monkeypatch.setattr(slot_kv, "wants_static", on_a_gpu)
+    led, pegasus_x = family_model("led", seed=1), family_model("pegasus_x", seed=1)
+    with caplog.at_level(logging.WARNING, logger="specdec_core"):
+        assert static_decoder_for(led, "auto") is None
+        assert static_decoder_for(pegasus_x, "auto") is not None
+        assert slot_kv_for(pegasus_x, "auto", 3) is None
+    said = [r.getMessage() for r in caplog.records]
+    assert any("no static caches for LEDForConditionalGeneration: it gives other logits" in m for m in said), said
+    assert any("no static caches for PegasusXForConditionalGeneration batches: it fails in slots" in m
+               for m in said), said
+
+
+def test_the_self_checks_tolerate_rounding_not_a_broken_contract():
+    """1e-3 of the largest logit in float32, 10% in 16-bit types."""
+    from specdec_core.self_check import logits_differ
+
+    want = torch.tensor([[4.0, -2.0, 1.0]])
+    assert logits_differ(want + 3e-3, want) is None and logits_differ(want + 5e-3, want) is not None
+    half = want.to(torch.bfloat16)
+    assert logits_differ(half + 0.3, half) is None and logits_differ(half + 0.5, half) is not None
+    assert logits_differ(want[:, :2], want) is not None  # another shape: never the same logits
