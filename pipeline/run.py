@@ -15,6 +15,7 @@ from pipeline.logs import setup_logging
 from pipeline.options import SpecDecOptions
 from pipeline.preflight import JobConfigError, is_dry_run, preflight
 from pipeline.provenance import placement_record, run_record, with_provenance
+from specdec_core.loading import ModelRefused
 from transforms.durable import CommitChunks, CommitRows, output_files
 from transforms.generate import GenerateRows
 from transforms.ids import SelectRows
@@ -82,9 +83,14 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
     logging.info("placement on each worker: %s", placement_record(opts))
     p = beam.Pipeline(options=opts)
     build_pipeline(p, opts, schema)
-    result = p.run()
+    try:
+        result = p.run()
+        if wait:
+            result.wait_until_finish()
+    except ModelRefused as e:  # a worker's load refused the pair: no row was decoded
+        print(f"error: {str(e).split(' [while running')[0]}", file=sys.stderr)
+        return 2
     if wait:
-        result.wait_until_finish()
         logging.info("done: results in %s-*-of-*.parquet, failed rows in %s-failed-*-of-*.parquet",
                      opts.output, opts.output)
     return 0

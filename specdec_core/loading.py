@@ -23,7 +23,12 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class IncompatiblePairError(ValueError):
+class ModelRefused(ValueError):
+    """The pair cannot run as the job asks, found when a worker loads it (a pair check, a model's
+    self-check, a tokenizer without a chat template): the job stops, saying why in one line."""
+
+
+class IncompatiblePairError(ModelRefused):
     """The draft cannot draft for the target (a different kind of model, or an output layer too small)."""
 
 

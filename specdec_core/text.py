@@ -25,6 +25,7 @@ from specdec_core.engine import Generation, ItemTimeout, SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma, GammaPolicy
 from specdec_core.loading import (
     SAME_TOKENIZER,
+    ModelRefused,
     check_pair,
     context_limit,
     describe_mode,
@@ -301,6 +302,16 @@ class TextGenerator:
 
     @classmethod
     def load(cls, spec: GeneratorSpec, gamma_policy: GammaPolicy | None = None) -> TextGenerator:
+        """The pair of `spec`, loaded and checked; `ModelRefused` says why it cannot run."""
+        try:
+            return cls._load(spec, gamma_policy)
+        except ModelRefused:
+            raise
+        except ValueError as e:
+            raise ModelRefused(str(e)) from e
+
+    @classmethod
+    def _load(cls, spec: GeneratorSpec, gamma_policy: GammaPolicy | None) -> TextGenerator:
         device = resolve_device(spec.devices[0] if spec.devices else spec.device)
         dtype = resolve_dtype(spec.dtype, device)
         trust = spec.trust_remote_code

@@ -1,5 +1,5 @@
 """End-to-end jobs with --batch_size > 1 on an encoder-decoder pair (the Beam job on the
-in-process runner), and the one refusal left: layers that are not attention."""
+in-process runner), and the refusals: layers that are not attention, a model its self-check refuses."""
 
 import json
 import shutil
@@ -41,3 +41,25 @@ def test_batching_a_model_with_other_layers_stops_before_any_work(tmp_path, save
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "chunked_attention" in err and "\n" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_its_self_check_refuses_stops_the_job_in_one_line(tmp_path, capsys):
+    """A model whose rows in a padded batch would not get their own logits (LED's decoder ignores
+    the mask of a 1-token pass) is refused when the worker loads it: no row is decoded, and the
+    job ends with one line that says why (exit 2), after Beam's own log of the error."""
+    from tests.family_models import family_model
+    from tests.tiny_models import build_tokenizer
+
+    tok = build_tokenizer()
+    led = family_model("led", seed=1, vocab_size=len(tok), decoder_start_token_id=tok.eos_token_id,
+                       eos_token_id=tok.eos_token_id)
+    led.generation_config.decoder_start_token_id = led.generation_config.eos_token_id = tok.eos_token_id
+    led.save_pretrained(tmp_path / "led")
+    tok.save_pretrained(tmp_path / "led")
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": "hi"}, {"id": "2", "prompt": "the fox"}])
+    capsys.readouterr()
+    assert main(["--input", src, "--output", str(tmp_path / "out/gens"), "--target_model", str(tmp_path / "led"),
+                 "--drafter", "none", "--batch_size", "2", "--max_new_tokens", "4"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: batch_size > 1: LEDForConditionalGeneration gives other logits in a padded batch")
+    assert "while running" not in last and not list((tmp_path / "out").glob("gens-0*.parquet"))
