@@ -83,6 +83,12 @@ def unbatchable(config) -> str | None:
     return f"has {', '.join(other)} layers" if other else None
 
 
+def batch_refusal(model: PreTrainedModel, pad_id: int = 0) -> str | None:
+    """Why a model cannot decode in padded batches, or None: its layers (`unbatchable`), or its
+    self-check (`self_check.rows_disagreement`: rows that would not get their own logits)."""
+    return unbatchable(model.config) or rows_disagreement(model, pad_id, slots=False)
+
+
 def window_note(model: PreTrainedModel, longest: int) -> str | None:
     """A log line on a sliding-window model: whether rows of at most `longest` decoder tokens
     (prompt + new tokens + drafts) can reach its window; None for a model without one."""
@@ -145,12 +151,7 @@ class BatchSpeculativeGenerator:
         pad = getattr(target.config.get_text_config(decoder=True), "pad_token_id", None)  # (multimodal: its text's)
         self.pad_id = int(pad) if isinstance(pad, int) else 0
         for model in (target, drafter.model if isinstance(drafter, ModelDrafter) else None):
-            why = model is not None and unbatchable(model.config)
-            if why:
-                raise ValueError(f"batch_size > 1 needs attention layers (full or sliding-window); "
-                                 f"{type(model).__name__} {why} (use batch_size 1)")
-            # A self-check of two rows against each row alone, for families no test has run.
-            if model is not None and (why := rows_disagreement(model, self.pad_id, slots=False)):
+            if model is not None and (why := batch_refusal(model, self.pad_id)):
                 raise ValueError(f"batch_size > 1: {type(model).__name__} {why} (use batch_size 1)")
         # The batch-1 engine holds the settings, their validation, the cost measurement and the
         # per-row finish rule (`_truncate`), so both engines stop rows the same way.

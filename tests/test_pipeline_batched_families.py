@@ -47,15 +47,9 @@ def test_a_model_its_self_check_refuses_stops_the_job_in_one_line(tmp_path, caps
     """A model whose rows in a padded batch would not get their own logits (LED's decoder ignores
     the mask of a 1-token pass) is refused when the worker loads it: no row is decoded, and the
     job ends with one line that says why (exit 2), after Beam's own log of the error."""
-    from tests.family_models import family_model
-    from tests.tiny_models import build_tokenizer
+    from tests.family_models import save_family
 
-    tok = build_tokenizer()
-    led = family_model("led", seed=1, vocab_size=len(tok), decoder_start_token_id=tok.eos_token_id,
-                       eos_token_id=tok.eos_token_id)
-    led.generation_config.decoder_start_token_id = led.generation_config.eos_token_id = tok.eos_token_id
-    led.save_pretrained(tmp_path / "led")
-    tok.save_pretrained(tmp_path / "led")
+    save_family("led", tmp_path / "led")
     src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": "hi"}, {"id": "2", "prompt": "the fox"}])
     capsys.readouterr()
     assert main(["--input", src, "--output", str(tmp_path / "out/gens"), "--target_model", str(tmp_path / "led"),

@@ -31,14 +31,15 @@ from pipeline.flags import ArgumentParser, FlagError, check_pipeline_flags
 from pipeline.logs import setup_logging
 from pipeline.tune.model import Candidate, SampleRun, best_setting, fit_overhead, pick_to_verify, relative_error
 from pipeline.tune.report import format_report
-from specdec_core.batch_engine import BatchSpeculativeGenerator, unbatchable
+from specdec_core.batch_engine import BatchSpeculativeGenerator, batch_refusal
 from specdec_core.cpu_speed import DRAFT_DTYPES
 from specdec_core.cross_tokenizer import CrossTokenizerDrafter
 from specdec_core.drafters import Drafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator, setup_seconds
 from specdec_core.gamma import AdaptiveGamma, Costs, GammaPolicy
-from specdec_core.loading import resolve_device, resolve_dtype
+from specdec_core.loading import ModelRefused, resolve_device, resolve_dtype
 from specdec_core.processing import SamplingSettings
+from specdec_core.self_check import verify_disagreement
 from specdec_core.static_decoder import GRAPH_MODES
 from specdec_core.text import CPU_KERNELS, GeneratorSpec, PromptError, TextGenerator, compiles, load_model_drafter
 
@@ -369,7 +370,10 @@ def load(args) -> tuple[TextGenerator, dict[str, Drafter], list[Candidate]]:
                          chat_template=args.chat_template, system_prompt=args.system_prompt,
                          trust_remote_code=args.trust_remote_code, cuda_graphs=args.cuda_graphs,
                          torch_compile=args.torch_compile)
-    text = TextGenerator.load(spec)
+    try:
+        text = TextGenerator.load(spec)
+    except ModelRefused as e:
+        raise TuneError(f"--target_model {args.target_model!r}: {e}") from e
     target = text.engine.target
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
@@ -401,6 +405,9 @@ class Tuner:
             torch.set_num_threads(args.threads)
         self.text, self.drafters, self.candidates = load(args)
         self.target = self.text.engine.target
+        if self.drafters and (why := verify_disagreement(self.target)):
+            raise TuneError(f"--target_model {args.target_model}: {type(self.target).__name__} {why}: drafts cannot be "
+                            "verified in one pass (pipeline.run --drafter none runs it alone)")
         self.engine = engine_options(args, self.target.device)
         self.sampling = SamplingSettings(args.temperature, args.top_k, args.top_p)
         self.ids, self.input_rows, self.skipped = read_sample(args.input, args.prompt_column, args.sample,
@@ -410,7 +417,9 @@ class Tuner:
         self.per_run = self.n * args.max_new_tokens
         self.g0 = min(4, args.max_gamma)
         self.batches = [b for b in args.batch_sizes if 1 < b <= self.n]
-        why = unbatchable(self.target.config)
+        pad = getattr(self.target.config.get_text_config(decoder=True), "pad_token_id", None)
+        self.pad_id = pad if isinstance(pad, int) else 0
+        why = batch_refusal(self.target, self.pad_id)
         self.why_no_batch = f"the target {why}: pipeline.run decodes it at --batch_size 1 only" if why else None
         if why:
             self.batches = []
@@ -500,8 +509,8 @@ class Tuner:
             drafter = self.drafters[chosen.candidate.name]
             if isinstance(drafter, CrossTokenizerDrafter):
                 why = "has another tokenizer: cross-tokenizer drafting runs at --batch_size 1 only"
-            elif why := unbatchable(drafter.model.config):
-                why += ": batching needs attention layers (full or sliding-window)"
+            elif why := batch_refusal(drafter.model, self.pad_id):
+                why += ": pipeline.run decodes it at --batch_size 1 only"
             if why and self.batches:
                 self.why_no_batch = f"the draft {why}"
                 self.batches = []
