@@ -39,12 +39,12 @@ def probe_ids(model: PreTrainedModel, n: int, offset: int = 0) -> list[int]:
     return [ids[(7 * j) % len(ids)] for j in range(n)]
 
 
-def logits_differ(got: torch.Tensor, want: torch.Tensor) -> str | None:
-    """How a check's logits part beyond rounding, or None: more than 1e-3 of the largest in
-    float32; in 16-bit types, whose kernels round far more coarsely, 10% (a guard against a broken
-    contract, a mask or a position a model ignores, which moves them by more; the float32 tests
-    are the proof, and a false alarm would only cost speed)."""
-    rel = 1e-3 if want.dtype == torch.float32 and got.dtype == torch.float32 else 0.1
+def logits_differ(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype = torch.float32) -> str | None:
+    """How a check's logits part beyond rounding, or None, for a model computing in `dtype`:
+    more than 1e-3 of the largest in float32; in 16-bit types, whose kernels round far more
+    coarsely, 10% (a guard against a broken contract, a mask or a position a model ignores, which
+    moves them by more; the float32 tests are the proof, and a false alarm would only cost speed)."""
+    rel = 1e-3 if dtype == torch.float32 and got.dtype == want.dtype == torch.float32 else 0.1
     gap = float((got.float() - want.float()).abs().max()) if got.shape == want.shape else float("inf")
     top = float(want.float().abs().max())
     return None if gap <= rel * max(top, 1e-6) else f"by {gap:.3g} (largest logit {top:.3g})"
@@ -70,9 +70,9 @@ def _one_at_a_time(model: PreTrainedModel, prompt: list[int], seq: list[int], ex
     return [each[:4], each[3:4], each[4:6]]
 
 
-def _compare(got: list[torch.Tensor], want: list[torch.Tensor], what: str) -> str | None:
+def _compare(got: list[torch.Tensor], want: list[torch.Tensor], what: str, dtype: torch.dtype) -> str | None:
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        if why := logits_differ(g, w):
+        if why := logits_differ(g, w, dtype):
             return f"gives other logits {what} (pass {i + 1} of {len(want)}, {why})"
     return None
 
@@ -86,7 +86,7 @@ def verify_disagreement(model: PreTrainedModel) -> str | None:
         with torch.inference_mode():
             got = probe_passes(CachedDecoder(model, prompt), seq, extra)
             want = _one_at_a_time(model, prompt, seq, extra)
-        return _compare(got, want, "over several tokens in one pass than one token at a time")
+        return _compare(got, want, "over several tokens in one pass than one token at a time", model.dtype)
     return _once(model, ("verify",), check)
 
 
@@ -108,7 +108,7 @@ def static_disagreement(model: PreTrainedModel) -> str | None:
                 got = probe_passes(static, seq, extra)
         except Exception as e:  # a model whose passes fail over the buffers
             return f"fails over static caches ({type(e).__name__}: {str(e)[:120]})"
-        return _compare(got, want, "over static caches than over its own cache")
+        return _compare(got, want, "over static caches than over its own cache", model.dtype)
     return _once(model, ("static",), check)
 
 
@@ -116,8 +116,9 @@ def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = Tru
     """Why rows decoded together would not get each row's own logits, or None: in fixed slots
     (`slots`; after `static_disagreement`, the one-row static decoder that prefills rows on a GPU)
     or in an eager padded batch (`BatchKV`). Two rows of different lengths, each at its own
-    positions (a position embedding that cannot take them per row fails here), a draft rejected
-    in one, against each row's own growing cache."""
+    positions (a position embedding that cannot take them per row fails here), four drafts
+    rejected in one (holes that a pass of one token per row must not see), against each row's own
+    growing cache."""
     from specdec_core.batch_kv import BatchKV
     from specdec_core.slot_kv import SlotKV
 
@@ -130,7 +131,10 @@ def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = Tru
         e = probe_ids(model, 6, offset=1)
         try:
             with torch.inference_mode():
-                want = [probe_passes(CachedDecoder(model, prompts[0]), seqs[0], e)]
+                first = CachedDecoder(model, prompts[0])
+                want = [[first.forward(seqs[0] + e[:5], 6)]]
+                first.rollback(len(seqs[0]) + 1)
+                want[0] += [first.forward(seqs[0] + e[:n], k) for n, k in ((2, 1), (4, 2))]
                 alone = CachedDecoder(model, prompts[1])
                 want.append([alone.forward(seqs[1] + e[:n], k) for n, k in ((1, 2), (2, 1), (4, 2))])
                 kv = fresh = BatchKV(model, 2, pad_id)
@@ -143,14 +147,14 @@ def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = Tru
                     kv.acquire()
                     kv.merge(fresh)
                 got: list[list[torch.Tensor]] = [[], []]
-                # the second pass feeds one token per row, over the hole the rejection left
-                for feeds in ([[seqs[0][-1], *e[:3]], [seqs[1][-1], e[0]]], [[e[2]], [e[1]]], [e[3:5], e[2:4]]):
+                # row 0's last 4 drafts rejected; the second pass feeds one token per row, over the holes
+                for feeds in ([[seqs[0][-1], *e[:5]], [seqs[1][-1], e[0]]], [[e[1]], [e[1]]], [e[2:4], e[2:4]]):
                     for row, logits in zip(got, kv.forward(feeds), strict=True):
                         row.append(logits)
                     if len(got[0]) == 1:
-                        kv.rollback(0, len(seqs[0]) + 2)  # row 0's third draft rejected
+                        kv.rollback(0, len(seqs[0]) + 1)
         except Exception as ex:  # a model whose passes fail there
             return f"fails {where} ({type(ex).__name__}: {str(ex)[:120]})"
-        return _compare(got[0], want[0], f"{where} (row 1) than over its own cache") or \
-            _compare(got[1], want[1], f"{where} (row 2) than over its own cache")
+        return _compare(got[0], want[0], f"{where} (row 1) than over its own cache", model.dtype) or \
+            _compare(got[1], want[1], f"{where} (row 2) than over its own cache", model.dtype)
     return _once(model, ("rows", pad_id, slots), check)

@@ -16,7 +16,14 @@ from specdec_core.engine import SpeculativeGenerator
 from specdec_core.processing import SamplingSettings
 from specdec_core.slot_kv import slot_kv_for
 from specdec_core.static_decoder import static_decoder_for
-from tests.family_models import DECODER_FAMILIES, MORE_SEQ2SEQ, V, family_model
+from tests.family_models import (
+    DECODER_FAMILIES,
+    MORE_SEQ2SEQ,
+    SEQ2SEQ_FAMILIES,
+    WINDOW_FAMILIES,
+    V,
+    family_model,
+)
 from tests.tiny_models import perturbed_copy
 
 FAMILIES = DECODER_FAMILIES + MORE_SEQ2SEQ
@@ -141,6 +148,22 @@ def test_the_self_checks_tolerate_rounding_not_a_broken_contract():
 
     want = torch.tensor([[4.0, -2.0, 1.0]])
     assert logits_differ(want + 3e-3, want) is None and logits_differ(want + 5e-3, want) is not None
-    half = want.to(torch.bfloat16)
-    assert logits_differ(half + 0.3, half) is None and logits_differ(half + 0.5, half) is not None
+    # a bfloat16 model's (the engines' logits come back as float32 either way)
+    bf16 = torch.bfloat16
+    assert logits_differ(want + 0.3, want, bf16) is None and logits_differ(want + 0.5, want, bf16) is not None
     assert logits_differ(want[:, :2], want) is not None  # another shape: never the same logits
+
+
+@pytest.mark.parametrize("family", SEQ2SEQ_FAMILIES + WINDOW_FAMILIES + FAMILIES)
+def test_the_self_checks_answer_the_same_in_bfloat16(family):
+    """bfloat16, which GPU jobs run in, rounds about 65,000 times more coarsely than float32: the
+    self-checks still accept every family the engines take (no false alarm, which would cost a
+    GPU its graphs) and refuse the same ones."""
+    from specdec_core import self_check
+
+    model = family_model(family, seed=1).to(torch.bfloat16)
+    verify, b1, slots, eager = REFUSED.get(family, NONE)
+    answers = (self_check.verify_disagreement(model), self_check.static_disagreement(model),
+               self_check.rows_disagreement(model, 0, slots=True), self_check.rows_disagreement(model, 0, slots=False))
+    expected = (verify, b1, b1 or slots, eager)
+    assert [a is not None for a in answers] == [e is not None for e in expected], answers
