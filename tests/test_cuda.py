@@ -236,6 +236,27 @@ def test_graphs_survive_cublas_workspaces_cleared_elsewhere():
     assert child.returncode == 0 and child.stdout.startswith("same"), child.stdout + child.stderr[-2000:]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_self_checks_answer_on_cuda_as_on_a_cpu(dtype):
+    """The engines' self-checks at load with the GPU's kernels: every family the engines take is
+    accepted (a false alarm would cost a GPU its graphs, silently but for a log line) and the
+    broken ones are refused, in float32 and in bfloat16, which GPU jobs run in."""
+    from specdec_core import self_check
+    from tests.family_models import SEQ2SEQ_FAMILIES, WINDOW_FAMILIES, family_model
+    from tests.test_more_families import FAMILIES, NONE, REFUSED
+
+    wrong = []
+    for family in SEQ2SEQ_FAMILIES + WINDOW_FAMILIES + FAMILIES:
+        model = family_model(family, seed=1).to("cuda", dtype)
+        verify, b1, slots, eager = REFUSED.get(family, NONE)
+        answers = (self_check.verify_disagreement(model), self_check.static_disagreement(model),
+                   self_check.rows_disagreement(model, 0, slots=True),
+                   self_check.rows_disagreement(model, 0, slots=False))
+        if [a is not None for a in answers] != [e is not None for e in (verify, b1, b1 or slots, eager)]:
+            wrong.append(f"{family}: {answers}")
+    assert not wrong, "\n".join(wrong)
+
+
 @pytest.mark.parametrize("family", ["gemma2", "m2m100"])
 def test_compiled_passes_of_a_window_and_a_position_table_equal_generate_on_cuda(family):
     """--torch_compile over a mask per layer type (Gemma 2) and over M2M100's replaced position
