@@ -77,10 +77,30 @@ def _compare(got: list[torch.Tensor], want: list[torch.Tensor], what: str, dtype
     return None
 
 
+def cache_failure(model: PreTrainedModel) -> str | None:
+    """Why this model cannot decode over the engines' growing cache at all (one token at a time,
+    a rollback), or None: a model whose layers keep other state (Mamba's) fails here."""
+    def check() -> str | None:
+        prompt = probe_ids(model, 9)
+        seq, extra = initial_decoder_ids(model, prompt), probe_ids(model, 6, offset=1)
+        try:
+            with torch.inference_mode():
+                decoder = CachedDecoder(model, prompt)
+                decoder.forward(seq + extra[:2], 1)
+                decoder.rollback(len(seq))
+                decoder.forward(seq + extra[:1], 1)
+        except Exception as e:
+            return f"fails over a growing key/value cache ({type(e).__name__}: {str(e)[:120]})"
+        return None
+    return _once(model, ("cache",), check)
+
+
 def verify_disagreement(model: PreTrainedModel) -> str | None:
     """Why this model's passes of several tokens do not give the logits of those tokens fed one
     at a time, which verifying drafts in one pass needs (FSMT's decoder does not), or None."""
     def check() -> str | None:
+        if why := cache_failure(model):
+            return why
         prompt = probe_ids(model, 9)
         seq, extra = initial_decoder_ids(model, prompt), probe_ids(model, 6, offset=1)
         with torch.inference_mode():

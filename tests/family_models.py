@@ -41,9 +41,10 @@ WINDOW = 6  # sliding window of the sliding-window families (tokens)
 SEQ2SEQ_FAMILIES = ("t5", "mt5", "umt5", "bart", "pegasus", "marian", "m2m100", "mbart")
 WINDOW_FAMILIES = ("mistral", "phi3", "gemma2", "gemma3", "starcoder2")
 # Decoder-only families with full attention, each with its own position scheme (RoPE variants,
-# learned positions with an offset, ALiBi from the mask), MLP and norm layout.
+# learned positions with an offset, ALiBi from the mask), MLP and norm layout, two mixtures of
+# experts, and a state-space model (which the engines refuse).
 DECODER_FAMILIES = ("qwen2", "qwen3", "gemma", "opt", "gpt_neox", "gptj", "gpt_bigcode", "phi", "stablelm",
-                    "olmo2", "cohere", "granite", "falcon", "falcon-alibi", "bloom")
+                    "olmo2", "cohere", "granite", "falcon", "falcon-alibi", "bloom", "mixtral", "qwen2_moe", "mamba")
 
 
 def _seq2seq(family: str):
@@ -146,12 +147,16 @@ def _full_attention(family: str, small: dict):
 
     names = {"qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma", "opt": "OPT", "gpt_neox": "GPTNeoX", "gptj": "GPTJ",
              "gpt_bigcode": "GPTBigCode", "phi": "Phi", "stablelm": "StableLm", "olmo2": "Olmo2",
-             "cohere": "Cohere", "granite": "Granite", "falcon": "Falcon", "falcon-alibi": "Falcon", "bloom": "Bloom"}
+             "cohere": "Cohere", "granite": "Granite", "falcon": "Falcon", "falcon-alibi": "Falcon", "bloom": "Bloom",
+             "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "mamba": "Mamba"}
     own = {"qwen3": dict(head_dim=8), "gemma": dict(head_dim=8), "opt": dict(ffn_dim=64, word_embed_proj_dim=32),
            "gptj": dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=256),
            "gpt_bigcode": dict(n_embd=32, n_layer=2, n_head=4, n_positions=256),
            "falcon": dict(new_decoder_architecture=True, num_kv_heads=2, alibi=False),
-           "falcon-alibi": dict(alibi=True, multi_query=True), "bloom": dict(n_layer=2, n_head=4)}
+           "falcon-alibi": dict(alibi=True, multi_query=True), "bloom": dict(n_layer=2, n_head=4),
+           "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+           "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                             shared_expert_intermediate_size=32)}
     config = getattr(transformers, f"{names[family]}Config")(**{**small, **own.get(family, {})}, pad_token_id=0,
                                                              bos_token_id=1, eos_token_id=2)
     return getattr(transformers, f"{names[family]}ForCausalLM"), config, {}
