@@ -33,8 +33,8 @@ def probe_ids(model: PreTrainedModel, n: int, offset: int = 0) -> list[int]:
     """n ordinary token ids of the model's vocabulary (none of its special ids)."""
     config = model.config.get_text_config(decoder=True)
     special = {getattr(config, f"{k}_token_id", None) for k in ("pad", "bos", "eos", "decoder_start")}
-    head = model.get_output_embeddings()
-    vocab = head.weight.shape[0] if head is not None else config.vocab_size
+    # (the output layer's rows: an int8 draft's layer has no weight tensor)
+    vocab = getattr(model.get_output_embeddings(), "out_features", None) or config.vocab_size
     ids = [i for i in range(vocab // 3 + offset, vocab) if i not in special]
     return [ids[(7 * j) % len(ids)] for j in range(n)]
 
