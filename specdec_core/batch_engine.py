@@ -83,6 +83,12 @@ def unbatchable(config) -> str | None:
     return f"has {', '.join(other)} layers" if other else None
 
 
+def pad_id_of(target: PreTrainedModel) -> int:
+    """The id a batch pads its rows with: the target's (a multimodal model's: its text's), or 0."""
+    pad = getattr(target.config.get_text_config(decoder=True), "pad_token_id", None)
+    return int(pad) if isinstance(pad, int) else 0
+
+
 def batch_refusal(model: PreTrainedModel, pad_id: int = 0) -> str | None:
     """Why a model cannot decode in padded batches, or None: its layers (`unbatchable`), or its
     self-check (`self_check.rows_disagreement`: rows that would not get their own logits)."""
@@ -148,8 +154,7 @@ class BatchSpeculativeGenerator:
         and torch_compile, those passes compiled: as the batch-1 engine's options of those names."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        pad = getattr(target.config.get_text_config(decoder=True), "pad_token_id", None)  # (multimodal: its text's)
-        self.pad_id = int(pad) if isinstance(pad, int) else 0
+        self.pad_id = pad_id_of(target)
         for model in (target, drafter.model if isinstance(drafter, ModelDrafter) else None):
             if model is not None and (why := batch_refusal(model, self.pad_id)):
                 raise ValueError(f"batch_size > 1: {type(model).__name__} {why} (use batch_size 1)")

@@ -21,7 +21,7 @@ from specdec_core.decoder import CachedDecoder, initial_decoder_ids
 _DONE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _once(model: PreTrainedModel, key: tuple, check) -> str | None:
+def _once(model: PreTrainedModel, key: tuple, check):
     """`check()`'s answer for this model, computed on first use."""
     done = _DONE.setdefault(model, {})
     if key not in done:
@@ -50,6 +50,12 @@ def logits_differ(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype = to
     return None if gap <= rel * max(top, 1e-6) else f"by {gap:.3g} (largest logit {top:.3g})"
 
 
+def _probe(model: PreTrainedModel) -> tuple[list[int], list[int], list[int]]:
+    """The checks' prompt, the decoder tokens it starts from, and the tokens fed after them."""
+    prompt = probe_ids(model, 9)
+    return prompt, initial_decoder_ids(model, prompt), probe_ids(model, 6, offset=1)
+
+
 def probe_passes(decoder, seq: list[int], extra: list[int]) -> list[torch.Tensor]:
     """The checks' passes over a decoder with `CachedDecoder`'s interface (its cache holding
     nothing yet): seq then 3 drafts, the third rejected (rolled back) and re-fed alone, then two more."""
@@ -59,6 +65,16 @@ def probe_passes(decoder, seq: list[int], extra: list[int]) -> list[torch.Tensor
     out.append(decoder.forward(seq + extra[:3], 1))
     out.append(decoder.forward(seq + extra[:5], 2))
     return out
+
+
+@torch.inference_mode()
+def _growing(model: PreTrainedModel) -> list[torch.Tensor]:
+    """`probe_passes` over the model's own growing cache, computed once per model (and kept on
+    the CPU): what the verify and static checks compare with."""
+    def passes() -> list[torch.Tensor]:
+        prompt, seq, extra = _probe(model)
+        return [t.cpu() for t in probe_passes(CachedDecoder(model, prompt), seq, extra)]
+    return _once(model, ("growing passes",), passes)
 
 
 def _one_at_a_time(model: PreTrainedModel, prompt: list[int], seq: list[int], extra: list[int]) -> list[torch.Tensor]:
@@ -72,7 +88,7 @@ def _one_at_a_time(model: PreTrainedModel, prompt: list[int], seq: list[int], ex
 
 def _compare(got: list[torch.Tensor], want: list[torch.Tensor], what: str, dtype: torch.dtype) -> str | None:
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        if why := logits_differ(g, w, dtype):
+        if why := logits_differ(g.cpu(), w.cpu(), dtype):
             return f"gives other logits {what} (pass {i + 1} of {len(want)}, {why})"
     return None
 
@@ -81,8 +97,7 @@ def cache_failure(model: PreTrainedModel) -> str | None:
     """Why this model cannot decode over the engines' growing cache at all (one token at a time,
     a rollback), or None: a model whose layers keep other state (Mamba's) fails here."""
     def check() -> str | None:
-        prompt = probe_ids(model, 9)
-        seq, extra = initial_decoder_ids(model, prompt), probe_ids(model, 6, offset=1)
+        prompt, seq, extra = _probe(model)
         try:
             with torch.inference_mode():
                 decoder = CachedDecoder(model, prompt)
@@ -101,12 +116,10 @@ def verify_disagreement(model: PreTrainedModel) -> str | None:
     def check() -> str | None:
         if why := cache_failure(model):
             return why
-        prompt = probe_ids(model, 9)
-        seq, extra = initial_decoder_ids(model, prompt), probe_ids(model, 6, offset=1)
         with torch.inference_mode():
-            got = probe_passes(CachedDecoder(model, prompt), seq, extra)
-            want = _one_at_a_time(model, prompt, seq, extra)
-        return _compare(got, want, "over several tokens in one pass than one token at a time", model.dtype)
+            want = _one_at_a_time(model, *_probe(model))
+        return _compare(_growing(model), want, "over several tokens in one pass than one token at a time",
+                        model.dtype)
     return _once(model, ("verify",), check)
 
 
@@ -117,11 +130,10 @@ def static_disagreement(model: PreTrainedModel) -> str | None:
     from specdec_core.static_decoder import StaticDecoder
 
     def check() -> str | None:
-        prompt = probe_ids(model, 9)
-        seq, extra = initial_decoder_ids(model, prompt), probe_ids(model, 6, offset=1)
+        prompt, seq, extra = _probe(model)
         try:
+            want = _growing(model)
             with torch.inference_mode():
-                want = probe_passes(CachedDecoder(model, prompt), seq, extra)
                 static = StaticDecoder(model, graphs=False)
                 static.acquire()
                 static.encode(prompt)
@@ -151,7 +163,7 @@ def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = Tru
         e = probe_ids(model, 6, offset=1)
         try:
             with torch.inference_mode():
-                first = CachedDecoder(model, prompts[0])
+                first = CachedDecoder(model, prompts[0])  # (more rejections than `probe_passes`)
                 want = [[first.forward(seqs[0] + e[:5], 6)]]
                 first.rollback(len(seqs[0]) + 1)
                 want[0] += [first.forward(seqs[0] + e[:n], k) for n, k in ((2, 1), (4, 2))]

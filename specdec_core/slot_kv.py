@@ -29,22 +29,16 @@ from transformers import PreTrainedModel
 
 from specdec_core.batch_kv import BatchKV, bias_by_row, drop_order
 from specdec_core.decoder import decoder_position_modules, hooked
-from specdec_core.self_check import rows_disagreement
-from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticDecoder, StaticKV, wants_static
+from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticDecoder, StaticKV, takes_static
 
 log = logging.getLogger(__name__)
 
 
 def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0, compile: bool = False
                 ) -> SlotKV | None:
-    """The batch engine's slots for `--cuda_graphs` (`static_decoder.wants_static`, then the
-    self-check `self_check.rows_disagreement`) and `--torch_compile`, or None."""
-    if wants_static(model, mode, batched=True) and (why := rows_disagreement(model, pad_id)):
-        if mode == "on":
-            raise ValueError(f"cuda_graphs on: {type(model).__name__} {why}")
-        log.warning("no static caches for %s batches: it %s; they run eagerly", type(model).__name__, why)
-        mode = "off"
-    if not wants_static(model, mode, batched=True):
+    """The batch engine's slots for `--cuda_graphs` (`static_decoder.takes_static`) and
+    `--torch_compile`, or None."""
+    if not takes_static(model, mode, batched=True, pad_id=pad_id):
         if compile:
             log.info("--torch_compile: %s batches run uncompiled (their passes run over no static cache)",
                      type(model).__name__)

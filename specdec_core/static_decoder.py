@@ -45,7 +45,7 @@ from specdec_core.decoder import (
 )
 from specdec_core.device_map import devices_of
 from specdec_core.placement import decoder_layers
-from specdec_core.self_check import static_disagreement
+from specdec_core.self_check import rows_disagreement, static_disagreement
 
 log = logging.getLogger(__name__)
 
@@ -130,15 +130,26 @@ def wants_static(model: PreTrainedModel, mode: str, batched: bool = False) -> bo
     return True
 
 
+def takes_static(model: PreTrainedModel, mode: str, batched: bool = False, pad_id: int = 0) -> bool:
+    """`wants_static`, then the self-check of the model over static caches (one item at a time,
+    or `batched` in slots: `self_check`): a model it refuses runs eagerly with "auto" (logged)
+    and stops the job with "on"."""
+    if not wants_static(model, mode, batched):
+        return False
+    why = rows_disagreement(model, pad_id) if batched else static_disagreement(model)
+    if not why:
+        return True
+    if mode == "on":
+        raise ValueError(f"cuda_graphs on: {type(model).__name__} {why}")
+    log.warning("no static caches for %s: it %s; %s eagerly", type(model).__name__ + (" batches" if batched else ""),
+                why, "they run" if batched else "it runs")
+    return False
+
+
 def static_decoder_for(model: PreTrainedModel, mode: str = "auto", compile: bool = False) -> StaticDecoder | None:
-    """The batch-1 engines' static decoder for `--cuda_graphs` (`wants_static`, then the
-    self-check `self_check.static_disagreement`) and `--torch_compile`, or None."""
-    if wants_static(model, mode) and (why := static_disagreement(model)):
-        if mode == "on":
-            raise ValueError(f"cuda_graphs on: {type(model).__name__} {why}")
-        log.warning("no static caches for %s: it %s; it runs eagerly", type(model).__name__, why)
-        mode = "off"
-    if not wants_static(model, mode):
+    """The batch-1 engines' static decoder for `--cuda_graphs` (`takes_static`) and
+    `--torch_compile`, or None."""
+    if not takes_static(model, mode):
         if compile:
             log.info("--torch_compile: %s runs uncompiled (its passes run over no static cache)", type(model).__name__)
         return None

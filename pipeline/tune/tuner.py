@@ -31,7 +31,7 @@ from pipeline.flags import ArgumentParser, FlagError, check_pipeline_flags
 from pipeline.logs import setup_logging
 from pipeline.tune.model import Candidate, SampleRun, best_setting, fit_overhead, pick_to_verify, relative_error
 from pipeline.tune.report import format_report
-from specdec_core.batch_engine import BatchSpeculativeGenerator, batch_refusal
+from specdec_core.batch_engine import BatchSpeculativeGenerator, batch_refusal, pad_id_of
 from specdec_core.cpu_speed import DRAFT_DTYPES
 from specdec_core.cross_tokenizer import CrossTokenizerDrafter
 from specdec_core.drafters import Drafter, NgramDrafter, NoDrafter
@@ -417,8 +417,7 @@ class Tuner:
         self.per_run = self.n * args.max_new_tokens
         self.g0 = min(4, args.max_gamma)
         self.batches = [b for b in args.batch_sizes if 1 < b <= self.n]
-        pad = getattr(self.target.config.get_text_config(decoder=True), "pad_token_id", None)
-        self.pad_id = pad if isinstance(pad, int) else 0
+        self.pad_id = pad_id_of(self.target)  # (what the batch engine pads with)
         why = batch_refusal(self.target, self.pad_id)
         self.why_no_batch = f"the target {why}: pipeline.run decodes it at --batch_size 1 only" if why else None
         if why:
