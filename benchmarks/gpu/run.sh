@@ -7,13 +7,14 @@
 # lands in $OUT/failures.txt as it happens); BATCHED_SIZES: the batched step's B (default 8,32);
 # "workspace" checks that the engine's graphs survive cuBLAS workspaces cleared elsewhere,
 # "workspace-control" the same without the engine's own clearing; SINGLE_ARGS, SINGLE_INCLUDE:
-# the single step's sizes and configurations; BEFORE=1 adds ours as it was (cuDNN attention,
+# the single step's sizes and configurations; BATCHED_INCLUDE: the batched step's configurations
+# (a regex; HF generate and ours alone always run); BEFORE=1 adds ours as it was (cuDNN attention,
 # per-row batched picks); SIZE=small runs each step at a size for a first try;
 # DEVICE=cpu SHAPE=tiny PYTHON=.venv/bin/python try the script on a machine without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
-STEPS=${STEPS:-tests batched}
+STEPS=${STEPS:-tests-compiled job}
 DEVICE=${DEVICE:-cuda}
 SHAPE=${SHAPE:-tinyllama-1.1b}
 PY=${PYTHON:-python3}
@@ -54,6 +55,7 @@ else
   BIG="--prompts 3 --warmup 1 --max_new_tokens 64"
 fi
 ONE=${SINGLE_ARGS:-$ONE}  # e.g. fewer prompts where device time is short
+BATCHED_INCLUDE=${BATCHED_INCLUDE:-'chained|compile|prefills'}
 SINGLE_INCLUDE=${SINGLE_INCLUDE:-'^(HF generate, static cache \+ compile|ours, draft(, chained)?(, compiled)?|ours, target alone, compiled)$'}
 # The targets' comparison: HF generate with a static cache and torch.compile against ours with graphs,
 # chained drafts, and passes compiled before capture (both compile in the warm-up).
@@ -62,7 +64,7 @@ if [ "${BEFORE:-0}" = 1 ]; then BF16="$BF16 --batched_before"; else BF16="$BF16 
 for s in $STEPS; do
   case $s in
     # -v: a run cut short still shows each test it ended; failures.txt: why each failed, as it fails.
-    tests) FAILURES_FILE="$OUT/failures.txt" step tests 220 $PY -m pytest -v -p no:cacheprovider -p tests.failures_now \
+    tests) FAILURES_FILE="$OUT/failures.txt" step tests 330 $PY -m pytest -v -p no:cacheprovider -p tests.failures_now \
       tests/test_gpu_placement.py tests/test_cuda.py -k "not compiled" ;;
     tests-compiled) FAILURES_FILE="$OUT/failures.txt" step tests-compiled 200 $PY -m pytest -v -p no:cacheprovider \
       -p tests.failures_now tests/test_cuda.py -k compiled ;;
@@ -73,14 +75,14 @@ for s in $STEPS; do
     workspace) step workspace 60 $PY -m tests.cuda_workspace_child ;;
     workspace-control) step workspace-control 60 $PY -m tests.cuda_workspace_child control ;;
     batched) step batched 300 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE $COMPILED \
-      --sections batched,profile_batched $MANY --include 'chained|compile|prefills' --out "$OUT/bench/batched" ;;
+      --sections batched,profile_batched $MANY --include "$BATCHED_INCLUDE" --out "$OUT/bench/batched" ;;
     bf16) step bf16 320 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 $BF16 --out "$OUT/bench" ;;
     fp32) step fp32 150 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype float32 --sections single \
       $FP32 --include '^ours, (draft|target alone)(, eager)?$' --out "$OUT/bench" ;;
     job)
       rm -rf /tmp/job
       step job-inputs 60 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 --batch_prompts 64 --save /tmp/job
-      step job 150 $PY -m pipeline.run --input /tmp/job/prompts.parquet --output /tmp/job/out/gens \
+      step job 240 $PY -m pipeline.run --input /tmp/job/prompts.parquet --output /tmp/job/out/gens \
         --target_model /tmp/job/target --draft_model /tmp/job/draft --device $DEVICE --dtype bfloat16 \
         --batch_size 16 --max_new_tokens 64
       step job-rows 30 $PY -c "import glob, pyarrow.parquet as pq
