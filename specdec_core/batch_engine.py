@@ -91,8 +91,18 @@ def pad_id_of(target: PreTrainedModel) -> int:
 
 def batch_refusal(model: PreTrainedModel, pad_id: int = 0) -> str | None:
     """Why a model cannot decode in padded batches, or None: its layers (`unbatchable`), or its
-    self-check (`self_check.rows_disagreement`: rows that would not get their own logits)."""
-    return unbatchable(model.config) or rows_disagreement(model, pad_id, slots=False)
+    self-check (`self_check.rows_disagreement`: rows that would not get their own logits at any
+    `padded_width`)."""
+    if why := unbatchable(model.config):
+        return why
+    return None if padded_width(model, pad_id) else rows_disagreement(model, pad_id, slots=False)
+
+
+def padded_width(model: PreTrainedModel, pad_id: int = 0) -> int | None:
+    """The narrowest pass over holes that gives a padded batch's rows their own logits
+    (`BatchKV.min_width`, by the self-check): 1, or 2 for a decoder that builds no mask for a
+    one-token pass (LED's); None if neither does."""
+    return next((w for w in (1, 2) if rows_disagreement(model, pad_id, slots=False, min_width=w) is None), None)
 
 
 def window_note(model: PreTrainedModel, longest: int) -> str | None:
@@ -258,7 +268,7 @@ class BatchSpeculativeGenerator:
         if slots is not None and slots.acquire():
             held.callback(slots.release)
             return slots
-        return BatchKV(model, 0, self.pad_id)
+        return BatchKV(model, 0, self.pad_id, padded_width(model, self.pad_id) or 1)
 
     def _decode(self, waiting: deque, results: list, live: list[_Row], tkv: BatchKV | SlotKV,
                 dkv: BatchKV | SlotKV | None, max_seconds: float | None) -> None:

@@ -115,10 +115,13 @@ def drop_order(rows: int, gone: list[int]) -> list[int]:
 class BatchKV:
     """Rows' valid cache columns (`cols[b]`, in sequence order) plus the cache and its mask."""
 
-    def __init__(self, model: PreTrainedModel, rows: int = 0, pad_id: int = 0):
+    def __init__(self, model: PreTrainedModel, rows: int = 0, pad_id: int = 0, min_width: int = 1):
+        """min_width: the narrowest pass over holes, 2 for a decoder that builds no mask for a
+        one-token pass (LED's: it would attend to the holes); its pad becomes a hole too."""
         self.model = model
         self.device = model.device
         self.pad_id = pad_id
+        self.min_width = min_width
         self.cache = GrowingCache()
         # The mask lives on the CPU: rollbacks and refills change a few entries of a few rows
         # each round, which on a GPU would be a kernel launch per row; a pass sends it over once.
@@ -187,6 +190,9 @@ class BatchKV:
         if m == 0:
             return [torch.empty(0) for _ in feeds]
         width = self.width
+        aligned = all(len(c) == width for c in self.cols)  # no holes, one length: columns are positions
+        if not aligned:
+            m = max(m, self.min_width)
         # Built as lists and made tensors once: a few tensor ops per row cost more host time than
         # a GPU pass of a small model at wide batches.
         ids = torch.tensor([f + [self.pad_id] * (m - len(f)) for f in feeds], dtype=torch.long)
@@ -201,7 +207,6 @@ class BatchKV:
         if not logits and _accepts_logits_to_keep(type(self.model)):
             kwargs["logits_to_keep"] = 1  # a prefill: no logits wanted
         pos = pos.to(self.device)
-        aligned = all(len(c) == width for c in self.cols)  # no holes, one length: columns are positions
         with ExitStack() as stack:
             if self.encdec:  # hooked, or (aligned) not while another thread's hooks change the model
                 stack.enter_context(hooked(self.model, [], {}, None, forwards=self._forwards) if aligned
@@ -453,7 +458,7 @@ class BatchKV:
 
     def compact(self) -> None:
         """Drop the holes: each row's valid columns, right-aligned in the longest row's width."""
-        self.merge(BatchKV(self.model, 0, self.pad_id))
+        self.merge(BatchKV(self.model, 0, self.pad_id, self.min_width))
 
     @torch.inference_mode()
     def merge(self, *others: BatchKV) -> None:

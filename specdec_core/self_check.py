@@ -144,13 +144,13 @@ def static_disagreement(model: PreTrainedModel) -> str | None:
     return _once(model, ("static",), check)
 
 
-def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = True) -> str | None:
+def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = True, min_width: int = 1) -> str | None:
     """Why rows decoded together would not get each row's own logits, or None: in fixed slots
     (`slots`; after `static_disagreement`, the one-row static decoder that prefills rows on a GPU)
     or in an eager padded batch (`BatchKV`). Two rows of different lengths, each at its own
     positions (a position embedding that cannot take them per row fails here), four drafts
     rejected in one (holes that a pass of one token per row must not see), against each row's own
-    growing cache."""
+    growing cache. min_width: the padded batch's narrowest pass over holes (`BatchKV`)."""
     from specdec_core.batch_kv import BatchKV
     from specdec_core.slot_kv import SlotKV
 
@@ -169,7 +169,7 @@ def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = Tru
                 want[0] += [first.forward(seqs[0] + e[:n], k) for n, k in ((2, 1), (4, 2))]
                 alone = CachedDecoder(model, prompts[1])
                 want.append([alone.forward(seqs[1] + e[:n], k) for n, k in ((1, 2), (2, 1), (4, 2))])
-                kv = fresh = BatchKV(model, 2, pad_id)
+                kv = fresh = BatchKV(model, 2, pad_id, min_width)
                 if fresh.encdec:  # (the batch engine's admission without graphs)
                     fresh.encode(prompts)
                 else:
@@ -189,4 +189,4 @@ def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = Tru
             return f"fails {where} ({type(ex).__name__}: {str(ex)[:120]})"
         return _compare(got[0], want[0], f"{where} (row 1) than over its own cache", model.dtype) or \
             _compare(got[1], want[1], f"{where} (row 2) than over its own cache", model.dtype)
-    return _once(model, ("rows", pad_id, slots), check)
+    return _once(model, ("rows", pad_id, slots, min_width), check)

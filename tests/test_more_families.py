@@ -10,7 +10,7 @@ it eagerly (or `--batch_size 1` is asked for)."""
 import pytest
 import torch
 
-from specdec_core.batch_engine import BatchSpeculativeGenerator
+from specdec_core.batch_engine import BatchSpeculativeGenerator, batch_refusal, padded_width
 from specdec_core.drafters import ModelDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.processing import SamplingSettings
@@ -32,8 +32,9 @@ FAMILIES = DECODER_FAMILIES + MORE_SEQ2SEQ
 REFUSED = {
     "bloom": (None, "takes no position_ids", "takes no position_ids", None),
     "falcon-alibi": (None, "ALiBi", "ALiBi", None),
-    # its decoder ignores the mask of a 1-token pass (attends to every buffer column, or hole)
-    "led": (None, "other logits over static caches", "takes no position ids", "other logits in a padded batch"),
+    # its decoder ignores the mask of a 1-token pass (attends to every buffer column, or hole):
+    # batched, a padded batch widens such passes to 2 tokens over holes (`padded_width`)
+    "led": (None, "other logits over static caches", "takes no position ids", None),
     # its decoder's passes of several tokens are not those tokens one at a time: only the target alone
     "fsmt": ("over several tokens in one pass", "fails over static caches", "takes no position ids",
              "other logits in a padded batch"),
@@ -122,6 +123,19 @@ def test_sampled_rows_equal_the_batch_one_sample_of_their_seed(family):
         assert [g.tokens for g in engine.generate_many(items)] == alone, (family, mode)
 
 
+def test_a_padded_batch_widens_one_token_passes_only_for_a_decoder_that_needs_it():
+    """LED's decoder builds no mask for a 1-token pass, so over a padded batch's holes its rows
+    would attend to other tokens' keys: its passes over holes are widened to 2 tokens (the extra
+    one a pad, then a hole), which the self-check finds exact; every other family keeps 1."""
+    from specdec_core.self_check import rows_disagreement
+
+    led = family_model("led", seed=1)
+    assert "other logits in a padded batch" in rows_disagreement(led, 0, slots=False, min_width=1)
+    assert padded_width(led) == 2 and batch_refusal(led) is None
+    assert [padded_width(family_model(f, seed=1)) for f in ("bart", "t5", "pegasus_x")] == [1, 1, 1]
+    assert padded_width(family_model("fsmt", seed=1)) is None  # not a mask: refused at any width
+
+
 def test_on_a_gpu_auto_runs_what_the_self_checks_refuse_eagerly(monkeypatch, caplog):
     """With `--cuda_graphs auto` on a GPU (here a CPU said to be one), a model that the self-checks
     refuse decodes eagerly, and the log says why: LED at batch 1, PEGASUS-X in slots."""
@@ -166,6 +180,6 @@ def test_the_self_checks_answer_the_same_in_bfloat16(family):
     model = family_model(family, seed=1).to(torch.bfloat16)
     verify, b1, slots, eager = REFUSED.get(family, NONE)
     answers = (self_check.verify_disagreement(model), self_check.static_disagreement(model),
-               self_check.rows_disagreement(model, 0, slots=True), self_check.rows_disagreement(model, 0, slots=False))
+               self_check.rows_disagreement(model, 0, slots=True), batch_refusal(model, 0))
     expected = (verify, b1, b1 or slots, eager)
     assert [a is not None for a in answers] == [e is not None for e in expected], answers

@@ -44,16 +44,16 @@ def test_batching_a_model_with_other_layers_stops_before_any_work(tmp_path, save
 
 
 def test_a_model_its_self_check_refuses_stops_the_job_in_one_line(tmp_path, capsys):
-    """A model whose rows in a padded batch would not get their own logits (LED's decoder ignores
-    the mask of a 1-token pass) is refused when the worker loads it: no row is decoded, and the
-    job ends with one line that says why (exit 2), after Beam's own log of the error."""
+    """A model whose rows in a padded batch would not get their own logits (FSMT's decoder) is
+    refused when the worker loads it: no row is decoded, and the job ends with one line that says
+    why (exit 2), after Beam's own log of the error."""
     from tests.family_models import save_family
 
-    save_family("led", tmp_path / "led")
+    save_family("fsmt", tmp_path / "fsmt")
     src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": "hi"}, {"id": "2", "prompt": "the fox"}])
     capsys.readouterr()
-    assert main(["--input", src, "--output", str(tmp_path / "out/gens"), "--target_model", str(tmp_path / "led"),
+    assert main(["--input", src, "--output", str(tmp_path / "out/gens"), "--target_model", str(tmp_path / "fsmt"),
                  "--drafter", "none", "--batch_size", "2", "--max_new_tokens", "4"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("error: batch_size > 1: LEDForConditionalGeneration gives other logits in a padded batch")
+    assert last.startswith("error: batch_size > 1: FSMTForConditionalGeneration gives other logits in a padded batch")
     assert "while running" not in last and not list((tmp_path / "out").glob("gens-0*.parquet"))
