@@ -14,8 +14,9 @@ positions. Three kinds of model compute something from cache COLUMNS instead, an
 true positions here (`_true_positions`, `_window_masks`), so that no row is ever recomputed:
 
 - encoder-decoder decoders that take no position ids (BART, mBART, Marian, Pegasus, M2M100/NLLB
-  compute `arange + cache length`): the output of their `embed_positions` module is replaced,
-  per row, by the module's own output at that row's cache length;
+  compute `arange + cache length`): their `embed_positions` module gives, per row, its own
+  output at that row's cache length, never past its table (a pad near the end of a row's context
+  takes the row's last position, as a decoder-only row's pads do);
 - relative position biases (T5, mT5, UMT5: `compute_bias` from column indices): the bias is
   looked up per row from the true distance between each query and each column;
 - sliding windows (Mistral, Phi-3, Gemma 2/3, StarCoder2, Qwen2): the models count their window
@@ -35,6 +36,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from contextlib import ExitStack
+from types import MethodType
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
@@ -110,6 +112,29 @@ def drop_order(rows: int, gone: list[int]) -> list[int]:
                            strict=True):
         order[hole] = mover
     return order
+
+
+def table_size(module: torch.nn.Module) -> int | None:
+    """The positions a learned or fixed position table embeds (BART's holds 2 more rows than it
+    has positions), or None for one that grows (M2M100's) or that is no table."""
+    if isinstance(module, torch.nn.Embedding) and not counts_positions_from_ids(module):
+        return module.num_embeddings - int(getattr(module, "offset", 0))
+    return None
+
+
+def _narrowed(value, m: int, w: int):
+    """A position embedding's argument for a pass of m tokens per row, for w of them: the shape
+    of its ids (LED's `input_ids_shape`), its ids or embeddings (rows, m, ...), its position ids
+    (m,) (BART's decoder passes them), else as it is."""
+    if w == m:
+        return value
+    if isinstance(value, torch.Size) and len(value) >= 2 and value[1] == m:
+        return torch.Size((value[0], w, *value[2:]))
+    if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] == m:
+        return value[:, :w]
+    if isinstance(value, torch.Tensor) and value.dim() == 1 and value.shape[0] == m:
+        return value[:w]
+    return value
 
 
 class BatchKV:
@@ -209,7 +234,9 @@ class BatchKV:
         pos = pos.to(self.device)
         with ExitStack() as stack:
             if self.encdec:  # hooked, or (aligned) not while another thread's hooks change the model
-                stack.enter_context(hooked(self.model, [], {}, None, forwards=self._forwards) if aligned
+                # (aligned rows' pads could still run past a position table near its end)
+                fits = all(cap is None or width + m <= cap for cap in map(table_size, self._pos_modules))
+                stack.enter_context(hooked(self.model, [], {}, None, forwards=self._forwards) if aligned and fits
                                     else self._true_positions(pos, width))
                 d = getattr(self.model.config, "d_model", None) or self.model.config.hidden_size
                 # The cross-attention keys/values are cached: the encoder outputs are not read again.
@@ -268,34 +295,45 @@ class BatchKV:
 
     def _true_positions(self, pos: torch.Tensor, width: int):
         """While an encoder-decoder pass runs: each row's position embeddings at its own cache
-        length, and relative position biases from its true query-key distances."""
-        lengths = [len(c) for c in self.cols]
-        rows = self.rows
-
-        def embed_hook(module, args, kwargs, output):
-            bound = inspect.signature(module.forward).bind(*args, **kwargs)
-            given = dict(bound.arguments)
-            base = given["cache_length"]
-            out = output.expand(rows, *output.shape[-2:]).clone() if output.dim() == 2 or output.shape[0] == 1 \
-                else output.clone()
-            for length in sorted(set(lengths)):
-                which = [b for b, n in enumerate(lengths) if n == length]
-                call = dict(given, cache_length=length)
-                if call.get("position_ids") is not None:
-                    call["position_ids"] = call["position_ids"] - base + length
-                res = module.forward(**call)
-                res = res[which] if res.dim() == 3 and res.shape[0] == rows else res.reshape(1, *res.shape[-2:])
-                out[which] = res.to(out.dtype)
-            return out
-
+        length (`_embed_by_row`), and relative position biases from its true query-key distances."""
         colpos = self._column_positions(pos, width)
         top = int(max(colpos.max(), pos.max())) + 1
 
         def keys(key_length: int) -> tuple[torch.Tensor, int]:
             return colpos[:, None, :key_length], top
 
-        return hooked(self.model, self._pos_modules, {m: bias_by_row(m, lambda: pos, keys) for m in self._bias_modules},
-                      embed_hook, forwards=self._forwards)
+        return hooked(self.model, [], {m: bias_by_row(m, lambda: pos, keys) for m in self._bias_modules}, None,
+                      forwards={m: self._embed_by_row(m, pos.shape[1]) for m in self._pos_modules})
+
+    def _embed_by_row(self, module: torch.nn.Module, m: int) -> Callable:
+        """A decoder position embedding's forward for a pass of m tokens per row: each row's
+        embeddings as the module gives them at the row's own cache length (its own forward, or
+        `fed_alone`'s), and never past its table (`table_size`): the pads of a row near the end
+        of its context take its last position's embedding, as a causal decoder's pads repeat
+        its last position."""
+        # (the class's forward: while another thread's pass runs, the instance's is patched)
+        own = self._forwards.get(module) or MethodType(type(module).forward, module)
+        cap = table_size(module)
+        lengths = [len(c) for c in self.cols]
+
+        def forward(*args, **kwargs):
+            given = dict(inspect.signature(own).bind(*args, **kwargs).arguments)
+            base, out = given["cache_length"], None
+            for length in sorted(set(lengths)):
+                which = [b for b, n in enumerate(lengths) if n == length]
+                w = m if cap is None else max(1, min(m, cap - length))
+                call = {k: _narrowed(v, m, w) for k, v in given.items()} | {"cache_length": length}
+                if call.get("position_ids") is not None:
+                    call["position_ids"] = call["position_ids"] - base + length
+                res = own(**call)
+                res = res[which] if res.dim() == 3 and res.shape[0] == self.rows else res.reshape(1, *res.shape[-2:])
+                if w < m:
+                    res = torch.cat([res, res[:, -1:].expand(-1, m - w, -1)], dim=1)
+                if out is None:
+                    out = res.new_empty((self.rows, m, res.shape[-1]))
+                out[which] = res
+            return out
+        return forward
 
     @torch.inference_mode()
     def rollback(self, b: int, length: int) -> None:

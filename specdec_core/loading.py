@@ -168,11 +168,15 @@ def share_encoder(target: PreTrainedModel, draft: PreTrainedModel) -> bool:
     return draft.get_encoder() is theirs
 
 
-def context_limit(*models: PreTrainedModel) -> int | None:
-    """The longest decoder sequence every model can position (None for relative positions, like T5)."""
+def context_limit(*models: PreTrainedModel, encoder: bool = False) -> int | None:
+    """The longest decoder sequence every model can position, or with `encoder` the longest
+    prompt an encoder-decoder's encoder can (they differ for LED: 16384 and 1024); None for
+    relative positions, like T5."""
+    own = ("max_encoder_position_embeddings", "max_source_positions") if encoder else \
+        ("max_decoder_position_embeddings", "max_target_positions")
     limits = []
     for model in models:
-        for attr in ("max_position_embeddings", "n_positions", "max_target_positions"):
+        for attr in (own[0], "max_position_embeddings", "n_positions", own[1]):
             value = getattr(model.config, attr, None)
             if isinstance(value, int) and value > 0:
                 limits.append(value)

@@ -256,6 +256,7 @@ class TextGenerator:
         sampling: SamplingSettings = SamplingSettings(),
         gamma_policy: GammaPolicy | None = None,
         context: int | None = None,
+        prompt_context: int | None = None,
         chat_template: bool = False,
         system_prompt: str | None = None,
         stop: Sequence[str] = (),
@@ -295,7 +296,8 @@ class TextGenerator:
                 cuda_graphs=cuda_graphs,
                 torch_compile=torch_compile,
             )
-        self.context = context
+        # Positions: the decoder's (a causal one holds prompt + output), and an encoder's prompt.
+        self.context, self.prompt_context = context, prompt_context
         # Beam threads share one generator per process; items run one at a time so that
         # each item's latency is its own.
         self._lock = threading.Lock()
@@ -362,6 +364,7 @@ class TextGenerator:
             sampling=SamplingSettings(spec.temperature, spec.top_k, spec.top_p),
             gamma_policy=gamma_policy,
             context=context_limit(*models),
+            prompt_context=context_limit(*models, encoder=True) if target.config.is_encoder_decoder else None,
             chat_template=spec.chat_template,
             system_prompt=spec.system_prompt,
             stop=spec.stop,
@@ -380,15 +383,17 @@ class TextGenerator:
             ids = self.tokenizer(check_prompt(prompt))["input_ids"]
         if not ids:
             raise EmptyPrompt("prompt tokenizes to no tokens")
-        budget = self.context
-        if budget is not None:
-            # A causal decoder holds prompt + output; an encoder-decoder's decoder holds the output.
-            used = self.engine.max_new_tokens + (0 if self.engine.target.config.is_encoder_decoder else len(ids))
-            if len(ids) > budget or used > budget:
-                raise PromptTooLong(
-                    f"prompt has {len(ids)} tokens; with max_new_tokens={self.engine.max_new_tokens} "
-                    f"it exceeds the model's {budget}-position context"
-                )
+        n, budget = self.engine.max_new_tokens, self.context
+        if not self.engine.target.config.is_encoder_decoder:
+            if budget is not None and len(ids) + n > budget:
+                raise PromptTooLong(f"prompt has {len(ids)} tokens; with max_new_tokens={n} "
+                                    f"it exceeds the model's {budget}-position context")
+            return ids
+        if self.prompt_context is not None and len(ids) > self.prompt_context:
+            raise PromptTooLong(f"prompt has {len(ids)} tokens; it exceeds the encoder's "
+                                f"{self.prompt_context}-position context")
+        if budget is not None and n > budget:  # the decoder holds the output
+            raise PromptTooLong(f"max_new_tokens={n} exceeds the decoder's {budget}-position context")
         return ids
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:

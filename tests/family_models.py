@@ -212,15 +212,17 @@ def with_window(model: PreTrainedModel, window: int) -> PreTrainedModel:
     return other
 
 
-def save_family(family: str, path, seed: int = 1):
-    """A `family_model` over the tests' byte-level tokenizer (its vocabulary, its EOS as the
-    decoder start), saved with it as a user's model directory; returns the path."""
+def save_family(family: str, path, seed: int = 1, **overrides):
+    """A `family_model` (config `overrides`) over the tests' byte-level tokenizer (its
+    vocabulary, its EOS as the decoder start), saved with it as a user's model directory;
+    returns the path."""
     from tests.tiny_models import build_tokenizer
 
     tok = build_tokenizer()
     eos = tok.eos_token_id
     vocab = {"src_vocab_size": len(tok), "tgt_vocab_size": len(tok)} if family == "fsmt" else {"vocab_size": len(tok)}
-    model = family_model(family, seed=seed, window=None, **vocab, eos_token_id=eos, decoder_start_token_id=eos)
+    model = family_model(family, seed=seed, window=None, **vocab, eos_token_id=eos, decoder_start_token_id=eos,
+                         **overrides)
     model.generation_config.decoder_start_token_id = model.generation_config.eos_token_id = eos
     model.save_pretrained(path)
     tok.save_pretrained(path)

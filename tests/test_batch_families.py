@@ -352,3 +352,28 @@ def test_short_rows_with_holes_wider_than_the_window(pairs, family):
             kv.rollback(b, len(r))
             r.append(20)
     assert kv.width > WINDOW > max(kv.length(b) for b in range(kv.rows))
+
+
+@pytest.mark.parametrize("family", ["bart", "pegasus", "marian", "mbart", "led"])
+def test_rows_up_to_the_end_of_the_decoders_position_table(family):
+    """Rows that decode to the last position an encoder-decoder's position table holds, with
+    drafts (a pass's pads reach past it: without the cap, an index error on a CPU and a device
+    assert on a GPU), equal `generate()`. LED's one-token passes over holes are widened to two
+    tokens (`padded_width`), whose pad at the last position reaches past it too."""
+    n = 24  # positions in the decoder's table; every row decodes to its end
+    key = "max_decoder_position_embeddings" if family == "led" else "max_position_embeddings"
+    target = family_model(family, seed=1, **{key: n})
+    target.generation_config.min_new_tokens = n - 1  # no row ends early: each reaches the table's end
+    draft = perturbed_copy(target, 0.3, seed=2)
+    draft.generation_config = target.generation_config
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, V - 6, (k,), generator=gen).tolist() for k in (5, 9, 3, 12, 7, 6)]
+    with torch.inference_mode():
+        refs = [target.generate(torch.tensor([p]), do_sample=False, num_beams=1, max_new_tokens=n - 1)[0, 1:].tolist()
+                for p in prompts]
+    assert {len(r) for r in refs} == {n - 1}
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="off"), batch_size=3,
+                                       num_speculative_tokens=4, max_new_tokens=n - 1, cuda_graphs="off")
+    gens = engine.generate_many([(p, 0) for p in prompts])
+    assert [g.tokens for g in gens] == refs
+    assert sum(g.stats.accepted_tokens for g in gens) > 0

@@ -61,6 +61,24 @@ def test_prompt_longer_than_context_fails_the_row(saved_pairs):
         gen.generate("word " * 300)
 
 
+def test_an_encoder_decoder_prompt_is_held_to_its_encoders_positions(tmp_path):
+    """LED reads 16384-token documents and writes at most 1024 tokens: a prompt longer than the
+    decoder's table but within the encoder's is decoded, one past the encoder's fails its row,
+    and more new tokens than the decoder's table fail too (each with the limit named)."""
+    from tests.family_models import save_family
+
+    led = save_family("led", tmp_path / "led", max_encoder_position_embeddings=128,
+                      max_decoder_position_embeddings=24)
+    gen = TextGenerator.load(GeneratorSpec(str(led), drafter="none", max_new_tokens=8))
+    assert len(gen.tokenizer("word " * 12).input_ids) > 24
+    assert gen.generate("word " * 12, seed=0)["new_tokens"] > 0
+    with pytest.raises(PromptTooLong, match="encoder's 128-position context"):
+        gen.generate("word " * 50)
+    gen = TextGenerator.load(GeneratorSpec(str(led), drafter="none", max_new_tokens=30))
+    with pytest.raises(PromptTooLong, match="max_new_tokens=30 exceeds the decoder's 24-position context"):
+        gen.generate("word")
+
+
 def test_draft_with_another_vocabulary_drafts_across_tokenizers(saved_pairs, tmp_path):
     from specdec_core.cross_tokenizer import CrossTokenizerDrafter
 
