@@ -245,6 +245,19 @@ def _check_batching(opts: SpecDecOptions) -> None:
                                  "attention layers, full or sliding-window (use --batch_size 1)")
 
 
+def _check_context(opts: SpecDecOptions) -> None:
+    """--max_new_tokens past what a local model's decoder can position would fail every row
+    (`PromptTooLong`): a causal decoder holds the prompt (a token at least) and the output."""
+    from specdec_core.loading import positions
+
+    for flag, path, config in _local_model_configs(opts):
+        limit = positions(config)
+        room = None if limit is None else limit - (0 if config.is_encoder_decoder else 1)
+        if room is not None and opts.max_new_tokens > room:
+            raise JobConfigError(f"--max_new_tokens {opts.max_new_tokens}: {flag} {path!r} can hold at most {room} "
+                                 f"new tokens (its decoder's {limit} positions); every row would fail")
+
+
 def _check_cuda_graphs(opts: SpecDecOptions) -> None:
     """--cuda_graphs on insists on static caches: refuse a split model, or one whose config rules
     them out."""
@@ -292,6 +305,7 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_output(opts)
     _check_resume(opts, schema)
     _check_batching(opts)
+    _check_context(opts)
     _check_cuda_graphs(opts)
     _check_fit(opts)
     return schema

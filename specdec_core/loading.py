@@ -172,16 +172,19 @@ def context_limit(*models: PreTrainedModel, encoder: bool = False) -> int | None
     """The longest decoder sequence every model can position, or with `encoder` the longest
     prompt an encoder-decoder's encoder can (they differ for LED: 16384 and 1024); None for
     relative positions, like T5."""
+    limits = [n for n in (positions(m.config, encoder) for m in models) if n is not None]
+    return min(limits) if limits else None
+
+
+def positions(config, encoder: bool = False) -> int | None:
+    """The positions a model config's decoder (or `encoder`) can embed, or None."""
     own = ("max_encoder_position_embeddings", "max_source_positions") if encoder else \
         ("max_decoder_position_embeddings", "max_target_positions")
-    limits = []
-    for model in models:
-        for attr in (own[0], "max_position_embeddings", "n_positions", own[1]):
-            value = getattr(model.config, attr, None)
-            if isinstance(value, int) and value > 0:
-                limits.append(value)
-                break
-    return min(limits) if limits else None
+    for attr in (own[0], "max_position_embeddings", "n_positions", own[1]):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def item_seed(base_seed: int, item_id: object) -> int:

@@ -150,6 +150,8 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         "the target is encoder-decoder but the draft is causal": base[:4] + [
             "--target_model", str(saved_pairs["t5"][0]), "--draft_model", str(draft)],
         "--max_new_tokens must be >= 1": base + ["--draft_model", str(draft), "--max_new_tokens", "0"],
+        # 256 positions: a prompt of one token leaves room for 255 new ones
+        "--max_new_tokens 256: --target_model": base + ["--draft_model", str(draft), "--max_new_tokens", "256"],
         "--cuda_graphs on: --target_model": base[:4] + [  # its RoPE reads a length on the host
             "--target_model", str(dynamic_rope), "--draft_model", str(draft), "--cuda_graphs", "on"],
         "--cuda_graphs: invalid choice": base + ["--draft_model", str(draft), "--cuda_graphs", "always"],
