@@ -245,6 +245,7 @@ class SlotKV(StaticKV):
         if self._prefiller is None:
             self._prefiller = StaticDecoder(self.model, graphs=True, max_graph_width=self.max_graph_width,
                                             strict=self.strict)
+            self._prefiller.compile_prefills = self.compile_prefills
         pre, setup, out = self._prefiller, self._prefiller.capture_s, []
         for j, (slot, feed) in enumerate(zip(slots, feeds, strict=True)):
             self.lengths[slot] = 0

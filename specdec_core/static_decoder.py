@@ -351,6 +351,10 @@ class StaticKV:
         self._table: dict[torch.nn.Module, torch.Tensor] = {}
         self._forwards = {m: self._table_forward(m) for m in self._tables}
         self._compiled = torch.compile(self._packed_pass) if compile else None
+        # Prompts' prefill passes (one logit kept) through torch.compile too, at a dynamic width:
+        # off until measured on a GPU (the GPU bench's "compiled prefills" turn it on).
+        self.compile_prefills = False
+        self._compiled_prefill = None
         # With graphs, prompts prefill through graphs of padded widths (`StaticDecoder._prefill`,
         # `StaticDecoder.encode`, `SlotKV.prefill`); the GPU bench turns this off to measure eager
         # prefills beside them. `uncaptured`: the kinds of those graphs ("prefill", "encode",
@@ -399,25 +403,33 @@ class StaticKV:
 
     def _pass(self, inp: torch.Tensor, keep: int) -> torch.Tensor:
         """`_packed_pass` inside `_by_row`, compiled when asked, for passes as narrow as a graph's
-        that keep every position's logits, over buffers that exist (a first pass allocates them).
-        The width is marked dynamic, so that one compiled pass serves every width (a 1-token pass
-        may get its own)."""
+        that keep every position's logits (and with `compile_prefills`, prompts' prefill passes,
+        which keep one), over buffers that exist (a first pass allocates them). The width is
+        marked dynamic, so that one compiled pass serves every width (a 1-token pass may get its
+        own)."""
         w = inp.shape[1] - 2
         with self._by_row():
-            if (self._compiled is None or w > self.max_graph_width or keep != w
-                    or not self.cache.layers[0].is_initialized):
+            prefill = self.compile_prefills and keep == 1 < w and self.cache.layers[0].is_initialized
+            if not prefill and (self._compiled is None or w > self.max_graph_width or keep != w
+                                or not self.cache.layers[0].is_initialized):
                 return self._packed_pass(inp, keep)
+            if prefill and self._compiled_prefill is None:
+                self._compiled_prefill = torch.compile(self._prefill_pass)
             try:
                 torch._dynamo.maybe_mark_dynamic(inp, 1)
                 with torch._dynamo.config.patch(recompile_limit=COMPILE_LIMIT):
-                    return self._compiled(inp, 0)  # logits_to_keep 0: all
+                    return self._compiled_prefill(inp) if prefill else self._compiled(inp, 0)  # 0: all logits
             except torch.OutOfMemoryError:  # the pass's own failure, not the compiler's
                 raise
             except Exception as e:  # e.g. no compiler for inductor's kernels on this machine
                 log.warning("%s: torch.compile failed (%s: %s); its passes run uncompiled from now on",
                             type(self.model).__name__, type(e).__name__, str(e)[:200])
-                self._compiled = None
+                self._compiled = self._compiled_prefill = None
+                self.compile_prefills = False
                 return self._packed_pass(inp, keep)
+
+    def _prefill_pass(self, inp: torch.Tensor) -> torch.Tensor:
+        return self._packed_pass(inp, 1)
 
     def _packed_pass(self, inp: torch.Tensor, keep: int) -> torch.Tensor:
         """`_forward` over packed inputs (rows, w + 2): one contiguous tensor, so that a compiled

@@ -172,3 +172,21 @@ def test_compiling_without_a_graph_counts_as_one_off_work(models, prompts, caplo
     assert all(0 <= s.prefill_setup_s <= s.setup_s <= s.latency_s for s in stats)
     again = [gen.generate(p).stats for p in prompts[::-1]]  # nothing new to compile, nothing added
     assert gen.static.capture_s == setup and all(s.setup_s == s.prefill_setup_s == 0 for s in again)
+
+
+def test_compiled_prefills_decode_what_generate_does(models):
+    """Prompts' prefill passes (one logit kept, any width) through torch.compile too, as the GPU
+    bench's "compiled prefills" run them: outputs unchanged, and the prefills really compiled."""
+    torch._dynamo.reset()
+    target, draft = models["llama"]
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (20, 33, 27)]  # wider than a graph's pass
+    n = 8
+    reference = [hf_greedy(target, p, n) for p in prompts]
+    gen = SpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="on"), num_speculative_tokens=3,
+                               max_new_tokens=n, cuda_graphs="on", torch_compile=True)
+    gen.static.compile_prefills = True
+    widths = []
+    gen.static._prefill_pass = lambda inp, own=gen.static._prefill_pass: widths.append(inp.shape[1] - 2) or own(inp)
+    assert [gen.generate(p).tokens for p in prompts] == reference
+    assert gen.static._compiled_prefill is not None and widths[-2:] == [32, 26]  # (the first pass allocates)
