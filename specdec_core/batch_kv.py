@@ -318,7 +318,7 @@ class BatchKV:
 
         def forward(*args, **kwargs):
             given = dict(inspect.signature(own).bind(*args, **kwargs).arguments)
-            base, out = given["cache_length"], None
+            base, out = given.get("cache_length", 0), None
             for length in sorted(set(lengths)):
                 which = [b for b, n in enumerate(lengths) if n == length]
                 w = m if cap is None else max(1, min(m, cap - length))

@@ -190,3 +190,29 @@ def test_compiled_prefills_decode_what_generate_does(models):
     gen.static._prefill_pass = lambda inp, own=gen.static._prefill_pass: widths.append(inp.shape[1] - 2) or own(inp)
     assert [gen.generate(p).tokens for p in prompts] == reference
     assert gen.static._compiled_prefill is not None and widths[-2:] == [32, 26]  # (the first pass allocates)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "m2m100"])
+def test_compiled_passes_of_a_window_and_a_position_table(family):
+    """--torch_compile over a mask per layer type (Gemma 2, rows past its window) and over
+    M2M100's position embedding looked up on the device, batch 1 and in slots: what the GPU's
+    compiled test checks with Triton's kernels, here with inductor's CPU code."""
+    from tests.family_models import V, family_model
+    from tests.test_batch_families import hf_greedy as hf_greedy_any
+
+    torch._dynamo.reset()
+    target, draft = family_model(family, seed=1), family_model(family, seed=2)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3)]
+    n = 16  # past the tests' 6-token window
+    refs = [hf_greedy_any(target, p, n) for p in prompts]
+    drafter = ModelDrafter(draft, cuda_graphs="on", chain=True, torch_compile=True)
+    single = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=n, cuda_graphs="on",
+                                  torch_compile=True)
+    runs = count_compiled(single.static)
+    assert [single.generate(p).tokens for p in prompts] == refs, (family, "batch 1")
+    batch = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=2, num_speculative_tokens=3,
+                                      max_new_tokens=n, cuda_graphs="on", torch_compile=True)
+    batched = count_compiled(*batch.slots.values())
+    assert [o.tokens for o in batch.generate_many([(p, 0) for p in prompts])] == refs, (family, "batched")
+    assert {rows for rows, _ in runs} == {1} and {rows for rows, _ in batched} == {2}  # really compiled
