@@ -246,11 +246,14 @@ def _check_batching(opts: SpecDecOptions) -> None:
 
 
 def _check_context(opts: SpecDecOptions) -> None:
-    """--max_new_tokens past what a local model's decoder can position would fail every row
-    (`PromptTooLong`): a causal decoder holds the prompt (a token at least) and the output."""
+    """--max_new_tokens past what a local target's decoder can position would fail every row
+    (`PromptTooLong`): a causal decoder holds the prompt (a token at least) and the output. (A
+    draft with another tokenizer counts its own positions and stops drafting when full.)"""
     from specdec_core.loading import positions
 
     for flag, path, config in _local_model_configs(opts):
+        if flag != "--target_model":
+            continue
         limit = positions(config)
         room = None if limit is None else limit - (0 if config.is_encoder_decoder else 1)
         if room is not None and opts.max_new_tokens > room:
