@@ -69,9 +69,11 @@ def prefill_chunks(lengths: list[int], budget: int | None) -> list[list[int]]:
     return chunks
 
 
-def _by_rows(kv: BatchKV | SlotKV | None) -> bool:
-    """Whether new rows enter this cache one by one through graphs (`SlotKV.prefill`)."""
-    return isinstance(kv, SlotKV) and kv.prefills_in_graphs
+def _by_rows(kv: BatchKV | SlotKV | None, rows: int) -> bool:
+    """Whether these many new rows enter this cache one by one through graphs (`SlotKV.prefill`)
+    rather than in padded eager passes (`SlotKV.graph_prefill_rows`)."""
+    return (isinstance(kv, SlotKV) and kv.prefills_in_graphs
+            and (kv.graph_prefill_rows is None or rows <= kv.graph_prefill_rows))
 
 
 def unbatchable(config) -> str | None:
@@ -327,7 +329,7 @@ class BatchSpeculativeGenerator:
         # Invariant between rounds, as in the batch-1 engine: each cache holds every committed
         # token of a row except the newest. The draft's cache may hold fewer (`_draft` feeds it
         # what it lacks); while the batch does not draft, newcomers skip the draft's prefill.
-        by_rows = _by_rows(tkv)
+        by_rows = _by_rows(tkv, len(rows))
         encoded = self._prefill(self.target, tkv, rows, into)
         if dkv is not None:
             # An encoder-decoder draft is always prefilled: its encoding is the row's cross cache,
@@ -335,7 +337,7 @@ class BatchSpeculativeGenerator:
             # sharing the encoder takes the target's outputs where both prefill alike (per row
             # through graphs, or in the same padded chunks).
             if self._drafting or self.encdec:
-                shared = self.shared_encoder and _by_rows(dkv) == by_rows
+                shared = self.shared_encoder and _by_rows(dkv, len(rows)) == by_rows
                 self._prefill(self.draft_model, dkv, rows, into, encoded if shared else None)
             else:
                 for r in rows:
@@ -361,7 +363,7 @@ class BatchSpeculativeGenerator:
         the same way) spares running the encoder again."""
         t0, setup = time.perf_counter(), setup_seconds(kv)
         feeds = [r.seq[:-1] for r in rows]
-        if _by_rows(kv):
+        if _by_rows(kv, len(rows)):
             hidden = kv.prefill(feeds, into, [r.prompt for r in rows] if self.encdec else None, encoded)
         else:
             parts, hidden = [], []

@@ -78,6 +78,9 @@ class SlotKV(StaticKV):
         self._embeds = [m for m in self._embeds if m not in self._tables]  # (their forward is replaced)
         self._bias_by_row = {m: bias_by_row(m, lambda: self.positions, self._key_columns) for m in biases}
         self._prefiller: StaticDecoder | None = None  # new rows' prefills (`prefill`), made on first use
+        # Rows admitted together beyond this many are prefilled in padded eager passes instead of
+        # one-row graphs (None: never); the GPU bench measures where that pays before any default.
+        self.graph_prefill_rows: int | None = None
 
     def _reset(self) -> None:
         self.lengths = [0] * self.buffer_rows

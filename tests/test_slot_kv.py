@@ -683,3 +683,34 @@ def test_rows_admitted_one_by_one_prefill_through_graphs(models, prompts, kind, 
         # (each growth of the one-row decoder drops its graphs: those since the last one)
         assert {key for key in pre._graphs if key[0] == "prefill"} <= {("prefill", w) for w in (4, 16, 32, 64)}
         assert pre.captures > 0 and kv.capture_s >= pre.capture_s
+
+
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_rows_admitted_together_beyond_a_count_prefill_in_a_padded_pass(kind, models, prompts, fake_graphs,
+                                                                         monkeypatch):
+    """With `graph_prefill_rows` (the GPU bench's "eager prefills of 4+ rows"), rows admitted
+    together beyond that many enter through a padded eager pass, fewer through one-row graphs:
+    both in one job, and greedy output equals `generate()`."""
+    from tests.test_batch_families import hf_greedy as hf_greedy_any
+
+    target, draft = models[kind]
+    items = [prompts[i] for i in (0, 3, 1, 4, 5, 6, 2)]
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=3,
+                                       num_speculative_tokens=3, max_new_tokens=10, cuda_graphs="on")
+    kvs = [graphed(kv, True) for kv in engine.slots.values()]
+    for kv in kvs:
+        kv.graph_prefill_rows = 1
+    entered = []  # the target's admissions: (how, rows)
+    for name, how in (("prefill", "graphs"), ("merge", "padded"), ("place", "padded")):
+        own = getattr(SlotKV, name)
+
+        def watched(self, *args, own=own, how=how, **kwargs):
+            if self is kvs[0]:
+                rows = len(args[0]) if how == "graphs" else sum(kv.rows for kv in args if isinstance(kv, BatchKV))
+                entered.append((how, rows))
+            return own(self, *args, **kwargs)
+        monkeypatch.setattr(SlotKV, name, watched)
+    out = engine.generate_many([(p, 0) for p in items])
+    assert [o.tokens for o in out] == [hf_greedy_any(target, p, 10) for p in items]
+    assert entered[0] == ("padded", 3)  # the first 3 rows at once
+    assert ("graphs", 1) in entered and all(how == "graphs" for how, n in entered if n == 1)

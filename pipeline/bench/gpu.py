@@ -331,13 +331,14 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
         return lambda items: hf(batch_size, items, **_hf_static_compiled(args, n))
 
     def ours(batch_size: int, drafter, graphs: str = "auto", before: bool = False, compiled: bool = False,
-             graph_prefills: bool = True, compiled_prefills: bool = False):
+             graph_prefills: bool = True, compiled_prefills: bool = False, graph_prefill_rows: int | None = None):
         # One engine per configuration: its static slots and graphs are made once, in the warm-up.
         engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=g,
                                            max_new_tokens=n, cuda_graphs=graphs, torch_compile=compiled)
         for kv in engine.slots.values():
             if kv is not None:
                 kv.graph_prefills, kv.compile_prefills = graph_prefills, compiled_prefills
+                kv.graph_prefill_rows = graph_prefill_rows
         if before:  # as the engine was: each row's picks read back on their own, cuDNN attention allowed
             engine._argmax_rows = lambda live, logits: None
 
@@ -359,9 +360,15 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
         if args.torch_compile:
             configs["ours, target alone, compiled"] = ours(b, NoDrafter(), compiled=True)
             configs["ours, draft, chained, compiled"] = ours(b, ModelDrafter(draft, chain=True), compiled=True)
-            # New rows' prefill graphs compiled too (off by default until measured here).
+            # New rows' prefill graphs compiled too; or rows admitted 4 or more at a time prefilled
+            # in one padded eager pass (an eager pass costs about three one-row graph prefills of
+            # the 1.1B target on the H200). Neither is a default until measured here.
             configs["ours, draft, chained, compiled, compiled prefills"] = ours(
                 b, ModelDrafter(draft, chain=True), compiled=True, compiled_prefills=True)
+            configs["ours, draft, chained, compiled, eager prefills of 4+ rows"] = ours(
+                b, ModelDrafter(draft, chain=True), compiled=True, graph_prefill_rows=3)
+            configs["ours, target alone, compiled, eager prefills of 4+ rows"] = ours(
+                b, NoDrafter(), compiled=True, graph_prefill_rows=3)
         if b == args.batch_sizes[0]:
             # New rows prefilled eagerly in a padded cache, as before prefill graphs.
             configs["ours, target alone, eager prefills"] = ours(b, NoDrafter(), graph_prefills=False)
