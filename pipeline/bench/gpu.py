@@ -361,8 +361,9 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
             configs["ours, target alone, compiled"] = ours(b, NoDrafter(), compiled=True)
             configs["ours, draft, chained, compiled"] = ours(b, ModelDrafter(draft, chain=True), compiled=True)
             # New rows' prefill graphs compiled too; or rows admitted 4 or more at a time prefilled
-            # in one padded eager pass (an eager pass costs about three one-row graph prefills of
-            # the 1.1B target on the H200). Neither is a default until measured here.
+            # in one padded eager pass (on the H200 an eager pass of the 1.1B target took 13-15 ms,
+            # launch-bound; a one-row prefill graph about 4 ms by the B = 32 admissions' share of
+            # the wall time). Neither is a default until measured here.
             configs["ours, draft, chained, compiled, compiled prefills"] = ours(
                 b, ModelDrafter(draft, chain=True), compiled=True, compiled_prefills=True)
             configs["ours, draft, chained, compiled, eager prefills of 4+ rows"] = ours(
