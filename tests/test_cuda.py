@@ -241,19 +241,11 @@ def test_the_self_checks_answer_on_cuda_as_on_a_cpu(dtype):
     """The engines' self-checks at load with the GPU's kernels: every family the engines take is
     accepted (a false alarm would cost a GPU its graphs, silently but for a log line) and the
     broken ones are refused, in float32 and in bfloat16, which GPU jobs run in."""
-    from specdec_core import self_check
     from tests.family_models import SEQ2SEQ_FAMILIES, WINDOW_FAMILIES, family_model
-    from tests.test_more_families import FAMILIES, NONE, REFUSED
+    from tests.test_more_families import FAMILIES, self_checks_wrong
 
-    wrong = []
-    for family in SEQ2SEQ_FAMILIES + WINDOW_FAMILIES + FAMILIES:
-        model = family_model(family, seed=1).to("cuda", dtype)
-        verify, b1, slots, eager = REFUSED.get(family, NONE)
-        answers = (self_check.verify_disagreement(model), self_check.static_disagreement(model),
-                   self_check.rows_disagreement(model, 0, slots=True),
-                   self_check.rows_disagreement(model, 0, slots=False))
-        if [a is not None for a in answers] != [e is not None for e in (verify, b1, b1 or slots, eager)]:
-            wrong.append(f"{family}: {answers}")
+    wrong = [why for family in SEQ2SEQ_FAMILIES + WINDOW_FAMILIES + FAMILIES
+             if (why := self_checks_wrong(family, family_model(family, seed=1).to("cuda", dtype)))]
     assert not wrong, "\n".join(wrong)
 
 
