@@ -251,14 +251,15 @@ def _check_context(opts: SpecDecOptions) -> None:
     draft with another tokenizer counts its own positions and stops drafting when full.)"""
     from specdec_core.loading import positions
 
-    for flag, path, config in _local_model_configs(opts):
-        if flag != "--target_model":
-            continue
-        limit = positions(config)
-        room = None if limit is None else limit - (0 if config.is_encoder_decoder else 1)
-        if room is not None and opts.max_new_tokens > room:
-            raise JobConfigError(f"--max_new_tokens {opts.max_new_tokens}: {flag} {path!r} can hold at most {room} "
-                                 f"new tokens (its decoder's {limit} positions); every row would fail")
+    found = next((c for c in _local_model_configs(opts) if c[0] == "--target_model"), None)  # (yielded first)
+    if found is None:
+        return
+    flag, path, config = found
+    limit = positions(config)
+    room = None if limit is None else limit - (0 if config.is_encoder_decoder else 1)
+    if room is not None and opts.max_new_tokens > room:
+        raise JobConfigError(f"--max_new_tokens {opts.max_new_tokens}: {flag} {path!r} can hold at most {room} "
+                             f"new tokens (its decoder's {limit} positions); every row would fail")
 
 
 def _check_cuda_graphs(opts: SpecDecOptions) -> None:

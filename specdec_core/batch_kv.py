@@ -164,6 +164,7 @@ class BatchKV:
         self._pos_modules, self._bias_modules = decoder_position_modules(model) if self.encdec else ([], [])
         # Position embeddings that count from the ids (M2M100, NLLB): counted per token (`fed_alone`).
         self._forwards = {m: fed_alone(m) for m in self._pos_modules if counts_positions_from_ids(m)}
+        self._caps = {m: table_size(m) for m in self._pos_modules}  # (positions each table embeds)
         for module in self._pos_modules:
             if "cache_length" not in inspect.signature(module.forward).parameters:
                 raise ValueError(f"{type(model).__name__}: its decoder's position embedding takes no cache length, so "
@@ -235,7 +236,7 @@ class BatchKV:
         with ExitStack() as stack:
             if self.encdec:  # hooked, or (aligned) not while another thread's hooks change the model
                 # (aligned rows' pads could still run past a position table near its end)
-                fits = all(cap is None or width + m <= cap for cap in map(table_size, self._pos_modules))
+                fits = all(cap is None or width + m <= cap for cap in self._caps.values())
                 stack.enter_context(hooked(self.model, [], {}, None, forwards=self._forwards) if aligned and fits
                                     else self._true_positions(pos, width))
                 d = getattr(self.model.config, "d_model", None) or self.model.config.hidden_size
@@ -313,7 +314,7 @@ class BatchKV:
         its last position."""
         # (the class's forward: while another thread's pass runs, the instance's is patched)
         own = self._forwards.get(module) or MethodType(type(module).forward, module)
-        cap = table_size(module)
+        cap = self._caps[module]
         lengths = [len(c) for c in self.cols]
 
         def forward(*args, **kwargs):

@@ -144,6 +144,29 @@ def static_disagreement(model: PreTrainedModel) -> str | None:
     return _once(model, ("static",), check)
 
 
+def _rows_probe(model: PreTrainedModel) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """The rows check's two prompts, the decoder tokens each starts from, and the tokens fed after."""
+    prompts = [probe_ids(model, 9), probe_ids(model, 5, offset=2)]
+    return prompts, [initial_decoder_ids(model, p) for p in prompts], probe_ids(model, 6, offset=1)
+
+
+@torch.inference_mode()
+def _rows_growing(model: PreTrainedModel) -> list[list[torch.Tensor]]:
+    """Each row's passes of `rows_disagreement` over its own growing cache (the first row with
+    more rejections than `probe_passes`), computed once per model and kept on the CPU: what every
+    rows check of the model (slots, padded batches, pass widths) compares with."""
+    def passes() -> list[list[torch.Tensor]]:
+        prompts, seqs, e = _rows_probe(model)
+        first = CachedDecoder(model, prompts[0])
+        want = [[first.forward(seqs[0] + e[:5], 6)]]
+        first.rollback(len(seqs[0]) + 1)
+        want[0] += [first.forward(seqs[0] + e[:n], k) for n, k in ((2, 1), (4, 2))]
+        alone = CachedDecoder(model, prompts[1])
+        want.append([alone.forward(seqs[1] + e[:n], k) for n, k in ((1, 2), (2, 1), (4, 2))])
+        return [[t.cpu() for t in row] for row in want]
+    return _once(model, ("rows passes",), passes)
+
+
 def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = True, min_width: int = 1) -> str | None:
     """Why rows decoded together would not get each row's own logits, or None: in fixed slots
     (`slots`; after `static_disagreement`, the one-row static decoder that prefills rows on a GPU)
@@ -158,17 +181,10 @@ def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = Tru
         if slots and (why := static_disagreement(model)):
             return why
         where = "in slots" if slots else "in a padded batch"
-        prompts = [probe_ids(model, 9), probe_ids(model, 5, offset=2)]
-        seqs = [initial_decoder_ids(model, p) for p in prompts]
-        e = probe_ids(model, 6, offset=1)
+        prompts, seqs, e = _rows_probe(model)
         try:
+            want = _rows_growing(model)
             with torch.inference_mode():
-                first = CachedDecoder(model, prompts[0])  # (more rejections than `probe_passes`)
-                want = [[first.forward(seqs[0] + e[:5], 6)]]
-                first.rollback(len(seqs[0]) + 1)
-                want[0] += [first.forward(seqs[0] + e[:n], k) for n, k in ((2, 1), (4, 2))]
-                alone = CachedDecoder(model, prompts[1])
-                want.append([alone.forward(seqs[1] + e[:n], k) for n, k in ((1, 2), (2, 1), (4, 2))])
                 kv = fresh = BatchKV(model, 2, pad_id, min_width)
                 if fresh.encdec:  # (the batch engine's admission without graphs)
                     fresh.encode(prompts)

@@ -409,9 +409,9 @@ class StaticKV:
         own)."""
         w = inp.shape[1] - 2
         with self._by_row():
-            prefill = self.compile_prefills and keep == 1 < w and self.cache.layers[0].is_initialized
-            if not prefill and (self._compiled is None or w > self.max_graph_width or keep != w
-                                or not self.cache.layers[0].is_initialized):
+            prefill = self.compile_prefills and keep == 1 < w
+            decode = self._compiled is not None and w <= self.max_graph_width and keep == w
+            if not (prefill or decode) or not self.cache.layers[0].is_initialized:
                 return self._packed_pass(inp, keep)
             if prefill and self._compiled_prefill is None:
                 self._compiled_prefill = torch.compile(self._prefill_pass)
