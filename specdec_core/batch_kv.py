@@ -237,7 +237,7 @@ class BatchKV:
             if self.encdec:  # hooked, or (aligned) not while another thread's hooks change the model
                 # (aligned rows' pads could still run past a position table near its end)
                 fits = all(cap is None or width + m <= cap for cap in self._caps.values())
-                stack.enter_context(hooked(self.model, [], {}, None, forwards=self._forwards) if aligned and fits
+                stack.enter_context(hooked(self.model, {}, self._forwards) if aligned and fits
                                     else self._true_positions(pos, width))
                 d = getattr(self.model.config, "d_model", None) or self.model.config.hidden_size
                 # The cross-attention keys/values are cached: the encoder outputs are not read again.
@@ -303,8 +303,8 @@ class BatchKV:
         def keys(key_length: int) -> tuple[torch.Tensor, int]:
             return colpos[:, None, :key_length], top
 
-        return hooked(self.model, [], {m: bias_by_row(m, lambda: pos, keys) for m in self._bias_modules}, None,
-                      forwards={m: self._embed_by_row(m, pos.shape[1]) for m in self._pos_modules})
+        return hooked(self.model, {m: bias_by_row(m, lambda: pos, keys) for m in self._bias_modules},
+                      {m: self._embed_by_row(m, pos.shape[1]) for m in self._pos_modules})
 
     def _embed_by_row(self, module: torch.nn.Module, m: int) -> Callable:
         """A decoder position embedding's forward for a pass of m tokens per row: each row's

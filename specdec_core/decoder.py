@@ -89,6 +89,15 @@ def counts_positions_from_ids(module: torch.nn.Module) -> bool:
             and isinstance(getattr(module, "padding_idx", None), int))
 
 
+def position_table(module: torch.nn.Module) -> bool:
+    """Whether a decoder position embedding is a table of one row per position (an
+    `nn.Embedding`, learned like BART's and LED's or fixed like Marian's sinusoids), which static
+    caches look up at each row's own positions (`StaticKV._lookup_forward`): its own forward
+    counts positions from the cache length with `torch.arange` (LED's, MVP's), which reads that
+    length on the host (a capture cannot) and gives every row the same positions."""
+    return isinstance(module, torch.nn.Embedding) and not counts_positions_from_ids(module)
+
+
 def fed_alone(module: torch.nn.Module):
     """A `counts_positions_from_ids` embedding's forward for the eager passes of several tokens:
     each token's embedding as the module gives it fed alone after the cache's earlier tokens, as
@@ -108,31 +117,22 @@ def fed_alone(module: torch.nn.Module):
 
 
 @contextmanager
-def hooked(model: PreTrainedModel, embeds: list, biases: dict, embed_hook, embed_pre_hook=None,
-           forwards: dict | None = None):
-    """While a pass of `model` runs: `embed_hook` (and `embed_pre_hook`) on each decoder position
-    embedding, each relative-bias module's `compute_bias` replaced by `biases[module]`, and each
-    module of `forwards` run as `forwards[module]` instead of its own forward. They
-    change the model for every caller, so one such pass of a model runs at a time, and the other
-    passes of an encoder-decoder model (growing caches, aligned padded passes, static caches)
-    wait for it (`pass_lock`). An instance's own `compute_bias` or `forward` comes back
-    after."""
+def hooked(model: PreTrainedModel, biases: dict, forwards: dict):
+    """While a pass of `model` runs: each relative-bias module's `compute_bias` replaced by
+    `biases[module]`, and each module of `forwards` (position embeddings) run as
+    `forwards[module]` instead of its own forward. They change the model for every caller, so
+    one such pass of a model runs at a time, and the other passes of an encoder-decoder model
+    (growing caches, aligned padded passes, static caches) wait for it (`pass_lock`). An
+    instance's own `compute_bias` or `forward` comes back after."""
     with pass_lock(model):
         patches = [(m, "compute_bias", f) for m, f in biases.items()]
-        patches += [(m, "forward", f) for m, f in (forwards or {}).items()]
+        patches += [(m, "forward", f) for m, f in forwards.items()]
         saved = [(m, name, vars(m).get(name)) for m, name, _ in patches]
-        handles = []
         try:
-            for module in embeds:
-                if embed_pre_hook is not None:
-                    handles.append(module.register_forward_pre_hook(embed_pre_hook, with_kwargs=True))
-                handles.append(module.register_forward_hook(embed_hook, with_kwargs=True))
             for module, name, fn in patches:
                 setattr(module, name, fn)
             yield
         finally:
-            for h in handles:
-                h.remove()
             for module, name, before in saved:
                 if before is None:
                     vars(module).pop(name, None)  # the class's own again
@@ -179,7 +179,7 @@ class CachedDecoder:
         if self._logits_kwarg:
             kwargs["logits_to_keep"] = max(num_logits, 1)
         if self.model.config.is_encoder_decoder:  # not while another thread's pass hooks its decoder
-            with hooked(self.model, [], {}, None, forwards=self._forwards):
+            with hooked(self.model, {}, self._forwards):
                 out = self.model(**kwargs)
         else:
             out = self.model(**kwargs)

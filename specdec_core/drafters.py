@@ -131,7 +131,7 @@ class ModelDrafter(Drafter):
         if self.static is None:
             decoder = CachedDecoder(self.model, prompt_ids)
         else:
-            decoder = StaticDecoder(self.model, compile=self.torch_compile)
+            decoder = StaticDecoder(self.model, compile=self.torch_compile, min_width=self.static.min_width)
             decoder.encode(prompt_ids)
         decoder.forward(seq, 1)
         decoder.forward(seq + extra[:1], 1)  # a step's graph (with graphs) captured before any timing

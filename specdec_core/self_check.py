@@ -123,10 +123,10 @@ def verify_disagreement(model: PreTrainedModel) -> str | None:
     return _once(model, ("verify",), check)
 
 
-def static_disagreement(model: PreTrainedModel) -> str | None:
-    """Why this model's passes over a static cache (`StaticDecoder`, run eagerly) would not give
-    its own logits, or None. A model that ignores the explicit mask of a 1-token pass (LED's
-    decoder) or fails over the buffers is caught here."""
+def static_disagreement(model: PreTrainedModel, min_width: int = 1) -> str | None:
+    """Why this model's passes over a static cache (`StaticDecoder`, run eagerly, its passes at
+    least `min_width` tokens wide) would not give its own logits, or None. A model that ignores
+    the explicit mask of a 1-token pass (LED's decoder) or fails over the buffers is caught here."""
     from specdec_core.static_decoder import StaticDecoder
 
     def check() -> str | None:
@@ -134,14 +134,14 @@ def static_disagreement(model: PreTrainedModel) -> str | None:
         try:
             want = _growing(model)
             with torch.inference_mode():
-                static = StaticDecoder(model, graphs=False)
+                static = StaticDecoder(model, graphs=False, min_width=min_width)
                 static.acquire()
                 static.encode(prompt)
                 got = probe_passes(static, seq, extra)
         except Exception as e:  # a model whose passes fail over the buffers
             return f"fails over static caches ({type(e).__name__}: {str(e)[:120]})"
         return _compare(got, want, "over static caches than over its own cache", model.dtype)
-    return _once(model, ("static",), check)
+    return _once(model, ("static", min_width), check)
 
 
 def _rows_probe(model: PreTrainedModel) -> tuple[list[list[int]], list[list[int]], list[int]]:
@@ -173,25 +173,26 @@ def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = Tru
     or in an eager padded batch (`BatchKV`). Two rows of different lengths, each at its own
     positions (a position embedding that cannot take them per row fails here), four drafts
     rejected in one (holes that a pass of one token per row must not see), against each row's own
-    growing cache. min_width: the padded batch's narrowest pass over holes (`BatchKV`)."""
+    growing cache. min_width: the narrowest pass, in slots (`StaticKV.min_width`) or over a padded
+    batch's holes (`BatchKV.min_width`)."""
     from specdec_core.batch_kv import BatchKV
     from specdec_core.slot_kv import SlotKV
 
     def check() -> str | None:
-        if slots and (why := static_disagreement(model)):
+        if slots and (why := static_disagreement(model, min_width)):
             return why
         where = "in slots" if slots else "in a padded batch"
         prompts, seqs, e = _rows_probe(model)
         try:
             want = _rows_growing(model)
             with torch.inference_mode():
-                kv = fresh = BatchKV(model, 2, pad_id, min_width)
+                kv = fresh = BatchKV(model, 2, pad_id, 1 if slots else min_width)
                 if fresh.encdec:  # (the batch engine's admission without graphs)
                     fresh.encode(prompts)
                 else:
                     fresh.forward([s[:-1] for s in seqs], logits=False)
                 if slots:
-                    kv = SlotKV(model, 2, pad_id, graphs=False)
+                    kv = SlotKV(model, 2, pad_id, graphs=False, min_width=min_width)
                     kv.acquire()
                     kv.merge(fresh)
                 got: list[list[torch.Tensor]] = [[], []]

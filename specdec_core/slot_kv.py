@@ -38,44 +38,33 @@ def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0, 
                 ) -> SlotKV | None:
     """The batch engine's slots for `--cuda_graphs` (`static_decoder.takes_static`) and
     `--torch_compile`, or None."""
-    if not takes_static(model, mode, batched=True, pad_id=pad_id):
+    width = takes_static(model, mode, batched=True, pad_id=pad_id)
+    if not width:
         if compile:
             log.info("--torch_compile: %s batches run uncompiled (their passes run over no static cache)",
                      type(model).__name__)
         return None
-    kv = SlotKV(model, slots, pad_id, strict=mode == "on", compile=compile)
+    kv = SlotKV(model, slots, pad_id, strict=mode == "on", compile=compile, min_width=width)
     log.info("%s batches decode in %d fixed slots%s%s", type(model).__name__, slots,
              " with CUDA graphs (each pass width captured once, on first use)" if kv.graphs
              else ", eagerly (no CUDA device)", ", their passes compiled by torch.compile" if compile else "")
     return kv
 
 
-def _clamp_ids(module, args, kwargs):
-    """A position embedding's ids past its table clamped (only pads reach them)."""
-    ids = kwargs.get("position_ids")
-    if ids is not None:
-        kwargs["position_ids"] = ids.clamp(max=module.weight.shape[0] - getattr(module, "offset", 0) - 1)
-    return args, kwargs
-
-
-def _per_row(module, args, kwargs, output):
-    return output[0] if output.dim() == 4 else output  # learned embeddings add a leading dim to 2D ids
-
-
 class SlotKV(StaticKV):
     """`slots` rows of fixed buffers, the rows of a batch in some of them (`slot_of`)."""
 
     def __init__(self, model: PreTrainedModel, slots: int, pad_id: int = 0, graphs: bool | None = None,
-                 max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, compile: bool = False):
-        super().__init__(model, slots, graphs, max_graph_width, strict, batched=True, compile=compile)
+                 max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, compile: bool = False,
+                 min_width: int = 1):
+        super().__init__(model, slots, graphs, max_graph_width, strict, batched=True, compile=compile,
+                         min_width=min_width)
         self.pad_id = pad_id
         self.lengths = [0] * slots  # per slot: its row's cached tokens (0 when free)
         self.slot_of: list[int] = []  # per row of the batch, in the engine's order: its slot
         self.logits: torch.Tensor | None = None  # the last pass's float32 logits (rows, fed, V)
-        # Encoder-decoder: the decoder modules that take each row's own positions (`_by_row`),
-        # each bias made once.
-        self._embeds, biases = decoder_position_modules(model) if self.encdec else ([], [])
-        self._embeds = [m for m in self._embeds if m not in self._tables]  # (their forward is replaced)
+        # Encoder-decoder: each relative position bias at each row's own positions (`_by_row`), made once.
+        biases = decoder_position_modules(model)[1] if self.encdec else []
         self._bias_by_row = {m: bias_by_row(m, lambda: self.positions, self._key_columns) for m in biases}
         self._prefiller: StaticDecoder | None = None  # new rows' prefills (`prefill`), made on first use
         # Rows admitted together beyond this many are prefilled in padded eager passes instead of
@@ -94,17 +83,15 @@ class SlotKV(StaticKV):
         return base[:, None]
 
     def _by_row(self):
-        """While a pass runs: each decoder position embedding gets every row's ids (its output
-        brought to (rows, w, d), and ids past its table clamped: only pads reach them; one that
-        counts positions from the token ids, M2M100's, is looked up per row: `_table_forward`), and each
-        relative position bias is looked up per row from the module's own bias of every distance
-        at the positions the pass stores (`batch_kv.bias_by_row`, here over the static column
-        count, so that nothing waits for the host). The hooks are made once per cache and set
-        around the pass, outside its compiled code (dynamo's tracing does not keep a
-        `compute_bias` patched inside it)."""
+        """While a pass runs: each decoder position embedding looks its rows up at each row's own
+        positions (`StaticKV._lookup_forward`, `StaticKV._table_forward`), and each relative
+        position bias is looked up per row from the module's own bias of every distance at the
+        positions the pass stores (`batch_kv.bias_by_row`, here over the static column count, so
+        that nothing waits for the host). They are made once per cache and set around the pass,
+        outside its compiled code (dynamo's tracing does not keep a `compute_bias` patched inside it)."""
         if not self.encdec:
             return contextlib.nullcontext()
-        return hooked(self.model, self._embeds, self._bias_by_row, _per_row, _clamp_ids, self._forwards)
+        return hooked(self.model, self._bias_by_row, self._forwards)
 
     def _key_columns(self, key_length: int) -> tuple[torch.Tensor, int]:
         return self.columns[None, None, :key_length], key_length
@@ -136,8 +123,7 @@ class SlotKV(StaticKV):
         w = max((len(f) for f in feeds), default=0)
         if w == 0:
             return [torch.empty(0) for _ in feeds]
-        if self.width + w > self.capacity:
-            self._grow(self.width + w, self.width)
+        self._fit(self.width + w, self.width)
         inp = self._slot_inputs(feeds, w)
         out = self._run(w, inp, lambda x: self._pass(x, w), f"a {w}-token pass over {self.buffer_rows} slots")
         for slot, f in zip(self.slot_of, feeds, strict=True):
@@ -163,8 +149,7 @@ class SlotKV(StaticKV):
         w = max((len(f) for f in feeds), default=0)
         if w == 0:
             return [[] for _ in feeds]
-        if self.width + w + k - 1 > self.capacity:
-            self._grow(self.width + w + k - 1, self.width)
+        self._fit(self.width + w + k - 1, self.width)
         inp = self._slot_inputs(feeds, w)
         picks = self._run((w, k), inp, lambda x: self._chain(x, k), f"{k} draft steps after {w} tokens over "
                           f"{self.buffer_rows} slots").tolist()
@@ -247,7 +232,7 @@ class SlotKV(StaticKV):
         slots = self._take_free(len(feeds)) if into is None else [self.slot_of[b] for b in into]
         if self._prefiller is None:
             self._prefiller = StaticDecoder(self.model, graphs=True, max_graph_width=self.max_graph_width,
-                                            strict=self.strict)
+                                            strict=self.strict, min_width=self.min_width)
             self._prefiller.compile_prefills = self.compile_prefills
         pre, setup, out = self._prefiller, self._prefiller.capture_s, []
         for j, (slot, feed) in enumerate(zip(slots, feeds, strict=True)):

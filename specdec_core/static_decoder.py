@@ -42,6 +42,7 @@ from specdec_core.decoder import (
     hooked,
     initial_decoder_ids,
     pass_lock,
+    position_table,
 )
 from specdec_core.device_map import devices_of
 from specdec_core.placement import decoder_layers
@@ -103,11 +104,11 @@ def graph_support(model: PreTrainedModel, batched: bool = False) -> str | None:
     if not model.config.is_encoder_decoder and "position_ids" not in inspect.signature(model.forward).parameters:
         return "takes no position_ids"
     if model.config.is_encoder_decoder and batched:
-        # Each row's positions reach the decoder's position embeddings as ids (`slot_kv.SlotKV`).
+        # Each row's positions are looked up in its decoder's position tables (`StaticKV._lookup_forward`).
         for module in decoder_position_modules(model)[0]:
-            if "position_ids" not in inspect.signature(module.forward).parameters \
-                    and not counts_positions_from_ids(module):
-                return f"has a decoder position embedding ({type(module).__name__}) that takes no position ids"
+            if not counts_positions_from_ids(module) and not position_table(module):
+                return (f"has a decoder position embedding ({type(module).__name__}) that computes one set of "
+                        "positions for all rows")
     return None
 
 
@@ -130,30 +131,36 @@ def wants_static(model: PreTrainedModel, mode: str, batched: bool = False) -> bo
     return True
 
 
-def takes_static(model: PreTrainedModel, mode: str, batched: bool = False, pad_id: int = 0) -> bool:
+def takes_static(model: PreTrainedModel, mode: str, batched: bool = False, pad_id: int = 0) -> int | None:
     """`wants_static`, then the self-check of the model over static caches (one item at a time,
-    or `batched` in slots: `self_check`): a model it refuses runs eagerly with "auto" (logged)
-    and stops the job with "on"."""
+    or `batched` in slots: `self_check`): the narrowest pass that it finds exact (`StaticKV.min_width`:
+    1, or 2 for a decoder that builds no mask for a one-token pass, LED's), or None. A model it
+    refuses at both runs eagerly with "auto" (logged) and stops the job with "on"."""
     if not wants_static(model, mode, batched):
-        return False
-    why = rows_disagreement(model, pad_id) if batched else static_disagreement(model)
-    if not why:
-        return True
+        return None
+
+    def why(width: int) -> str | None:
+        return rows_disagreement(model, pad_id, min_width=width) if batched else static_disagreement(model, width)
+
+    width = next((w for w in (1, 2) if why(w) is None), None)
+    if width:
+        return width
     if mode == "on":
-        raise ValueError(f"cuda_graphs on: {type(model).__name__} {why}")
+        raise ValueError(f"cuda_graphs on: {type(model).__name__} {why(1)}")
     log.warning("no static caches for %s: it %s; %s eagerly", type(model).__name__ + (" batches" if batched else ""),
-                why, "they run" if batched else "it runs")
-    return False
+                why(1), "they run" if batched else "it runs")
+    return None
 
 
 def static_decoder_for(model: PreTrainedModel, mode: str = "auto", compile: bool = False) -> StaticDecoder | None:
     """The batch-1 engines' static decoder for `--cuda_graphs` (`takes_static`) and
     `--torch_compile`, or None."""
-    if not takes_static(model, mode):
+    width = takes_static(model, mode)
+    if not width:
         if compile:
             log.info("--torch_compile: %s runs uncompiled (its passes run over no static cache)", type(model).__name__)
         return None
-    decoder = StaticDecoder(model, strict=mode == "on", compile=compile)
+    decoder = StaticDecoder(model, strict=mode == "on", compile=compile, min_width=width)
     log.info("%s decodes over a static cache%s%s", type(model).__name__,
              " with CUDA graphs (each pass width captured once, on first use; the log says what it costs)"
              if decoder.graphs else ", eagerly (no CUDA device)",
@@ -307,8 +314,10 @@ class StaticKV:
 
     def __init__(self, model: PreTrainedModel, rows: int, graphs: bool | None = None,
                  max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, batched: bool = False,
-                 compile: bool = False):
-        """strict: a pass that cannot be captured raises (`--cuda_graphs on`); otherwise the log
+                 compile: bool = False, min_width: int = 1):
+        """min_width: the narrowest pass the model runs (`takes_static`); a narrower one is widened
+        with pads, which land past the rows' tokens, hidden, like any pass's pads.
+        strict: a pass that cannot be captured raises (`--cuda_graphs on`); otherwise the log
         says so and this model's passes run eagerly from then on, over the same buffers.
         compile: passes up to `max_graph_width` wide go through `torch.compile` (inductor fuses a
         layer's small kernels: a graph replays the launches, not their count) before capture; a
@@ -323,6 +332,7 @@ class StaticKV:
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.max_graph_width = max_graph_width
         self.strict = strict
+        self.min_width = min_width
         self.layers = decoder_layers(model.config)
         self.capacity = 0
         self.capture_s = 0.0  # seconds spent capturing graphs (and compiling passes run without one)
@@ -350,6 +360,8 @@ class StaticKV:
             if self.encdec else []
         self._table: dict[torch.nn.Module, torch.Tensor] = {}
         self._forwards = {m: self._table_forward(m) for m in self._tables}
+        self._forwards |= {m: self._lookup_forward(m) for m in decoder_position_modules(model)[0]
+                           if position_table(m)} if self.encdec else {}
         self._compiled = torch.compile(self._packed_pass) if compile else None
         # Prompts' prefill passes (one logit kept) through torch.compile too, at a dynamic width:
         # off until measured on a GPU (the GPU bench's "compiled prefills" turn it on).
@@ -379,6 +391,12 @@ class StaticKV:
 
     def _reset(self) -> None:
         raise NotImplementedError
+
+    def _fit(self, end: int, keep: int) -> None:
+        """Room for a pass that writes up to column `end` (a widened pass, `min_width`, one more),
+        keeping the first `keep` columns."""
+        if end + self.min_width - 1 > self.capacity:
+            self._grow(end + self.min_width - 1, keep)
 
     def _grow(self, need: int, keep: int) -> None:
         """Room for `need` columns per row, keeping the first `keep`."""
@@ -433,8 +451,14 @@ class StaticKV:
 
     def _packed_pass(self, inp: torch.Tensor, keep: int) -> torch.Tensor:
         """`_forward` over packed inputs (rows, w + 2): one contiguous tensor, so that a compiled
-        pass sees the same layout at every width."""
-        return self._forward(inp[:, :-2], inp[:, -2], inp[:, -1], keep)
+        pass sees the same layout at every width. A pass narrower than `min_width` is widened by
+        repeating its last token (a pad: past each row's tokens, its logits dropped)."""
+        ids, extra = inp[:, :-2], self.min_width - (inp.shape[1] - 2)
+        if extra <= 0:
+            return self._forward(ids, inp[:, -2], inp[:, -1], keep)
+        ids = torch.cat([ids, ids[:, -1:].expand(-1, extra)], dim=1)
+        logits = self._forward(ids, inp[:, -2], inp[:, -1], keep + extra)
+        return logits[:, : logits.shape[1] - extra]
 
     def _forward(self, ids: torch.Tensor, base: torch.Tensor, fed: torch.Tensor, keep: int) -> torch.Tensor:
         """The model over tokens `ids` (rows, w), row r's at columns base[r].., logits of the last
@@ -497,11 +521,11 @@ class StaticKV:
 
     def _by_row(self):
         """A context in which the model takes each row's own positions, `self.positions` as each
-        pass sets them (one row: nothing to do but replace the forward of `_tables`' embeddings).
+        pass sets them (one row: nothing to do but replace the forward of `_forwards`' embeddings).
         An encoder-decoder's pass holds the model's pass lock either way (`decoder.pass_lock`)."""
-        if not self._tables:
+        if not self._forwards:
             return pass_lock(self.model) if self.encdec else contextlib.nullcontext()
-        return hooked(self.model, [], {}, None, forwards=self._forwards)
+        return hooked(self.model, {}, self._forwards)
 
     def _copy_tables(self) -> None:
         """This cache's copy of each `_tables` embedding's table, reaching every column of the
@@ -534,6 +558,16 @@ class StaticKV:
             return table.index_select(0, ids.view(-1)).view(*self.positions.shape, table.shape[-1])
         return forward
 
+    def _lookup_forward(self, module: torch.nn.Module):
+        """A `position_table` embedding's forward while this cache's passes run: its rows at each
+        row's own positions (`self.positions`, on the device; pads repeat their row's last
+        position, so none passes the table), beyond its `offset` (BART's table has two rows first)."""
+        offset = int(getattr(module, "offset", 0))
+
+        def forward(*args, **kwargs):
+            return torch.nn.functional.embedding(self.positions + offset, module.weight)
+        return forward
+
     def _grow_encoder(self, n: int) -> None:
         """Cross-attention buffers and encoder masks of at least n columns, keeping each row's
         columns; the new columns are masked (a row with none visible, a free slot, attends
@@ -557,13 +591,14 @@ class StaticKV:
                 layer.values[:, :, :old] = v
         self._graphs.clear()  # they hold the old buffers' addresses
 
-    def _run(self, key: int | tuple, inp: torch.Tensor, run, what: str, prefill: bool = False) -> torch.Tensor:
+    def _run(self, key: int | tuple, inp: torch.Tensor, run, what: str, prefill: bool = False,
+             fallback=None) -> torch.Tensor:
         """`run(inputs on the device)`: replayed through the graph kept under `key` (captured now
         if it is new) when graphs are on and the pass is narrow enough (or a prompt's padded
         `prefill`, encoder or cross-attention pass), else eagerly. A prompt's pass that cannot be
         captured (out of memory for a long prompt, an encoder that reads a value on the host)
         turns off that kind's graphs only (`uncaptured`, keyed by `key[0]`), even with `strict`:
-        decode passes keep theirs."""
+        decode passes keep theirs, and it runs as `fallback` (default `run`) eagerly."""
         if not self.graphs or (inp.shape[1] - 2 > self.max_graph_width and not prefill):
             if self._compiled is None:
                 return run(inp.to(self.device))
@@ -589,7 +624,7 @@ class StaticKV:
                         log.warning("%s: no CUDA graph of %s (%s: %s); such passes of prompts run eagerly from "
                                     "now on", type(self.model).__name__, what, type(e).__name__, str(e)[:200])
                         self.uncaptured.add(key[0])
-                        return run(inp.to(self.device))
+                        return (fallback or run)(inp.to(self.device))
                     if self.strict:
                         raise
                     log.warning("%s: no CUDA graph of %s (%s: %s); its passes run eagerly from now on",
@@ -674,8 +709,9 @@ class StaticDecoder(StaticKV):
     needs more."""
 
     def __init__(self, model: PreTrainedModel, graphs: bool | None = None, max_graph_width: int = MAX_GRAPH_WIDTH,
-                 strict: bool = False, compile: bool = False):
-        super().__init__(model, 1, graphs, max_graph_width, strict, batched=False, compile=compile)
+                 strict: bool = False, compile: bool = False, min_width: int = 1):
+        super().__init__(model, 1, graphs, max_graph_width, strict, batched=False, compile=compile,
+                         min_width=min_width)
         self.length = 0
         self.encoded: dict = {}  # decoder-only: no encoder outputs (CachedDecoder's interface)
         self._start: torch.Tensor | None = None  # encoder-decoder: the decoder start ids (1, 1), on the device
@@ -716,13 +752,18 @@ class StaticDecoder(StaticKV):
             pad = getattr(self.model.config, "pad_token_id", None) or 0
             ids = torch.tensor([prompt_ids + [pad] * (width - n)])
             visible = (torch.arange(width) < n).long()[None].to(self.device)
+
+            def eager(x: torch.Tensor) -> torch.Tensor:  # (unpadded, the mask is all ones, as `generate()` gives it)
+                return self.model.get_encoder()(input_ids=x.to(self.device), attention_mask=visible).last_hidden_state
+
             if graphed and self.prefill_graphs("encode"):
-                # A copy: a graph's output is overwritten by the next item's replay.
+                # A copy: a graph's output is overwritten by the next item's replay. An encoder that
+                # cannot be captured (LED's reads its global attention on the host, and takes no 4D
+                # mask) runs `eager` over the padded prompt.
                 hidden = self._run(("encode", width), ids, self._encoder, f"the encoder over {width} tokens",
-                                   prefill=True).clone()
-            else:  # (unpadded, the mask is all ones, as `generate()` gives it)
-                hidden = self.model.get_encoder()(input_ids=ids.to(self.device), attention_mask=visible
-                                                  ).last_hidden_state
+                                   prefill=True, fallback=eager).clone()
+            else:
+                hidden = eager(ids)
             encoded = {"encoder_outputs": BaseModelOutput(last_hidden_state=hidden), "attention_mask": visible}
         hidden = encoded["encoder_outputs"].last_hidden_state
         if graphed:
@@ -742,7 +783,8 @@ class StaticDecoder(StaticKV):
     def _encoder(self, ids: torch.Tensor) -> torch.Tensor:
         """The encoder's outputs over a padded prompt (1, w), the pads hidden by `enc_mask` (a 4D
         mask, which the model takes as it is, never reading it on the host); device ops only."""
-        return self.model.get_encoder()(input_ids=ids, attention_mask=self.enc_mask[..., : ids.shape[1]]
+        w = ids.shape[1]  # (the mask at the pass's own query count: some attention modules check its size)
+        return self.model.get_encoder()(input_ids=ids, attention_mask=self.enc_mask[..., :w].expand(-1, -1, w, -1)
                                         ).last_hidden_state
 
     def _cross(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -771,8 +813,7 @@ class StaticDecoder(StaticKV):
         n = len(tokens)
         padded = n <= MAX_PREFILL_GRAPH
         width = prefill_width(n) if padded else n
-        if self.length + width > self.capacity:
-            self._grow(self.length + width, self.length)
+        self._fit(self.length + width, self.length)
         inp = self._inputs([tokens], [self.length], 0, width)
         self._run(("prefill", width), inp, lambda x: self._pass(x, 1), f"a {width}-token prefill", prefill=padded)
         self.length += n
@@ -799,8 +840,7 @@ class StaticDecoder(StaticKV):
         if not new:
             return torch.empty(0, device=self.device)  # no logits asked for
         w = len(new)
-        if self.length + w > self.capacity:
-            self._grow(self.length + w, self.length)
+        self._fit(self.length + w, self.length)
         keep = w if (self.graphs or self._compiled) and w <= self.max_graph_width else max(num_logits, 1)
         logits = self._run(w, self._inputs([new], [self.length], 0), lambda inp: self._pass(inp, keep),
                            f"a {w}-token pass")
@@ -820,8 +860,7 @@ class StaticDecoder(StaticKV):
             raise ValueError("draft_greedy() needs a token the cache has not seen and k >= 1")
         new = self._prefill_head(new, 1)
         w = len(new)
-        if self.length + w + k - 1 > self.capacity:
-            self._grow(self.length + w + k - 1, self.length)
+        self._fit(self.length + w + k - 1, self.length)
         picks = self._run((w, k), self._inputs([new], [self.length], 0), lambda inp: self._chain(inp, k),
                           f"{k} draft steps after {w} tokens")
         self.length = len(tokens) + k - 1

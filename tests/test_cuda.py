@@ -249,10 +249,11 @@ def test_the_self_checks_answer_on_cuda_as_on_a_cpu(dtype):
     assert not wrong, "\n".join(wrong)
 
 
-@pytest.mark.parametrize("family", ["gemma2", "m2m100"])
+@pytest.mark.parametrize("family", ["gemma2", "m2m100", "led"])
 def test_compiled_passes_of_a_window_and_a_position_table_equal_generate_on_cuda(family):
-    """--torch_compile over a mask per layer type (Gemma 2) and over M2M100's replaced position
-    embedding, batch 1 and batched (last in this file: a run cut short by its time limit loses
+    """--torch_compile over a mask per layer type (Gemma 2), over M2M100's replaced position
+    embedding and over LED's position table looked up on the device with its one-token passes
+    widened, batch 1 and batched (last in this file: a run cut short by its time limit loses
     these first)."""
     from tests.family_models import V, family_model
 

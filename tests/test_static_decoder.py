@@ -213,12 +213,15 @@ def test_a_draft_sharing_the_targets_encoder_takes_its_outputs(models, tokenizer
     assert len(runs) == 1
 
 
-@pytest.mark.parametrize("family", ["t5", "mt5", "umt5", "bart", "pegasus", "marian", "m2m100", "mbart"])
+@pytest.mark.parametrize("family", ["t5", "mt5", "umt5", "bart", "pegasus", "marian", "m2m100", "mbart", "led", "mvp"])
 def test_every_seq2seq_family_through_static_caches_equals_generate(family, monkeypatch):
-    """Each family's own positions (learned, sinusoidal; M2M100/NLLB's counted from the ids, whose
-    host check of its table would stop a capture), relative biases (T5: first layer; UMT5: every
-    layer), start tokens and forced tokens, eagerly and through traced graph replays (the
-    decoder's start position is a device tensor, which a capture must not freeze)."""
+    """Each family's own positions (learned, sinusoidal, looked up at the device's position; LED's
+    and MVP's own embeddings count them with a host `arange`, and M2M100/NLLB's from the ids, with
+    a host check of its table: either would stop a capture), relative biases (T5: first layer;
+    UMT5: every layer), start tokens and forced tokens, LED's one-token passes widened to two (its
+    decoder reads no mask for one token; its encoder, which reads its global attention on the
+    host, runs eagerly), eagerly and through traced graph replays (the decoder's start position is
+    a device tensor, which a capture must not freeze)."""
     from tests.family_models import V, family_model
     from tests.test_batch_families import hf_greedy
     from tests.test_slot_kv import trace
@@ -237,6 +240,7 @@ def test_every_seq2seq_family_through_static_caches_equals_generate(family, monk
             for ids in prompts:
                 assert gen.generate(ids).tokens == hf_greedy(target, ids, 12), (family, drafter.name, ids, graphs)
             assert (gen.static.captures > 0) == graphs
+            assert gen.static.min_width == (2 if family == "led" else 1)
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma3"])
@@ -265,6 +269,7 @@ def test_sliding_window_families_through_static_caches_equal_generate(family, mo
                     static.graphs = graphs
             assert [gen.generate(ids).tokens for ids in prompts] == refs, (family, drafter.name, graphs)
             assert (gen.static.captures > 0) == graphs
+            assert gen.static.min_width == (2 if family == "led" else 1)
 
 
 def test_layers_other_than_full_or_sliding_attention_are_refused(models):

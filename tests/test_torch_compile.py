@@ -192,11 +192,12 @@ def test_compiled_prefills_decode_what_generate_does(models):
     assert gen.static._compiled_prefill is not None and widths[-2:] == [32, 26]  # (the first pass allocates)
 
 
-@pytest.mark.parametrize("family", ["gemma2", "m2m100"])
+@pytest.mark.parametrize("family", ["gemma2", "m2m100", "led"])
 def test_compiled_passes_of_a_window_and_a_position_table(family):
     """--torch_compile over a mask per layer type (Gemma 2, rows past its window) and over
-    M2M100's position embedding looked up on the device, batch 1 and in slots: what the GPU's
-    compiled test checks with Triton's kernels, here with inductor's CPU code."""
+    position embeddings looked up on the device (M2M100's counted from the ids; LED's table, its
+    one-token passes widened), batch 1 and in slots: what the GPU's compiled test checks with
+    Triton's kernels, here with inductor's CPU code."""
     from tests.family_models import V, family_model
     from tests.test_batch_families import hf_greedy as hf_greedy_any
 

@@ -66,7 +66,7 @@ for s in $STEPS; do
     # -v: a run cut short still shows each test it ended; failures.txt: why each failed, as it fails.
     tests) FAILURES_FILE="$OUT/failures.txt" step tests 330 $PY -m pytest -v -p no:cacheprovider -p tests.failures_now \
       tests/test_gpu_placement.py tests/test_cuda.py -k "not compiled" ;;
-    tests-compiled) FAILURES_FILE="$OUT/failures.txt" step tests-compiled 200 $PY -m pytest -v -p no:cacheprovider \
+    tests-compiled) FAILURES_FILE="$OUT/failures.txt" step tests-compiled 240 $PY -m pytest -v -p no:cacheprovider \
       -p tests.failures_now tests/test_cuda.py -k compiled ;;
     single) step single 230 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE $COMPILED \
       --sections single,profile $ONE --out "$OUT/bench" --include "$SINGLE_INCLUDE" ;;
