@@ -307,6 +307,21 @@ def run_single(target, draft, args, save: Callable[[dict], None] = lambda partia
 
 # -- batched ---------------------------------------------------------------------------------------
 
+def hf_batched(target, batch_size: int, items: list[list[int]], n: int, **kwargs) -> list[list[int]]:
+    """HF `generate()`'s n new tokens for each prompt, batch_size prompts at a time (left-padded)."""
+    outs = []
+    for start in range(0, len(items), batch_size):
+        chunk = items[start:start + batch_size]
+        width = max(len(p) for p in chunk)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk], device=target.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=target.device)
+        with torch.inference_mode():
+            out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                                  **kwargs)
+        outs += out[:, 1 if target.config.is_encoder_decoder else width:].tolist()
+    return outs
+
+
 def run_batched(target, draft, args, save: Callable[[dict], None] = lambda partial: None) -> dict:
     """save: called with the figures so far after each configuration (the batch size it was
     measuring under "batch_size_partial")."""
@@ -315,17 +330,7 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
     warm = distinct_prompts(max(args.batch_sizes), args.min_len, args.max_len, target.config.vocab_size, seed=2000)
 
     def hf(batch_size: int, items: list[list[int]], **kwargs) -> list[list[int]]:
-        outs = []
-        for start in range(0, len(items), batch_size):
-            chunk = items[start:start + batch_size]
-            width = max(len(p) for p in chunk)
-            ids = torch.tensor([[0] * (width - len(p)) + p for p in chunk], device=device)
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
-            with torch.inference_mode():
-                out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                                      **kwargs)
-            outs += out[:, 1 if target.config.is_encoder_decoder else width:].tolist()
-        return outs
+        return hf_batched(target, batch_size, items, n, **kwargs)
 
     def hf_compiled(batch_size: int):
         return lambda items: hf(batch_size, items, **_hf_static_compiled(args, n))
@@ -446,10 +451,14 @@ def _profiled(run: Callable[[], object], device: torch.device, setup: Callable[[
     kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
     launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
     top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:12]
+    kernels = sorted((e for e in events if e.device_type.name == "CUDA"), key=lambda e: e.self_device_time_total,
+                     reverse=True)[:12]
     return {"wall_s": wall, "gpu_kernel_s": kernel_us / 1e6, "gpu_busy_share": kernel_us / 1e6 / wall,
             "unprofiled_wall_s": plain, "gpu_busy_share_unprofiled": kernel_us / 1e6 / plain,
             "launches": launches, "cudnn_kernels": sum(e.count for e in events if "cudnn" in e.key.lower()),
-            "top_cpu_ops_ms": {e.key: e.self_cpu_time_total / 1000 for e in top}}
+            "top_cpu_ops_ms": {e.key: e.self_cpu_time_total / 1000 for e in top},
+            # where the GPU's time goes: (kernel, count, ms)
+            "top_gpu_kernels": [(e.key[:160], e.count, e.self_device_time_total / 1000) for e in kernels]}
 
 
 def run_profile(target, draft, args, save: Callable[[dict], None] = lambda partial: None) -> dict:
@@ -477,9 +486,20 @@ def run_profile(target, draft, args, save: Callable[[dict], None] = lambda parti
 def run_profile_batched(target, draft, args, save: Callable[[dict], None] = lambda partial: None) -> dict:
     """Ours batched at the first of `--batch_sizes` (fixed slots and graphs where the model allows),
     the target alone and the draft chained, each over twice that many fresh prompts after a warm-up
-    on as many: where a batched round's time goes, and the share of it spent admitting rows."""
+    on as many: where a batched round's time goes, and the share of it spent admitting rows; with
+    `--hf_compile`, HF's compiled `generate()` over the same prompts first, whose GPU kernel time
+    and top kernels ours' compare with."""
     b, n = args.batch_sizes[0], args.batch_max_new_tokens or args.max_new_tokens
     out = {}
+    if args.hf_compile:
+        warm, ids = (distinct_prompts(2 * b, args.min_len, args.max_len, target.config.vocab_size, seed=s)
+                     for s in (5000, 6000))
+        kwargs = _hf_static_compiled(args, n)
+        hf_batched(target, b, warm, n, **kwargs)
+        out[f"B={b}, HF generate, static cache + compile"] = _profiled(
+            lambda: hf_batched(target, b, ids, n, **kwargs), target.device)
+        out[f"B={b}, HF generate, static cache + compile"]["tokens"] = 2 * b * n
+        save(dict(out))
     for i, (label, drafter) in enumerate(((f"B={b}, target alone", NoDrafter()),
                                           (f"B={b}, draft, chained", ModelDrafter(draft, chain=True)))):
         engine = BatchSpeculativeGenerator(target, drafter, batch_size=b, num_speculative_tokens=args.gamma,
@@ -495,6 +515,7 @@ def run_profile_batched(target, draft, args, save: Callable[[dict], None] = lamb
             runs.append((sum(len(g.tokens) for g in gens), engine.admit_s - before))
         out[label] = _profiled(run, target.device, lambda engine=engine: setup_seconds(*engine.slots.values()))
         out[label]["tokens"], out[label]["admit_s"] = runs[0]  # the unprofiled run's
+        save(dict(out))
     return out
 
 
@@ -589,10 +610,15 @@ def markdown(result: dict) -> str:
                   "| engine | tokens | wall s | GPU kernel s | GPU busy | in admissions | kernel launches |",
                   "|---|---|---|---|---|---|---|"]
         for name, p in prof.items():  # unprofiled wall time; the profiled one in the JSON
-            busy, admitting = 100 * p["gpu_busy_share_unprofiled"], 100 * p["admit_s"] / p["unprofiled_wall_s"]
+            busy = 100 * p["gpu_busy_share_unprofiled"]
+            admitting = f"{100 * p['admit_s'] / p['unprofiled_wall_s']:.0f}%" if "admit_s" in p else "-"
             lines.append(f"| {name} | {p['tokens']} | {p['unprofiled_wall_s']:.3f} | {p['gpu_kernel_s']:.3f} | "
-                         f"{busy:.0f}% | {admitting:.0f}% | {p['launches']} |")
+                         f"{busy:.0f}% | {admitting} | {p['launches']} |")
         lines.append("")
+        for name, p in prof.items():
+            if p.get("top_gpu_kernels"):  # (absent from runs before it was measured, and without a GPU)
+                lines += [f"Top GPU kernels, {name}:", "", "| kernel | calls | ms |", "|---|---|---|"]
+                lines += [f"| `{k}` | {c} | {ms:.1f} |" for k, c, ms in p["top_gpu_kernels"][:8]] + [""]
     return "\n".join(lines) + "\n"
 
 
