@@ -77,7 +77,15 @@ def test_refusals_name_the_reason(family):
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f not in RUNS_NOWHERE])
-def test_greedy_equals_generate_at_batch_one_and_batched(family):
+def test_greedy_equals_generate_at_batch_one_and_batched(family, monkeypatch):
+    """Eagerly, and over static caches through traced graph replays (tests/test_slot_kv.py's
+    stand-in for CUDA graphs, which fails where a capture would: a value read on the host): every
+    decode pass of a family the engines take is captured, none falls back to eager (only an
+    encoder that cannot be captured runs eagerly, as LED's, LongT5's and PEGASUS-X's do)."""
+    from specdec_core.static_decoder import StaticKV
+    from tests.test_slot_kv import trace
+
+    monkeypatch.setattr(StaticKV, "_record", trace)
     target, draft, prompts = _pair_and_prompts(family)
     skip = 1 if target.config.is_encoder_decoder else None
     with torch.inference_mode():
@@ -85,19 +93,34 @@ def test_greedy_equals_generate_at_batch_one_and_batched(family):
                                 )[0, skip or len(p):].tolist() for p in prompts]
     single_mode, batched_mode = _modes(family)
     verified = REFUSED.get(family, NONE)[0] is None
+
+    def graphed(*caches) -> list:
+        caches = [c for c in caches if c is not None]
+        for cache in caches:
+            cache.graphs = True  # (strict: a pass that cannot be captured fails the test)
+        return caches
+
+    def captured(cache) -> bool:
+        prefiller = getattr(cache, "_prefiller", None) or cache
+        return cache.graphs and cache.captures > 0 and prefiller.uncaptured <= {"encode"}
+
     for mode in {"off", single_mode}:
         drafter = ModelDrafter(draft, cuda_graphs=mode) if verified else NoDrafter()
         single = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=16, cuda_graphs=mode)
         assert (single.static is not None) == (mode == "on")
+        caches = graphed(single.static, getattr(drafter, "static", None))
         outs = [single.generate(p) for p in prompts]
         assert [o.tokens for o in outs] == refs, (family, mode, "batch 1")
+        assert all(captured(c) for c in caches), (family, "batch 1")
         # the draft's tokens really went through verify
         assert sum(o.stats.accepted_tokens for o in outs) > 0 or not verified
     for mode in {"off", batched_mode} - {None} if batched_mode else ():
         engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs=mode), batch_size=3,
                                            num_speculative_tokens=3, max_new_tokens=16, cuda_graphs=mode)
         assert (engine.slots[id(target)] is not None) == (mode == "on")
+        caches = graphed(*engine.slots.values())
         assert [g.tokens for g in engine.generate_many([(p, 0) for p in prompts])] == refs, (family, mode, "batched")
+        assert all(captured(c) for c in caches), (family, "batched")
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if _modes(f)[1]])
