@@ -92,9 +92,10 @@ def counts_positions_from_ids(module: torch.nn.Module) -> bool:
 def position_table(module: torch.nn.Module) -> bool:
     """Whether a decoder position embedding is a table of one row per position (an
     `nn.Embedding`, learned like BART's and LED's or fixed like Marian's sinusoids), which static
-    caches look up at each row's own positions (`StaticKV._lookup_forward`): its own forward
-    counts positions from the cache length with `torch.arange` (LED's, MVP's), which reads that
-    length on the host (a capture cannot) and gives every row the same positions."""
+    caches look up at each row's own positions (`StaticKV._lookup_forward`). Its own forward, where
+    its decoder passes no position ids (LED's, MVP's), counts them from the cache length with
+    `torch.arange`, which reads that length on the host (a capture cannot) and gives every row the
+    same positions."""
     return isinstance(module, torch.nn.Embedding) and not counts_positions_from_ids(module)
 
 

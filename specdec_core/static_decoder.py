@@ -753,7 +753,7 @@ class StaticDecoder(StaticKV):
             ids = torch.tensor([prompt_ids + [pad] * (width - n)])
             visible = (torch.arange(width) < n).long()[None].to(self.device)
 
-            def eager(x: torch.Tensor) -> torch.Tensor:  # (unpadded, the mask is all ones, as `generate()` gives it)
+            def eager(x: torch.Tensor) -> torch.Tensor:  # (without graphs unpadded: all ones, as `generate()` has it)
                 return self.model.get_encoder()(input_ids=x.to(self.device), attention_mask=visible).last_hidden_state
 
             if graphed and self.prefill_graphs("encode"):
