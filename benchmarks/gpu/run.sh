@@ -91,10 +91,11 @@ bad = sum(pq.read_table(f).num_rows for f in glob.glob('/tmp/job/out/gens-failed
 print(f'job rows: {ok} results, {bad} failed, of 64'); raise SystemExit(ok + bad != 64 or bad)" ;;
     llama8b) step llama8b 200 $PY -m pipeline.bench.gpu --device $DEVICE --shape ${BIG_SHAPE:-llama3-8b} --dtype bfloat16 \
       --sections single $BIG --include '^(HF assisted|ours, (draft|target alone)(, eager)?)$' --out "$OUT/bench" ;;
-    # Also chained drafts, and at the first B rows admitted through eager padded prefills against graphs.
-    t5) step t5 200 $PY -m pipeline.bench.gpu --device $DEVICE --shape ${T5_SHAPE:-t5-large} --dtype bfloat16 \
-      --sections single,batched $BIG --batch_prompts 64 --batch_sizes 8,32 --batch_max_new_tokens 32 \
-      --include '^(HF assisted|ours, (draft|target alone)(, eager)?|ours, draft, chained(, eager prefills)?|ours, target alone, eager prefills)$' \
+    # Also chained drafts, the defaults (compiled) against HF's compiled generate, and at the first B
+    # rows admitted through eager padded prefills against graphs.
+    t5) step t5 300 $PY -m pipeline.bench.gpu --device $DEVICE --shape ${T5_SHAPE:-t5-large} --dtype bfloat16 \
+      --hf_compile --torch_compile --sections single,batched $BIG --batch_prompts 64 --batch_sizes 8,32 \
+      --batch_max_new_tokens 32 --include '^(HF assisted|HF generate, static cache \+ compile|ours, (draft|target alone)(, eager)?|ours, draft, chained(, compiled|, eager prefills)?|ours, target alone, eager prefills)$' \
       --out "$OUT/bench" ;;
     # A sliding-window pair whose 128-token window every row passes: graphs against eager passes
     # (how such models ran on a GPU before static caches took sliding windows), at batch 1 and B = 8.
