@@ -457,7 +457,7 @@ class StaticKV:
         if extra <= 0:
             return self._forward(ids, inp[:, -2], inp[:, -1], keep)
         ids = torch.cat([ids, ids[:, -1:].expand(-1, extra)], dim=1)
-        logits = self._forward(ids, inp[:, -2], inp[:, -1], keep + extra)
+        logits = self._forward(ids, inp[:, -2], inp[:, -1], keep + extra if keep else 0)  # (0: every position's)
         return logits[:, : logits.shape[1] - extra]
 
     def _forward(self, ids: torch.Tensor, base: torch.Tensor, fed: torch.Tensor, keep: int) -> torch.Tensor:

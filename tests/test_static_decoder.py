@@ -46,6 +46,31 @@ def test_logits_equal_the_growing_cache_through_rollbacks_and_growth(kind, model
         assert int((static.enc_mask == 0).sum()) == len(ids)  # the last item's encoder columns visible
 
 
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_a_widened_pass_gives_the_logits_of_the_pass_asked_for(kind, models, tokenizer, monkeypatch):
+    """`min_width` pads a narrower pass (LED's decoder builds no mask for one token): for a model
+    that masks every pass, the real tokens' logits are those of the unwidened pass, whichever
+    positions are kept (the compiled passes keep every one: 0), at the end of a buffer too."""
+    monkeypatch.setattr(static_decoder, "CAPACITY_STEP", 8)
+    target, _ = models[kind]
+    ids = tokenizer(PROMPTS[0]).input_ids
+    seq = initial_decoder_ids(target, ids) + [17, 42, 7]
+    for keep in (0, 1):
+        got = []
+        for width in (1, 2):
+            static = StaticDecoder(target, graphs=False, min_width=width)
+            assert static.acquire()
+            static.encode(ids)
+            static.forward(seq[:-1], 1)
+            inp = static._inputs([seq[-1:]], [static.length], 0)
+            static._fit(static.length + 1, static.length)
+            with torch.inference_mode():
+                got.append(static._packed_pass(inp.to(static.device), keep))
+        assert got[0].shape == got[1].shape, (kind, keep)
+        assert_logits_close(got[1][0].float(), got[0][0].float())
+        assert static.capacity >= static.length + 2  # room for the widened pass's pad
+
+
 @pytest.mark.parametrize("kind", ["llama", "gpt2", "t5", "bart"])
 def test_greedy_through_static_caches_equals_generate(kind, models, tokenizer):
     target, draft = models[kind]
