@@ -121,15 +121,15 @@ def row_columns(opts: SpecDecOptions, config, prompt_tokens: int) -> tuple[int, 
     """(prompt, new) cache columns a row takes: its prompt, and its new tokens with a round's
     drafts. A static cache allocates in steps of `static_decoder.CAPACITY_STEP`: a decoder-only
     row's whole sequence, an encoder-decoder's cross-attention (prompt) and self-attention
-    (output) buffers each."""
+    (output) buffers each, with a column more for a one-token pass widened to two (LED's)."""
     from specdec_core.static_decoder import capacity_for
 
     new = opts.max_new_tokens + opts.num_speculative_tokens + 1
     if not _static(opts, config):
         return prompt_tokens, new
     if config.is_encoder_decoder:
-        return capacity_for(prompt_tokens), capacity_for(new)
-    return prompt_tokens, capacity_for(prompt_tokens + new) - prompt_tokens
+        return capacity_for(prompt_tokens), capacity_for(new + 1)
+    return prompt_tokens, capacity_for(prompt_tokens + new + 1) - prompt_tokens
 
 
 def row_tokens(opts: SpecDecOptions, config, prompt_tokens: int) -> int:

@@ -269,6 +269,12 @@ def test_static_caches_are_counted_in_their_allocation_steps(tmp_path, tokenizer
     t5 = read_config(str(saved_pairs["t5"][0]), False)
     assert row_tokens(SpecDecOptions([*base, "--batch_size", "4"]), t5, 10) == 2 * CAPACITY_STEP
     assert row_tokens(SpecDecOptions([*base, "--cuda_graphs", "off"]), t5, 10) == 115
+    # 507 new tokens and a round's 5 fill 512 output columns; a one-token pass widened to two
+    # (LED's) writes one more, so the output buffer takes a second step
+    def edge(new_tokens: int) -> int:
+        return row_tokens(SpecDecOptions([*base[:-4], "--max_new_tokens", str(new_tokens),
+                                          "--num_speculative_tokens", "4"]), t5, 10)
+    assert (edge(506), edge(507)) == (2 * CAPACITY_STEP, 3 * CAPACITY_STEP)
     # The graphs' logits: every verify width 1..gamma+1, in the model's dtype, plus a float32 copy.
     vocab = config.vocab_size
     assert graph_bytes(SpecDecOptions([*base, "--batch_size", "4"]), config, 4, torch.bfloat16) == \
