@@ -606,7 +606,8 @@ def markdown(result: dict) -> str:
         lines.append("")
     prof = result.get("profile_batched")
     if prof:
-        lines += ["Profile of one batched call of ours (fixed slots and graphs where the model allows):", "",
+        lines += ["Profile of one batched call (ours: fixed slots and graphs where the model allows; with "
+                  "--hf_compile, HF's compiled generate over the same prompts):", "",
                   "| engine | tokens | wall s | GPU kernel s | GPU busy | in admissions | kernel launches |",
                   "|---|---|---|---|---|---|---|"]
         for name, p in prof.items():  # unprofiled wall time; the profiled one in the JSON
