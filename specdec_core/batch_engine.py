@@ -34,7 +34,7 @@ from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter
 from specdec_core.engine import FinishCheck, Generation, ItemStats, ItemTimeout, SpeculativeGenerator, setup_seconds
 from specdec_core.gamma import LOOKUP_DRAFT_COST, AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
-from specdec_core.self_check import rows_disagreement
+from specdec_core.self_check import narrowest_width, rows_disagreement
 from specdec_core.slot_kv import SlotKV, slot_kv_for
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def padded_width(model: PreTrainedModel, pad_id: int = 0) -> int | None:
     """The narrowest pass over holes that gives a padded batch's rows their own logits
     (`BatchKV.min_width`, by the self-check): 1, or 2 for a decoder that builds no mask for a
     one-token pass (LED's); None if neither does."""
-    return next((w for w in (1, 2) if rows_disagreement(model, pad_id, slots=False, min_width=w) is None), None)
+    return narrowest_width(lambda w: rows_disagreement(model, pad_id, slots=False, min_width=w))
 
 
 def window_note(model: PreTrainedModel, longest: int) -> str | None:

@@ -12,6 +12,7 @@ instead of changing outputs. Each check runs once per model object and process.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 from transformers import PreTrainedModel
@@ -142,6 +143,13 @@ def static_disagreement(model: PreTrainedModel, min_width: int = 1) -> str | Non
             return f"fails over static caches ({type(e).__name__}: {str(e)[:120]})"
         return _compare(got, want, "over static caches than over its own cache", model.dtype)
     return _once(model, ("static", min_width), check)
+
+
+def narrowest_width(disagreement: Callable[[int], str | None]) -> int | None:
+    """The narrowest pass width, 1 or 2, at which a check (`static_disagreement`,
+    `rows_disagreement`, given the width) finds a model exact, or None: a decoder that builds no
+    mask for a one-token pass (LED's) gets its own logits with such passes widened to two tokens."""
+    return next((w for w in (1, 2) if disagreement(w) is None), None)
 
 
 def _rows_probe(model: PreTrainedModel) -> tuple[list[list[int]], list[list[int]], list[int]]:

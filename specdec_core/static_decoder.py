@@ -46,7 +46,7 @@ from specdec_core.decoder import (
 )
 from specdec_core.device_map import devices_of
 from specdec_core.placement import decoder_layers
-from specdec_core.self_check import rows_disagreement, static_disagreement
+from specdec_core.self_check import narrowest_width, rows_disagreement, static_disagreement
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def takes_static(model: PreTrainedModel, mode: str, batched: bool = False, pad_i
     def why(width: int) -> str | None:
         return rows_disagreement(model, pad_id, min_width=width) if batched else static_disagreement(model, width)
 
-    width = next((w for w in (1, 2) if why(w) is None), None)
+    width = narrowest_width(why)
     if width:
         return width
     if mode == "on":
@@ -356,12 +356,12 @@ class StaticKV:
         self.cross = Cache(layers=[_CrossLayer(self) for _ in range(self.layers)]) if self.encdec else None
         # Encoder-decoder position embeddings that count positions from ids (M2M100, NLLB), and
         # this cache's copy of each one's table (`_copy_tables`).
-        self._tables = [m for m in decoder_position_modules(model)[0] if counts_positions_from_ids(m)] \
-            if self.encdec else []
+        # Every other position table is looked up at each row's positions (`_lookup_forward`).
+        embeds = decoder_position_modules(model)[0] if self.encdec else []
+        self._tables = [m for m in embeds if counts_positions_from_ids(m)]
         self._table: dict[torch.nn.Module, torch.Tensor] = {}
         self._forwards = {m: self._table_forward(m) for m in self._tables}
-        self._forwards |= {m: self._lookup_forward(m) for m in decoder_position_modules(model)[0]
-                           if position_table(m)} if self.encdec else {}
+        self._forwards |= {m: self._lookup_forward(m) for m in embeds if position_table(m)}
         self._compiled = torch.compile(self._packed_pass) if compile else None
         # Prompts' prefill passes (one logit kept) through torch.compile too, at a dynamic width:
         # off until measured on a GPU (the GPU bench's "compiled prefills" turn it on).

@@ -208,7 +208,7 @@ def self_checks_wrong(family: str, model) -> str | None:
 
     verify, b1, slots, eager = REFUSED.get(family, NONE)
     def at_some_width(check) -> str | None:  # (static caches widen 1-token passes where that helps)
-        return None if any(check(w) is None for w in (1, 2)) else check(1)
+        return None if self_check.narrowest_width(check) else check(1)
 
     answers = (self_check.verify_disagreement(model), at_some_width(lambda w: self_check.static_disagreement(model, w)),
                at_some_width(lambda w: self_check.rows_disagreement(model, 0, slots=True, min_width=w)),
