@@ -33,10 +33,17 @@ def test_every_section_runs_and_every_output_is_the_targets(tmp_path):
             "ours, target alone, eager prefills"} <= set(result["batched"]["by_batch_size"]["2"])
     assert "ours, draft, eager" not in result["batched"]["by_batch_size"]["4"]  # eager at the first B only
     assert "ours, draft, chained, compiled" in result["batched"]["by_batch_size"]["4"]
+    batch = result["batched"]["by_batch_size"]["4"]
+    # --gamma 4 (fewer where a row's budget ends), and `--gamma_policy adaptive`'s choices
+    assert 3 < batch["ours, draft, chained, compiled"]["drafts_per_round"] <= 4
+    assert 0 <= batch["ours, draft, chained, compiled, adaptive gamma"]["drafts_per_round"] <= 4
+    assert batch["ours, target alone, compiled"]["drafts_per_round"] == 0
     assert set(result["profile"]) == {"CUDA graphs", "CUDA graphs, chained", "CUDA graphs, chained, compiled", "eager"}
     saved = json.loads((tmp_path / "gpu-tiny-float32.json").read_text())
     assert saved["single"]["rows"].keys() == rows.keys()
-    assert "| ours, draft |" in (tmp_path / "gpu-tiny-float32.md").read_text()
+    md = (tmp_path / "gpu-tiny-float32.md").read_text()
+    assert "| ours, draft |" in md and "| in admissions | drafts per round |" in md
+    assert "| 4 | ours, target alone, compiled |" in md
 
 
 def test_prompts_are_distinct_and_of_varied_lengths():

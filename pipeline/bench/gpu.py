@@ -40,6 +40,7 @@ from specdec_core import attention
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.drafters import ModelDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator, setup_seconds
+from specdec_core.gamma import AdaptiveGamma
 
 _LOG = logging.getLogger("pipeline.bench.gpu")
 
@@ -235,14 +236,17 @@ def single_configs(target, draft, args) -> dict[str, Callable[[list[int]], tuple
 
 def _alone(name: str) -> str:
     """The configuration that runs the same engine mode without the draft."""
-    return name.replace("draft", "target alone").replace(", chained", "")
+    return name.replace("draft", "target alone").replace(", chained", "").replace(", adaptive gamma", "")
 
 
 def _order(name: str) -> int:
     """When a configuration runs (`run_single`, `run_batched`): 0 those that compile nothing, 1 ours
     compiled (a run cut short while compiling keeps the others' figures), 2 HF's compiled
-    `generate()`, last: its CUDA graph trees clear every cuBLAS workspace each time they record,
-    which ours survive (`StaticKV._record`) but which no other configuration then meets."""
+    `generate()`: its CUDA graph trees clear every cuBLAS workspace each time they record, which
+    ours survive (`StaticKV._record`) but which no other configuration then meets; 3 the adaptive
+    gamma, last, as it compiles a chained draft per gamma it picks (the comparison lands first)."""
+    if "adaptive" in name:
+        return 3
     return 2 if name.startswith("HF") and "compile" in name else int("compile" in name)
 
 
@@ -336,10 +340,12 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
         return lambda items: hf(batch_size, items, **_hf_static_compiled(args, n))
 
     def ours(batch_size: int, drafter, graphs: str = "auto", before: bool = False, compiled: bool = False,
-             graph_prefills: bool = True, compiled_prefills: bool = False, graph_prefill_rows: int | None = None):
+             graph_prefills: bool = True, compiled_prefills: bool = False, graph_prefill_rows: int | None = None,
+             adaptive: bool = False):
         # One engine per configuration: its static slots and graphs are made once, in the warm-up.
         engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=g,
-                                           max_new_tokens=n, cuda_graphs=graphs, torch_compile=compiled)
+                                           max_new_tokens=n, cuda_graphs=graphs, torch_compile=compiled,
+                                           gamma_policy=AdaptiveGamma(max_gamma=g) if adaptive else None)
         for kv in engine.slots.values():
             if kv is not None:
                 kv.graph_prefills, kv.compile_prefills = graph_prefills, compiled_prefills
@@ -349,7 +355,9 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
 
         def fn(items: list[list[int]]) -> list[list[int]]:
             with _cudnn(before):
-                return [gen.tokens for gen in engine.generate_many([(p, 0) for p in items])]
+                gens = engine.generate_many([(p, 0) for p in items])
+            fn.drafts = [k for gen in gens for k in gen.stats.drafts]  # each round's drafted tokens
+            return [gen.tokens for gen in gens]
         fn.engine = engine  # its seconds in admissions (prefills), for the table
         return fn
 
@@ -375,6 +383,10 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
                 b, ModelDrafter(draft, chain=True), compiled=True, graph_prefill_rows=3)
             configs["ours, target alone, compiled, eager prefills of 4+ rows"] = ours(
                 b, NoDrafter(), compiled=True, graph_prefill_rows=3)
+            # `--gamma_policy adaptive`: one gamma per round for the batch, from acceptance and
+            # pass costs timed at its width (a wide verify pass is no longer nearly free).
+            configs["ours, draft, chained, compiled, adaptive gamma"] = ours(
+                b, ModelDrafter(draft, chain=True), compiled=True, adaptive=True)
         if b == args.batch_sizes[0]:
             # New rows prefilled eagerly in a padded cache, as before prefill graphs.
             configs["ours, target alone, eager prefills"] = ours(b, NoDrafter(), graph_prefills=False)
@@ -413,6 +425,7 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
             if engine:
                 row[name]["admit_s"] = engine.admit_s - admitting
                 row[name]["setup_s"] = setup
+                row[name]["drafts_per_round"] = sum(fn.drafts) / max(len(fn.drafts), 1)
             _LOG.info("B=%d %s: %.0f tokens/s", b, name, tokens / seconds)
             for measured, r in row.items():  # against the references measured so far (they run first)
                 for key, ref in (("identical_to_hf", "HF generate"), ("identical_to_ours_alone", "ours, target alone")):
@@ -579,9 +592,9 @@ def markdown(result: dict) -> str:
         k = batched["prompts"]
         lines += [f"Batched, {k} prompts, {result.get('batch_max_new_tokens')} new tokens each, tokens/s over the "
                   "set (ours: fixed slots and CUDA graphs where the model allows, else eager):", "",
-                  "| B | | tokens/s | vs HF generate | vs ours alone | in admissions | same as HF "
-                  "| same as ours alone |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| B | | tokens/s | vs HF generate | vs ours alone | in admissions | drafts per round "
+                  "| same as HF | same as ours alone |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for b, row in batched["by_batch_size"].items():
             if "HF generate" not in row:  # cut short before its first figure
                 continue
@@ -590,9 +603,10 @@ def markdown(result: dict) -> str:
                 alone = row.get(_alone(name)) if name.startswith("ours") and "draft" in name else None
                 ratio = f"{r['tokens_per_s'] / alone['tokens_per_s']:.2f}x" if alone else "-"
                 admits = f"{r['admit_s'] / r['seconds']:.0%}" if "admit_s" in r else "-"
+                drafts = f"{r['drafts_per_round']:.2f}" if "draft" in name and "drafts_per_round" in r else "-"
                 same = f"{r.get('identical_to_hf', '-')}/{k} | {r.get('identical_to_ours_alone', '-')}/{k}"
                 lines.append(f"| {b} | {name} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / hf:.2f}x | {ratio} | "
-                             f"{admits} | {same} |")
+                             f"{admits} | {drafts} | {same} |")
         lines += [f"- {name}: failed ({why})" for name, why in batched.get("failed", {}).items()]
         lines.append("")
     if result.get("graph_fallbacks"):
