@@ -417,14 +417,16 @@ class BatchSpeculativeGenerator:
         n, ks = len(live), tuple(range(2, self.gamma + 2))
         fill = [(r.seq * (max(ks) // len(r.seq) + 2))[: max(ks)] for r in live]  # tokens to time with
 
-        # Each pass is timed with the per-row work a round does after it (processors, argmax,
-        # rollback), which grows with the rows.
+        # Each pass is timed as a round runs it, with the per-row work after it (the picks read
+        # back at once, or each row's processors; rollback), which grows with the rows.
         def target_step(k: int) -> float:
             bases = [tkv.length(b) for b in range(n)]
             t = time.perf_counter()
             logits = tkv.forward([[r.seq[-1]] + fill[b][: k - 1] for b, r in enumerate(live)])
-            for b, r in enumerate(live):
-                r.transform(r.seq + fill[b][: k - 1], logits[b]).argmax(-1)
+            if self._argmax_rows(live, tkv.logits) is None:
+                for b, r in enumerate(live):
+                    r.transform(r.seq + fill[b][: k - 1], logits[b]).argmax(-1)
+            for b in range(n):
                 tkv.rollback(b, bases[b])
             synchronize(tkv.device)
             return time.perf_counter() - t
@@ -432,10 +434,14 @@ class BatchSpeculativeGenerator:
         def draft_step() -> float:  # consecutive steps, as in a round (a lone step runs cold)
             bases = [dkv.length(b) for b in range(n)]
             t = time.perf_counter()
-            for i in range(self.gamma):
-                logits = dkv.forward([[fill[b][i]] for b in range(n)])
-                for b, r in enumerate(live):
-                    int(r.transform(r.seq + fill[b][: i + 1], logits[b][-1:]).argmax(-1).item())
+            if self._chains(live, dkv):  # the round's steps in one replay, read back once
+                dkv.draft_greedy([fill[b][:1] for b in range(n)], self.gamma)
+            else:
+                for i in range(self.gamma):
+                    logits = dkv.forward([[fill[b][i]] for b in range(n)])
+                    if self._argmax_rows(live, dkv.logits) is None:
+                        for b, r in enumerate(live):
+                            int(r.transform(r.seq + fill[b][: i + 1], logits[b][-1:]).argmax(-1).item())
             for b in range(n):
                 dkv.rollback(b, bases[b])
             return (time.perf_counter() - t) / self.gamma
@@ -548,6 +554,11 @@ class BatchSpeculativeGenerator:
             return None
         return logits.argmax(-1).tolist()
 
+    def _chains(self, live: list[_Row], dkv: BatchKV | SlotKV | None) -> bool:
+        """Whether a round's draft steps can run chained on the device: slots, a chaining drafter,
+        and picks that are plain argmaxes."""
+        return isinstance(dkv, SlotKV) and getattr(self.drafter, "chain", False) and self._plain_greedy(live)
+
     def _plain_greedy(self, live: list[_Row]) -> bool:
         """Greedy, and no row's picks go through a logits processor: a pick is an argmax."""
         return self.sampling.greedy and not any(r.transform.processors for r in live)
@@ -574,8 +585,7 @@ class BatchSpeculativeGenerator:
             if keeps[b] is not None:
                 confs[b] = []
         ends = self.drafter.ends if isinstance(self.drafter, ModelDrafter) else set()
-        if (isinstance(dkv, SlotKV) and getattr(self.drafter, "chain", False) and self._plain_greedy(live)
-                and all(keep is None for keep in keeps) and max(ks, default=0) > 0):
+        if self._chains(live, dkv) and all(keep is None for keep in keeps) and max(ks, default=0) > 0:
             # The round's steps chained on the device for every row, read back once.
             feeds = [r.seq[dkv.length(b):] if k > 0 else [] for b, (r, k) in enumerate(zip(live, ks, strict=True))]
             picks = dkv.draft_greedy(feeds, max(ks))

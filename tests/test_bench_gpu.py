@@ -75,7 +75,7 @@ def test_figures_are_saved_as_they_are_made(tmp_path):
     """A run cut short keeps what it measured: the single section is written after each prompt,
     the batched one after each configuration, each marked partial until its section ends; the
     configurations that compile run last, so a run cut short while compiling keeps the others, and
-    HF's compiled `generate()` after ours."""
+    HF's compiled `generate()` after ours but the adaptive gamma's."""
     args = gpu.parse_args([*TINY, "--batched_before", "--torch_compile", "--hf_compile", "--include",
                            "chained|per-row|static cache"])
     target, draft = gpu.build_pair(gpu.SHAPES["tiny"], gpu.torch.device("cpu"), gpu.torch.float32)
@@ -88,7 +88,8 @@ def test_figures_are_saved_as_they_are_made(tmp_path):
     assert [hf_compiled in p["rows"] for p in single] == [False, False, False, False, True, True]
     assert single[-1]["rows"][compiled]["prompts"] == 2 and single[-1]["rows"][compiled]["identical_to_hf"] == 2
     at_two = [list(p["by_batch_size"]["2"]) for p in batched if p["batch_size_partial"] == 2]
-    assert at_two[0] == ["HF generate"] and at_two[-1][-1] == hf_compiled  # (compiling runs last, HF's last of all)
+    # compiling runs last, HF's after ours, then the adaptive gamma (it compiles a chained draft per gamma it picks)
+    assert at_two[0] == ["HF generate"] and at_two[-1][-2:] == [hf_compiled, f"{compiled}, adaptive gamma"]
     assert {compiled, f"{compiled}, compiled prefills", f"{compiled}, eager prefills of 4+ rows"} <= set(at_two[-1])
     assert "ours, draft, per-row picks, cuDNN attention" in at_two[-1]
     assert batched[-1]["by_batch_size"]["4"][compiled]["identical_to_hf"] == 5

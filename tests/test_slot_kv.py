@@ -170,6 +170,39 @@ def test_adaptive_costs_and_gammas_in_slots_keep_greedy_exact(models, prompts, f
     assert [o.tokens for o in out] == [hf_greedy(target, p, 10) for p in prompts]
 
 
+def test_adaptive_costs_time_the_draft_steps_chained_as_rounds_run_them(models, prompts, fake_graphs,
+                                                                         monkeypatch):
+    """With a chaining drafter the costs time the draft as its rounds run it, every step in one
+    replay read back once (step by step, each step's picks read back, a GPU would wait for the
+    host gamma times a round and the policy would think the draft dearer than it is)."""
+    target, draft = models["llama"]
+    measuring, calls = [False], []
+    measure = BatchSpeculativeGenerator._measure_costs
+
+    def measured(self, *args):
+        measuring[0] = True
+        try:
+            measure(self, *args)
+        finally:
+            measuring[0] = False
+
+    chain, step = SlotKV.draft_greedy, SlotKV.forward
+    monkeypatch.setattr(BatchSpeculativeGenerator, "_measure_costs", measured)
+    monkeypatch.setattr(SlotKV, "draft_greedy", lambda kv, feeds, k: (measuring[0] and calls.append(("chained", k)))
+                        or chain(kv, feeds, k))
+    monkeypatch.setattr(SlotKV, "forward", lambda kv, feeds, *a, **kw: (
+        measuring[0] and kv.model is draft and calls.append(("step", 1))) or step(kv, feeds, *a, **kw))
+    policy = AdaptiveGamma(max_gamma=3)
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=4, num_speculative_tokens=3,
+                                       max_new_tokens=10, gamma_policy=policy, cuda_graphs="on")
+    for kv in engine.slots.values():
+        graphed(kv, True)
+    out = engine.generate_many([(p, 0) for p in prompts])
+    assert policy.costs is not None and 0 < policy.costs.c
+    assert calls and set(calls) == {("chained", 3)}
+    assert [o.tokens for o in out] == [hf_greedy(target, p, 10) for p in prompts]
+
+
 def test_sampled_rows_in_slots_draw_what_the_padded_cache_draws(models, prompts):
     """Each row's seed gives the same sample with either cache (that one is its batch-1 sample)."""
     target, draft = models["llama"]
