@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -165,3 +166,14 @@ def test_the_gpu_scripts_test_steps_run(tmp_path):
     log = (tmp_path / "log.txt").read_text()
     assert "== tests: exit 0" in log and "== tests-compiled: exit 0" in log, log[-2000:]
     assert log.count(" deselected / ") == 2  # each step runs its part of tests/test_cuda.py
+
+
+def test_the_gpu_machines_wheels_are_pinned_in_the_lock():
+    """benchmarks/gpu/wheels.sh downloads each package at the lock's version: a lock refresh that
+    drops one (a dependency Beam no longer has) shows here, not when a device call is being prepared."""
+    script = (ROOT / "benchmarks/gpu/wheels.sh").read_text()
+    names = re.search(r'packages="([^"]+)"', script).group(1).split()
+    lock = {line.split("==")[0].lower() for line in (ROOT / "requirements.lock").read_text().splitlines()
+            if "==" in line and not line.startswith("#")}
+    assert {"transformers", "apache-beam"} <= set(names) and not {"pymongo", "dnspython"} & set(names)
+    assert [name for name in names if name.lower() not in lock] == []
