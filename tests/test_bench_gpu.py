@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.bench import gpu
+from tests.test_templates import _lock
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--device", "cpu", "--dtype", "float32", "--shape", "tiny", "--prompts", "2", "--warmup", "1",
@@ -173,7 +174,5 @@ def test_the_gpu_machines_wheels_are_pinned_in_the_lock():
     drops one (a dependency Beam no longer has) shows here, not when a device call is being prepared."""
     script = (ROOT / "benchmarks/gpu/wheels.sh").read_text()
     names = re.search(r'packages="([^"]+)"', script).group(1).split()
-    lock = {line.split("==")[0].lower() for line in (ROOT / "requirements.lock").read_text().splitlines()
-            if "==" in line and not line.startswith("#")}
     assert {"transformers", "apache-beam"} <= set(names) and not {"pymongo", "dnspython"} & set(names)
-    assert [name for name in names if name.lower() not in lock] == []
+    assert [name for name in names if name not in _lock()] == []
