@@ -52,14 +52,17 @@ def _check_columns(opts: SpecDecOptions, schema: pa.Schema) -> None:
 def conversation_column(schema: pa.Schema, column: str) -> bool:
     """Whether the prompt column holds conversations: a list of structs with `role` and `content`.
 
-    Any other list column is a job-level mistake (every row would fail), so it stops the job.
+    A column of anything else (numbers, bytes, other lists) is a job-level mistake (every row would
+    fail), so it stops the job; a column of nulls only passes (each row fails on its own).
     """
     typ = schema.field(column).type
-    if not (pa.types.is_list(typ) or pa.types.is_large_list(typ)):
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_string_view(typ) \
+            or pa.types.is_null(typ):
         return False
-    value = typ.value_type
-    if pa.types.is_struct(value) and {"role", "content"} <= {value.field(i).name for i in range(value.num_fields)}:
-        return True
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        value = typ.value_type
+        if pa.types.is_struct(value) and {"role", "content"} <= {value.field(i).name for i in range(value.num_fields)}:
+            return True
     raise JobConfigError(f"--prompt_column {column!r} is {typ}: expected text, or a conversation "
                          "(a list of {role, content} structs)")
 

@@ -9,6 +9,7 @@ name becomes the failed row's `error_type`, for prompts that cannot be generated
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import unicodedata
 from collections.abc import Sequence
@@ -174,6 +175,8 @@ class GeneratorSpec:
     devices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"--device {self.device!r}: expected auto, cpu, cuda or cuda:N")
         check_device_map(self.device_map)
         if self.device_map == "auto" and self.device == "cpu":
             raise ValueError("--device_map auto splits a model over GPUs: not with --device cpu")

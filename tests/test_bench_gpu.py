@@ -71,6 +71,9 @@ def test_a_bad_setting_stops_in_one_line(capsys):
     with pytest.raises(SystemExit):
         gpu.parse_args(["--sections", "single,nope"])
     assert "unknown nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # not taken for --report
+        gpu.parse_args(["--repor", "x.json"])
+    assert "unrecognized arguments: --repor" in capsys.readouterr().err
 
 
 def test_figures_are_saved_as_they_are_made(tmp_path):

@@ -81,14 +81,15 @@ BAD_CONVERSATIONS = {
 }
 
 
-def test_conversation_column_goes_through_the_template_without_the_flag(tmp_path, chat_pair):
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_conversation_column_goes_through_the_template_without_the_flag(tmp_path, chat_pair, batch_size):
     target, draft = chat_pair
     rows = [{"id": k, "prompt": v} for k, v in CONVERSATIONS.items()]
     rows += [{"id": k, "prompt": v} for k, (v, _) in BAD_CONVERSATIONS.items()]
     table = pa.Table.from_pylist(rows)
     assert pa.types.is_list(table.schema.field("prompt").type)
     pq.write_table(table, tmp_path / "conv.parquet")
-    results, failed = run(tmp_path, target, draft, str(tmp_path / "conv.parquet"))
+    results, failed = run(tmp_path, target, draft, str(tmp_path / "conv.parquet"), "--batch_size", str(batch_size))
     assert results.num_rows + failed.num_rows == len(rows)
     got = {r["id"]: r for r in results.to_pylist()}
     assert set(got) == set(CONVERSATIONS)

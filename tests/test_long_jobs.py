@@ -314,7 +314,9 @@ def test_mistyped_flags_stop_every_entry_point_in_one_line(tmp_path, saved_pairs
     assert not out.parent.exists()
 
     from pipeline import demo, prepare
+    from pipeline.bench import cross, throughput
     from pipeline.bench import speed as bench
+    from pipeline.demo import models
     from pipeline.report import summary as report
 
     for entry, argv, needle in [
@@ -325,6 +327,9 @@ def test_mistyped_flags_stop_every_entry_point_in_one_line(tmp_path, saved_pairs
          "unknown flag --max_new_token (did you mean --max_new_tokens?)"),
         (bench.parse, ["--quick", "--gama", "3"], "unknown flag --gama (did you mean --gamma?)"),
         (bench.parse, ["--gamma", "three"], "argument --gamma: invalid int value: 'three'"),
+        (throughput.parse, ["--siz", "tiny"], "unknown flag --siz (did you mean --size?)"),
+        (cross.main, ["--quik"], "unknown flag --quik (did you mean --quick?)"),
+        (models.main, ["--retrai"], "unknown flag --retrai (did you mean --retrain?)"),
     ]:
         with pytest.raises(SystemExit) as exit_info:
             entry(argv)

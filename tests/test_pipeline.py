@@ -130,6 +130,7 @@ def test_sampling_is_reproducible_from_seed_and_id(tmp_path, saved_pairs):
 def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, capsys):
     target, draft = saved_pairs["llama"]
     src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": "hi"}])
+    numbers = write_prompts(tmp_path / "n.parquet", [{"id": "1", "prompt": 7}])
     other_tok = build_tokenizer(vocab_size=300)
     make_model("llama", other_tok, seed=3).save_pretrained(tmp_path / "other")
     other_tok.save_pretrained(tmp_path / "other")
@@ -155,6 +156,9 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         "--cuda_graphs on: --target_model": base[:4] + [  # its RoPE reads a length on the host
             "--target_model", str(dynamic_rope), "--draft_model", str(draft), "--cuda_graphs", "on"],
         "--cuda_graphs: invalid choice": base + ["--draft_model", str(draft), "--cuda_graphs", "always"],
+        "--device 'tpu': expected auto, cpu, cuda or cuda:N": base + ["--draft_model", str(draft), "--device", "tpu"],
+        "--prompt_column 'prompt' is int64: expected text": ["--input", numbers] + base[2:] + [
+            "--draft_model", str(draft)],
     }
     capsys.readouterr()
     for needle, args in cases.items():

@@ -82,10 +82,9 @@ def failed_rows(dead_letter: tuple, id_column: str, prompt_column: str) -> list[
 def marked_failed_row(pred: PredictionResult, id_column: str, prompt_column: str) -> dict[str, Any]:
     """A row that the batched path reported as failed ({"error_type", "error_message"})."""
     row, out = pred.example, pred.inference
-    prompt = row.get(prompt_column)
     return {
         "id": row.get(id_column),
-        "prompt": prompt if prompt is None or isinstance(prompt, str) else repr(prompt),
+        "prompt": prompt_text(row.get(prompt_column)),
         "error_type": out["error_type"],
         "error_message": out["error_message"],
     }

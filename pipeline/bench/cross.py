@@ -37,6 +37,7 @@ import torch  # noqa: E402
 from pipeline.bench.measure import ForwardMeter  # noqa: E402
 from pipeline.byte_bpe import train_byte_level_bpe  # noqa: E402
 from pipeline.demo import data as demo_data  # noqa: E402
+from pipeline.flags import ArgumentParser  # noqa: E402
 
 _LOG = logging.getLogger("pipeline.bench.cross")
 RECIPE = {"target": {"n_embd": 256, "n_layer": 4, "n_head": 4}, "draft": {"n_embd": 128, "n_layer": 2, "n_head": 4},
@@ -207,7 +208,7 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipeline.bench.cross", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="python -m pipeline.bench.cross", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="4 prompts x 48 tokens instead of 12 x 96")
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--prompts", type=int, default=None)

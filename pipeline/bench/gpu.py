@@ -659,7 +659,9 @@ class _Warnings(logging.Handler):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pipeline.bench.gpu", description=__doc__.split("\n\n")[0])
+    # Plain argparse: the GPU machine has no Beam for pipeline.flags; abbreviations refused all the same.
+    p = argparse.ArgumentParser(prog="python -m pipeline.bench.gpu", description=__doc__.split("\n\n")[0],
+                                allow_abbrev=False)
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: for tests, with --shape tiny)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--shape", default="tinyllama-1.1b", choices=sorted(SHAPES))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.flags import ArgumentParser
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cpu_speed import prepare_for_cpu, recommended_threads
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
@@ -197,7 +198,7 @@ def write_section(path: Path, section: str, begin: str = BEGIN, end: str = END) 
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m pipeline.bench.throughput", description=__doc__)
+    p = ArgumentParser(prog="python -m pipeline.bench.throughput", description=__doc__)
     p.add_argument("--size", default="full", choices=("full", "quick", "tiny"),
                    help="synthetic pair of pipeline.bench: full (325M target), quick, tiny (tests); with --pair "
                         "t5/mistral: full or tiny")

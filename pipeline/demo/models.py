@@ -26,7 +26,6 @@ embedding, encoder (T5) and first ``draft_layers`` decoder layers cut out, untra
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import hashlib
@@ -51,6 +50,7 @@ if "torch" not in sys.modules:
 import torch  # noqa: E402
 
 from pipeline.demo import data  # noqa: E402
+from pipeline.flags import ArgumentParser  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -754,7 +754,7 @@ def retrain(out: Path = ASSETS, recipe: Recipe = FULL, workdir: Path | None = No
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="Check the committed demo pair, or rebuild it with its recipe.")
+    ap = ArgumentParser(description="Check the committed demo pair, or rebuild it with its recipe.")
     ap.add_argument("--retrain", action="store_true", help="rebuild the pair and its prompts (about an hour)")
     ap.add_argument("--out", default=str(ASSETS), help=f"where the pair goes (default {ASSETS})")
     ap.add_argument("--recipe", choices=sorted(RECIPES), default=COMMITTED.name,
