@@ -45,6 +45,7 @@ from specdec_core.decoder import (
     position_table,
 )
 from specdec_core.device_map import devices_of
+from specdec_core.loading import context_limit
 from specdec_core.placement import decoder_layers
 from specdec_core.self_check import narrowest_width, rows_disagreement, static_disagreement
 
@@ -334,6 +335,10 @@ class StaticKV:
         self.strict = strict
         self.min_width = min_width
         self.layers = decoder_layers(model.config)
+        # A chain's steps past a row's own drafts run at positions no real token reaches; kept
+        # below the model's limit there, so that a position table is never indexed past its end.
+        limit = context_limit(model)
+        self._last_position = None if limit is None else limit - 1
         self.capacity = 0
         self.capture_s = 0.0  # seconds spent capturing graphs (and compiling passes run without one)
         self.captures = 0
@@ -511,7 +516,11 @@ class StaticKV:
         picks = [logits[torch.arange(self.buffer_rows, device=self.device), last].argmax(-1)]
         one, start = torch.ones_like(fed), base + fed
         for i in range(1, k):
-            picks.append(self._pass(torch.stack([picks[-1], start + (i - 1), one], dim=1), 1)[:, -1].argmax(-1))
+            # Every row steps k-1 times, a row with fewer drafts (or none) past them, so its last
+            # steps may run where no real token of it ever is: at the model's last position at the
+            # latest (a column no real token takes, as a row's last token is never fed).
+            at = start + (i - 1) if self._last_position is None else (start + (i - 1)).clamp(max=self._last_position)
+            picks.append(self._pass(torch.stack([picks[-1], at, one], dim=1), 1)[:, -1].argmax(-1))
         return torch.stack(picks, dim=1)
 
     def _starts(self, base: torch.Tensor) -> torch.Tensor:

@@ -749,3 +749,23 @@ def test_rows_admitted_together_beyond_a_count_prefill_in_a_padded_pass(kind, mo
     assert [o.tokens for o in out] == [hf_greedy_any(target, p, 10) for p in items]
     assert entered[0] == ("padded", 3)  # the first 3 rows at once
     assert ("graphs", 1) in entered and all(how == "graphs" for how, n in entered if n == 1)
+
+
+def test_a_chain_never_positions_a_row_past_the_models_limit(models, prompts, fake_graphs):
+    """Every row steps through the whole chain, a row with fewer drafts left past them: beside a
+    row whose prompt and new tokens fill GPT-2's 256 learned positions, those extra steps stay
+    inside its position table (they indexed past it: an error on a CPU, a device assert on a GPU)."""
+    from tests.tiny_models import perturbed_copy
+
+    target, _ = models["gpt2"]
+    draft = perturbed_copy(target, 0.5, seed=3)  # agrees less: rows finish rounds with drafts left
+    n = 10
+    full = torch.randint(5, 300, (target.config.n_positions - n,), generator=torch.Generator().manual_seed(0))
+    rows = [prompts[1], full.tolist(), prompts[0], prompts[4]]
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=2, num_speculative_tokens=6,
+                                       max_new_tokens=n, cuda_graphs="on")
+    for kv in engine.slots.values():
+        graphed(kv, True)
+    out = engine.generate_many([(p, 0) for p in rows])
+    assert [o.tokens for o in out] == [hf_greedy(target, p, n) for p in rows]
+    assert any(isinstance(key, tuple) for key in engine.slots[id(draft)]._graphs)  # chained rounds ran
