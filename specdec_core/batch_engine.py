@@ -33,6 +33,7 @@ from specdec_core.decoder import initial_decoder_ids, synchronize
 from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter, through_end
 from specdec_core.engine import FinishCheck, Generation, ItemStats, ItemTimeout, SpeculativeGenerator, setup_seconds
 from specdec_core.gamma import LOOKUP_DRAFT_COST, AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
+from specdec_core.loading import context_limit
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
 from specdec_core.self_check import narrowest_width, rows_disagreement
 from specdec_core.slot_kv import SlotKV, slot_kv_for
@@ -417,31 +418,47 @@ class BatchSpeculativeGenerator:
         n, ks = len(live), tuple(range(2, self.gamma + 2))
         fill = [(r.seq * (max(ks) // len(r.seq) + 2))[: max(ks)] for r in live]  # tokens to time with
 
+        def room(kv: BatchKV | SlotKV) -> list[int]:
+            """Each row's positions left in kv's model: a row near the end of them times fewer
+            tokens (where a round would feed pads at its last position)."""
+            limit = context_limit(kv.model)
+            return [max(ks) + 1 if limit is None else limit - kv.length(b) for b in range(n)]
+
+        target_room = [max(1, r) for r in room(tkv)]  # (a pending token always has its position)
+
         # Each pass is timed as a round runs it, with the per-row work after it (the picks read
         # back at once, or each row's processors; rollback), which grows with the rows.
         def target_step(k: int) -> float:
             bases = [tkv.length(b) for b in range(n)]
+            feeds = [([r.seq[-1]] + fill[b][: k - 1])[: target_room[b]] for b, r in enumerate(live)]
             t = time.perf_counter()
-            logits = tkv.forward([[r.seq[-1]] + fill[b][: k - 1] for b, r in enumerate(live)])
+            logits = tkv.forward(feeds)
             if self._argmax_rows(live, tkv.logits) is None:
                 for b, r in enumerate(live):
-                    r.transform(r.seq + fill[b][: k - 1], logits[b]).argmax(-1)
+                    r.transform(r.seq + feeds[b][1:], logits[b]).argmax(-1)
             for b in range(n):
                 tkv.rollback(b, bases[b])
             synchronize(tkv.device)
             return time.perf_counter() - t
 
+        draft_room = room(dkv) if dkv is not None else []
+
         def draft_step() -> float:  # consecutive steps, as in a round (a lone step runs cold)
             bases = [dkv.length(b) for b in range(n)]
             t = time.perf_counter()
             if self._chains(live, dkv):  # the round's steps in one replay, read back once
-                dkv.draft_greedy([fill[b][:1] for b in range(n)], self.gamma)
+                dkv.draft_greedy([fill[b][:1] for b in range(n)], self.gamma)  # (its steps kept in positions)
             else:
                 for i in range(self.gamma):
-                    logits = dkv.forward([[fill[b][i]] for b in range(n)])
+                    # (a row that feeds nothing pads at its next position: kept inside the positions too)
+                    feeds = [[fill[b][i]] if i < draft_room[b] - 1 else [] for b in range(n)]
+                    if not any(feeds):
+                        break
+                    logits = dkv.forward(feeds)
                     if self._argmax_rows(live, dkv.logits) is None:
                         for b, r in enumerate(live):
-                            int(r.transform(r.seq + fill[b][: i + 1], logits[b][-1:]).argmax(-1).item())
+                            if feeds[b]:
+                                int(r.transform(r.seq + fill[b][: i + 1], logits[b][-1:]).argmax(-1).item())
             for b in range(n):
                 dkv.rollback(b, bases[b])
             return (time.perf_counter() - t) / self.gamma

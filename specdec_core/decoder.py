@@ -46,10 +46,10 @@ def initial_decoder_ids(model: PreTrainedModel, prompt_ids: list[int]) -> list[i
 
 
 def eos_ids(model: PreTrainedModel) -> set[int]:
-    """The token ids that end a generation (generation config first, as generate() reads them)."""
+    """The token ids that end a generation: the generation config's, as generate() reads them
+    (a model config's own eos_token_id does not end its generate() when the generation config
+    has none)."""
     eos = model.generation_config.eos_token_id
-    if eos is None:
-        eos = model.config.eos_token_id
     if eos is None:
         return set()
     return {int(e) for e in (eos if isinstance(eos, list) else [eos])}

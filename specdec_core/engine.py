@@ -21,6 +21,7 @@ from specdec_core.attention import attention_kernels
 from specdec_core.decoder import CachedDecoder, eos_ids, initial_decoder_ids, synchronize
 from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
 from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
+from specdec_core.loading import context_limit
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
 from specdec_core.self_check import cache_failure, verify_disagreement
 from specdec_core.static_decoder import StaticDecoder, static_decoder_for
@@ -145,6 +146,11 @@ class SpeculativeGenerator:
         """Time this pair on this machine: target passes over k tokens and one draft step, both
         on the prompt's cache (c and v(k) of the paper's bound, in 1-token target passes)."""
         ks = ks or tuple(range(2, self.gamma + 2))
+        if not self.target.config.is_encoder_decoder:  # timed after the prompt: max(ks) - 1 more tokens fit
+            models = [self.target] + ([self.drafter.model] if isinstance(self.drafter, ModelDrafter) else [])
+            limit = context_limit(*models)
+            if limit is not None:
+                prompt_ids = prompt_ids[: max(1, limit - max(ks) + 1)]
         seq = initial_decoder_ids(self.target, prompt_ids)
         vocab = self.target.get_output_embeddings().weight.shape[0]
         extra = [int(t) % vocab for t in (list(prompt_ids) * 4)[: max(ks) + 1]]

@@ -87,9 +87,11 @@ def build_processors(
         procs.append(NoRepeatNGramLogitsProcessor(gc.no_repeat_ngram_size))
     if gc.bad_words_ids:  # Marian's configs forbid the pad token this way
         procs.append(NoBadWordsLogitsProcessor(gc.bad_words_ids, gc.eos_token_id))
-    # No end before a length (summarizers such as BART-large-CNN ship min_length=56).
-    if gc.min_length and eos is not None:
-        procs.append(MinLengthLogitsProcessor(gc.min_length, eos, device=device))
+    # No end before a length (summarizers such as BART-large-CNN ship min_length=56); as in
+    # `generate()`, min_new_tokens, when set, replaces min_length by itself plus the start length.
+    min_length = gc.min_length if gc.min_new_tokens is None else start_length + gc.min_new_tokens
+    if min_length and eos is not None:
+        procs.append(MinLengthLogitsProcessor(min_length, eos, device=device))
     if gc.min_new_tokens and eos is not None:
         procs.append(MinNewTokensLengthLogitsProcessor(start_length, gc.min_new_tokens, eos, device=device))
     if gc.forced_bos_token_id is not None:

@@ -105,6 +105,52 @@ def test_a_minimum_length_in_the_generation_config_holds_the_end_back(kind, fiel
         setattr(gc, field, saved[1])
 
 
+def test_min_new_tokens_replaces_min_length_as_in_generate(models, tokenizer):
+    """With both set, `generate()` takes min_new_tokens and drops min_length (it sets min_length
+    to min_new_tokens plus the prompt): a summarizer's min_length must not hold the end back then."""
+    from specdec_core.batch_engine import BatchSpeculativeGenerator
+
+    target, draft = models["gpt2"]
+    ids, ref, stop_at = next((ids, ref, i) for ids in (tokenizer(p).input_ids for p in PROMPTS)
+                             for ref in [reference(target, ids, 20)] for i in range(2, 12) if ref[i] not in ref[:i])
+    gc = target.generation_config
+    saved = gc.eos_token_id, gc.min_length, gc.min_new_tokens
+    gc.eos_token_id, gc.min_length, gc.min_new_tokens = ref[stop_at], len(ids) + 30, 1
+    try:
+        expected = reference(target, ids, 20)
+        assert expected == ref[: stop_at + 1]  # min_length alone would hold the end past 20 tokens
+        for drafter in drafters(target, draft).values():
+            out = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=20).generate(ids)
+            assert out.tokens == expected
+            engine = BatchSpeculativeGenerator(target, drafter, batch_size=2, num_speculative_tokens=4,
+                                               max_new_tokens=20)
+            assert [g.tokens for g in engine.generate_many([(ids, 0), (ids[:2], 0)])][0] == expected
+    finally:
+        gc.eos_token_id, gc.min_length, gc.min_new_tokens = saved
+
+
+def test_only_the_generation_configs_end_tokens_end_a_generation(models, tokenizer):
+    """A model saved with a generation config without eos_token_id: `generate()` runs on past the
+    model config's eos_token_id, and so do the engines."""
+    from specdec_core.batch_engine import BatchSpeculativeGenerator
+
+    target, draft = models["llama"]
+    ids = tokenizer(PROMPTS[0]).input_ids
+    ref = reference(target, ids, 12)
+    saved = target.config.eos_token_id, target.generation_config.eos_token_id
+    target.config.eos_token_id, target.generation_config.eos_token_id = ref[3], None
+    try:
+        expected = reference(target, ids, 12)
+        assert len(expected) == 12 and ref[3] in expected[:4]
+        out = SpeculativeGenerator(target, drafters(target, draft)["model"], num_speculative_tokens=4,
+                                   max_new_tokens=12).generate(ids)
+        assert out.tokens == expected
+        engine = BatchSpeculativeGenerator(target, NoDrafter(), batch_size=2, max_new_tokens=12)
+        assert [g.tokens for g in engine.generate_many([(ids, 0), (ids[:2], 0)])][0] == expected
+    finally:
+        target.config.eos_token_id, target.generation_config.eos_token_id = saved
+
+
 def test_generation_config_settings_the_engines_do_not_apply_are_named():
     """Beam search and the rarer processors a generation config can ask for are named (the job
     logs them at load): the outputs are those of `generate()` without them."""

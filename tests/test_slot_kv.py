@@ -769,3 +769,32 @@ def test_a_chain_never_positions_a_row_past_the_models_limit(models, prompts, fa
     out = engine.generate_many([(p, 0) for p in rows])
     assert [o.tokens for o in out] == [hf_greedy(target, p, n) for p in rows]
     assert any(isinstance(key, tuple) for key in engine.slots[id(draft)]._graphs)  # chained rounds ran
+
+
+@pytest.mark.parametrize("engine", ["one", "padded", "slots", "slots-chained"])
+def test_adaptive_costs_are_timed_inside_the_models_positions(models, prompts, engine, fake_graphs):
+    """The adaptive policy times gamma + 1 tokens after a prompt: a prompt that, with its few
+    new tokens, fills GPT-2's 256 learned positions is timed on fewer, and decodes as
+    `generate()` does (the timing indexed past the position table)."""
+    target, draft = models["gpt2"]
+    n, gamma = 3, 8
+    full = torch.randint(5, 300, (target.config.n_positions - n,), generator=torch.Generator().manual_seed(0))
+    rows = [full.tolist(), prompts[0]]
+    policy = AdaptiveGamma(max_gamma=gamma)
+    if engine == "one":
+        gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=gamma, max_new_tokens=n,
+                                   gamma_policy=policy)
+        out = [gen.generate(p).tokens for p in rows]
+    else:
+        slots = engine.startswith("slots")
+        gen = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=engine == "slots-chained"), batch_size=2,
+                                        num_speculative_tokens=gamma, max_new_tokens=n, gamma_policy=policy,
+                                        cuda_graphs="on" if slots else "off")
+        assert all(gen.slots.values()) == slots
+        for kv in gen.slots.values():
+            graphed(kv, True)
+        out = [o.tokens for o in gen.generate_many([(p, 0) for p in rows])]
+        if engine == "slots-chained":
+            assert any(isinstance(key, tuple) for key in gen.slots[id(draft)]._graphs)
+    assert out == [hf_greedy(target, p, n) for p in rows]
+    assert policy.costs is not None
