@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,7 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import TestOptions
 
 from pipeline.options import SpecDecOptions
-from transforms.durable import match, output_files, result_patterns
+from transforms.durable import match, output_files, result_patterns, sink_deletes
 from transforms.results import result_schema
 
 log = logging.getLogger(__name__)
@@ -22,18 +23,25 @@ class JobConfigError(ValueError):
     pass
 
 
-def input_schema(pattern: str) -> pa.Schema:
+def input_schemas(pattern: str) -> list[tuple[str, pa.Schema]]:
+    """Each input file with its Parquet schema (footers only, read in parallel: one shard of
+    another layout, or not Parquet at all, would otherwise fail the job after its work)."""
     try:
         files = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
     except Exception as e:  # Beam raises BeamIOError for unreachable locations
         raise JobConfigError(f"--input {pattern!r}: cannot list files ({e})") from e
     if not files:
         raise JobConfigError(f"--input {pattern!r} matches no files")
-    try:
-        with FileSystems.open(files[0]) as f:
-            return pq.read_schema(f)
-    except Exception as e:
-        raise JobConfigError(f"--input: {files[0]} is not a readable Parquet file ({e})") from e
+
+    def read(path: str) -> pa.Schema:
+        try:
+            with FileSystems.open(path) as f:
+                return pq.read_schema(f)
+        except Exception as e:
+            raise JobConfigError(f"--input: {path} is not a readable Parquet file ({e})") from e
+
+    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+        return list(zip(files, pool.map(read, files), strict=True))
 
 
 def _check_columns(opts: SpecDecOptions, schema: pa.Schema) -> None:
@@ -43,19 +51,44 @@ def _check_columns(opts: SpecDecOptions, schema: pa.Schema) -> None:
     ]:
         if col not in names:
             raise JobConfigError(f"{flag} {col!r} is not a column of the input (columns: {', '.join(names)})")
+    twice = [c for i, c in enumerate(opts.passthrough()) if c in opts.passthrough()[:i]]
+    if twice:
+        raise JobConfigError(f"--passthrough_columns names {twice[0]!r} twice")
     taken = set(result_schema(schema, opts.id_column, []).names)
     clash = [c for c in opts.passthrough() if c in taken]
     if clash:
         raise JobConfigError(f"--passthrough_columns {clash[0]!r} clashes with an output column of that name")
+    id_type = schema.field(opts.id_column).type
+    if pa.types.is_temporal(id_type) or pa.types.is_decimal(id_type):
+        raise JobConfigError(f"--id_column {opts.id_column!r} is {id_type}, which Beam cannot encode "
+                             "deterministically to find duplicate ids: cast it to text or integers")
 
 
-def conversation_column(schema: pa.Schema, column: str) -> bool:
+def _check_shards(opts: SpecDecOptions, shards: list[tuple[str, pa.Schema]]) -> None:
+    """Every input file has the columns the job reads, its ids and passed-through columns of the
+    first file's types (the output files have one schema) and a prompt column a job can read."""
+    first = shards[0][1]
+    for path, schema in shards[1:]:
+        for flag, col in [("--prompt_column", opts.prompt_column), ("--id_column", opts.id_column)] + [
+            ("--passthrough_columns", c) for c in opts.passthrough()
+        ]:
+            if col not in schema.names:
+                raise JobConfigError(f"--input: {path} has no {col!r} column ({flag}), which {shards[0][0]} has")
+            if flag != "--prompt_column" and schema.field(col).type != first.field(col).type:
+                raise JobConfigError(f"--input: {path}'s {col!r} column ({flag}) is {schema.field(col).type}, "
+                                     f"{shards[0][0]}'s is {first.field(col).type}")
+        conversation_column(schema, opts.prompt_column, path)
+
+
+def conversation_column(schema: pa.Schema, column: str, path: str = "") -> bool:
     """Whether the prompt column holds conversations: a list of structs with `role` and `content`.
 
     A column of anything else (numbers, bytes, other lists) is a job-level mistake (every row would
     fail), so it stops the job; a column of nulls only passes (each row fails on its own).
     """
     typ = schema.field(column).type
+    if pa.types.is_dictionary(typ):  # (a pandas categorical column)
+        typ = typ.value_type
     if pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_string_view(typ) \
             or pa.types.is_null(typ):
         return False
@@ -63,7 +96,8 @@ def conversation_column(schema: pa.Schema, column: str) -> bool:
         value = typ.value_type
         if pa.types.is_struct(value) and {"role", "content"} <= {value.field(i).name for i in range(value.num_fields)}:
             return True
-    raise JobConfigError(f"--prompt_column {column!r} is {typ}: expected text, or a conversation "
+    where = f" in {path}" if path else ""
+    raise JobConfigError(f"--prompt_column {column!r} is {typ}{where}: expected text, or a conversation "
                          "(a list of {role, content} structs)")
 
 
@@ -187,13 +221,19 @@ def is_dry_run(opts: SpecDecOptions) -> bool:
 
 
 def _check_output(opts: SpecDecOptions) -> None:
-    if opts.overwrite or is_dry_run(opts):
+    if is_dry_run(opts):
         return
     try:
         existing = output_files(opts.output)
+        doomed = sink_deletes(opts.output)
     except Exception as e:
         raise JobConfigError(f"--output {opts.output!r}: cannot list files there ({e})") from e
-    if existing:
+    foreign = sorted(set(doomed) - set(existing))
+    if foreign:  # --overwrite or not: it deletes this prefix's files, never another's
+        raise JobConfigError(f"--output {opts.output!r}: Beam's writer deletes every "
+                             f"{os.path.basename(opts.output)}-*-of-*.parquet when it finishes, and {foreign[0]} "
+                             "is not this prefix's: use a prefix that no other file name starts with")
+    if existing and not opts.overwrite:
         raise JobConfigError(f"--output {opts.output!r} already holds {len(existing)} result files (e.g. "
                              f"{existing[0]}): use a new prefix, or pass --overwrite to delete them")
 
@@ -293,8 +333,10 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
             raise JobConfigError(f"{flag} must be >= 1, got {value}")
     if not opts.commit_every_s >= 0:
         raise JobConfigError(f"--commit_every_s must be >= 0, got {opts.commit_every_s}")
-    schema = input_schema(opts.input)
+    shards = input_schemas(opts.input)
+    schema = shards[0][1]
     _check_columns(opts, schema)
+    _check_shards(opts, shards)
     trust = opts.trust_remote_code
     models = [("--target_model", opts.target_model)] + (
         [("--draft_model", opts.draft_model)] if opts.drafter == "model" else [])

@@ -209,6 +209,9 @@ class GeneratorSpec:
             raise ValueError(f"--drafter {self.drafter!r}: expected one of {', '.join(DRAFTERS)}")
         if self.drafter == "model" and not self.draft_model:
             raise ValueError("--drafter model needs --draft_model")
+        if self.drafter == "ngram" and not 1 <= self.ngram_min_size <= self.ngram_max_size:
+            raise ValueError(f"--ngram_min_size {self.ngram_min_size} and --ngram_max_size {self.ngram_max_size}: "
+                             "need 1 <= --ngram_min_size <= --ngram_max_size")
         SamplingSettings(self.temperature, self.top_k, self.top_p)  # validates
 
 

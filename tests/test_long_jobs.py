@@ -136,6 +136,25 @@ def test_existing_output_stops_the_job_unless_overwrite(tmp_path, saved_pairs, c
     assert (out.parent / "gens-notes.txt").exists()
 
 
+def test_an_output_prefix_that_would_delete_another_prefixs_files_stops_the_job(tmp_path, saved_pairs, capsys):
+    """Beam's sink deletes every PREFIX-*-of-NNNNN.parquet once it has written: "gens" would take
+    "gens-v2"'s shards with it. Refused, with --overwrite too; nothing is touched."""
+    target, _ = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello world!"}])
+    out = tmp_path / "run" / "gens"
+    out.parent.mkdir()
+    for name in ("gens-v2-00000-of-00001.parquet", "gens-v2-failed-00000-of-00001.parquet"):
+        pq.write_table(pa.table({"id": ["v2"], "generation": ["kept"]}), out.parent / name)
+    capsys.readouterr()
+    for extra in ((), ("--overwrite",)):
+        assert main(_args(src, out, target, None, *extra)) == 2
+        err = _one_line_error(capsys)
+        assert "gens-v2-00000-of-00001.parquet is not this prefix's" in err, err
+    assert sorted(p.name for p in out.parent.iterdir()) == ["gens-v2-00000-of-00001.parquet",
+                                                             "gens-v2-failed-00000-of-00001.parquet"]
+    assert main(_args(src, out.parent / "gens-v3", target, None)) == 0  # a prefix no file starts with
+
+
 # -- 2: resume (the kill-and-resume test is below) ----------------------------------------------
 
 def test_bad_resume_prefixes_stop_before_any_work(tmp_path, saved_pairs, capsys):

@@ -159,6 +159,8 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         "--device 'tpu': expected auto, cpu, cuda or cuda:N": base + ["--draft_model", str(draft), "--device", "tpu"],
         "--prompt_column 'prompt' is int64: expected text": ["--input", numbers] + base[2:] + [
             "--draft_model", str(draft)],
+        "temperature must be a finite number >= 0, got nan": base + ["--drafter", "none", "--temperature", "nan"],
+        "--ngram_min_size 1 and --ngram_max_size 0": base + ["--drafter", "ngram", "--ngram_max_size", "0"],
     }
     capsys.readouterr()
     for needle, args in cases.items():
@@ -166,6 +168,55 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and needle in err and "\n" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_input_files_that_cannot_make_one_output_stop_before_any_work(tmp_path, saved_pairs, capsys):
+    """Every input file's footer is read first: a later shard without a column the job reads,
+    with ids or passed-through values of another type (the output has one schema), or not
+    Parquet at all, failed the whole job after its work; ids Beam cannot encode deterministically,
+    and a column passed through twice (an unreadable output), too. A categorical (dictionary)
+    prompt column is text."""
+    target, _ = saved_pairs["llama"]
+    first = [{"id": "1", "prompt": "hi", "ref": "a"}]
+
+    def job(name, rows=None, *extra, raw=None):
+        folder = tmp_path / name
+        folder.mkdir()
+        write_prompts(folder / "a.parquet", first)
+        if raw is not None:
+            (folder / "b.parquet").write_bytes(raw)
+        elif rows is not None:
+            pq.write_table(rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(rows), folder / "b.parquet")
+        return main(["--input", str(folder / "*.parquet"), "--output", str(folder / "out/gens"),
+                     "--target_model", str(target), "--drafter", "none", "--max_new_tokens", "2", *extra])
+
+    capsys.readouterr()
+    for needle, args in {
+        "b.parquet has no 'id' column (--id_column)": ("no-id", [{"prompt": "x", "ref": "b"}]),
+        "b.parquet's 'id' column (--id_column) is int64": ("int-id", [{"id": 2, "prompt": "x", "ref": "b"}]),
+        "b.parquet's 'ref' column (--passthrough_columns) is int64": (
+            "int-ref", [{"id": "2", "prompt": "x", "ref": 3}], "--passthrough_columns", "ref"),
+        "b.parquet has no 'prompt' column": ("no-prompt", [{"id": "2", "ref": "b"}]),
+        "--passthrough_columns names 'ref' twice": ("twice", None, "--passthrough_columns", "ref,ref"),
+    }.items():
+        assert job(*args) == 2, needle
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and needle in err and "\n" not in err, err
+    assert job("not-parquet", None, raw=b"id,prompt\n2,x\n") == 2
+    assert "b.parquet is not a readable Parquet file" in capsys.readouterr().err
+    assert not any((tmp_path / name / "out").exists() for name in ("no-id", "int-id", "int-ref", "not-parquet"))
+
+    stamped = tmp_path / "stamped.parquet"
+    pq.write_table(pa.table({"id": pa.array([0], pa.timestamp("s")), "prompt": ["hi"]}), stamped)
+    assert main(["--input", str(stamped), "--output", str(tmp_path / "s/gens"), "--target_model", str(target),
+                 "--drafter", "none"]) == 2
+    assert "--id_column 'id' is timestamp[ms], which Beam cannot encode" in capsys.readouterr().err
+
+    categorical = pa.table({"id": ["2", "3"], "prompt": pa.array(["hi", "there"]).dictionary_encode(),
+                            "ref": ["b", "c"]})
+    assert job("categorical", categorical) == 0
+    results = read(str(tmp_path / "categorical/out/gens-0*.parquet"))
+    assert sorted(results["id"].to_pylist()) == ["1", "2", "3"]
 
 
 def test_plain_direct_runner_does_not_try_to_download_prism(tmp_path, saved_pairs, caplog):

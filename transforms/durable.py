@@ -36,13 +36,23 @@ _LOG = logging.getLogger(__name__)
 NAMESPACE = "specdec"
 
 
+# Beam's shard names: SSSSS-of-NNNNN (so that "gens-2024-..." or "gens-v2-..." is not a shard of "gens").
+SHARD = "[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]"
+
+
 def result_patterns(prefix: str) -> list[str]:
-    """Globs of the files holding result rows: final shards (a digit after the prefix) and chunks."""
-    return [f"{prefix}-[0-9]*-of-*.parquet", f"{prefix}-chunk-*.parquet"]
+    """Globs of the files holding result rows: final shards and chunks."""
+    return [f"{prefix}-{SHARD}.parquet", f"{prefix}-chunk-*.parquet"]
 
 
 def failed_patterns(prefix: str) -> list[str]:
-    return [f"{prefix}-failed-[0-9]*-of-*.parquet", f"{prefix}-failed-chunk-*.parquet"]
+    return [f"{prefix}-failed-{SHARD}.parquet", f"{prefix}-failed-chunk-*.parquet"]
+
+
+def sink_deletes(prefix: str) -> list[str]:
+    """The files Beam's Parquet sink deletes when the job's final shards are written: every
+    PREFIX-*-of-NNNNN.parquet, whatever stands for the star (another prefix's shards too)."""
+    return match([f"{prefix}-*-of-*.parquet"])
 
 
 def chunk_patterns(prefix: str) -> list[str]:
