@@ -66,7 +66,8 @@ def _check_columns(opts: SpecDecOptions, schema: pa.Schema) -> None:
 
 def _check_shards(opts: SpecDecOptions, shards: list[tuple[str, pa.Schema]]) -> None:
     """Every input file has the columns the job reads, its ids and passed-through columns of the
-    first file's types (the output files have one schema) and a prompt column a job can read."""
+    first file's types (the output files have one schema). A later file's prompts of another
+    type fail as rows, each with its reason (the first file's stop the job: `conversation_column`)."""
     first = shards[0][1]
     for path, schema in shards[1:]:
         for flag, col in [("--prompt_column", opts.prompt_column), ("--id_column", opts.id_column)] + [
@@ -77,10 +78,9 @@ def _check_shards(opts: SpecDecOptions, shards: list[tuple[str, pa.Schema]]) -> 
             if flag != "--prompt_column" and schema.field(col).type != first.field(col).type:
                 raise JobConfigError(f"--input: {path}'s {col!r} column ({flag}) is {schema.field(col).type}, "
                                      f"{shards[0][0]}'s is {first.field(col).type}")
-        conversation_column(schema, opts.prompt_column, path)
 
 
-def conversation_column(schema: pa.Schema, column: str, path: str = "") -> bool:
+def conversation_column(schema: pa.Schema, column: str) -> bool:
     """Whether the prompt column holds conversations: a list of structs with `role` and `content`.
 
     A column of anything else (numbers, bytes, other lists) is a job-level mistake (every row would
@@ -96,8 +96,7 @@ def conversation_column(schema: pa.Schema, column: str, path: str = "") -> bool:
         value = typ.value_type
         if pa.types.is_struct(value) and {"role", "content"} <= {value.field(i).name for i in range(value.num_fields)}:
             return True
-    where = f" in {path}" if path else ""
-    raise JobConfigError(f"--prompt_column {column!r} is {typ}{where}: expected text, or a conversation "
+    raise JobConfigError(f"--prompt_column {column!r} is {typ}: expected text, or a conversation "
                          "(a list of {role, content} structs)")
 
 
