@@ -144,6 +144,8 @@ class CrossTokenizerDrafter(Drafter):
             self.draft_eos.add(int(draft_tokenizer.eos_token_id))
         self.target_eos = target_tokenizer.eos_token_id
         self.limit = context_limit(model)
+        # An encoder-decoder draft's encoder reads at most this many of its tokens of a prompt.
+        self.encoder_limit = context_limit(model, encoder=True) if model.config.is_encoder_decoder else None
         self.bos = [] if model.config.is_encoder_decoder else _special_prefix(draft_tokenizer)
 
     def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer:
@@ -162,7 +164,11 @@ class CrossTokenizerDrafter(Drafter):
               encoded: dict | None = None) -> CrossTokenizerSession:
         if self.model.config.is_encoder_decoder:
             # The draft encodes the prompt's text in its own tokens; its decoder starts afresh.
-            draft_prompt = self.draft_tokenizer(_decode(self.target_tokenizer, prompt_ids))["input_ids"]
+            # A prompt longer in the draft's tokens than its encoder takes is cut to what it takes
+            # (by the tokenizer, its end token kept): a worse guess, never another output.
+            limit = self.encoder_limit
+            text = _decode(self.target_tokenizer, prompt_ids)
+            draft_prompt = self.draft_tokenizer(text, truncation=limit is not None, max_length=limit)["input_ids"]
             head = initial_decoder_ids(self.model, draft_prompt)
         else:
             draft_prompt, head = [], list(self.bos)

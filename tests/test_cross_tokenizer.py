@@ -204,6 +204,18 @@ def test_encoder_decoder_pair_with_different_tokenizers(toks):
         out = cross.generate(ids)
         assert out.tokens == alone.generate(ids).tokens
         assert out.stats.draft_steps > 0
+    # A prompt longer in the draft's tokens than its encoder's positions: the draft reads what its
+    # encoder takes (its index ran past the positions: the row failed).
+    config = make_model("bart", dtok, seed=2).config
+    config.max_position_embeddings = 24
+    torch.manual_seed(2)
+    short = type(draft)(config).eval()
+    long_prompt = "naïve café, 日本語のテキスト " * 3
+    ids = ttok(long_prompt)["input_ids"]
+    assert len(dtok(long_prompt)["input_ids"]) > 24
+    out = SpeculativeGenerator(target, CrossTokenizerDrafter(short, ttok, dtok), num_speculative_tokens=3,
+                               max_new_tokens=20).generate(ids)
+    assert out.tokens == alone.generate(ids).tokens and out.stats.draft_steps > 0
 
 
 @pytest.fixture(scope="module")

@@ -87,6 +87,18 @@ def test_comparison_joins_on_id_and_finds_where_speculation_did_not_help():
     assert c.c == pytest.approx((0.036 / 36) / base_step) and c.v == pytest.approx((0.3 / 15) / base_step)
     c2 = compare(run, result_table(BASE[:2] + [dict(BASE[0], id="z")]))
     assert (c2.matched, c2.only_run, c2.only_baseline) == (2, 2, 1)
+    # The null id is an id like any other (a hash join never matches it), in the run's order.
+    nulled = compare(result_table([dict(RUN[0], id=None)] + RUN[1:]), result_table([dict(BASE[0], id=None)] + BASE[1:]))
+    assert (nulled.matched, nulled.only_run, nulled.only_baseline) == (4, 0, 0)
+    assert nulled.speedup == pytest.approx(1.15 / 0.75) and nulled.identical == 3
+    assert nulled.item_run_rows.tolist() == [0, 1, 2, 3]
+    # Ids of two integer types (inputs written apart) are matched; ids that cannot be are refused.
+    ints = pa.Table.from_pylist([{"id": 1, "generation": "g", "latency_s": 0.1, "verify_s": 0.1, "verify_steps": 1,
+                                  "new_tokens": 1, "draft_s": 0.0, "draft_steps": 0}])
+    as32 = ints.set_column(0, "id", ints["id"].cast(pa.int32()))
+    assert compare(as32, ints).matched == 1
+    with pytest.raises(ValueError, match="the baseline's ids are string, the run's int32: they cannot be matched"):
+        compare(as32, ints.set_column(0, "id", pa.array(["x"])))
 
 
 def test_a_run_without_drafts_or_baseline_or_failures_says_so_instead_of_empty_plots():

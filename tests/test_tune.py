@@ -190,6 +190,7 @@ def test_encoder_decoder_targets_tune_batch_sizes_too(saved_pairs, tmp_path, cap
     (["--draft_model", "/nonexistent/draft"], "--draft_model"),
     (["--torch_compile", "on", "--cuda_graphs", "off"], "--torch_compile"),
     (["--cuda_graphs", "sometimes"], "--cuda_graphs"),
+    (["--ngram_max_size", "0"], "--ngram_max_size"),
 ])
 def test_bad_settings_are_one_line_errors(tiny, capsys, extra, culprit):
     try:

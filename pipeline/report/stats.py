@@ -216,11 +216,27 @@ class Comparison:
 
 
 def compare(results: pa.Table, baseline: pa.Table) -> Comparison:
-    """Joins on id with Arrow's hash join (ids are unique once the reader has deduplicated them)."""
+    """Joins on id with Arrow's hash join (ids are unique once the reader has deduplicated them),
+    and the null id, an id like any other that a hash join never matches, by hand.
+
+    Raises ValueError when the baseline's ids cannot take the run's type."""
     left = results.select(["id", "generation", "latency_s"]).append_column(
         "run_row", pa.array(np.arange(results.num_rows, dtype=np.int64)))
     right = baseline.select(["id", "generation", "latency_s"])
-    joined = left.join(right, "id", join_type="inner", right_suffix="_base").sort_by("run_row")
+    id_type = left.schema.field("id").type
+    if right.schema.field("id").type != id_type:  # e.g. int32 and int64 ids from inputs written apart
+        try:
+            right = right.set_column(0, "id", right["id"].cast(id_type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise ValueError(f"the baseline's ids are {baseline.schema.field('id').type}, the run's {id_type}: "
+                             "they cannot be matched") from e
+    joined = left.join(right, "id", join_type="inner", right_suffix="_base")
+    run_null, base_null = (t.filter(pc.is_null(t["id"])) for t in (left, right))
+    if run_null.num_rows and base_null.num_rows:
+        pair = {**{c: run_null[c] for c in left.column_names},
+                "generation_base": base_null["generation"], "latency_s_base": base_null["latency_s"]}
+        joined = pa.concat_tables([joined, pa.table({c: pair[c] for c in joined.column_names})])
+    joined = joined.sort_by("run_row")
     run_lat, base_lat = column(joined, "latency_s"), column(joined, "latency_s_base")
     with np.errstate(divide="ignore", invalid="ignore"):
         items = np.where(run_lat > 0, base_lat / np.where(run_lat > 0, run_lat, 1), np.nan)
@@ -233,7 +249,7 @@ def compare(results: pa.Table, baseline: pa.Table) -> Comparison:
     return Comparison(
         matched=matched,
         only_run=results.num_rows - matched,
-        only_baseline=baseline.num_rows - int(pc.sum(pc.is_in(baseline["id"], value_set=results["id"])).as_py() or 0),
+        only_baseline=baseline.num_rows - matched,
         speedup=_ratio(float(base_lat.sum()), float(run_lat.sum())) if matched else None,
         speedup_items=Distribution.of(items),
         slower_items=int((items < 1).sum()),

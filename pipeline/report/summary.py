@@ -63,7 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
     stats = run_stats(results, failed)
-    comparison = compare(results, base) if base is not None else None
+    try:
+        comparison = compare(results, base) if base is not None else None
+    except ValueError as e:
+        print(f"error: --baseline {args.baseline}: {e}", file=sys.stderr)
+        return 2
     parts = sections(stats, comparison, scores, args.references)
     print(f"report: {args.prefix}" + (f" (baseline: {args.baseline})" if args.baseline else ""))
     print(format_sections(parts), end="")

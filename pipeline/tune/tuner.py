@@ -152,10 +152,12 @@ def check_settings(args: argparse.Namespace) -> None:
     from pipeline.preflight import JobConfigError, preflight
     from pipeline.run import parse_options
 
-    drafts = args.draft_model or [None]
+    candidates = [("model" if draft else "none", draft) for draft in args.draft_model or [None]]
+    if not args.no_ngram:
+        candidates.append(("ngram", None))
     with tempfile.TemporaryDirectory() as tmp:  # an output prefix that holds no files
-        for draft in drafts:
-            argv = run_argv(args, "model" if draft else "none", draft, 4, "fixed", 1, output=f"{tmp}/out")
+        for drafter, draft in candidates:
+            argv = run_argv(args, drafter, draft, 4, "fixed", 1, output=f"{tmp}/out")
             try:
                 check_pipeline_flags(argv)
                 preflight(parse_options(argv))
