@@ -54,6 +54,10 @@ def _check_columns(opts: SpecDecOptions, schema: pa.Schema) -> None:
     twice = [c for i, c in enumerate(opts.passthrough()) if c in opts.passthrough()[:i]]
     if twice:
         raise JobConfigError(f"--passthrough_columns names {twice[0]!r} twice")
+    read = [opts.prompt_column, opts.id_column, *opts.passthrough()]
+    ambiguous = [c for c in read if names.count(c) > 1]
+    if ambiguous:
+        raise JobConfigError(f"the input has {names.count(ambiguous[0])} columns named {ambiguous[0]!r}")
     taken = set(result_schema(schema, opts.id_column, []).names)
     clash = [c for c in opts.passthrough() if c in taken]
     if clash:

@@ -14,10 +14,13 @@ target tokenizer's chat template, e.g.
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import string
 import sys
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
@@ -30,13 +33,28 @@ def load(dataset: str, config: str | None, split: str):
     import datasets
 
     suffix = next((s for s in _BUILDERS if dataset.split("*")[0].endswith(s) or dataset.endswith(s)), None)
+    if suffix == ".csv":
+        # CSV has no types: every column read as the text in the file, so that ids keep their
+        # digits ("007"; pandas would make 7, or 1.0 in a column with a gap) and "NA" stays "NA".
+        columns = _csv_header(dataset)
+        features = datasets.Features({c: datasets.Value("string") for c in columns})
+        return datasets.load_dataset("csv", data_files=dataset, split=split, features=features,
+                                     keep_default_na=False)
     if suffix:
         return datasets.load_dataset(_BUILDERS[suffix], data_files=dataset, split=split)
     return datasets.load_dataset(dataset, config, split=split)
 
 
+def _csv_header(pattern: str) -> list[str]:
+    files = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+    if not files:
+        raise FileNotFoundError(f"--dataset {pattern!r} matches no files")
+    with FileSystems.open(files[0]) as f:
+        return next(csv.reader(io.TextIOWrapper(f, encoding="utf-8-sig")), [])
+
+
 def template_fields(template: str) -> list[str]:
-    return [field for _, field, _, _ in string.Formatter().parse(template) if field]
+    return [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
 
 
 def check_templates(template: str | None, user_template: str | None, system_template: str | None) -> None:
@@ -44,48 +62,95 @@ def check_templates(template: str | None, user_template: str | None, system_temp
         raise ValueError("give either --template (text prompts) or --user_template (conversations)")
     if system_template is not None and user_template is None:
         raise ValueError("--system_template needs --user_template")
+    for flag, text in (("--template", template), ("--user_template", user_template),
+                       ("--system_template", system_template)):
+        try:
+            fields = template_fields(text) if text is not None else []
+        except ValueError as e:
+            raise ValueError(f"{flag}: {e} (a literal brace is written {{{{ or }}}})") from e
+        bad = [f for f in fields if not f.isidentifier()]
+        if bad:
+            raise ValueError(f"{flag}: {{{bad[0]}}} names no field (fields are named, as in {{article}}; "
+                             "a literal brace is written {{ or }})")
+
+
+def check_fields(id_field: str | None, keep: list[str]) -> None:
+    twice = [f for i, f in enumerate(keep) if f in keep[:i]]
+    if twice:
+        raise ValueError(f"--keep_fields names {twice[0]!r} twice")
+    taken = [f for f in keep if f in ("id", "prompt")]
+    if taken:
+        raise ValueError(f"--keep_fields {taken[0]!r}: the output's own column of that name (--id_field gives the id)")
 
 
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 
 
-def _conversation(row: dict, system_template: str | None, user_template: str) -> list[dict[str, str]]:
+def _prompt(row: dict, fields: set[str], template: str | None, system_template: str | None,
+            user_template: str | None) -> str | list[dict[str, str]] | None:
+    """The row's prompt; None where a field the templates read is null (pipeline.run then fails
+    the row as NullPrompt: reported, never a prompt that reads "None")."""
+    if any(row[f] is None for f in fields):
+        return None
+    if template is not None:
+        return template.format(**row)
     system = [{"role": "system", "content": system_template.format(**row)}] if system_template is not None else []
     return [*system, {"role": "user", "content": user_template.format(**row)}]
 
 
 def prepare(dataset, template: str | None, id_field: str | None, keep: list[str], split: str, limit: int | None,
             *, user_template: str | None = None, system_template: str | None = None) -> pa.Table:
-    """Text prompts from `template`, or conversations from `user_template` (+ `system_template`)."""
+    """Text prompts from `template`, or conversations from `user_template` (+ `system_template`);
+    ids copied from `id_field` as they are (type and nulls kept), or SPLIT-INDEX."""
     check_templates(template, user_template, system_template)
+    check_fields(id_field, keep)
     templates = [t for t in (template, system_template, user_template) if t is not None]
-    missing = [f for f in [f for t in templates for f in template_fields(t)] + keep + ([id_field] if id_field else [])
-               if f not in dataset.column_names]
+    fields = {f for t in templates for f in template_fields(t)}
+    missing = [f for f in sorted(fields) + keep + ([id_field] if id_field else []) if f not in dataset.column_names]
     if missing:
         raise ValueError(f"field {missing[0]!r} is not in the dataset (fields: {', '.join(dataset.column_names)})")
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
+    arrow = dataset.with_format("arrow")[:]  # (the selected rows)
     rows = dataset.to_list()
-    ids = [str(r[id_field]) for r in rows] if id_field else [f"{split}-{i}" for i in range(len(rows))]
-    if template is not None:
-        prompts = pa.array([template.format(**r) for r in rows], pa.string())
+    try:
+        prompts = [_prompt(r, fields, template, system_template, user_template) for r in rows]
+    except (TypeError, ValueError, IndexError) as e:  # e.g. {n:03d} over a text field
+        raise ValueError(f"the template does not format every row ({type(e).__name__}: {e})") from e
+    if id_field:
+        ids = arrow.column(id_field).combine_chunks()
+        counts = pc.value_counts(ids)
+        twice = counts.filter(pc.greater(counts.field("counts"), 1))
+        if len(twice):
+            first = twice[0].as_py()
+            raise ValueError(f"--id_field {id_field!r} is not unique: {first['values']!r} is the id of "
+                             f"{first['counts']} rows (leave --id_field out for SPLIT-INDEX ids)")
     else:
-        prompts = pa.array([_conversation(r, system_template, user_template) for r in rows], pa.list_(MESSAGE))
-    columns = {"id": pa.array(ids, pa.string()), "prompt": prompts}
-    table = pa.table(columns)
+        ids = pa.array([f"{split}-{i}" for i in range(len(rows))], pa.string())
+    typ = pa.string() if template is not None else pa.list_(MESSAGE)
+    table = pa.table({"id": ids, "prompt": pa.array(prompts, typ)})
     for field in keep:
-        table = table.append_column(field, dataset.data.column(field).combine_chunks())
+        table = table.append_column(field, arrow.column(field).combine_chunks())
     return table
 
 
-def write_shards(table: pa.Table, prefix: str, num_shards: int) -> list[str]:
-    """PREFIX-SSSSS-of-NNNNN.parquet, local or gs:// (through Beam's filesystems)."""
+def write_shards(table: pa.Table, prefix: str, num_shards: int, overwrite: bool = False) -> list[str]:
+    """PREFIX-SSSSS-of-NNNNN.parquet, local or gs:// (through Beam's filesystems), rows spread as
+    evenly as they go. Shards already under the prefix (of any count) stop it unless `overwrite`:
+    a job reading PREFIX-* would read the old and the new rows together."""
+    old = sorted(m.path for r in FileSystems.match([f"{prefix}-*-of-*.parquet"]) for m in r.metadata_list)
+    if old and not overwrite:
+        raise FileExistsError(f"--output {prefix!r} already holds {len(old)} shards (e.g. {old[0]}): "
+                              "use a new prefix, or pass --overwrite to delete them")
+    if old:
+        FileSystems.delete(old)
     paths = []
-    per = -(-table.num_rows // num_shards) if table.num_rows else 0
+    n = table.num_rows
     for i in range(num_shards):
         path = f"{prefix}-{i:05d}-of-{num_shards:05d}.parquet"
+        start, end = i * n // num_shards, (i + 1) * n // num_shards
         with FileSystems.create(path) as f:
-            pq.write_table(table.slice(i * per, per), f)
+            pq.write_table(table.slice(start, end - start), f)
         paths.append(path)
     return paths
 
@@ -105,18 +170,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None, help="take only the first N rows")
     p.add_argument("--num_shards", type=int, default=1)
     p.add_argument("--output", required=True, help="output prefix, local or gs://")
+    p.add_argument("--overwrite", action="store_true", help="delete the shards already under --output first")
     args = p.parse_args(argv)
     keep = [f.strip() for f in args.keep_fields.split(",") if f.strip()]
     try:
+        for flag, value, low in (("--limit", args.limit, 0), ("--num_shards", args.num_shards, 1)):
+            if value is not None and value < low:
+                raise ValueError(f"{flag} must be >= {low}, got {value}")
         check_templates(args.template, args.user_template, args.system_template)  # before loading anything
-        table = prepare(load(args.dataset, args.config, args.split), args.template, args.id_field, keep,
-                        args.split, args.limit, user_template=args.user_template,
-                        system_template=args.system_template)
-    except (ValueError, FileNotFoundError, KeyError) as e:
+        check_fields(args.id_field, keep)
+        try:
+            dataset = load(args.dataset, args.config, args.split)
+        except (FileNotFoundError, ValueError):
+            raise
+        except Exception as e:  # an empty file, a file of another format: datasets' own errors
+            first = (str(e).splitlines() or [""])[0]
+            raise ValueError(f"--dataset {args.dataset!r}: cannot load it ({type(e).__name__}: {first})") from e
+        table = prepare(dataset, args.template, args.id_field, keep, args.split, args.limit,
+                        user_template=args.user_template, system_template=args.system_template)
+        paths = write_shards(table, args.output, args.num_shards, args.overwrite)
+    except (ValueError, FileNotFoundError, FileExistsError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for path in write_shards(table, args.output, max(1, args.num_shards)):
+    for path in paths:
         print(path)
+    nulls = table.num_rows - pc.count(table["prompt"]).as_py()
+    if nulls:
+        print(f"{nulls} of {table.num_rows} rows have a null field the template reads: their prompt is null, "
+              "and pipeline.run fails them as NullPrompt", file=sys.stderr)
     return 0
 
 

@@ -131,6 +131,9 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
     target, draft = saved_pairs["llama"]
     src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": "hi"}])
     numbers = write_prompts(tmp_path / "n.parquet", [{"id": "1", "prompt": 7}])
+    doubled = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array(["1"]), pa.array(["hi"]), pa.array(["2"])],
+                                        names=["id", "prompt", "id"]), doubled)
     other_tok = build_tokenizer(vocab_size=300)
     make_model("llama", other_tok, seed=3).save_pretrained(tmp_path / "other")
     other_tok.save_pretrained(tmp_path / "other")
@@ -159,6 +162,7 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         "--device 'tpu': expected auto, cpu, cuda or cuda:N": base + ["--draft_model", str(draft), "--device", "tpu"],
         "--prompt_column 'prompt' is int64: expected text": ["--input", numbers] + base[2:] + [
             "--draft_model", str(draft)],
+        "the input has 2 columns named 'id'": ["--input", str(doubled)] + base[2:] + ["--draft_model", str(draft)],
         "temperature must be a finite number >= 0, got nan": base + ["--drafter", "none", "--temperature", "nan"],
         "--ngram_min_size 1 and --ngram_max_size 0": base + ["--drafter", "ngram", "--ngram_max_size", "0"],
     }

@@ -67,3 +67,54 @@ def test_template_flags_that_do_not_fit_together(tmp_path, capsys):
         assert prepare.main(["--dataset", str(src), *flags, *out]) == 2
         assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {needle.strip()}")
     assert not list(tmp_path.glob("x-*"))
+
+
+def test_ids_and_fields_are_kept_as_they_are(tmp_path, capsys):
+    """CSV cells are text (ids keep their digits, "NA" stays "NA"); a null id stays null (one is an
+    id like any other); a null field that the template reads makes a null prompt, which the job
+    fails as NullPrompt, never a prompt reading "None"; rows spread evenly over the shards."""
+    src = tmp_path / "a.csv"
+    src.write_text("doc,article\n007,hello\n010,NA\n3,x\n")
+    assert prepare.main(["--dataset", str(src), "--template", "s: {article}", "--id_field", "doc",
+                         "--num_shards", "2", "--output", str(tmp_path / "c")]) == 0
+    shards = [pq.read_table(tmp_path / f"c-0000{i}-of-00002.parquet").to_pylist() for i in range(2)]
+    assert shards == [[{"id": "007", "prompt": "s: hello"}],
+                      [{"id": "010", "prompt": "s: NA"}, {"id": "3", "prompt": "s: x"}]]
+    src = tmp_path / "n.jsonl"
+    src.write_text('{"doc": null, "article": "x", "k": 1}\n{"doc": 5, "article": null, "k": 2}\n')
+    capsys.readouterr()
+    assert prepare.main(["--dataset", str(src), "--template", "s: {article}", "--id_field", "doc",
+                         "--keep_fields", "k", "--output", str(tmp_path / "n")]) == 0
+    table = pq.read_table(tmp_path / "n-00000-of-00001.parquet")
+    assert table.to_pylist() == [{"id": None, "prompt": "s: x", "k": 1}, {"id": 5, "prompt": None, "k": 2}]
+    assert "1 of 2 rows have a null field the template reads" in capsys.readouterr().err
+
+
+def test_settings_that_would_lose_or_mix_rows_are_one_line_errors(tmp_path, capsys):
+    src = tmp_path / "d.jsonl"
+    src.write_text('{"doc": "a", "t": "x"}\n{"doc": "a", "t": "y"}\n')
+    (tmp_path / "empty.jsonl").write_text("")
+    out = str(tmp_path / "o")
+    cases = {
+        "--id_field 'doc' is not unique: 'a' is the id of 2 rows": ["--id_field", "doc"],
+        "--template: {} names no field": ["--template", "s: {}"],
+        "--template: Single '}' encountered": ["--template", "s: }"],
+        "--keep_fields names 't' twice": ["--keep_fields", "t,t"],
+        "--keep_fields 'id': the output's own column": ["--keep_fields", "id"],
+        "--num_shards must be >= 1, got 0": ["--num_shards", "0"],
+        "--limit must be >= 0, got -1": ["--limit", "-1"],
+        "cannot load it": ["--dataset", str(tmp_path / "empty.jsonl")],
+    }
+    for needle, extra in cases.items():
+        flags = {"--dataset": str(src), "--template": "{t}", "--output": out}
+        flags |= dict(zip(extra[::2], extra[1::2], strict=True))
+        assert prepare.main([a for pair in flags.items() for a in pair]) == 2, needle
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert last.startswith("error: ") and needle in last, last
+    assert not list(tmp_path.glob("o-*"))
+    # Shards already under the prefix (of another count) would be read with the new ones.
+    assert prepare.main(["--dataset", str(src), "--template", "{t}", "--num_shards", "2", "--output", out]) == 0
+    assert prepare.main(["--dataset", str(src), "--template", "{t}", "--output", out]) == 2
+    assert "already holds 2 shards" in capsys.readouterr().err
+    assert prepare.main(["--dataset", str(src), "--template", "{t}", "--output", out, "--overwrite"]) == 0
+    assert sorted(p.name for p in tmp_path.glob("o-*")) == ["o-00000-of-00001.parquet"]
