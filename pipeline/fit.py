@@ -54,23 +54,28 @@ class WorkerGpus:
 
 
 def parse_accelerator(spec: str) -> tuple[str, int] | None:
-    """(type, count) of `type:nvidia-l4;count:4;install-nvidia-driver`, or None."""
-    fields = dict(part.split(":", 1) for part in spec.split(";") if ":" in part)
+    """(type, count) of `type:nvidia-l4;count:4;install-nvidia-driver`, or None without a type.
+    Raises ValueError for a count that is not a whole number of at least 1."""
+    fields = {k.strip(): v.strip() for k, v in (part.split(":", 1) for part in spec.split(";") if ":" in part)}
     if "type" not in fields:
         return None
-    try:
-        return fields["type"].strip(), int(fields.get("count", "1"))
-    except ValueError:
-        return None
+    count = fields.get("count", "1")
+    if not count.isdigit() or int(count) < 1:
+        raise ValueError(f"count:{count} in {spec!r}: expected a whole number of GPUs, at least 1")
+    return fields["type"], int(count)
 
 
 def worker_gpus(opts: SpecDecOptions) -> WorkerGpus | None:
     """The GPUs of one worker: from the job's accelerator settings, or this machine's for a local
     job; None when not known (the fit check is then skipped)."""
-    specs = [s.split("=", 1)[1] for s in opts.view_as(GoogleCloudOptions).dataflow_service_options or []
+    specs = [("worker_accelerator", s.split("=", 1)[1])
+             for s in opts.view_as(GoogleCloudOptions).dataflow_service_options or []
              if s.startswith("worker_accelerator=")]
-    for spec in [*specs, *([opts.accelerator] if opts.accelerator else [])]:
-        parsed = parse_accelerator(spec)
+    for flag, spec in [*specs, *([("--accelerator", opts.accelerator)] if opts.accelerator else [])]:
+        try:
+            parsed = parse_accelerator(spec)
+        except ValueError as e:
+            raise ValueError(f"{flag}: {e}") from e
         if parsed is None:
             continue
         kind, count = parsed
@@ -89,6 +94,10 @@ def worker_gpus(opts: SpecDecOptions) -> WorkerGpus | None:
     return WorkerGpus(gpus, f"this machine's {len(gpus)} x {'/'.join(names)}")
 
 
+class OwnCodeConfig(Exception):
+    """A gs:// model whose config class is its own code, which the launcher does not fetch."""
+
+
 def read_config(path: str, trust: bool):
     """A model's config, also from gs:// (config.json only: no weight is read)."""
     from transformers import AutoConfig
@@ -96,7 +105,13 @@ def read_config(path: str, trust: bool):
     if path.startswith("gs://"):
         with FileSystems.open(path.rstrip("/") + "/config.json") as f:
             data = json.loads(f.read())
-        return AutoConfig.for_model(**data)
+        try:
+            return AutoConfig.for_model(**data)
+        except ValueError as e:
+            if data.get("auto_map"):
+                raise OwnCodeConfig(f"{path}'s config is its own code (auto_map), which the launcher "
+                                    "does not fetch from gs://") from e
+            raise
     return AutoConfig.from_pretrained(path, trust_remote_code=trust)
 
 
@@ -172,9 +187,10 @@ def weights_need(opts: SpecDecOptions, target, rows: int = 0, prompt_tokens: int
         need = replace(need, draft_weights=int(need.draft_weights * scale), draft_kv=int(need.draft_kv * scale))
     graphs = graph_bytes(opts, target, rows, dtype) + (graph_bytes(opts, draft, rows, draft_dtype, draft=True)
                                                        if draft is not None else 0)
-    need = replace(need, target_kv=need.target_kv + prefill_row_bytes(opts, target, prompt_tokens, dtype))
-    if draft is not None:
-        need = replace(need, draft_kv=need.draft_kv + prefill_row_bytes(opts, draft, prompt_tokens, draft_dtype))
+    prefill = prefill_row_bytes(opts, target, prompt_tokens, dtype)
+    draft_prefill = prefill_row_bytes(opts, draft, prompt_tokens, draft_dtype) if draft is not None else 0
+    need = replace(need, target_kv=need.target_kv + prefill, draft_kv=need.draft_kv + draft_prefill,
+                   prefill=prefill + draft_prefill)
     return replace(need, graphs=graphs)
 
 
@@ -274,8 +290,12 @@ def check_fit(opts: SpecDecOptions) -> list[Copy] | None:
             placement.plan_copies(opts.device, opts.device_map, [])  # --device cuda without a GPU
         return None
     tokens, how = longest_prompt_tokens(opts)
-    target = read_config(opts.target_model, opts.trust_remote_code)
-    need = weights_need(opts, target, rows=opts.batch_size, prompt_tokens=tokens)
+    try:
+        target = read_config(opts.target_model, opts.trust_remote_code)
+        need = weights_need(opts, target, rows=opts.batch_size, prompt_tokens=tokens)
+    except OwnCodeConfig as e:
+        log.info("fit check skipped: %s", e)
+        return None
     copies = placement.plan_copies(opts.device, opts.device_map, worker.gpus, need)
     _PLANS[_key(opts)] = worker, copies
     log.info("worker GPUs: %s; %s; each copy needs %s (%s: %d)", worker.source, placement.describe_plan(copies),

@@ -62,6 +62,7 @@ class Footprint:
     largest_block: int
     target_params: int = 0
     graphs: int = 0  # what CUDA graphs keep besides the caches: their passes' logits
+    prefill: int = 0  # of the KV caches: the one-row prefillers' (once, whatever the batch size)
 
     @property
     def total(self) -> int:
@@ -216,7 +217,11 @@ def fit_problem(need: Footprint, gpus: list[Gpu], copies: list[Copy], *, batch_s
             return f"--device_map: {what}, more than {where}; pass --device_map auto to split it over the GPUs"
         return (f"--target_model: {what}, more than {where}; use larger or more GPUs per worker, "
                 "or a smaller --dtype")
-    rows = max(0, int((held - weights) // max(1, (need.target_kv + need.draft_kv + need.graphs) // batch_size)))
+    per_row = max(1, (need.target_kv + need.draft_kv - need.prefill + need.graphs) // batch_size)
+    rows = max(0, int((held - weights - need.prefill) // per_row))
+    if rows == 0:
+        return (f"--max_new_tokens: {what}, more than {where}: not one row of {tokens} tokens (the longest "
+                "prompt and --max_new_tokens) fits beside the weights; lower --max_new_tokens, or use larger GPUs")
     if device_map == "none" and need.total <= everything and len(gpus) > 1:
         return (f"--batch_size {batch_size}: {what}, more than {where}; use --batch_size {rows} or less, "
                 "or --device_map auto")

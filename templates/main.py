@@ -60,8 +60,9 @@ def launch_args(argv: list[str]) -> list[str]:
         argv = ["--runner=DataflowRunner", *argv]
     if "Dataflow" in (_value(argv, "--runner") or "") and not (
             _value(argv, "--sdk_container_image") or _value(argv, "--worker_harness_container_image")):
-        raise SystemExit("error: sdk_container_image is not set: pass --parameters sdk_container_image=IMAGE "
-                         "(this template's own image)")
+        print("error: sdk_container_image is not set: pass --parameters sdk_container_image=IMAGE "
+              "(this template's own image)", file=sys.stderr)
+        raise SystemExit(2)  # exit status 2, as every other mistake that stops a job before any work
     return argv
 
 

@@ -4,9 +4,11 @@ refuses a pair before any work: all on fake GPU lists, so it runs on any CPU."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -126,11 +128,26 @@ def test_fit_problem_names_the_flag_with_the_numbers():
     msg = fit_problem(kv, one_l4, plan_copies("cuda", "none", one_l4), batch_size=16, device_map="none", tokens=900)
     assert msg.startswith("--batch_size 16: ") and "use --batch_size 6 or less" in msg
     assert "\n" not in msg
+    # A one-row prefiller's cache is there once, whatever the batch: the advice then fits.
+    prefilled = replace(kv, target_kv=kv.target_kv + 2 * GIB, prefill=2 * GIB)
+    msg = fit_problem(prefilled, one_l4, plan_copies("cuda", "none", one_l4), batch_size=16, device_map="none",
+                      tokens=900)
+    assert "use --batch_size 3 or less" in msg
+    assert fit_problem(replace(prefilled, target_kv=int(10 / 16 * 3 * GIB) + 2 * GIB), one_l4,
+                       plan_copies("cuda", "none", one_l4), batch_size=3, device_map="none", tokens=900) is None
+    # Not one row fits: the length is the culprit, not the batch.
+    long = need(15, kv_gib=9)
+    msg = fit_problem(long, one_l4, plan_copies("cuda", "none", one_l4), batch_size=1, device_map="none",
+                      tokens=60000)
+    assert msg.startswith("--max_new_tokens: ") and "not one row of 60000 tokens" in msg
 
 
 def test_worker_gpus_from_the_accelerator_settings():
     assert parse_accelerator("type:nvidia-l4;count:4;install-nvidia-driver") == ("nvidia-l4", 4)
     assert parse_accelerator("install-nvidia-driver") is None
+    assert parse_accelerator("type:nvidia-l4; count:2") == ("nvidia-l4", 2)  # (a space was read as 1 GPU)
+    with pytest.raises(ValueError, match="count:0 in 'type:nvidia-l4;count:0': expected a whole number"):
+        parse_accelerator("type:nvidia-l4;count:0")
     base = ["--input=x", "--output=y", "--target_model=t", "--runner=DataflowRunner"]
     worker = worker_gpus(SpecDecOptions(
         [*base, "--dataflow_service_options=worker_accelerator=type:nvidia-l4;count:4;install-nvidia-driver"]))
@@ -294,3 +311,23 @@ def test_static_caches_are_counted_in_their_allocation_steps(tmp_path, tokenizer
     # Four rows of 600 + 105 columns in 1024, and the prefill row of 600 padded to 1024 (bfloat16 for a GPU).
     assert weights_need(batched, config, rows=4, prompt_tokens=600).target_kv == \
         kv_bytes(config, 5, 1024, 0, torch.bfloat16)
+
+
+def test_a_gs_model_of_its_own_code_skips_the_fit_check(monkeypatch, caplog):
+    """The launcher reads a gs:// model's config.json alone: a config class of the model's own code
+    (auto_map) cannot be built there, so the check is skipped, said so, instead of a refused job."""
+    import io
+
+    import pipeline.fit as fit
+
+    config = {"model_type": "mygpt2", "auto_map": {"AutoConfig": "configuration_mygpt2.MyGPT2Config"}}
+    monkeypatch.setattr(fit.FileSystems, "open", lambda path: io.BytesIO(json.dumps(config).encode()))
+    monkeypatch.setattr(fit, "longest_prompt_tokens", lambda opts: (10, "test"))
+    opts = SpecDecOptions(["--input=x", "--output=y", "--target_model=gs://b/custom", "--drafter=none",
+                           "--device=cuda", "--trust_remote_code", "--accelerator=type:nvidia-l4;count:1"])
+    with caplog.at_level(logging.INFO, logger="pipeline.fit"):
+        assert check_fit(opts) is None
+    assert "fit check skipped: gs://b/custom's config is its own code (auto_map)" in caplog.text
+    config["auto_map"] = None  # an unknown model type without code of its own is still an error
+    with pytest.raises(ValueError, match="mygpt2"):
+        check_fit(opts)

@@ -171,7 +171,7 @@ def test_main_rewrites_boolean_parameters_for_argparse():
         SpecDecOptions([*base, "--large_model=true"]).large_model  # noqa: B018
 
 
-def test_main_runs_the_pipeline_without_waiting(monkeypatch):
+def test_main_runs_the_pipeline_without_waiting(monkeypatch, capsys):
     import pipeline.run
 
     calls = []
@@ -180,8 +180,9 @@ def test_main_runs_the_pipeline_without_waiting(monkeypatch):
     assert template_main.run(["--input=a", "--large_model=true", image]) == 0
     assert calls == [(["--runner=DataflowRunner", "--input=a", "--large_model", image], False)]
     # without the worker image a Dataflow launch stops at once, with one line
-    with pytest.raises(SystemExit, match="sdk_container_image is not set"):
+    with pytest.raises(SystemExit) as stopped:
         template_main.run(["--input=a"])
+    assert stopped.value.code == 2 and "error: sdk_container_image is not set" in capsys.readouterr().err
     # a runner given explicitly is kept; local runners need no image
     template_main.run(["--runner", "FnApiRunner", "--input=a"])
     assert calls[-1] == (["--runner", "FnApiRunner", "--input=a"], False)
