@@ -153,7 +153,8 @@ def test_not_enough_disk_fails_before_copying(remote, tmp_path, monkeypatch, cou
 
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
-    with pytest.raises(ModelPathError, match=r"GB to copy but 0\.0 GB free in .*--disk_size_gb") as info:
+    with pytest.raises(ModelPathError, match=r"to copy and 0\.3 GB kept free, but 0\.0 GB free in .*--disk_size_gb") \
+            as info:
         localize(remote, cache_root=str(tmp_path))
     assert "\n" not in str(info.value)
     assert count_opens == []

@@ -169,8 +169,11 @@ def _download(remote: str, manifest: dict[str, list], dest: str) -> None:
     total = sum(size for size, _ in manifest.values())
     free = shutil.disk_usage(parent).free
     if free < total + _DISK_HEADROOM:
+        # (an outdated copy stays until the new one is whole: a running copy of the pair may read it)
+        stale = " beside the outdated copy there" if os.path.lexists(dest) else ""
         raise ModelPathError(
-            f"{remote}: {total / 1e9:.1f} GB to copy but {free / 1e9:.1f} GB free in {parent} "
+            f"{remote}: {total / 1e9:.1f} GB to copy and {_DISK_HEADROOM / 1e9:.1f} GB kept free, but "
+            f"{free / 1e9:.1f} GB free in {parent}{stale} "
             f"(on Dataflow raise --disk_size_gb, or point {CACHE_ENV} at a larger disk)")
     tmp = os.path.join(parent, f"{stem}{os.getpid()}-{uuid.uuid4().hex[:8]}")
     start = time.monotonic()
