@@ -36,6 +36,11 @@ def verify_sampled(
     Draft i is accepted iff u_i * q_i(x_i) <= p_i(x_i), u_i ~ U[0,1): that is, with
     probability min(1, p/q). One uniform is drawn per draft, none when there are no drafts.
     """
+    if q is not None and q.shape[-1] != p.shape[-1]:
+        # One tokenizer, output layers of two sizes (padded rows, as Qwen2.5-7B's 152064 against
+        # 0.5B's 151936): a token past a model's rows has probability 0 under it.
+        width = max(p.shape[-1], q.shape[-1])
+        p, q = (torch.nn.functional.pad(t, (0, width - t.shape[-1])) for t in (p, q))
     k = len(drafts)
     n = k
     if k:

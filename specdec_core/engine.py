@@ -153,7 +153,8 @@ class SpeculativeGenerator:
                 prompt_ids = prompt_ids[: max(1, limit - max(ks) + 1)]
         seq = initial_decoder_ids(self.target, prompt_ids)
         vocab = self.target.get_output_embeddings().weight.shape[0]
-        extra = [int(t) % vocab for t in (list(prompt_ids) * 4)[: max(ks) + 1]]
+        # Tokens to time with: the prompt's, repeated as often as max(ks) + 1 of them take.
+        extra = [int(t) % vocab for t in (list(prompt_ids) * (max(ks) // len(prompt_ids) + 2))[: max(ks) + 1]]
         with contextlib.ExitStack() as held:
             verifier = self._verifier(prompt_ids, held)  # the passes the items will run (graphs or not)
             base = len(seq) - 1

@@ -111,7 +111,19 @@ def check_compatible(
     kinds = [("encoder-decoder" if c.is_encoder_decoder else "causal") for c in (target_config, draft_config)]
     if kinds[0] != kinds[1]:
         raise IncompatiblePairError(f"the target is {kinds[0]} but the draft is {kinds[1]}; they must match")
-    return SAME_TOKENIZER if target_tokenizer.get_vocab() == draft_tokenizer.get_vocab() else CROSS_TOKENIZER
+    mode = SAME_TOKENIZER if target_tokenizer.get_vocab() == draft_tokenizer.get_vocab() else CROSS_TOKENIZER
+    rows = [getattr(c.get_text_config(), "vocab_size", None) for c in (target_config, draft_config)]
+    if mode == SAME_TOKENIZER and all(isinstance(n, int) for n in rows):
+        _check_rows(*rows)
+    return mode
+
+
+def _check_rows(target_rows: int, draft_rows: int) -> None:
+    """A same-tokenizer draft may have fewer output rows than the target (padded to another
+    multiple), never more: it could propose a token past the target's embedding."""
+    if draft_rows > target_rows:
+        raise IncompatiblePairError(f"the draft's output layer has {draft_rows} rows, the target's {target_rows}: "
+                                    "the draft could propose a token the target has no row for")
 
 
 def describe_mode(mode: str, target_tokenizer: PreTrainedTokenizerBase,
@@ -139,6 +151,8 @@ def check_pair(
         rows = model.get_output_embeddings().weight.shape[0]
         if rows < vocab:
             raise IncompatiblePairError(f"the {role}'s output layer has {rows} rows for a {vocab}-token vocabulary")
+    if mode == SAME_TOKENIZER:
+        _check_rows(*(m.get_output_embeddings().weight.shape[0] for m in (target, draft)))
     if target.config.is_encoder_decoder and mode == SAME_TOKENIZER:
         starts = [m.generation_config.decoder_start_token_id or m.config.decoder_start_token_id
                   for m in (target, draft)]

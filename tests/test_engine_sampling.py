@@ -118,6 +118,30 @@ def test_sampling_matches_target_distribution(kind, drafter, sampling):
     assert 0 < sum(s.accepted_tokens for s in stats) < sum(s.draft_tokens for s in stats)
 
 
+def test_sampling_stays_exact_when_the_target_has_more_output_rows(monkeypatch):
+    """One tokenizer, output layers of two sizes (rows padded to another multiple, as Qwen2.5-7B's
+    152064 against 0.5B's 151936; the padded rows are no token, here suppressed by the target's
+    generation config): the two distributions differ in width (which crashed), the draft's
+    giving the target's extra rows probability 0. A draft with more rows than the target is
+    refused (`loading.check_pair`)."""
+    import tests.test_engine_sampling as here
+
+    base = V
+    monkeypatch.setattr(here, "V", base + 2)
+    target = tiny("llama", seed=0, std=0.8)
+    target.generation_config.suppress_tokens = [base, base + 1]
+    monkeypatch.setattr(here, "V", base)
+    draft = tiny("llama", seed=1, std=0.8)
+    monkeypatch.setattr(here, "V", base + 2)  # every continuation of the target
+    sampling = SamplingSettings(temperature=1.0)
+    gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=2, max_new_tokens=N_NEW,
+                               sampling=sampling)
+    counts = sample_counts(gen)
+    assert chi2_pvalue(counts, exact_distribution(target, sampling)) > 1e-3
+    stats = [gen.generate(PROMPT, s).stats for s in range(50)]
+    assert 0 < sum(s.accepted_tokens for s in stats) < sum(s.draft_tokens for s in stats)  # residuals drawn
+
+
 def test_same_seed_same_sample_different_seed_differs():
     target, draft = tiny("llama", 0, 0.8), tiny("llama", 1, 0.8)
     gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=2, max_new_tokens=12,

@@ -771,6 +771,15 @@ def test_a_chain_never_positions_a_row_past_the_models_limit(models, prompts, fa
     assert any(isinstance(key, tuple) for key in engine.slots[id(draft)]._graphs)  # chained rounds ran
 
 
+def test_adaptive_costs_are_timed_after_a_one_token_prompt(models):
+    """Costs are timed on max(ks) tokens after the first item's prompt, the prompt repeated as often
+    as that takes: a one-token prompt with gamma 6 ran out of tokens and failed the item."""
+    target, draft = models["llama"]
+    gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=6, max_new_tokens=8,
+                               gamma_policy=AdaptiveGamma(max_gamma=6))
+    assert gen.generate([5]).tokens == hf_greedy(target, [5], 8)
+
+
 @pytest.mark.parametrize("engine", ["one", "padded", "slots", "slots-chained"])
 def test_adaptive_costs_are_timed_inside_the_models_positions(models, prompts, engine, fake_graphs):
     """The adaptive policy times gamma + 1 tokens after a prompt: a prompt that, with its few

@@ -96,6 +96,20 @@ def test_causal_draft_for_seq2seq_target_is_refused(saved_pairs):
         TextGenerator.load(GeneratorSpec(str(saved_pairs["t5"][0]), str(saved_pairs["llama"][1])))
 
 
+def test_a_draft_with_more_output_rows_than_the_target_is_refused(saved_pairs, tmp_path):
+    """One tokenizer: a draft padded to more rows could propose a token the target cannot embed
+    (fewer rows, as Qwen2.5-0.5B's under 7B's, are fine)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target_dir, draft_dir = saved_pairs["llama"]
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir)
+    draft.resize_token_embeddings(draft.config.vocab_size + 64)
+    draft.save_pretrained(tmp_path / "wide")
+    AutoTokenizer.from_pretrained(draft_dir).save_pretrained(tmp_path / "wide")
+    with pytest.raises(IncompatiblePairError, match=r"the draft's output layer has \d+ rows, the target's \d+"):
+        TextGenerator.load(GeneratorSpec(str(target_dir), str(tmp_path / "wide")))
+
+
 def test_draft_dir_without_tokenizer_uses_the_targets(saved_pairs, tmp_path):
     target_dir, draft_dir = saved_pairs["gpt2"]
     bare = tmp_path / "bare-draft"
