@@ -22,7 +22,7 @@ from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cpu_speed import DRAFT_DTYPES, draft_in_dtype, prepare_for_cpu
 from specdec_core.cross_tokenizer import CrossTokenizerDrafter
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
-from specdec_core.engine import Generation, ItemTimeout, SpeculativeGenerator
+from specdec_core.engine import Generation, ItemTimeout, SpeculativeGenerator  # noqa: F401 (ItemTimeout: re-exported)
 from specdec_core.gamma import AdaptiveGamma, GammaPolicy
 from specdec_core.loading import (
     SAME_TOKENIZER,
@@ -437,15 +437,29 @@ class TextGenerator:
                 where.append(i)
             except PromptError as e:
                 out[i] = {"error_type": type(e).__name__, "error_message": str(e)}
-        checks = [self._finish_check() for _ in todo]
-        with self._lock:
-            gens = self.batch_engine.generate_many(todo, checks, max_seconds=self.max_item_seconds)
-        for i, (_, seed), g in zip(where, todo, gens, strict=True):
-            if isinstance(g, ItemTimeout):
+        for i, (_, seed), g in zip(where, todo, self._decode_together(todo), strict=True):
+            if isinstance(g, Exception):
                 out[i] = {"error_type": type(g).__name__, "error_message": str(g)}
             else:
                 out[i] = self._as_dict(g, seed)
         return out  # type: ignore[return-value]
+
+    def _decode_together(self, todo: list[tuple[list[int], int]]) -> list[Generation | Exception]:
+        """The items decoded in one call; a call that raises is decoded again in halves, down to
+        the item that raises alone, which gets its exception: one row's error (or a batch too
+        large for memory) fails that row, not the others, which decode as they would have (a row's
+        tokens depend on its prompt and seed only)."""
+        try:
+            with self._lock:
+                checks = [self._finish_check() for _ in todo]  # (fresh: a check keeps its item's tokens)
+                return self.batch_engine.generate_many(todo, checks, max_seconds=self.max_item_seconds)
+        except Exception as e:
+            if len(todo) == 1:
+                return [e]
+            log.warning("a batched call of %d rows raised %s (%s): decoding them again in halves", len(todo),
+                        type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
+            half = len(todo) // 2
+            return self._decode_together(todo[:half]) + self._decode_together(todo[half:])
 
     def _finish_check(self) -> StopStrings | None:
         """A fresh per-item stop-string check (it keeps the item's tokens), or None without --stop."""

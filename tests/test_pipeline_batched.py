@@ -37,6 +37,32 @@ def test_batched_job_equals_target_generate_and_fails_bad_rows_alone(tmp_path, s
     assert sum(lists) == len(GOOD) and max(lists) > 1, lists
 
 
+def test_a_row_that_makes_its_batched_call_raise_fails_alone(tmp_path, saved_pairs, monkeypatch):
+    """A batched call that raises is decoded again in halves: the row that raises alone fails with
+    its error, a bad prompt beside it keeps its own reason, the others are generated as alone
+    (they all failed under the one error before)."""
+    target, draft = saved_pairs["llama"]
+    from transformers import AutoTokenizer
+
+    generate_many = BatchSpeculativeGenerator.generate_many
+    poison = AutoTokenizer.from_pretrained(target)(GOOD[1])["input_ids"]  # (as a row that runs out of memory)
+
+    def raising(self, items, *args, **kwargs):
+        if any(ids == poison for ids, _ in items):
+            raise RuntimeError("CUDA out of memory (a stand-in)")
+        return generate_many(self, items, *args, **kwargs)
+    monkeypatch.setattr(BatchSpeculativeGenerator, "generate_many", raising)
+    rows = [{"id": f"g{i}", "prompt": p} for i, p in enumerate(GOOD)]
+    rows.insert(1, {"id": "empty", "prompt": BAD["empty"]})
+    src = write_prompts(tmp_path / "p.parquet", rows)
+    results, failed = run_job(tmp_path, target, draft, "--batch_size", "4", prompts=src)
+    got = dict(zip(results["id"].to_pylist(), results["generation"].to_pylist(), strict=True))
+    assert got == {f"g{i}": greedy_reference(target, p, 12) for i, p in enumerate(GOOD) if i != 1}
+    reasons = {r["id"]: (r["error_type"], r["error_message"]) for r in failed.to_pylist()}
+    assert reasons == {"g1": ("RuntimeError", "CUDA out of memory (a stand-in)"),
+                       "empty": ("EmptyPrompt", reasons["empty"][1])}
+
+
 def test_batched_sampling_equals_batch_one_sampling(tmp_path, saved_pairs):
     target, draft = saved_pairs["llama"]
     sample = ["--temperature", "1.0", "--top_k", "50"]
