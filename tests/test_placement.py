@@ -269,6 +269,22 @@ def test_the_router_keeps_every_copy_busy():
     assert router._busy == [0, 0, 0, 0]
 
 
+def test_the_router_stops_sending_calls_to_a_copy_whose_process_is_gone():
+    """A copy whose process died answers at once (ConnectionRefusedError), so least-busy routing
+    sent it most calls, each a failed row; it is now left out, its calls served by the others."""
+    class Gone:
+        def generate(self, prompt, seed=0):
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    router = PairRouter([_Slow(0), Gone(), _Slow(2)], ["cuda:0", "cuda:1", "cuda:2"], first=1)
+    out = [router.generate(f"p{i}") for i in range(6)]
+    assert [o["prompt"] for o in out] == [f"p{i}" for i in range(6)] and router.dead == {1}
+    assert router.served[1] == 1 and router._busy == [0, 0, 0]
+    alone = PairRouter([Gone()], ["cuda:0"])
+    with pytest.raises(ConnectionRefusedError):
+        alone.generate("p")
+
+
 def test_static_caches_are_counted_in_their_allocation_steps(tmp_path, tokenizer, saved_pairs):
     """With CUDA graphs a decoder-only row's cache is allocated in steps of 512 columns."""
     from pipeline.fit import graph_bytes, read_config, row_tokens

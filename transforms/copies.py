@@ -58,11 +58,13 @@ class PairRouter:
         self._next = first % max(1, len(self.copies))
         self._lock = threading.Lock()
         self.served = [0] * len(self.copies)  # calls per copy, from this process
+        self.dead: set[int] = set()  # copies whose process is gone (a dead copy answers at once, so
+        # least-busy routing would send it most calls)
 
     def _take(self) -> int:
         with self._lock:
             n = len(self.copies)
-            order = [(self._next + i) % n for i in range(n)]
+            order = [(self._next + i) % n for i in range(n) if (self._next + i) % n not in self.dead]
             k = min(order, key=lambda i: self._busy[i])  # least busy; ties: round-robin
             self._next = (k + 1) % n
             self._busy[k] += 1
@@ -70,12 +72,21 @@ class PairRouter:
             return k
 
     def _call(self, method: str, *args: object) -> object:
-        k = self._take()
-        try:
-            return getattr(self.copies[k], method)(*args)
-        finally:
-            with self._lock:
-                self._busy[k] -= 1
+        while True:
+            k = self._take()
+            try:
+                return getattr(self.copies[k], method)(*args)
+            except (ConnectionError, EOFError) as e:  # the copy's process is gone: the call goes to another
+                with self._lock:
+                    self.dead.add(k)
+                    alive = len(self.copies) - len(self.dead)
+                log.warning("copy %d of the pair (%s) is gone (%s: %s); %d left", k, self.devices[k],
+                            type(e).__name__, e, alive)
+                if not alive:
+                    raise
+            finally:
+                with self._lock:
+                    self._busy[k] -= 1
 
     def generate(self, prompt: object, seed: int = 0) -> dict:
         return self._call("generate", prompt, seed)  # type: ignore[return-value]
