@@ -68,6 +68,23 @@ def _check_columns(opts: SpecDecOptions, schema: pa.Schema) -> None:
                              "deterministically to find duplicate ids: cast it to text or integers")
 
 
+def _plain(typ: pa.DataType) -> pa.DataType:
+    """A type as Python values see it: dictionary-encoded as its values, large and view layouts as
+    the plain one (pandas 3 and Polars write large_string where pyarrow writes string)."""
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    if pa.types.is_large_string(typ) or pa.types.is_string_view(typ):
+        return pa.string()
+    if pa.types.is_large_binary(typ) or pa.types.is_binary_view(typ):
+        return pa.binary()
+    return typ
+
+
+def _writable_as(later: pa.DataType, first: pa.DataType) -> bool:
+    """Whether a later file's values go into an output column of the first file's type."""
+    return pa.types.is_null(later) or _plain(later) == _plain(first)
+
+
 def _check_shards(opts: SpecDecOptions, shards: list[tuple[str, pa.Schema]]) -> None:
     """Every input file has the columns the job reads, its ids and passed-through columns of the
     first file's types (the output files have one schema). A later file's prompts of another
@@ -79,7 +96,7 @@ def _check_shards(opts: SpecDecOptions, shards: list[tuple[str, pa.Schema]]) -> 
         ]:
             if col not in schema.names:
                 raise JobConfigError(f"--input: {path} has no {col!r} column ({flag}), which {shards[0][0]} has")
-            if flag != "--prompt_column" and schema.field(col).type != first.field(col).type:
+            if flag != "--prompt_column" and not _writable_as(schema.field(col).type, first.field(col).type):
                 raise JobConfigError(f"--input: {path}'s {col!r} column ({flag}) is {schema.field(col).type}, "
                                      f"{shards[0][0]}'s is {first.field(col).type}")
 

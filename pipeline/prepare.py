@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import os
 import string
 import sys
 
@@ -25,6 +26,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser
+from transforms.durable import SHARD
 
 _BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".txt": "text"}
 
@@ -45,8 +47,13 @@ def load(dataset: str, config: str | None, split: str):
     return datasets.load_dataset(dataset, config, split=split)
 
 
+def _local(path: str) -> str:
+    """Beam's filesystems match absolute local paths only (a bare `*.csv` matches nothing)."""
+    return path if "://" in path else os.path.abspath(path)
+
+
 def _csv_header(pattern: str) -> list[str]:
-    files = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+    files = sorted(m.path for r in FileSystems.match([_local(pattern)]) for m in r.metadata_list)
     if not files:
         raise FileNotFoundError(f"--dataset {pattern!r} matches no files")
     with FileSystems.open(files[0]) as f:
@@ -68,7 +75,8 @@ def check_templates(template: str | None, user_template: str | None, system_temp
             fields = template_fields(text) if text is not None else []
         except ValueError as e:
             raise ValueError(f"{flag}: {e} (a literal brace is written {{{{ or }}}})") from e
-        bad = [f for f in fields if not f.isidentifier()]
+        # A field by position, or an attribute or item of one, is not a column of the row.
+        bad = [f for f in fields if f == "" or f.isdigit() or "." in f or "[" in f]
         if bad:
             raise ValueError(f"{flag}: {{{bad[0]}}} names no field (fields are named, as in {{article}}; "
                              "a literal brace is written {{ or }})")
@@ -138,7 +146,7 @@ def write_shards(table: pa.Table, prefix: str, num_shards: int, overwrite: bool 
     """PREFIX-SSSSS-of-NNNNN.parquet, local or gs:// (through Beam's filesystems), rows spread as
     evenly as they go. Shards already under the prefix (of any count) stop it unless `overwrite`:
     a job reading PREFIX-* would read the old and the new rows together."""
-    old = sorted(m.path for r in FileSystems.match([f"{prefix}-*-of-*.parquet"]) for m in r.metadata_list)
+    old = sorted(m.path for r in FileSystems.match([f"{_local(prefix)}-{SHARD}.parquet"]) for m in r.metadata_list)
     if old and not overwrite:
         raise FileExistsError(f"--output {prefix!r} already holds {len(old)} shards (e.g. {old[0]}): "
                               "use a new prefix, or pass --overwrite to delete them")

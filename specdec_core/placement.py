@@ -219,10 +219,12 @@ def fit_problem(need: Footprint, gpus: list[Gpu], copies: list[Copy], *, batch_s
                 "or a smaller --dtype")
     per_row = max(1, (need.target_kv + need.draft_kv - need.prefill + need.graphs) // batch_size)
     rows = max(0, int((held - weights - need.prefill) // per_row))
+    split = device_map == "none" and need.total <= everything and len(gpus) > 1
     if rows == 0:
         return (f"--max_new_tokens: {what}, more than {where}: not one row of {tokens} tokens (the longest "
-                "prompt and --max_new_tokens) fits beside the weights; lower --max_new_tokens, or use larger GPUs")
-    if device_map == "none" and need.total <= everything and len(gpus) > 1:
+                "prompt and --max_new_tokens) fits beside the weights; lower --max_new_tokens, "
+                + ("or pass --device_map auto" if split else "or use larger GPUs"))
+    if split:
         return (f"--batch_size {batch_size}: {what}, more than {where}; use --batch_size {rows} or less, "
                 "or --device_map auto")
     return f"--batch_size {batch_size}: {what}, more than {where}; use --batch_size {rows} or less"

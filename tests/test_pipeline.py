@@ -178,8 +178,7 @@ def test_input_files_that_cannot_make_one_output_stop_before_any_work(tmp_path, 
     """Every input file's footer is read first: a later shard without a column the job reads,
     with ids or passed-through values of another type (the output has one schema), or not
     Parquet at all, failed the whole job after its work; ids Beam cannot encode deterministically,
-    and a column passed through twice (an unreadable output), too. A categorical (dictionary)
-    prompt column is text."""
+    and a column passed through twice (an unreadable output), too."""
     target, _ = saved_pairs["llama"]
     first = [{"id": "1", "prompt": "hi", "ref": "a"}]
 
@@ -216,11 +215,16 @@ def test_input_files_that_cannot_make_one_output_stop_before_any_work(tmp_path, 
                  "--drafter", "none"]) == 2
     assert "--id_column 'id' is timestamp[ms], which Beam cannot encode" in capsys.readouterr().err
 
-    categorical = pa.table({"id": ["2", "3"], "prompt": pa.array(["hi", "there"]).dictionary_encode(),
-                            "ref": ["b", "c"]})
-    assert job("categorical", categorical) == 0
-    results = read(str(tmp_path / "categorical/out/gens-0*.parquet"))
+    # Files written by other tools: large strings (pandas 3, Polars), categoricals, a column of
+    # nulls only; their values go into the first file's columns as they are.
+    other = pa.table({"id": pa.array(["2", "3"], pa.large_string()),
+                      "prompt": pa.array(["hi", "there"]).dictionary_encode(),
+                      "ref": pa.array([None, None], pa.null())})
+    assert job("other-writers", other, "--passthrough_columns", "ref") == 0
+    results = read(str(tmp_path / "other-writers/out/gens-0*.parquet"))
     assert sorted(results["id"].to_pylist()) == ["1", "2", "3"]
+    assert dict(zip(results["id"].to_pylist(), results["ref"].to_pylist(), strict=True)) == {"1": "a", "2": None,
+                                                                                              "3": None}
 
 
 def test_plain_direct_runner_does_not_try_to_download_prism(tmp_path, saved_pairs, caplog):

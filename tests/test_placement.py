@@ -140,6 +140,9 @@ def test_fit_problem_names_the_flag_with_the_numbers():
     msg = fit_problem(long, one_l4, plan_copies("cuda", "none", one_l4), batch_size=1, device_map="none",
                       tokens=60000)
     assert msg.startswith("--max_new_tokens: ") and "not one row of 60000 tokens" in msg
+    msg = fit_problem(long, gpus(2), plan_copies("cuda", "none", gpus(2)), batch_size=1, device_map="none",
+                      tokens=60000)
+    assert msg.startswith("--max_new_tokens: ") and msg.endswith("or pass --device_map auto")
 
 
 def test_worker_gpus_from_the_accelerator_settings():
@@ -282,6 +285,8 @@ def test_the_router_stops_sending_calls_to_a_copy_whose_process_is_gone():
     assert router.served[1] == 1 and router._busy == [0, 0, 0]
     alone = PairRouter([Gone()], ["cuda:0"])
     with pytest.raises(ConnectionRefusedError):
+        alone.generate("p")
+    with pytest.raises(ConnectionError, match="every copy of the pair is gone"):
         alone.generate("p")
 
 

@@ -118,3 +118,19 @@ def test_settings_that_would_lose_or_mix_rows_are_one_line_errors(tmp_path, caps
     assert "already holds 2 shards" in capsys.readouterr().err
     assert prepare.main(["--dataset", str(src), "--template", "{t}", "--output", out, "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.glob("o-*")) == ["o-00000-of-00001.parquet"]
+
+
+def test_names_globs_and_neighbours_a_user_may_have(tmp_path, monkeypatch):
+    """Column names with spaces or dashes are fields (str.format takes them); a bare relative glob
+    finds its CSV; another prefix starting with this one ("o-v2" beside "o") is neither counted
+    as this prefix's shards nor deleted by --overwrite."""
+    (tmp_path / "q.csv").write_text("Question Text,question-id\nwhat?,q1\n")
+    monkeypatch.chdir(tmp_path)
+    assert prepare.main(["--dataset", "*.csv", "--template", "Q: {Question Text}", "--id_field", "question-id",
+                         "--output", "o-v2"]) == 0
+    assert prepare.main(["--dataset", "*.csv", "--template", "Q: {Question Text}", "--output", "o"]) == 0
+    assert prepare.main(["--dataset", "*.csv", "--template", "Q: {Question Text}", "--output", "o",
+                         "--overwrite"]) == 0
+    assert sorted(p.name for p in tmp_path.glob("o-*")) == ["o-00000-of-00001.parquet", "o-v2-00000-of-00001.parquet"]
+    assert pq.read_table(tmp_path / "o-v2-00000-of-00001.parquet").to_pylist() == [{"id": "q1", "prompt": "Q: what?"}]
+    assert prepare.main(["--dataset", "*.csv", "--template", "Q: {Question Text.upper}", "--output", "x"]) == 2

@@ -98,7 +98,7 @@ def test_comparison_joins_on_id_and_finds_where_speculation_did_not_help():
     as32 = ints.set_column(0, "id", ints["id"].cast(pa.int32()))
     assert compare(as32, ints).matched == 1
     with pytest.raises(ValueError, match="the baseline's ids are string, the run's int32: they cannot be matched"):
-        compare(as32, ints.set_column(0, "id", pa.array(["x"])))
+        compare(as32, ints.set_column(0, "id", pa.array(["1"])))  # ("1" is not the id 1)
 
 
 def test_a_run_without_drafts_or_baseline_or_failures_says_so_instead_of_empty_plots():

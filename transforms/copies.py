@@ -65,6 +65,8 @@ class PairRouter:
         with self._lock:
             n = len(self.copies)
             order = [(self._next + i) % n for i in range(n) if (self._next + i) % n not in self.dead]
+            if not order:
+                raise ConnectionError(f"every copy of the pair is gone ({n} of {n})")
             k = min(order, key=lambda i: self._busy[i])  # least busy; ties: round-robin
             self._next = (k + 1) % n
             self._busy[k] += 1

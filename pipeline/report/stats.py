@@ -224,12 +224,15 @@ def compare(results: pa.Table, baseline: pa.Table) -> Comparison:
         "run_row", pa.array(np.arange(results.num_rows, dtype=np.int64)))
     right = baseline.select(["id", "generation", "latency_s"])
     id_type = left.schema.field("id").type
-    if right.schema.field("id").type != id_type:  # e.g. int32 and int64 ids from inputs written apart
-        try:
-            right = right.set_column(0, "id", right["id"].cast(id_type))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-            raise ValueError(f"the baseline's ids are {baseline.schema.field('id').type}, the run's {id_type}: "
-                             "they cannot be matched") from e
+    theirs = right.schema.field("id").type
+    if theirs != id_type:  # e.g. int32 and int64 ids from inputs written apart: cast within one kind only
+        def kind(t: pa.DataType) -> str:
+            return "integer" if pa.types.is_integer(t) else "text" if pa.types.is_string(t) or \
+                pa.types.is_large_string(t) else str(t)
+
+        if kind(theirs) != kind(id_type):
+            raise ValueError(f"the baseline's ids are {theirs}, the run's {id_type}: they cannot be matched")
+        right = right.set_column(0, "id", right["id"].cast(id_type))
     joined = left.join(right, "id", join_type="inner", right_suffix="_base")
     run_null, base_null = (t.filter(pc.is_null(t["id"])) for t in (left, right))
     if run_null.num_rows and base_null.num_rows:
