@@ -75,15 +75,29 @@ def test_eos_inside_an_accepted_block_stops_there(kind, models, tokenizer):
         target.generation_config.eos_token_id = old
 
 
+def _ending_prompt(target, tokenizer):
+    """(ids, greedy tokens, i): a prompt whose greedy token i occurs there first, to end it at."""
+    return next((ids, ref, i) for ids in (tokenizer(p).input_ids for p in PROMPTS)
+                for ref in [reference(target, ids, 20)] for i in range(2, 12) if ref[i] not in ref[:i])
+
+
+def _assert_engines_give(expected, target, draft, ids):
+    """Batch 1 and batched, with every drafter: `expected`, 20 new tokens at most."""
+    from specdec_core.batch_engine import BatchSpeculativeGenerator
+
+    for drafter in drafters(target, draft).values():
+        out = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=20).generate(ids)
+        assert out.tokens == expected
+        engine = BatchSpeculativeGenerator(target, drafter, batch_size=2, num_speculative_tokens=4, max_new_tokens=20)
+        assert [g.tokens for g in engine.generate_many([(ids, 0), (ids[:2], 0)])][0] == expected
+
+
 @pytest.mark.parametrize("kind, field", [("gpt2", "min_new_tokens"), ("bart", "min_length")])
 def test_a_minimum_length_in_the_generation_config_holds_the_end_back(kind, field, models, tokenizer):
     """A generation config's min_length (BART-large-CNN ships 56) or min_new_tokens keeps the end
     token out until then, as `generate()` does: at batch 1 and batched, with every drafter."""
-    from specdec_core.batch_engine import BatchSpeculativeGenerator
-
     target, draft = models[kind]
-    ids, ref, stop_at = next((ids, ref, i) for ids in (tokenizer(p).input_ids for p in PROMPTS)
-                             for ref in [reference(target, ids, 20)] for i in range(2, 12) if ref[i] not in ref[:i])
+    ids, ref, stop_at = _ending_prompt(target, tokenizer)
     gc = target.generation_config
     saved = gc.eos_token_id, getattr(gc, field)
     gc.eos_token_id = ref[stop_at]  # greedy would end there ...
@@ -94,12 +108,7 @@ def test_a_minimum_length_in_the_generation_config_holds_the_end_back(kind, fiel
         setattr(gc, field, stop_at + 4 if field == "min_new_tokens" else stop_at + 5)
         expected = reference(target, ids, 20)
         assert len(expected) > stop_at + 1 and expected[: stop_at + 1] != ref[: stop_at + 1]
-        for drafter in drafters(target, draft).values():
-            out = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=20).generate(ids)
-            assert out.tokens == expected
-            engine = BatchSpeculativeGenerator(target, drafter, batch_size=2, num_speculative_tokens=4,
-                                               max_new_tokens=20)
-            assert [g.tokens for g in engine.generate_many([(ids, 0), (ids[:2], 0)])][0] == expected
+        _assert_engines_give(expected, target, draft, ids)
     finally:
         gc.eos_token_id, _ = saved
         setattr(gc, field, saved[1])
@@ -108,23 +117,15 @@ def test_a_minimum_length_in_the_generation_config_holds_the_end_back(kind, fiel
 def test_min_new_tokens_replaces_min_length_as_in_generate(models, tokenizer):
     """With both set, `generate()` takes min_new_tokens and drops min_length (it sets min_length
     to min_new_tokens plus the prompt): a summarizer's min_length must not hold the end back then."""
-    from specdec_core.batch_engine import BatchSpeculativeGenerator
-
     target, draft = models["gpt2"]
-    ids, ref, stop_at = next((ids, ref, i) for ids in (tokenizer(p).input_ids for p in PROMPTS)
-                             for ref in [reference(target, ids, 20)] for i in range(2, 12) if ref[i] not in ref[:i])
+    ids, ref, stop_at = _ending_prompt(target, tokenizer)
     gc = target.generation_config
     saved = gc.eos_token_id, gc.min_length, gc.min_new_tokens
     gc.eos_token_id, gc.min_length, gc.min_new_tokens = ref[stop_at], len(ids) + 30, 1
     try:
         expected = reference(target, ids, 20)
         assert expected == ref[: stop_at + 1]  # min_length alone would hold the end past 20 tokens
-        for drafter in drafters(target, draft).values():
-            out = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=20).generate(ids)
-            assert out.tokens == expected
-            engine = BatchSpeculativeGenerator(target, drafter, batch_size=2, num_speculative_tokens=4,
-                                               max_new_tokens=20)
-            assert [g.tokens for g in engine.generate_many([(ids, 0), (ids[:2], 0)])][0] == expected
+        _assert_engines_give(expected, target, draft, ids)
     finally:
         gc.eos_token_id, gc.min_length, gc.min_new_tokens = saved
 
