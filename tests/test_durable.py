@@ -131,3 +131,22 @@ def test_commit_every_zero_commits_each_row_as_it_comes(tmp_path):
     fn.finish_bundle()
     files = glob.glob(f"{prefix}-*.parquet")
     assert sorted(pq.read_table(f)["id"][0].as_py() for f in files) == ["0", "1", "2"]
+
+
+def test_a_failed_rows_message_is_the_exceptions_even_with_notes():
+    """RunInference's dead letter carries the traceback's lines: the message is the one of the
+    "Type: message" line, not a note added after it (`add_note`), nor a module-named type's."""
+    import traceback
+
+    from transforms.results import failed_rows
+
+    class OwnError(RuntimeError):
+        pass
+
+    for error, note in ((RuntimeError("CUDA out of memory"), "while compiling the verify graph"),
+                        (OwnError("CUDA out of memory"), None)):
+        if note:
+            error.add_note(note)
+        trace = traceback.format_exception(error)
+        [row] = failed_rows(([{"id": "a", "prompt": "p"}], (type(error), repr(error), trace)), "id", "prompt")
+        assert (row["error_type"], row["error_message"]) == (type(error).__name__, "CUDA out of memory")

@@ -65,9 +65,13 @@ def prompt_text(prompt: Any) -> str | None:
 def failed_rows(dead_letter: tuple, id_column: str, prompt_column: str) -> list[dict[str, Any]]:
     """RunInference's dead letter (batch, (exception type, repr, traceback lines)) as failed rows."""
     batch, (exc_type, exc_repr, trace) = dead_letter
-    # The traceback's last line is "Type: message", the message as str() gives it.
-    last = trace[-1].strip() if trace else exc_repr
-    message = last.split(": ", 1)[1] if ": " in last else last
+    # The traceback's "Type: message" line, the message as str() gives it: the last line unless
+    # notes (`add_note`) follow it; the type as the traceback names it, with its module or not.
+    names = (f"{exc_type.__name__}: ", f"{exc_type.__module__}.{exc_type.__qualname__}: ")
+    line = next((t.strip() for t in reversed(trace or []) if t.startswith(names)), None)
+    if line is None:
+        line = trace[-1].strip() if trace else exc_repr
+    message = line.split(": ", 1)[1] if ": " in line else line
     rows = []
     for row in batch:
         rows.append({
