@@ -45,6 +45,7 @@ class Draft:
 
 class DraftSession(ABC):
     steps = 0  # draft model forward passes, for statistics
+    catch_up_s = 0.0  # seconds of proposals spent feeding the draft what it had not read (its prefill)
 
     @abstractmethod
     def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
@@ -168,6 +169,11 @@ class _ModelSession(DraftSession):
             self._release = None
 
     def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
+        if len(seq) - 1 > self.decoder.length:  # the prompt (or a gap) first, timed as a prefill
+            t0 = time.perf_counter()
+            self.decoder.forward(seq[:-1], 0)
+            synchronize(self.decoder.device)
+            self.catch_up_s += time.perf_counter() - t0
         if self.chain and keep is None:
             self.steps += k
             return Draft(through_end(self.decoder.draft_greedy(seq, k), self.ends), None)

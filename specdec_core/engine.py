@@ -255,7 +255,11 @@ class SpeculativeGenerator:
             else:
                 n, token = verify_sampled(drafts, scores.softmax(-1), draft.q if draft else None, generator)
             t2 = time.perf_counter()
-            stats.draft_s += t1 - t0
+            # The draft reads the prompt lazily, in its first proposal: that pass is its prefill.
+            caught, session.catch_up_s = session.catch_up_s, 0.0
+            if not new:
+                stats.prefill_s += caught
+            stats.draft_s += t1 - t0 - (caught if not new else 0.0)
             stats.verify_s += t2 - t1
             stats.verify_steps += 1
             stats.draft_tokens += len(drafts)

@@ -204,3 +204,34 @@ def test_block_logits_match_single_steps(kind, models, tokenizer):
     # Rolling back and recomputing gives the same logits as before.
     block.rollback(len(seq) - 2)
     assert_logits_close(block.forward(seq, 2), many[-2:])
+
+
+def test_the_drafts_prompt_pass_is_counted_as_prefill(models, tokenizer, monkeypatch):
+    """A draft reads the prompt in its first proposal (lazily: an item that never drafts never pays
+    it). That pass is the draft's prefill: timed apart (`catch_up_s`), not a draft step, and moved
+    from draft_s to prefill_s, as the batch engine counts it (draft_s / draft_steps then is a
+    step's cost at every batch size)."""
+    from specdec_core.drafters import _ModelSession
+
+    target, draft = models["llama"]
+    ids = tokenizer(PROMPTS[0]).input_ids
+    session = ModelDrafter(draft).start(ids, ids, lambda cur, logits: (int(logits.argmax(-1)), None))
+    session.propose(ids, 3)
+    assert session.catch_up_s > 0 and session.steps == 3 and session.decoder.length == len(ids) + 2
+    caught = session.catch_up_s
+    session.propose(ids + [5, 6, 7], 2)  # nothing left to catch up
+    assert session.catch_up_s == caught and session.steps == 5
+
+    moved = []
+    propose = _ModelSession.propose
+
+    def spy(self, seq, k, keep=None):
+        out = propose(self, seq, k, keep)
+        moved.append(self.catch_up_s)
+        return out
+    monkeypatch.setattr(_ModelSession, "propose", spy)
+    out = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=12).generate(ids)
+    assert out.tokens == reference(target, ids, 12)
+    assert moved[0] > 0 and not any(moved[1:])  # the prompt, once
+    assert out.stats.prefill_s >= moved[0] and out.stats.draft_s >= 0
+    assert out.stats.draft_steps == sum(out.stats.gammas)  # every step a proposed token's
