@@ -208,9 +208,9 @@ def test_block_logits_match_single_steps(kind, models, tokenizer):
 
 def test_the_drafts_prompt_pass_is_counted_as_prefill(models, tokenizer, monkeypatch):
     """A draft reads the prompt in its first proposal (lazily: an item that never drafts never pays
-    it). That pass is the draft's prefill: timed apart (`catch_up_s`), not a draft step, and moved
-    from draft_s to prefill_s, as the batch engine counts it (draft_s / draft_steps then is a
-    step's cost at every batch size)."""
+    it). That pass is the draft's prefill: timed apart (`catch_up_s`) and moved from draft_s to
+    prefill_s, as the batch engine counts it (draft_s / draft_steps then is about a step's cost at
+    every batch size)."""
     from specdec_core.drafters import _ModelSession
 
     target, draft = models["llama"]
