@@ -44,18 +44,21 @@ def input_schemas(pattern: str) -> list[tuple[str, pa.Schema]]:
         return list(zip(files, pool.map(read, files), strict=True))
 
 
+def _columns_read(opts: SpecDecOptions) -> list[tuple[str, str]]:
+    """(flag, column) of every input column the job reads."""
+    return [("--prompt_column", opts.prompt_column), ("--id_column", opts.id_column)] + [
+        ("--passthrough_columns", c) for c in opts.passthrough()]
+
+
 def _check_columns(opts: SpecDecOptions, schema: pa.Schema) -> None:
     names = schema.names
-    for flag, col in [("--prompt_column", opts.prompt_column), ("--id_column", opts.id_column)] + [
-        ("--passthrough_columns", c) for c in opts.passthrough()
-    ]:
+    for flag, col in _columns_read(opts):
         if col not in names:
             raise JobConfigError(f"{flag} {col!r} is not a column of the input (columns: {', '.join(names)})")
     twice = [c for i, c in enumerate(opts.passthrough()) if c in opts.passthrough()[:i]]
     if twice:
         raise JobConfigError(f"--passthrough_columns names {twice[0]!r} twice")
-    read = [opts.prompt_column, opts.id_column, *opts.passthrough()]
-    ambiguous = [c for c in read if names.count(c) > 1]
+    ambiguous = [c for _, c in _columns_read(opts) if names.count(c) > 1]
     if ambiguous:
         raise JobConfigError(f"the input has {names.count(ambiguous[0])} columns named {ambiguous[0]!r}")
     taken = set(result_schema(schema, opts.id_column, []).names)
@@ -91,9 +94,7 @@ def _check_shards(opts: SpecDecOptions, shards: list[tuple[str, pa.Schema]]) -> 
     type fail as rows, each with its reason (the first file's stop the job: `conversation_column`)."""
     first = shards[0][1]
     for path, schema in shards[1:]:
-        for flag, col in [("--prompt_column", opts.prompt_column), ("--id_column", opts.id_column)] + [
-            ("--passthrough_columns", c) for c in opts.passthrough()
-        ]:
+        for flag, col in _columns_read(opts):
             if col not in schema.names:
                 raise JobConfigError(f"--input: {path} has no {col!r} column ({flag}), which {shards[0][0]} has")
             if flag != "--prompt_column" and not _writable_as(schema.field(col).type, first.field(col).type):
@@ -107,11 +108,8 @@ def conversation_column(schema: pa.Schema, column: str) -> bool:
     A column of anything else (numbers, bytes, other lists) is a job-level mistake (every row would
     fail), so it stops the job; a column of nulls only passes (each row fails on its own).
     """
-    typ = schema.field(column).type
-    if pa.types.is_dictionary(typ):  # (a pandas categorical column)
-        typ = typ.value_type
-    if pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_string_view(typ) \
-            or pa.types.is_null(typ):
+    typ = _plain(schema.field(column).type)  # (a pandas categorical column: dictionary-encoded text)
+    if pa.types.is_string(typ) or pa.types.is_null(typ):
         return False
     if pa.types.is_list(typ) or pa.types.is_large_list(typ):
         value = typ.value_type

@@ -31,7 +31,15 @@ from specdec_core.attention import attention_kernels
 from specdec_core.batch_kv import BatchKV, other_layer_kinds, sliding_window
 from specdec_core.decoder import initial_decoder_ids, synchronize
 from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter, through_end
-from specdec_core.engine import FinishCheck, Generation, ItemStats, ItemTimeout, SpeculativeGenerator, setup_seconds
+from specdec_core.engine import (
+    FinishCheck,
+    Generation,
+    ItemStats,
+    ItemTimeout,
+    SpeculativeGenerator,
+    setup_seconds,
+    timing_tokens,
+)
 from specdec_core.gamma import LOOKUP_DRAFT_COST, AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
 from specdec_core.loading import context_limit
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
@@ -416,7 +424,7 @@ class BatchSpeculativeGenerator:
         seed's batch-1 sample (greedy output never depends on gamma)."""
         t0, setup = time.perf_counter(), setup_seconds(tkv, dkv)
         n, ks = len(live), tuple(range(2, self.gamma + 2))
-        fill = [(r.seq * (max(ks) // len(r.seq) + 2))[: max(ks)] for r in live]  # tokens to time with
+        fill = [timing_tokens(r.seq, max(ks)) for r in live]
 
         def room(kv: BatchKV | SlotKV) -> list[int]:
             """Each row's positions left in kv's model: a row near the end of them times fewer

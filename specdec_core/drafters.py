@@ -175,8 +175,7 @@ class _ModelSession(DraftSession):
             if behind:  # (read apart: a chain's passes run as one)
                 t0 = time.perf_counter()
                 self.decoder.forward(seq[:-1], 0)
-                synchronize(self.decoder.device)
-                self.catch_up_s += time.perf_counter() - t0
+                self._caught_up(t0)
             self.steps += k
             return Draft(through_end(self.decoder.draft_greedy(seq, k), self.ends), None)
         cur = list(seq)
@@ -186,8 +185,7 @@ class _ModelSession(DraftSession):
             t0 = time.perf_counter()
             logits = self.decoder.forward(cur, 1)
             if behind and i == 0:  # (that pass, with the first step, which costs next to nothing beside it)
-                synchronize(self.decoder.device)
-                self.catch_up_s += time.perf_counter() - t0
+                self._caught_up(t0)
             self.steps += 1
             token, q = self.pick(cur, logits)
             if confs is not None:
@@ -201,6 +199,10 @@ class _ModelSession(DraftSession):
                 break
         q = torch.cat(qs) if qs and qs[0] is not None else None
         return Draft(cur[len(seq) :], q, confs)
+
+    def _caught_up(self, t0: float) -> None:
+        synchronize(self.decoder.device)
+        self.catch_up_s += time.perf_counter() - t0
 
     def rollback(self, valid_len: int) -> None:
         self.decoder.rollback(valid_len)

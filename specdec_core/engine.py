@@ -9,6 +9,7 @@ rounds: each cache holds every committed decoder token except the newest one.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,11 @@ def setup_seconds(*caches) -> float:
     """Seconds these caches (static ones; others have none) have spent capturing graphs and, with
     `--torch_compile`, compiling: one-off work of a worker that no item's time limit counts."""
     return sum(getattr(kv, "capture_s", 0.0) for kv in caches if kv is not None)
+
+
+def timing_tokens(tokens: list[int], n: int) -> list[int]:
+    """n tokens to time passes with (`measure_costs`): `tokens`, repeated as often as that takes."""
+    return list(itertools.islice(itertools.cycle(tokens), n))
 
 
 class ItemClock:
@@ -153,8 +159,7 @@ class SpeculativeGenerator:
                 prompt_ids = prompt_ids[: max(1, limit - max(ks) + 1)]
         seq = initial_decoder_ids(self.target, prompt_ids)
         vocab = self.target.get_output_embeddings().weight.shape[0]
-        # Tokens to time with: the prompt's, repeated as often as max(ks) + 1 of them take.
-        extra = [int(t) % vocab for t in (list(prompt_ids) * (max(ks) // len(prompt_ids) + 2))[: max(ks) + 1]]
+        extra = [int(t) % vocab for t in timing_tokens(list(prompt_ids), max(ks) + 1)]
         with contextlib.ExitStack() as held:
             verifier = self._verifier(prompt_ids, held)  # the passes the items will run (graphs or not)
             base = len(seq) - 1
@@ -256,10 +261,10 @@ class SpeculativeGenerator:
                 n, token = verify_sampled(drafts, scores.softmax(-1), draft.q if draft else None, generator)
             t2 = time.perf_counter()
             # The draft reads the prompt lazily, in its first proposal: that pass is its prefill.
-            caught, session.catch_up_s = session.catch_up_s, 0.0
-            if not new:
-                stats.prefill_s += caught
-            stats.draft_s += t1 - t0 - (caught if not new else 0.0)
+            caught = 0.0 if new else session.catch_up_s  # (later gaps it reads stay drafting time)
+            session.catch_up_s = 0.0
+            stats.prefill_s += caught
+            stats.draft_s += t1 - t0 - caught
             stats.verify_s += t2 - t1
             stats.verify_steps += 1
             stats.draft_tokens += len(drafts)
