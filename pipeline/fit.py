@@ -24,6 +24,8 @@ from apache_beam.options.pipeline_options import GoogleCloudOptions, StandardOpt
 from pipeline.options import SpecDecOptions
 from specdec_core import placement
 from specdec_core.placement import Copy, Footprint, Gpu
+from specdec_core.text import NotUtf8, is_conversation
+from transforms.prompts import table_rows
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +196,11 @@ def weights_need(opts: SpecDecOptions, target, rows: int = 0, prompt_tokens: int
     return replace(need, graphs=graphs)
 
 
+def _value(column: pa.ChunkedArray, i: int) -> object:
+    """One prompt as the job reads it (a value that is not valid UTF-8 fails its row there)."""
+    return table_rows(pa.table({"prompt": column.slice(i, 1)}), "prompt")[0]["prompt"]
+
+
 def _lengths(column: pa.ChunkedArray) -> pa.ChunkedArray:
     """UTF-8 bytes per prompt: the text, or a conversation's contents together."""
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
@@ -231,7 +238,8 @@ def longest_prompt_tokens(opts: SpecDecOptions) -> tuple[int, str]:
         lengths = np.asarray(_lengths(column).to_numpy(), dtype=np.int64)
         if len(lengths):
             top = np.argpartition(-lengths, min(LONGEST, len(lengths)) - 1)[:LONGEST]
-            candidates += [(int(lengths[i]), column[int(i)].as_py()) for i in top]
+            candidates += [(int(lengths[i]), prompt) for i in top
+                           if not isinstance(prompt := _value(column, int(i)), NotUtf8)]
     candidates = sorted(candidates, key=lambda c: -c[0])[:LONGEST]
     if not candidates:
         return 0, "no prompts"
@@ -239,7 +247,6 @@ def longest_prompt_tokens(opts: SpecDecOptions) -> tuple[int, str]:
     if path.startswith("gs://"):
         return candidates[0][0] + 64, "UTF-8 bytes of the longest prompt (tokenizer on gs://)" + scope
     from specdec_core.loading import load_tokenizer
-    from specdec_core.text import is_conversation
 
     tokenizer = load_tokenizer(path, opts.trust_remote_code)
     best = 0

@@ -70,6 +70,19 @@ class InvalidCharacters(PromptError):
     pass
 
 
+class InvalidUtf8(PromptError):
+    pass
+
+
+@dataclass(frozen=True)
+class NotUtf8:
+    """In place of a row's prompt when a value of the row is not valid UTF-8 (a corrupt file, or a
+    writer that does not check): the row fails, never the job."""
+
+    columns: tuple[str, ...]
+    shown: str | None  # the prompt with U+FFFD for its bad bytes, for the failed row
+
+
 class PromptTooLong(PromptError):
     pass
 
@@ -100,6 +113,8 @@ def check_prompt(value: object) -> str:
     """The prompt as a string, or a PromptError saying why it is not usable."""
     if value is None:
         raise NullPrompt("prompt is null")
+    if isinstance(value, NotUtf8):
+        raise InvalidUtf8(f"not valid UTF-8 in column {', '.join(map(repr, value.columns))} of the input")
     if not isinstance(value, str):
         raise InvalidPromptType(f"prompt is {type(value).__name__}, expected a string")
     if not value.strip():

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoTokenizer
 
 from pipeline.run import main
-from tests.tiny_models import build_tokenizer, make_model
+from tests.tiny_models import build_tokenizer, make_model, not_utf8
 
 GOOD = ["The quick brown fox", "def add(a, b):\n", "Summarize: the committee met", "Hello world!", "for i in",
         "Translate English to German: the house"]
@@ -74,6 +74,34 @@ def test_every_row_ends_as_one_result_or_one_failed_row(tmp_path, saved_pairs):
     assert results.schema.names == expected
     assert results.schema.field("new_tokens").type == pa.int32()
     assert results["topic"].to_pylist() == ["t"] * len(GOOD)
+
+
+@pytest.mark.parametrize("batch_size", ["1", "2"])
+def test_a_value_that_is_not_utf8_fails_its_row_not_the_job(tmp_path, saved_pairs, batch_size):
+    target, draft = saved_pairs["llama"]
+    src = tmp_path / "corrupt.parquet"
+    pq.write_table(pa.table({
+        "id": not_utf8(["g0", "g1", "bad-prompt", b"bad-id-\xff", "bad-topic"]),
+        "prompt": not_utf8([GOOD[0], GOOD[1], b"caf\xe9 au lait", GOOD[2], GOOD[3]]),
+        "topic": not_utf8(["t", "t", "t", "t", b"\xc3"]),
+    }), src)
+    results, failed = run_job(tmp_path, target, draft, "--passthrough_columns", "topic", "--batch_size",
+                              batch_size, prompts=str(src))
+    assert sorted(results["id"].to_pylist()) == ["g0", "g1"]
+    by_id = {row["id"]: row for row in failed.to_pylist()}
+    assert set(by_id) == {"bad-prompt", "bad-id-\ufffd", "bad-topic"}
+    assert {row["error_type"] for row in by_id.values()} == {"InvalidUtf8"}
+    assert "'prompt'" in by_id["bad-prompt"]["error_message"]
+    assert by_id["bad-prompt"]["prompt"] == "caf\ufffd au lait"
+    assert "'id'" in by_id["bad-id-\ufffd"]["error_message"] and by_id["bad-id-\ufffd"]["prompt"] == GOOD[2]
+    assert "'topic'" in by_id["bad-topic"]["error_message"] and by_id["bad-topic"]["prompt"] == GOOD[3]
+
+
+def test_valid_tables_read_as_beam_reads_them():
+    from transforms.prompts import table_rows
+
+    table = pa.table({"id": [1, 2], "prompt": ["a", None], "messages": [[{"role": "user", "content": "x"}], []]})
+    assert table_rows(table, "prompt") == table.to_pylist()
 
 
 @pytest.mark.parametrize(("kind", "graphs"), [("gpt2", "auto"), ("bart", "auto"), ("gpt2", "on"), ("bart", "on")])

@@ -23,6 +23,7 @@ from pipeline.run import main
 from specdec_core import placement
 from specdec_core.placement import GIB, Copy, Footprint, Gpu, fit_problem, plan_copies
 from specdec_core.text import GeneratorSpec
+from tests.tiny_models import not_utf8
 from transforms.copies import PairRouter
 from transforms.model_handler import SpecDecModelHandler
 
@@ -206,7 +207,9 @@ def test_a_pair_that_cannot_fit_is_refused_before_any_work(tmp_path, tokenizer, 
 def test_the_fit_check_reads_the_longest_prompt_in_tokens(tmp_path, tokenizer):
     target = _big_target(tmp_path, tokenizer, layers=2)
     prompts = tmp_path / "p.parquet"
-    pq.write_table(pa.table({"id": list(range(40)), "prompt": [f"p {i}" for i in range(39)] + ["word " * 60]}),
+    # the longest in bytes is not valid UTF-8: the job fails its row, the check passes over it
+    pq.write_table(pa.table({"id": list(range(41)),
+                             "prompt": not_utf8([f"p {i}" for i in range(39)] + ["word " * 60, b"\xff" * 900])}),
                    prompts)
     opts = SpecDecOptions(["--input", str(prompts), "--output", "o", "--target_model", str(target),
                            "--drafter", "none", "--device", "cuda", "--runner=DataflowRunner",

@@ -25,6 +25,7 @@ from pipeline.tune.model import (
     relative_error,
 )
 from specdec_core.gamma import Costs, expected_tokens
+from tests.tiny_models import not_utf8
 
 # --------------------------------------------------------------------------------------------
 # Arithmetic
@@ -98,7 +99,8 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tune")
     dirs = build_synthetic_pair(TINY_SYNTH, root / "cache")
     prompts = [text for _, text in synthetic_prompts(TINY_SYNTH, 10, 16)]
-    table = pa.table({"id": list(range(11)), "prompt": [*prompts[:3], "", *prompts[3:]]})  # one unusable row
+    # two unusable rows: an empty prompt, and one that is not valid UTF-8
+    table = pa.table({"id": list(range(12)), "prompt": not_utf8([*prompts[:2], b"\xff", prompts[2], "", *prompts[3:]])})
     pq.write_table(table, root / "prompts.parquet")
     return {**dirs, "input": root / "prompts.parquet", "root": root}
 
@@ -127,8 +129,9 @@ def test_cli_end_to_end_with_two_drafts(tiny, capsys):
     flags = rec["flags"].split()[3:]
     check_pipeline_flags(flags)
     assert flags[flags.index("--batch_size") + 1] == str(rec["batch_size"])
-    # The sample: the first 4 usable rows (the empty prompt is skipped), 11 rows in the input.
-    assert res["sample"] == {**res["sample"], "prompts": 4, "input_rows": 11, "skipped": {"EmptyPrompt": 1}}
+    # The sample: the first 4 usable rows (the unusable ones are skipped), 12 rows in the input.
+    assert res["sample"] == {**res["sample"], "prompts": 4, "input_rows": 12,
+                             "skipped": {"InvalidUtf8": 1, "EmptyPrompt": 1}}
     names = {c["name"]: c for c in res["candidates"]}
     assert set(names) == {"draft draft", "draft bad_draft", "n-gram lookup"}
     assert names["draft bad_draft"]["a"] < names["draft draft"]["a"]
@@ -146,7 +149,7 @@ def test_cli_end_to_end_with_two_drafts(tiny, capsys):
     assert ("none", None, "fixed") in at2
     if any(d != "none" for d, _, _ in at2):
         assert len(at2) == 3 and any(g == 1 and p == "fixed" for d, g, p in at2 if d != "none"), at2
-    assert res["job_estimate"]["rows"] == 11 and res["job_estimate"]["seconds"] > 0
+    assert res["job_estimate"]["rows"] == 12 and res["job_estimate"]["seconds"] > 0
     # On a CPU nothing is compiled (the job's --torch_compile auto compiles where passes are CUDA graphs).
     assert res["settings"]["cuda_graphs"] == "auto" and res["settings"]["compiled"] is False
     assert "compiled" not in printed

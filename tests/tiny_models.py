@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import torch
 from transformers import (
     BartConfig,
@@ -38,6 +39,12 @@ CORPUS = [
 
 CAUSAL_KINDS = ("llama", "gpt2")
 SEQ2SEQ_KINDS = ("t5", "bart")
+
+
+def not_utf8(values: list) -> pa.Array:
+    """A text column holding what the strings give and bytes as they are: what a writer that does
+    not check UTF-8 leaves in a Parquet file."""
+    return pa.array([v.encode() if isinstance(v, str) else v for v in values], pa.binary()).view(pa.string())
 
 
 def build_tokenizer(vocab_size: int = 320) -> PreTrainedTokenizerFast:

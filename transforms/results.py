@@ -11,6 +11,7 @@ import pyarrow as pa
 from apache_beam.io.parquetio import WriteToParquet
 from apache_beam.ml.inference.base import PredictionResult
 
+from specdec_core.text import NotUtf8
 from transforms.durable import delete_chunks
 
 # The contract's columns, then the engine's timing split (so the draft/target cost ratio
@@ -57,6 +58,8 @@ def prompt_text(prompt: Any) -> str | None:
     the repr of any other value that is not a string."""
     if prompt is None or isinstance(prompt, str):
         return prompt
+    if isinstance(prompt, NotUtf8):
+        return prompt.shown
     if isinstance(prompt, list | tuple | dict):
         return json.dumps(prompt, ensure_ascii=False, default=repr)
     return repr(prompt)

@@ -23,6 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from apache_beam.io.filesystems import FileSystems
@@ -42,6 +43,7 @@ from specdec_core.processing import SamplingSettings
 from specdec_core.self_check import verify_disagreement
 from specdec_core.static_decoder import GRAPH_MODES
 from specdec_core.text import CPU_KERNELS, GeneratorSpec, PromptError, TextGenerator, compiles, load_model_drafter
+from transforms.prompts import table_rows
 
 _LOG = logging.getLogger("pipeline.tune")
 PROG = "python -m pipeline.tune"
@@ -184,7 +186,7 @@ def read_sample(pattern: str, column: str, n: int, encode) -> tuple[list[list[in
             if len(ids) >= n:
                 continue
             for batch in pf.iter_batches(columns=[column], batch_size=max(n, 16)):
-                for value in batch.column(0).to_pylist():
+                for value in (row[column] for row in table_rows(pa.Table.from_batches([batch]), column)):
                     if len(ids) >= n:
                         break
                     try:
