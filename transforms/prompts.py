@@ -64,10 +64,11 @@ class _Rows(beam.DoFn):
 
 
 class ReadPrompts(beam.PTransform):
-    """Parquet rows (dicts of the named columns), spread across workers.
+    """Parquet rows (dicts of the named columns).
 
-    Parquet splits only at row groups, so a few large files would otherwise keep most
-    workers idle: the Reshuffle hands prompts out one by one.
+    Parquet splits only at row groups, so a few large files alone would keep most workers
+    idle; no Reshuffle here, as the grouping by id that follows (`SelectRows`) spreads the rows
+    across workers already, and a second shuffle of every prompt would only cost.
     """
 
     def __init__(self, pattern: str, columns: list[str], prompt_column: str):
@@ -81,5 +82,4 @@ class ReadPrompts(beam.PTransform):
             pbegin
             | "ReadParquet" >> ReadFromParquetBatched(self.pattern, columns=self.columns, validate=False)
             | "Rows" >> beam.ParDo(_Rows(self.prompt_column))
-            | "Spread" >> beam.Reshuffle()
         )
