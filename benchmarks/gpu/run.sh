@@ -4,7 +4,8 @@
 # has its own time limit and appends to $OUT/log.txt; figures land in $OUT/bench/ as they are made.
 # STEPS picks steps (default: the next session's first call, see README.md beside this file);
 # "tests" runs the CUDA tests but the compiled ones, "tests-compiled" those (each failure's report
-# lands in $OUT/failures.txt as it happens); BATCHED_SIZES: the batched step's B (default 8,32);
+# lands in $OUT/failures.txt as it happens); BATCHED_SIZES: the batched step's B (default 8,32),
+# BATCHED_NEW_TOKENS its new tokens per row (default 32);
 # "workspace" checks that the engine's graphs survive cuBLAS workspaces cleared elsewhere,
 # "workspace-control" the same without the engine's own clearing; SINGLE_ARGS, SINGLE_INCLUDE:
 # the single step's sizes and configurations; BATCHED_INCLUDE: the batched step's configurations
@@ -50,7 +51,7 @@ if [ "${SIZE:-full}" = small ]; then
 else
   BF16="--prompts 6 --warmup 1 --batch_prompts 128 --batch_sizes 8,32,128 --max_new_tokens 128 --batch_max_new_tokens 32"
   ONE="--prompts 4 --warmup 1 --max_new_tokens 128"
-  MANY="--batch_prompts 64 --batch_sizes ${BATCHED_SIZES:-8,32} --batch_max_new_tokens 32"
+  MANY="--batch_prompts 64 --batch_sizes ${BATCHED_SIZES:-8,32} --batch_max_new_tokens ${BATCHED_NEW_TOKENS:-32}"
   FP32="--prompts 4 --warmup 1 --max_new_tokens 128"
   BIG="--prompts 3 --warmup 1 --max_new_tokens 64"
 fi
