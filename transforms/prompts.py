@@ -40,15 +40,13 @@ def table_rows(table: pa.Table, prompt_column: str) -> list[dict]:
     (which the text layer refuses, naming the columns) and its bad values their U+FFFD
     decoding. Costs nothing for valid tables: Arrow's own conversion, retried only if it raises."""
     try:
-        columns = table.to_pydict()
+        return table.to_pylist()
     except UnicodeDecodeError:
         columns = {name: _decoded(table.column(name)) for name in table.column_names}
-    names = list(columns)
     rows = []
     for i, values in enumerate(zip(*columns.values(), strict=True)):
-        row = dict(zip(names, values, strict=True))
-        bad = tuple(name for name, value in row.items() if value is _BAD)
-        if bad:
+        row = dict(zip(columns, values, strict=True))
+        if bad := tuple(name for name, value in row.items() if value is _BAD):
             row.update({name: _shown(table.column(name), i) for name in bad})
             row[prompt_column] = NotUtf8(bad, row[prompt_column])
         rows.append(row)
