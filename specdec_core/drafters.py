@@ -96,6 +96,21 @@ class _EmptySession(DraftSession):
         return Draft([], None)
 
 
+def _clamp_ids(embeddings: torch.nn.Embedding, args: tuple) -> tuple:
+    return (args[0].clamp(max=embeddings.num_embeddings - 1), *args[1:])
+
+
+def _read_any_token(model: PreTrainedModel) -> None:
+    """The draft reads the target's tokens, and a target with more output rows (a checkpoint
+    padded to another multiple) can write one past the draft's embeddings: the draft reads its
+    last row in its place, a worse guess, never another output. Once per model (an id clamp in
+    its embedding lookup, inside any graph captured of it)."""
+    embeddings = model.get_input_embeddings()
+    if isinstance(embeddings, torch.nn.Embedding) and not getattr(embeddings, "_reads_any_token", False):
+        embeddings.register_forward_pre_hook(_clamp_ids)
+        embeddings._reads_any_token = True
+
+
 class ModelDrafter(Drafter):
     """A small language model sharing the target's vocabulary, with its own KV cache (another
     tokenizer: specdec_core.cross_tokenizer)."""
@@ -109,6 +124,7 @@ class ModelDrafter(Drafter):
         and a plain argmax picker, a round's draft steps run as one chain on the device, read back
         once (`StaticDecoder.draft_greedy`); the job turns it on with compiled passes, where it pays."""
         self.model = model
+        _read_any_token(model)
         # A round's drafts end at the draft's end token: nothing after an end is ever kept.
         self.ends = eos_ids(model)
         self.static = static_decoder_for(model, cuda_graphs, torch_compile)

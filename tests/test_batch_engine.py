@@ -444,3 +444,33 @@ def test_greedy_picks_are_read_back_once_per_pass(models, prompts, monkeypatch):
         target.generation_config.repetition_penalty = saved
     assert reads and not any(reads) and items
     assert [g.tokens for g in out] == reference
+
+
+@pytest.mark.parametrize("graphs", ["off", "on"])
+def test_a_target_token_past_the_drafts_rows_reaches_the_draft_as_a_guess(graphs):
+    """One tokenizer, the target's output layer wider than the draft's (checkpoints padded to other
+    multiples): a token the target writes past the draft's rows cannot index the draft's
+    embeddings. The draft reads another token in its place (a worse guess, never another output);
+    it crashed, at batch 1 and batched."""
+    import tests.test_engine_sampling as sampling_tests
+
+    base = sampling_tests.V
+    sampling_tests.V = base + 2
+    try:
+        target = tiny("llama", seed=0, std=0.8)
+    finally:
+        sampling_tests.V = base
+    draft = tiny("llama", seed=1, std=0.8)
+    prompt = [1, 2, 3, 1, 2]
+    first = hf_greedy(target, prompt, 1)[0]
+    with torch.no_grad():  # the target writes the draft's missing token first, then goes on
+        target.lm_head.weight[base + 1] = target.lm_head.weight[first] * 3
+    reference = hf_greedy(target, prompt, 8)
+    assert base + 1 in reference
+    single = SpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs=graphs), num_speculative_tokens=3,
+                                  max_new_tokens=8, cuda_graphs=graphs)
+    assert single.generate(prompt).tokens == reference
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs=graphs), batch_size=2,
+                                       num_speculative_tokens=3, max_new_tokens=8, cuda_graphs=graphs)
+    assert [o.tokens for o in engine.generate_many([(prompt, 0), ([4, 5], 1)])] == [reference,
+                                                                                    hf_greedy(target, [4, 5], 8)]
