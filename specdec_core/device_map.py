@@ -77,9 +77,10 @@ def build_device_map(model: nn.Module, devices: list[str], first_extra: int = 0)
 
 
 def _moved(value: object, device: torch.device) -> object:
-    """Tensors (also in tuples, lists and dicts) on `device`; anything else, caches included, as is."""
+    """Tensors (also in tuples, lists and dicts) on `device`; anything else, caches included, as is.
+    A copy to the CPU waits for its data: a non-blocking one from a GPU returns before it lands."""
     if isinstance(value, torch.Tensor):
-        return value if value.device == device else value.to(device, non_blocking=True)
+        return value if value.device == device else value.to(device, non_blocking=device.type != "cpu")
     if isinstance(value, tuple | list):
         return type(value)(_moved(v, device) for v in value)
     if isinstance(value, dict):

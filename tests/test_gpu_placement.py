@@ -80,3 +80,12 @@ def test_device_map_auto_on_one_gpu_splits_nothing_and_runs(saved_pairs, tmp_pat
     assert len(rows) == len(PROMPTS)
     for row in rows:
         assert row["generation"] == alone.generate(PROMPTS[row["id"]], row["seed"])["generation"]
+
+
+def test_a_split_models_hidden_states_reach_the_cpu_whole():
+    """A layer on the CPU reads what the GPU layer before it wrote: the copy waits for the GPU's
+    queued work (a non-blocking copy to the CPU returns before its data lands)."""
+    x = torch.zeros(1 << 20, device="cuda")
+    torch.cuda._sleep(50_000_000)  # the GPU busy, the next kernel queued behind it
+    x.add_(1)
+    assert bool((dm._moved(x, torch.device("cpu")) == 1).all())
