@@ -57,10 +57,9 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows, h
 
 
 def sliding_window(config) -> int | None:
-    """The sliding window (tokens) of a decoder-only model with such layers, or None. Read from
-    its text config: a multimodal model (Gemma 3's 4B and larger) keeps it there."""
-    if config.is_encoder_decoder:
-        return None
+    """The sliding window (tokens) of a model whose decoder has such layers, or None. Read from
+    its decoder's text config: a multimodal model (Gemma 3's 4B and larger) keeps it there, an
+    encoder-decoder one (T5Gemma) in its decoder's."""
     text = config.get_text_config(decoder=True)
     window = getattr(text, "sliding_window", None)
     if not window or not getattr(text, "use_sliding_window", True):
@@ -239,7 +238,8 @@ class BatchKV:
                 fits = all(cap is None or width + m <= cap for cap in self._caps.values())
                 stack.enter_context(hooked(self.model, {}, self._forwards) if aligned and fits
                                     else self._true_positions(pos, width))
-                d = getattr(self.model.config, "d_model", None) or self.model.config.hidden_size
+                text = self.model.config.get_text_config(decoder=True)
+                d = getattr(text, "d_model", None) or text.hidden_size
                 # The cross-attention keys/values are cached: the encoder outputs are not read again.
                 unused = torch.zeros((), dtype=self.model.dtype, device=self.device).expand(
                     self.rows, self.enc_mask.shape[1], d)

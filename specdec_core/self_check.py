@@ -78,12 +78,28 @@ def _growing(model: PreTrainedModel) -> list[torch.Tensor]:
     return _once(model, ("growing passes",), passes)
 
 
-def _one_at_a_time(model: PreTrainedModel, prompt: list[int], seq: list[int], extra: list[int]) -> list[torch.Tensor]:
-    """`probe_passes`' logits from a growing cache fed one token at a time."""
+def _fed_one_at_a_time(model: PreTrainedModel, prompt: list[int], seq: list[int], extra: list[int]) -> torch.Tensor:
+    """The logits after seq's last token and after each of extra[:5], from a growing cache fed one
+    token at a time (as `generate()` feeds it)."""
     decoder, full = CachedDecoder(model, prompt), seq + extra[:5]
     if len(seq) > 1:
         decoder.forward(seq[:-1], 0)
-    each = torch.cat([decoder.forward(full[: i + 1], 1) for i in range(len(seq) - 1, len(full))])
+    return torch.cat([decoder.forward(full[: i + 1], 1) for i in range(len(seq) - 1, len(full))])
+
+
+def _uncached(model: PreTrainedModel, prompt: list[int], seq: list[int], extra: list[int]) -> torch.Tensor:
+    """The same logits from one pass over all the tokens, without a cache."""
+    full = torch.tensor([seq + extra[:5]], device=model.device)
+    if model.config.is_encoder_decoder:
+        out = model(input_ids=torch.tensor([prompt], device=model.device), decoder_input_ids=full, use_cache=False)
+    else:
+        out = model(input_ids=full, use_cache=False)
+    return out.logits[0, len(seq) - 1 :]
+
+
+def _one_at_a_time(model: PreTrainedModel, prompt: list[int], seq: list[int], extra: list[int]) -> list[torch.Tensor]:
+    """`probe_passes`' logits from a growing cache fed one token at a time."""
+    each = _fed_one_at_a_time(model, prompt, seq, extra)
     return [each[:4], each[3:4], each[4:6]]
 
 
@@ -95,8 +111,10 @@ def _compare(got: list[torch.Tensor], want: list[torch.Tensor], what: str, dtype
 
 
 def cache_failure(model: PreTrainedModel) -> str | None:
-    """Why this model cannot decode over the engines' growing cache at all (one token at a time,
-    a rollback), or None: a model whose layers keep other state (Mamba's) fails here."""
+    """Why this model cannot decode over the engines' growing cache at all, or None: it fails
+    there (one token at a time, a rollback: Mamba's layers keep other state), or its logits fed
+    one token at a time part from one pass without a cache (RecurrentGemma keeps its recurrent
+    state in its layers, which only a call without a cache resets)."""
     def check() -> str | None:
         prompt, seq, extra = _probe(model)
         try:
@@ -105,9 +123,11 @@ def cache_failure(model: PreTrainedModel) -> str | None:
                 decoder.forward(seq + extra[:2], 1)
                 decoder.rollback(len(seq))
                 decoder.forward(seq + extra[:1], 1)
+                each = _fed_one_at_a_time(model, prompt, seq, extra)
+                whole = _uncached(model, prompt, seq, extra)
         except Exception as e:
             return f"fails over a growing key/value cache ({type(e).__name__}: {str(e)[:120]})"
-        return None
+        return _compare([each], [whole], "over a growing key/value cache than in one pass without one", model.dtype)
     return _once(model, ("cache",), check)
 
 

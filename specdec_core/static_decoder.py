@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import EncoderDecoderCache, PreTrainedModel
+from transformers import EncoderDecoderCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.modeling_outputs import BaseModelOutput
 
@@ -352,6 +352,10 @@ class StaticKV:
         # the buffers past the window, hidden by the mask (`_masks`), as `BatchKV` keeps them.
         self.window = sliding_window(model.config)
         self.layer_types = mixed_layer_types(model.config)
+        # An encoder with sliding-window layers (T5Gemma's) builds its window masks from a 2D mask
+        # only (a 4D one it takes as it is, for every layer): it runs eagerly, never captured.
+        encoder = getattr(model.config, "encoder", None)
+        self._encoder_slides = isinstance(encoder, PretrainedConfig) and sliding_window(encoder) is not None
         self._logits_kwarg = _accepts_logits_to_keep(type(model))
         self.seen: int | torch.Tensor = 0  # what the layers report as their length (`_FixedLayer`)
         # Encoder-decoder: each row's cross-attention cache and its additive encoder mask
@@ -765,7 +769,7 @@ class StaticDecoder(StaticKV):
             def eager(x: torch.Tensor) -> torch.Tensor:  # (without graphs unpadded: all ones, as `generate()` has it)
                 return self.model.get_encoder()(input_ids=x.to(self.device), attention_mask=visible).last_hidden_state
 
-            if graphed and self.prefill_graphs("encode"):
+            if graphed and self.prefill_graphs("encode") and not self._encoder_slides:
                 # A copy: a graph's output is overwritten by the next item's replay. An encoder that
                 # cannot be captured (LED's reads its global attention on the host, and takes no 4D
                 # mask) runs `eager` over the padded prompt.

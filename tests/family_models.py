@@ -42,9 +42,10 @@ SEQ2SEQ_FAMILIES = ("t5", "mt5", "umt5", "bart", "pegasus", "marian", "m2m100", 
 WINDOW_FAMILIES = ("mistral", "phi3", "gemma2", "gemma3", "starcoder2")
 # Decoder-only families with full attention, each with its own position scheme (RoPE variants,
 # learned positions with an offset, ALiBi from the mask), MLP and norm layout, two mixtures of
-# experts, and a state-space model (which the engines refuse).
+# experts, a state-space model and a recurrent one (which the engines refuse).
 DECODER_FAMILIES = ("qwen2", "qwen3", "gemma", "opt", "gpt_neox", "gptj", "gpt_bigcode", "phi", "stablelm",
-                    "olmo2", "cohere", "granite", "falcon", "falcon-alibi", "bloom", "mixtral", "qwen2_moe", "mamba")
+                    "olmo2", "cohere", "granite", "falcon", "falcon-alibi", "bloom", "mixtral", "qwen2_moe", "mamba",
+                    "recurrent_gemma")
 
 
 def _seq2seq(family: str):
@@ -112,7 +113,7 @@ def _causal(family: str, window: int | None):
 # More encoder-decoder layouts: long-document summarizers (LED, LongT5, PEGASUS-X, BigBird-
 # Pegasus), FSMT (WMT19 translation), dialogue and code models, and a mixture of experts.
 MORE_SEQ2SEQ = ("led", "longt5", "pegasus_x", "bigbird_pegasus", "fsmt", "blenderbot", "blenderbot_small", "plbart",
-                "mvp", "switch")
+                "mvp", "switch", "t5gemma")
 
 
 def _more_seq2seq(family: str):
@@ -135,6 +136,15 @@ def _more_seq2seq(family: str):
            "blenderbot": ("Blenderbot", bartish), "blenderbot_small": ("BlenderbotSmall", bartish),
            "plbart": ("PLBart", bartish), "mvp": ("Mvp", bartish),
            "switch": ("SwitchTransformers", {**t5ish, "num_experts": 2, "expert_capacity": 64})}
+    if family == "t5gemma":  # Gemma 2 layers, local and global, in encoder and decoder: every row passes the window
+        module = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=8, sliding_window=WINDOW,
+                      layer_types=["sliding_attention", "full_attention"])
+        config = transformers.T5GemmaConfig(encoder=transformers.T5GemmaModuleConfig(**module),
+                                            decoder=transformers.T5GemmaModuleConfig(**module), vocab_size=V,
+                                            pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
+                                            tie_word_embeddings=False)
+        return transformers.T5GemmaForConditionalGeneration, config, {}
     name, kwargs = own[family]
     config = getattr(transformers, f"{name}Config")(**kwargs)
     cls = getattr(transformers, f"{name}ForConditionalGeneration")
@@ -148,13 +158,15 @@ def _full_attention(family: str, small: dict):
     names = {"qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma", "opt": "OPT", "gpt_neox": "GPTNeoX", "gptj": "GPTJ",
              "gpt_bigcode": "GPTBigCode", "phi": "Phi", "stablelm": "StableLm", "olmo2": "Olmo2",
              "cohere": "Cohere", "granite": "Granite", "falcon": "Falcon", "falcon-alibi": "Falcon", "bloom": "Bloom",
-             "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "mamba": "Mamba"}
+             "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "mamba": "Mamba", "recurrent_gemma": "RecurrentGemma"}
     own = {"qwen3": dict(head_dim=8), "gemma": dict(head_dim=8), "opt": dict(ffn_dim=64, word_embed_proj_dim=32),
            "gptj": dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=256),
            "gpt_bigcode": dict(n_embd=32, n_layer=2, n_head=4, n_positions=256),
            "falcon": dict(new_decoder_architecture=True, num_kv_heads=2, alibi=False),
            "falcon-alibi": dict(alibi=True, multi_query=True), "bloom": dict(n_layer=2, n_head=4),
            "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
+           "recurrent_gemma": dict(num_hidden_layers=3, lru_width=32, attention_window_size=WINDOW,
+                                   block_types=["recurrent", "recurrent", "attention"]),
            "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                              shared_expert_intermediate_size=32)}
     config = getattr(transformers, f"{names[family]}Config")(**{**small, **own.get(family, {})}, pad_token_id=0,

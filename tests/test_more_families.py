@@ -41,8 +41,14 @@ REFUSED = {
     "switch": (None, "fails over static caches", "fails over static caches", "fails in a padded batch"),
     # state-space layers: no key/value cache to roll back, so no engine decodes it
     "mamba": ("fails over a growing key/value cache", "linear_attention", "linear_attention", "linear_attention"),
+    # recurrent layers whose state stays in the model, which a pass over a cache never resets (the
+    # target alone gave other tokens from the second on)
+    "recurrent_gemma": ("other logits over a growing key/value cache than in one pass without one",
+                        "linear_attention", "linear_attention", "linear_attention"),
+    # batch 1 only (its decoder's sliding window kept over static caches too)
+    "t5gemma": (None, None, "fails in slots", "other logits in a padded batch"),
 }
-RUNS_NOWHERE = {"mamba"}
+RUNS_NOWHERE = {"mamba", "recurrent_gemma"}
 NONE = (None, None, None, None)
 
 
@@ -74,6 +80,9 @@ def test_refusals_name_the_reason(family):
         else:
             with pytest.raises(ValueError, match=expected):
                 make()
+    if family in RUNS_NOWHERE:  # the target alone too (it loaded, and gave other tokens)
+        with pytest.raises(ValueError, match=verify):
+            SpeculativeGenerator(target, NoDrafter(), cuda_graphs="off")
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f not in RUNS_NOWHERE])
