@@ -38,6 +38,15 @@ class Copy:
         return "+".join(self.devices)
 
 
+def device_failed(e: BaseException) -> bool:
+    """An error after which this process's GPU serves nothing more: CUDA keeps an illegal memory
+    access or a device-side assert for every later call, so retrying rows there only fails them
+    all. Running out of memory, or one row's error, leaves the device usable."""
+    if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e):
+        return False
+    return isinstance(e, torch.AcceleratorError) or (isinstance(e, RuntimeError) and "CUDA error" in str(e))
+
+
 def visible_gpus() -> list[Gpu]:
     """The GPUs torch sees, with their memory; [] without CUDA (no CUDA context is created)."""
     if not torch.cuda.is_available():

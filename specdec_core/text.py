@@ -37,7 +37,7 @@ from specdec_core.loading import (
     resolve_dtype,
     share_encoder,
 )
-from specdec_core.placement import DTYPE_BYTES, check_device_map, parameter_count
+from specdec_core.placement import DTYPE_BYTES, check_device_map, device_failed, parameter_count
 from specdec_core.processing import SamplingSettings, unapplied
 from specdec_core.static_decoder import GRAPH_MODES
 from specdec_core.stopping import StopStrings, check_stop_strings, cut_at_stop
@@ -469,6 +469,8 @@ class TextGenerator:
                 checks = [self._finish_check() for _ in todo]  # (fresh: a check keeps its item's tokens)
                 return self.batch_engine.generate_many(todo, checks, max_seconds=self.max_item_seconds)
         except Exception as e:
+            if device_failed(e):  # every half would fail too: the worker ends instead (the Beam handler)
+                raise
             if len(todo) == 1:
                 return [e]
             log.warning("a batched call of %d rows raised %s (%s): decoding them again in halves", len(todo),

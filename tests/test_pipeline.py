@@ -97,6 +97,30 @@ def test_a_value_that_is_not_utf8_fails_its_row_not_the_job(tmp_path, saved_pair
     assert "'topic'" in by_id["bad-topic"]["error_message"] and by_id["bad-topic"]["prompt"] == GOOD[3]
 
 
+@pytest.mark.parametrize(("batch_size", "standin", "needle"), [("1", "device", "illegal memory access"),
+                                                               ("4", "device", "illegal memory access"),
+                                                               ("1", "pair", "every copy of the pair is gone")])
+def test_a_device_error_that_cuda_keeps_ends_the_worker_not_every_row(tmp_path, saved_pairs, batch_size, standin,
+                                                                      needle):
+    """An illegal memory access or a device-side assert leaves the GPU failing every later call of
+    the process: failing rows there would drain the whole input into failed rows in seconds. The
+    worker process ends instead (Dataflow restarts it and retries its rows), no row failed for it."""
+    import os
+    import subprocess
+    import sys
+
+    target, draft = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": f"g{i}", "prompt": p} for i, p in enumerate(GOOD)])
+    out = tmp_path / "out" / "gens"
+    child = subprocess.run([sys.executable, "-m", "tests.device_failure_child", "--input", src, "--output", str(out),
+                            "--target_model", str(target), "--draft_model", str(draft), "--max_new_tokens", "4",
+                            "--batch_size", batch_size], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "STANDIN": standin})
+    assert child.returncode == 75, child.stderr[-2000:]
+    assert needle in child.stderr and "this worker process ends" in child.stderr
+    assert not glob.glob(f"{out}-failed*")
+
+
 def test_valid_tables_read_as_beam_reads_them():
     from transforms.prompts import table_rows
 

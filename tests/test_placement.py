@@ -24,7 +24,7 @@ from specdec_core import placement
 from specdec_core.placement import GIB, Copy, Footprint, Gpu, fit_problem, plan_copies
 from specdec_core.text import GeneratorSpec
 from tests.tiny_models import not_utf8
-from transforms.copies import PairRouter
+from transforms.copies import PairGone, PairRouter
 from transforms.model_handler import SpecDecModelHandler
 
 L4 = GPU_MIB["nvidia-l4"] * MIB
@@ -204,6 +204,14 @@ def test_a_pair_that_cannot_fit_is_refused_before_any_work(tmp_path, tokenizer, 
     assert started == []
 
 
+def test_only_errors_that_cuda_keeps_count_as_a_failed_device():
+    assert placement.device_failed(torch.AcceleratorError("CUDA error: device-side assert triggered"))
+    assert placement.device_failed(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert not placement.device_failed(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
+    assert not placement.device_failed(RuntimeError("CUDA error: out of memory"))
+    assert not placement.device_failed(ValueError("prompt is empty"))
+
+
 def test_the_fit_check_reads_the_longest_prompt_in_tokens(tmp_path, tokenizer):
     target = _big_target(tmp_path, tokenizer, layers=2)
     prompts = tmp_path / "p.parquet"
@@ -286,11 +294,10 @@ def test_the_router_stops_sending_calls_to_a_copy_whose_process_is_gone():
     out = [router.generate(f"p{i}") for i in range(6)]
     assert [o["prompt"] for o in out] == [f"p{i}" for i in range(6)] and router.dead == {1}
     assert router.served[1] == 1 and router._busy == [0, 0, 0]
-    alone = PairRouter([Gone()], ["cuda:0"])
-    with pytest.raises(ConnectionRefusedError):
-        alone.generate("p")
-    with pytest.raises(ConnectionError, match="every copy of the pair is gone"):
-        alone.generate("p")
+    alone = PairRouter([Gone()], ["cuda:0"])  # the last one gone, and every call after: the worker ends
+    for _ in range(2):
+        with pytest.raises(PairGone, match=r"every copy of the pair is gone \(1 of 1\)"):
+            alone.generate("p")
 
 
 def test_static_caches_are_counted_in_their_allocation_steps(tmp_path, tokenizer, saved_pairs):

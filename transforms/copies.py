@@ -47,6 +47,10 @@ class LoadCopy:
         return generator
 
 
+class PairGone(ConnectionError):
+    """Every copy of the pair this process routes to has died: no row can be decoded here."""
+
+
 class PairRouter:
     """The copies of one machine, seen from one SDK process: `generate` and `generate_batch` as
     on a TextGenerator, each call served by one copy."""
@@ -66,7 +70,7 @@ class PairRouter:
             n = len(self.copies)
             order = [(self._next + i) % n for i in range(n) if (self._next + i) % n not in self.dead]
             if not order:
-                raise ConnectionError(f"every copy of the pair is gone ({n} of {n})")
+                raise PairGone(f"every copy of the pair is gone ({n} of {n})")
             k = min(order, key=lambda i: self._busy[i])  # least busy; ties: round-robin
             self._next = (k + 1) % n
             self._busy[k] += 1
@@ -85,7 +89,7 @@ class PairRouter:
                 log.warning("copy %d of the pair (%s) is gone (%s: %s); %d left", k, self.devices[k],
                             type(e).__name__, e, alive)
                 if not alive:
-                    raise
+                    raise PairGone(f"every copy of the pair is gone ({len(self.copies)} of {len(self.copies)})") from e
             finally:
                 with self._lock:
                     self._busy[k] -= 1
