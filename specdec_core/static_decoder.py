@@ -288,10 +288,11 @@ class _Scratch(CacheLayerMixin):
 
 def _same(replayed: torch.Tensor, eager: torch.Tensor) -> bool:
     """The same numbers, up to the rounding of another kernel choice (800 units in the last place
-    of the largest, as tests/numerics.py allows) for logits, exactly for tokens."""
+    of the largest, as tests/numerics.py allows, and at most 10% of it: in bfloat16 800 units are
+    6 times the largest, which would pass any finite logits) for logits, exactly for tokens."""
     if not eager.is_floating_point():
         return torch.equal(replayed, eager)
-    tol = 800 * torch.finfo(eager.dtype).eps * float(eager.abs().max())
+    tol = min(800 * torch.finfo(eager.dtype).eps, 0.1) * float(eager.abs().max())
     return bool(torch.allclose(replayed.float(), eager.float(), rtol=0.0, atol=tol))
 
 

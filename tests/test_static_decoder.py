@@ -420,3 +420,18 @@ def test_windows_and_layer_kinds_as_the_models_use_them():
     assert (sliding_window(qwen_mixed), mixed_layer_types(qwen_mixed)) == (6, ["full_attention", "sliding_attention"])
     gemma = multimodal_gemma3(seed=1).config
     assert (sliding_window(gemma), mixed_layer_types(gemma)) == (6, ["sliding_attention", "full_attention"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_replay_that_recorded_other_work_is_told_apart_in_every_dtype(dtype):
+    """The check of a captured graph's first replay against the pass run eagerly: rounding passes,
+    other logits (a capture reading a wrong buffer) do not, in bfloat16 too (its allowance of 800
+    units in the last place was 6 times the largest logit)."""
+    from specdec_core.static_decoder import _same
+
+    gen = torch.Generator().manual_seed(0)
+    eager = (torch.randn(4, 300, generator=gen) * 8).to(dtype)
+    assert _same(eager.clone(), eager)
+    assert _same((eager.float() * (1 + 4 * torch.finfo(dtype).eps)).to(dtype), eager)  # a few units of rounding
+    assert not _same((torch.randn(4, 300, generator=gen) * 8).to(dtype), eager)
+    assert not _same(torch.zeros_like(eager), eager)
