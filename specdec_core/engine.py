@@ -24,7 +24,7 @@ from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
 from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
 from specdec_core.loading import context_limit
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
-from specdec_core.self_check import cache_failure, verify_disagreement
+from specdec_core.self_check import cache_failure, state_failure, verify_disagreement
 from specdec_core.static_decoder import StaticDecoder, static_decoder_for
 
 # An item's own end condition (e.g. stop strings, specdec_core/stopping.py): called with each
@@ -137,8 +137,9 @@ class SpeculativeGenerator:
         self.sampling = sampling
         self.gamma_policy = gamma_policy or fixed_gamma
         self.eos = eos_ids(target)
-        for model in (target, self.drafter.model if isinstance(self.drafter, ModelDrafter) else None):
-            if model is not None and (why := cache_failure(model)):
+        draft = self.drafter.model if isinstance(self.drafter, ModelDrafter) else None
+        for model, why in ((target, state_failure(target)), (draft, draft is not None and cache_failure(draft))):
+            if why:
                 raise ValueError(f"{type(model).__name__} {why}: the engines cannot decode it")
         if not isinstance(self.drafter, NoDrafter) and (why := verify_disagreement(target)):
             raise ValueError(f"{type(target).__name__} {why}: a draft's tokens cannot be verified in one pass "

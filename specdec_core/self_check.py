@@ -111,10 +111,8 @@ def _compare(got: list[torch.Tensor], want: list[torch.Tensor], what: str, dtype
 
 
 def cache_failure(model: PreTrainedModel) -> str | None:
-    """Why this model cannot decode over the engines' growing cache at all, or None: it fails
-    there (one token at a time, a rollback: Mamba's layers keep other state), or its logits fed
-    one token at a time part from one pass without a cache (RecurrentGemma keeps its recurrent
-    state in its layers, which only a call without a cache resets)."""
+    """Why this model cannot decode over the engines' growing cache at all (one token at a time,
+    a rollback), or None: a model whose layers keep other state (Mamba's) fails here."""
     def check() -> str | None:
         prompt, seq, extra = _probe(model)
         try:
@@ -123,12 +121,30 @@ def cache_failure(model: PreTrainedModel) -> str | None:
                 decoder.forward(seq + extra[:2], 1)
                 decoder.rollback(len(seq))
                 decoder.forward(seq + extra[:1], 1)
-                each = _fed_one_at_a_time(model, prompt, seq, extra)
-                whole = _uncached(model, prompt, seq, extra)
         except Exception as e:
             return f"fails over a growing key/value cache ({type(e).__name__}: {str(e)[:120]})"
-        return _compare([each], [whole], "over a growing key/value cache than in one pass without one", model.dtype)
+        return None
     return _once(model, ("cache",), check)
+
+
+def state_failure(model: PreTrainedModel) -> str | None:
+    """Why a target's logits over the engines' growing cache, fed one token at a time, are not
+    those of one pass over the same tokens without a cache, or None: RecurrentGemma keeps its
+    recurrent state in its layers, which only a call without a cache resets. For targets only:
+    a draft's own numerics (int8, bf16 linears) may part from that pass, which changes its guesses,
+    never the output."""
+    def check() -> str | None:
+        if why := cache_failure(model):
+            return why
+        prompt, seq, extra = _probe(model)
+        with torch.inference_mode():
+            each = _fed_one_at_a_time(model, prompt, seq, extra)
+            try:
+                whole = _uncached(model, prompt, seq, extra)
+            except Exception:  # (no pass without a cache to compare with: nothing this check can say)
+                return None
+        return _compare([each], [whole], "over a growing key/value cache than in one pass without one", model.dtype)
+    return _once(model, ("state",), check)
 
 
 def verify_disagreement(model: PreTrainedModel) -> str | None:

@@ -446,8 +446,9 @@ def test_greedy_picks_are_read_back_once_per_pass(models, prompts, monkeypatch):
     assert [g.tokens for g in out] == reference
 
 
+@pytest.mark.parametrize("kind", ["llama", "t5"])
 @pytest.mark.parametrize("graphs", ["off", "on"])
-def test_a_target_token_past_the_drafts_rows_reaches_the_draft_as_a_guess(graphs):
+def test_a_target_token_past_the_drafts_rows_reaches_the_draft_as_a_guess(kind, graphs):
     """One tokenizer, the target's output layer wider than the draft's (checkpoints padded to other
     multiples): a token the target writes past the draft's rows cannot index the draft's
     embeddings. The draft reads another token in its place (a worse guess, never another output);
@@ -457,10 +458,10 @@ def test_a_target_token_past_the_drafts_rows_reaches_the_draft_as_a_guess(graphs
     base = sampling_tests.V
     sampling_tests.V = base + 2
     try:
-        target = tiny("llama", seed=0, std=0.8)
+        target = tiny(kind, seed=0, std=0.8)
     finally:
         sampling_tests.V = base
-    draft = tiny("llama", seed=1, std=0.8)
+    draft = tiny(kind, seed=1, std=0.8)
     prompt = [1, 2, 3, 1, 2]
     first = hf_greedy(target, prompt, 1)[0]
     with torch.no_grad():  # the target writes the draft's missing token first, then goes on
