@@ -34,7 +34,7 @@ def build_pipeline(p: beam.Pipeline, opts: SpecDecOptions, schema: pa.Schema) ->
     handler = SpecDecModelHandler(opts.generator_spec(), opts.prompt_column, large_model=opts.large_model)
     columns = list(dict.fromkeys([opts.id_column, opts.prompt_column, *passthrough]))
     rows = p | "ReadPrompts" >> ReadPrompts(opts.input, columns, opts.prompt_column)
-    rows, duplicates = rows | "SelectIds" >> SelectRows(opts.id_column, opts.prompt_column, opts.resume_prefixes())
+    rows, early = rows | "SelectIds" >> SelectRows(opts.id_column, opts.prompt_column, opts.resume_prefixes())
     results, failed = rows | "Generate" >> GenerateRows(
         handler,
         id_column=opts.id_column,
@@ -46,13 +46,13 @@ def build_pipeline(p: beam.Pipeline, opts: SpecDecOptions, schema: pa.Schema) ->
     record = run_record(opts)
     schemas = (with_provenance(result_schema(schema, opts.id_column, passthrough), record),
                with_provenance(failed_schema(schema, opts.id_column), record))
-    # Durable as they finish, in the model's environment (CommitRows says why); DuplicateId rows
-    # where they are found, before any generation.
+    # Durable as they finish, in the model's environment (CommitRows says why); rows failed before
+    # any generation (DuplicateId, InvalidUtf8) where they are found.
     results, failed = (results, failed) | "Commit" >> CommitRows(
         opts.output, *schemas, opts.commit_every_s, accelerator=opts.accelerator)
-    duplicates = duplicates | "CommitDuplicates" >> beam.ParDo(
+    early = early | "CommitDuplicates" >> beam.ParDo(
         CommitChunks(f"{opts.output}-failed-chunk", schemas[1], opts.commit_every_s))
-    failed = (failed, duplicates) | "AllFailed" >> beam.Flatten()
+    failed = (failed, early) | "AllFailed" >> beam.Flatten()
     _ = (results, failed) | "Write" >> WriteResults(opts.output, *schemas)
 
 

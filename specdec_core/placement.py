@@ -44,7 +44,9 @@ def device_failed(e: BaseException) -> bool:
     all. Running out of memory, or one row's error, leaves the device usable."""
     if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e):
         return False
-    return isinstance(e, torch.AcceleratorError) or (isinstance(e, RuntimeError) and "CUDA error" in str(e))
+    # (torch.AcceleratorError from torch 2.8; before, a RuntimeError saying so)
+    return isinstance(e, getattr(torch, "AcceleratorError", ())) or (isinstance(e, RuntimeError)
+                                                                      and "CUDA error" in str(e))
 
 
 def visible_gpus() -> list[Gpu]:

@@ -82,6 +82,10 @@ class NotUtf8:
     columns: tuple[str, ...]
     shown: str | None  # the prompt with U+FFFD for its bad bytes, for the failed row
 
+    @property
+    def reason(self) -> str:
+        return f"not valid UTF-8 in column {', '.join(map(repr, self.columns))} of the input"
+
 
 class PromptTooLong(PromptError):
     pass
@@ -114,7 +118,7 @@ def check_prompt(value: object) -> str:
     if value is None:
         raise NullPrompt("prompt is null")
     if isinstance(value, NotUtf8):
-        raise InvalidUtf8(f"not valid UTF-8 in column {', '.join(map(repr, value.columns))} of the input")
+        raise InvalidUtf8(value.reason)
     if not isinstance(value, str):
         raise InvalidPromptType(f"prompt is {type(value).__name__}, expected a string")
     if not value.strip():

@@ -80,14 +80,14 @@ def test_every_row_ends_as_one_result_or_one_failed_row(tmp_path, saved_pairs):
 def test_a_value_that_is_not_utf8_fails_its_row_not_the_job(tmp_path, saved_pairs, batch_size):
     target, draft = saved_pairs["llama"]
     src = tmp_path / "corrupt.parquet"
-    pq.write_table(pa.table({
-        "id": not_utf8(["g0", "g1", "bad-prompt", b"bad-id-\xff", "bad-topic"]),
-        "prompt": not_utf8([GOOD[0], GOOD[1], b"caf\xe9 au lait", GOOD[2], GOOD[3]]),
-        "topic": not_utf8(["t", "t", "t", "t", b"\xc3"]),
+    pq.write_table(pa.table({  # (the bad id's U+FFFD form is another row's valid id: no DuplicateId)
+        "id": not_utf8(["g0", "g1", "bad-prompt", b"bad-id-\xff", "bad-topic", "bad-id-\ufffd"]),
+        "prompt": not_utf8([GOOD[0], GOOD[1], b"caf\xe9 au lait", GOOD[2], GOOD[3], GOOD[4]]),
+        "topic": not_utf8(["t", "t", "t", "t", b"\xc3", "t"]),
     }), src)
     results, failed = run_job(tmp_path, target, draft, "--passthrough_columns", "topic", "--batch_size",
                               batch_size, prompts=str(src))
-    assert sorted(results["id"].to_pylist()) == ["g0", "g1"]
+    assert sorted(results["id"].to_pylist()) == ["bad-id-\ufffd", "g0", "g1"]
     by_id = {row["id"]: row for row in failed.to_pylist()}
     assert set(by_id) == {"bad-prompt", "bad-id-\ufffd", "bad-topic"}
     assert {row["error_type"] for row in by_id.values()} == {"InvalidUtf8"}
@@ -122,10 +122,23 @@ def test_a_device_error_that_cuda_keeps_ends_the_worker_not_every_row(tmp_path, 
 
 
 def test_valid_tables_read_as_beam_reads_them():
+    """The rows Beam's own ReadFromParquet made (before the job converted tables itself)."""
+    import datetime
+    import decimal
+
+    from apache_beam.io.parquetio import _ArrowTableToRowDictionaries
+
     from transforms.prompts import table_rows
 
-    table = pa.table({"id": [1, 2], "prompt": ["a", None], "messages": [[{"role": "user", "content": "x"}], []]})
-    assert table_rows(table, "prompt") == table.to_pylist()
+    table = pa.table({
+        "id": [1, 2], "prompt": pa.array(["a", None], pa.large_string()),
+        "messages": [[{"role": "user", "content": "x"}], []],
+        "at": pa.array([datetime.datetime(2026, 1, 1), None], pa.timestamp("us", tz="UTC")),
+        "amount": pa.array([decimal.Decimal("1.50"), None], pa.decimal128(5, 2)),
+        "kind": pa.array(["x", "y"]).dictionary_encode(),
+        "tags": pa.array([[("k", 1)], None], pa.map_(pa.string(), pa.int64())),
+    })
+    assert table_rows(table, "prompt") == list(_ArrowTableToRowDictionaries().process(table))
 
 
 @pytest.mark.parametrize(("kind", "graphs"), [("gpt2", "auto"), ("bart", "auto"), ("gpt2", "on"), ("bart", "on")])

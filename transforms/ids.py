@@ -5,6 +5,8 @@
   one null-id row is generated, two are duplicates.
 - With resume prefixes: an id that already has a result row there is skipped (ids that only
   failed are tried again).
+- A row with a value that is not valid UTF-8 (`NotUtf8`) fails before the grouping: its id,
+  shown with U+FFFD, could equal another row's.
 
 Both are one CoGroupByKey on the id, joining the input rows with the ids done in earlier
 runs. The done ids are read by the pipeline itself (ReadAllFromParquet, id column only), not
@@ -21,10 +23,11 @@ import apache_beam as beam
 from apache_beam.io.parquetio import ReadAllFromParquet
 from apache_beam.metrics import Metrics
 
+from specdec_core.text import InvalidUtf8, NotUtf8
 from transforms.durable import NAMESPACE, result_patterns
 from transforms.results import prompt_text
 
-DUPLICATE = "duplicate"
+FAILED = "failed"
 
 
 class _Select(beam.DoFn):
@@ -46,7 +49,7 @@ class _Select(beam.DoFn):
             return
         self.duplicates.inc(len(rows))
         for row in rows:
-            yield beam.pvalue.TaggedOutput(DUPLICATE, {
+            yield beam.pvalue.TaggedOutput(FAILED, {
                 "id": key,
                 "prompt": prompt_text(row.get(self.prompt_column)),
                 "error_type": "DuplicateId",
@@ -54,8 +57,24 @@ class _Select(beam.DoFn):
             })
 
 
+class _Readable(beam.DoFn):
+    def __init__(self, id_column: str, prompt_column: str):
+        self.id_column, self.prompt_column = id_column, prompt_column
+        self.unreadable = Metrics.counter(NAMESPACE, "rows_not_utf8")
+
+    def process(self, row: dict) -> Iterator:
+        prompt = row.get(self.prompt_column)
+        if not isinstance(prompt, NotUtf8):
+            yield row
+            return
+        self.unreadable.inc()
+        yield beam.pvalue.TaggedOutput(FAILED, {"id": row.get(self.id_column), "prompt": prompt_text(prompt),
+                                                   "error_type": InvalidUtf8.__name__,
+                                                   "error_message": prompt.reason})
+
+
 class SelectRows(beam.PTransform):
-    """rows -> (rows to generate, failed rows of duplicated ids)."""
+    """rows -> (rows to generate, failed rows: duplicated ids and values that are not UTF-8)."""
 
     def __init__(self, id_column: str, prompt_column: str, resume_from: list[str] | None = None):
         super().__init__()
@@ -63,6 +82,9 @@ class SelectRows(beam.PTransform):
         self.resume_from = list(resume_from or [])
 
     def expand(self, rows: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
+        readable = rows | "Readable" >> beam.ParDo(_Readable(self.id_column, self.prompt_column)).with_outputs(
+            FAILED, main="rows")
+        rows = readable.rows
         groups = {"rows": rows | "KeyById" >> beam.Map(lambda row, col: (row.get(col), row), self.id_column)}
         if self.resume_from:
             patterns = [p for prefix in self.resume_from for p in result_patterns(prefix)]
@@ -75,6 +97,7 @@ class SelectRows(beam.PTransform):
         selected = (
             groups
             | "GroupById" >> beam.CoGroupByKey()
-            | "Select" >> beam.ParDo(_Select(self.prompt_column)).with_outputs(DUPLICATE, main="rows")
+            | "Select" >> beam.ParDo(_Select(self.prompt_column)).with_outputs(FAILED, main="rows")
         )
-        return selected.rows, selected[DUPLICATE]
+        failed = (selected[FAILED], readable[FAILED]) | "EarlyFailed" >> beam.Flatten()
+        return selected.rows, failed
