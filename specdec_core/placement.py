@@ -38,15 +38,39 @@ class Copy:
         return "+".join(self.devices)
 
 
+class DeviceLost(RuntimeError):
+    """A GPU of this process fails every call since an error that CUDA keeps (an illegal memory
+    access, a device-side assert): no row can be decoded in this process any more."""
+
+
 def device_failed(e: BaseException) -> bool:
-    """An error after which this process's GPU serves nothing more: CUDA keeps an illegal memory
-    access or a device-side assert for every later call, so retrying rows there only fails them
-    all. Running out of memory, or one row's error, leaves the device usable."""
+    """A CUDA error, which may have left the device failing every later call of the process
+    (`check_device` tells); running out of memory never does."""
     if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e):
         return False
     # (torch.AcceleratorError from torch 2.8; before, a RuntimeError saying so)
     return isinstance(e, getattr(torch, "AcceleratorError", ())) or (isinstance(e, RuntimeError)
                                                                       and "CUDA error" in str(e))
+
+
+def device_works(devices: list[torch.device]) -> bool:
+    """Whether a tiny kernel still runs on each of these GPUs (CPUs always work)."""
+    try:
+        for d in devices:
+            if d.type == "cuda":
+                torch.ones(1, device=d).add_(1)
+                torch.cuda.synchronize(d)
+    except Exception:  # (the error CUDA kept, raised again)
+        return False
+    return True
+
+
+def check_device(e: Exception, devices: list[torch.device]) -> None:
+    """Raises `DeviceLost` from `e` when it is a CUDA error after which the devices fail every
+    call; else returns, and `e` is one row's error (an input's shape, say), failing that row only."""
+    if device_failed(e) and not device_works(devices):
+        first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+        raise DeviceLost(f"{', '.join(map(str, devices))} fail every call since {type(e).__name__}: {first}") from e
 
 
 def visible_gpus() -> list[Gpu]:

@@ -21,6 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cpu_speed import DRAFT_DTYPES, draft_in_dtype, prepare_for_cpu
 from specdec_core.cross_tokenizer import CrossTokenizerDrafter
+from specdec_core.device_map import devices_of
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import Generation, ItemTimeout, SpeculativeGenerator  # noqa: F401 (ItemTimeout: re-exported)
 from specdec_core.gamma import AdaptiveGamma, GammaPolicy
@@ -37,7 +38,7 @@ from specdec_core.loading import (
     resolve_dtype,
     share_encoder,
 )
-from specdec_core.placement import DTYPE_BYTES, check_device_map, device_failed, parameter_count
+from specdec_core.placement import DTYPE_BYTES, check_device, check_device_map, parameter_count
 from specdec_core.processing import SamplingSettings, unapplied
 from specdec_core.static_decoder import GRAPH_MODES
 from specdec_core.stopping import StopStrings, check_stop_strings, cut_at_stop
@@ -326,6 +327,9 @@ class TextGenerator:
         # Beam threads share one generator per process; items run one at a time so that
         # each item's latency is its own.
         self._lock = threading.Lock()
+        # The pair's devices, probed after a CUDA error (`placement.check_device`).
+        models = [target, getattr(drafter, "model", None)]
+        self.devices = list(dict.fromkeys(d for m in models if m is not None for d in devices_of(m)))
 
     @classmethod
     def load(cls, spec: GeneratorSpec, gamma_policy: GammaPolicy | None = None) -> TextGenerator:
@@ -436,9 +440,15 @@ class TextGenerator:
         return list(encoded["input_ids"])
 
     def generate(self, prompt: object, seed: int = 0) -> dict:
+        """A result dict; a `PromptError` for a prompt that cannot be generated, `DeviceLost` once a
+        CUDA error has left the pair's GPU failing every call, else the row's own error."""
         ids = self.encode(prompt)
         with self._lock:
-            out = self.engine.generate(ids, seed, self._finish_check(), max_seconds=self.max_item_seconds)
+            try:
+                out = self.engine.generate(ids, seed, self._finish_check(), max_seconds=self.max_item_seconds)
+            except Exception as e:
+                check_device(e, self.devices)
+                raise
         return self._as_dict(out, seed)
 
     def generate_batch(self, items: list[tuple[object, int]]) -> list[dict]:
@@ -473,8 +483,7 @@ class TextGenerator:
                 checks = [self._finish_check() for _ in todo]  # (fresh: a check keeps its item's tokens)
                 return self.batch_engine.generate_many(todo, checks, max_seconds=self.max_item_seconds)
         except Exception as e:
-            if device_failed(e):  # every half would fail too: the worker ends instead (the Beam handler)
-                raise
+            check_device(e, self.devices)  # (`DeviceLost`: every half would fail too)
             if len(todo) == 1:
                 return [e]
             log.warning("a batched call of %d rows raised %s (%s): decoding them again in halves", len(todo),

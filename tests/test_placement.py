@@ -204,6 +204,34 @@ def test_a_pair_that_cannot_fit_is_refused_before_any_work(tmp_path, tokenizer, 
     assert started == []
 
 
+def test_a_cuda_error_loses_the_device_only_if_a_kernel_then_fails_too(monkeypatch):
+    error = torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+    cpu = [torch.device("cpu")]
+    placement.check_device(error, cpu)  # a CPU always works: one row's error
+    placement.check_device(ValueError("bad row"), cpu)
+    monkeypatch.setattr(placement, "device_works", lambda devices: False)
+    with pytest.raises(placement.DeviceLost, match="illegal memory access") as lost:
+        placement.check_device(error, cpu)
+    assert lost.value.__cause__ is error
+    placement.check_device(torch.cuda.OutOfMemoryError("CUDA out of memory"), cpu)  # never a lost device
+
+
+def test_a_copy_whose_gpu_is_lost_ends_its_process(monkeypatch):
+    """Its routers then see it gone and send its calls to the other copies."""
+    from transforms import worker_exit
+    from transforms.copies import Served
+
+    class Lost:
+        def generate(self, prompt, seed=0):
+            raise placement.DeviceLost("cuda:1 fails every call since AcceleratorError: ...")
+
+    exits = []
+    monkeypatch.setattr(worker_exit.os, "_exit", exits.append)
+    with pytest.raises(placement.DeviceLost):
+        Served(Lost()).generate("p")
+    assert exits == [worker_exit.WORKER_LOST]
+
+
 def test_only_errors_that_cuda_keeps_count_as_a_failed_device():
     assert placement.device_failed(torch.AcceleratorError("CUDA error: device-side assert triggered"))
     assert placement.device_failed(RuntimeError("CUDA error: an illegal memory access was encountered"))

@@ -21,8 +21,9 @@ from collections.abc import Callable, Sequence
 
 from apache_beam.utils.multi_process_shared import MultiProcessShared
 
-from specdec_core.placement import Copy
+from specdec_core.placement import Copy, DeviceLost
 from specdec_core.text import GeneratorSpec, TextGenerator
+from transforms.worker_exit import end_worker
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class LoadCopy:
     index: int
     count: int
 
-    def __call__(self) -> TextGenerator:
+    def __call__(self) -> Served:
         from transforms.model_cache import localize
 
         local = {f: localize(getattr(self.spec, f)) for f in ("target_model", "draft_model", "tokenizer")
@@ -44,7 +45,29 @@ class LoadCopy:
         generator = TextGenerator.load(dataclasses.replace(self.spec, **local))
         logging.getLogger(__name__).info("specdec: copy %d of %d of the pair loaded on %s (process %d)",
                                          self.index, self.count, "+".join(self.spec.devices), os.getpid())
-        return generator
+        return Served(generator)
+
+
+class Served:
+    """What a copy's process serves: its generator, the process ended once its GPU is lost
+    (`DeviceLost`), so that the routers see it gone and send its calls to the other copies."""
+
+    def __init__(self, generator: TextGenerator):
+        self.generator = generator
+
+    def generate(self, prompt: object, seed: int = 0) -> dict:
+        return self._serve(self.generator.generate, prompt, seed)
+
+    def generate_batch(self, items: list[tuple[object, int]]) -> list[dict]:
+        return self._serve(self.generator.generate_batch, items)
+
+    @staticmethod
+    def _serve(method: Callable, *args: object):
+        try:
+            return method(*args)
+        except DeviceLost as e:
+            end_worker(e)
+            raise
 
 
 class PairGone(ConnectionError):

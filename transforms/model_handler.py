@@ -23,28 +23,15 @@ from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult
 
 from specdec_core import placement
+from specdec_core.placement import DeviceLost
 from specdec_core.text import GeneratorSpec, TextGenerator
-from transforms.copies import PairGone, start_copies
+from transforms.copies import PairGone
+from transforms.worker_exit import end_worker
 
 NAMESPACE = "specdec"
 LIST_FACTOR = 8  # rows per RunInference call, in units of --batch_size (see SpecDecModelHandler)
 ERROR_KEY = "error_type"  # a per-row failure marker from TextGenerator.generate_batch
 _LOG = logging.getLogger(__name__)
-
-
-WORKER_LOST = 75  # the exit status of a worker process whose device or pair is gone (EX_TEMPFAIL)
-
-
-def _end_worker(e: Exception) -> None:
-    """Ends this worker process: its GPU is in an error state that CUDA keeps, or every copy of
-    the pair is gone, so each row it took would fail at once, draining the input into failed
-    rows. Dataflow restarts the process (a fresh device) and retries its rows; a local job stops,
-    its committed rows kept for --resume_from."""
-    _LOG.critical("%s: %s: this worker process ends (exit status %d) so that it starts again with a working "
-                  "device; its rows are retried (a local job stops here: rerun it with --resume_from)",
-                  type(e).__name__, str(e).splitlines()[0][:300] if str(e) else "", WORKER_LOST)
-    logging.shutdown()
-    os._exit(WORKER_LOST)
 
 
 class _Progress:
@@ -137,6 +124,7 @@ class SpecDecModelHandler(ModelHandler[dict, PredictionResult, TextGenerator]):
             return self.large_model
 
     def load_model(self) -> TextGenerator:
+        from transforms.copies import start_copies
         from transforms.model_cache import localize
 
         copies = self.copies()
@@ -155,8 +143,8 @@ class SpecDecModelHandler(ModelHandler[dict, PredictionResult, TextGenerator]):
         try:
             return self._run(batch, model)
         except Exception as e:
-            if placement.device_failed(e) or isinstance(e, PairGone):
-                _end_worker(e)
+            if isinstance(e, DeviceLost | PairGone):
+                end_worker(e)
             raise
 
     def _run(self, batch: Sequence[dict], model: TextGenerator) -> list[PredictionResult]:
