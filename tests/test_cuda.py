@@ -270,3 +270,32 @@ def test_compiled_passes_of_a_window_and_a_position_table_equal_generate_on_cuda
     assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, (family, "batched")
     slots = engine.slots[id(target)]
     assert slots.captures > 0 and slots._compiled is not None
+
+
+def test_a_device_side_assert_is_told_apart_from_a_rows_own_cuda_error():
+    """In a process of its own (the assert leaves CUDA failing every later call there): an index
+    out of range on the device is a lost device (`placement.check_device` raises DeviceLost), a
+    kernel launch refused for one input's shape is not."""
+    import subprocess
+    import sys
+
+    script = """
+import torch
+from specdec_core import placement
+cuda = [torch.device("cuda")]
+try:
+    torch.ones(1, device="cuda")[torch.tensor([1 << 20], device="cuda")].item()
+except Exception as e:
+    try:
+        placement.check_device(e, cuda)
+        print("kept")
+    except placement.DeviceLost:
+        print("lost")
+"""
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert child.stdout.strip() == "lost", child.stderr[-2000:]
+    healthy = subprocess.run([sys.executable, "-c", "import torch; from specdec_core import placement; "
+                                   "e = torch.AcceleratorError('CUDA error: invalid configuration argument'); "
+                                   "placement.check_device(e, [torch.device('cuda')]); print('kept')"],
+                                  capture_output=True, text=True, timeout=120)
+    assert healthy.stdout.strip() == "kept", healthy.stderr[-2000:]
