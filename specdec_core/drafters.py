@@ -105,7 +105,11 @@ def _read_any_token(model: PreTrainedModel) -> None:
     padded to another multiple) can write one past the draft's embeddings: the draft reads its
     last row in its place, a worse guess, never another output. Once per model (an id clamp in
     its decoder's embedding lookup, inside any graph captured of it)."""
-    embeddings = (model.get_decoder() if model.config.is_encoder_decoder else model).get_input_embeddings()
+    owner = model.get_decoder() if model.config.is_encoder_decoder else model
+    try:
+        embeddings = owner.get_input_embeddings()
+    except (AttributeError, NotImplementedError):  # (FSMT's decoder has none: its `embed_tokens`)
+        embeddings = getattr(owner, "embed_tokens", None)
     if isinstance(embeddings, torch.nn.Embedding) and not getattr(embeddings, "_reads_any_token", False):
         embeddings.register_forward_pre_hook(_clamp_ids)
         embeddings._reads_any_token = True
