@@ -50,7 +50,7 @@ def build_pipeline(p: beam.Pipeline, opts: SpecDecOptions, schema: pa.Schema) ->
     # any generation (DuplicateId, InvalidUtf8) where they are found.
     results, failed = (results, failed) | "Commit" >> CommitRows(
         opts.output, *schemas, opts.commit_every_s, accelerator=opts.accelerator)
-    early = early | "CommitDuplicates" >> beam.ParDo(
+    early = early | "CommitEarlyFailed" >> beam.ParDo(
         CommitChunks(f"{opts.output}-failed-chunk", schemas[1], opts.commit_every_s))
     failed = (failed, early) | "AllFailed" >> beam.Flatten()
     _ = (results, failed) | "Write" >> WriteResults(opts.output, *schemas)

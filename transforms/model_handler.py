@@ -142,9 +142,8 @@ class SpecDecModelHandler(ModelHandler[dict, PredictionResult, TextGenerator]):
             self._progress = _Progress()
         try:
             return self._run(batch, model)
-        except Exception as e:
-            if isinstance(e, DeviceLost | PairGone):
-                end_worker(e)
+        except (DeviceLost, PairGone) as e:  # no row can be decoded in this process any more
+            end_worker(e)
             raise
 
     def _run(self, batch: Sequence[dict], model: TextGenerator) -> list[PredictionResult]:
