@@ -137,9 +137,11 @@ class SpeculativeGenerator:
         self.sampling = sampling
         self.gamma_policy = gamma_policy or fixed_gamma
         self.eos = eos_ids(target)
-        draft = self.drafter.model if isinstance(self.drafter, ModelDrafter) else None
-        for model, why in ((target, state_failure(target)), (draft, draft is not None and cache_failure(draft))):
-            if why:
+        checks = [(target, state_failure)]  # (a draft's own numerics may part from an uncached pass)
+        if isinstance(self.drafter, ModelDrafter):
+            checks.append((self.drafter.model, cache_failure))
+        for model, failure in checks:
+            if why := failure(model):
                 raise ValueError(f"{type(model).__name__} {why}: the engines cannot decode it")
         if not isinstance(self.drafter, NoDrafter) and (why := verify_disagreement(target)):
             raise ValueError(f"{type(target).__name__} {why}: a draft's tokens cannot be verified in one pass "

@@ -78,17 +78,23 @@ def _growing(model: PreTrainedModel) -> list[torch.Tensor]:
     return _once(model, ("growing passes",), passes)
 
 
-def _fed_one_at_a_time(model: PreTrainedModel, prompt: list[int], seq: list[int], extra: list[int]) -> torch.Tensor:
-    """The logits after seq's last token and after each of extra[:5], from a growing cache fed one
-    token at a time (as `generate()` feeds it)."""
-    decoder, full = CachedDecoder(model, prompt), seq + extra[:5]
-    if len(seq) > 1:
-        decoder.forward(seq[:-1], 0)
-    return torch.cat([decoder.forward(full[: i + 1], 1) for i in range(len(seq) - 1, len(full))])
+@torch.inference_mode()
+def _fed_one_at_a_time(model: PreTrainedModel) -> torch.Tensor:
+    """The probe's logits after seq's last token and after each of extra[:5], from a growing cache
+    fed one token at a time (as `generate()` feeds it), computed once per model (and kept on the
+    CPU): what the verify and state checks compare with."""
+    def passes() -> torch.Tensor:
+        prompt, seq, extra = _probe(model)
+        decoder, full = CachedDecoder(model, prompt), seq + extra[:5]
+        if len(seq) > 1:
+            decoder.forward(seq[:-1], 0)
+        return torch.cat([decoder.forward(full[: i + 1], 1) for i in range(len(seq) - 1, len(full))]).cpu()
+    return _once(model, ("fed one at a time",), passes)
 
 
-def _uncached(model: PreTrainedModel, prompt: list[int], seq: list[int], extra: list[int]) -> torch.Tensor:
-    """The same logits from one pass over all the tokens, without a cache."""
+def _uncached(model: PreTrainedModel) -> torch.Tensor:
+    """The same logits from one pass over the probe's tokens, without a cache."""
+    prompt, seq, extra = _probe(model)
     full = torch.tensor([seq + extra[:5]], device=model.device)
     if model.config.is_encoder_decoder:
         out = model(input_ids=torch.tensor([prompt], device=model.device), decoder_input_ids=full, use_cache=False)
@@ -97,9 +103,9 @@ def _uncached(model: PreTrainedModel, prompt: list[int], seq: list[int], extra: 
     return out.logits[0, len(seq) - 1 :]
 
 
-def _one_at_a_time(model: PreTrainedModel, prompt: list[int], seq: list[int], extra: list[int]) -> list[torch.Tensor]:
+def _one_at_a_time(model: PreTrainedModel) -> list[torch.Tensor]:
     """`probe_passes`' logits from a growing cache fed one token at a time."""
-    each = _fed_one_at_a_time(model, prompt, seq, extra)
+    each = _fed_one_at_a_time(model)
     return [each[:4], each[3:4], each[4:6]]
 
 
@@ -136,14 +142,13 @@ def state_failure(model: PreTrainedModel) -> str | None:
     def check() -> str | None:
         if why := cache_failure(model):
             return why
-        prompt, seq, extra = _probe(model)
         with torch.inference_mode():
-            each = _fed_one_at_a_time(model, prompt, seq, extra)
             try:
-                whole = _uncached(model, prompt, seq, extra)
+                whole = _uncached(model)
             except Exception:  # (no pass without a cache to compare with: nothing this check can say)
                 return None
-        return _compare([each], [whole], "over a growing key/value cache than in one pass without one", model.dtype)
+        return _compare([_fed_one_at_a_time(model)], [whole],
+                        "over a growing key/value cache than in one pass without one", model.dtype)
     return _once(model, ("state",), check)
 
 
@@ -153,10 +158,8 @@ def verify_disagreement(model: PreTrainedModel) -> str | None:
     def check() -> str | None:
         if why := cache_failure(model):
             return why
-        with torch.inference_mode():
-            want = _one_at_a_time(model, *_probe(model))
-        return _compare(_growing(model), want, "over several tokens in one pass than one token at a time",
-                        model.dtype)
+        return _compare(_growing(model), _one_at_a_time(model),
+                        "over several tokens in one pass than one token at a time", model.dtype)
     return _once(model, ("verify",), check)
 
 

@@ -110,9 +110,7 @@ class PairRouter:
                     self.dead.add(k)
                     alive = len(self.copies) - len(self.dead)
                 log.warning("copy %d of the pair (%s) is gone (%s: %s); %d left", k, self.devices[k],
-                            type(e).__name__, e, alive)
-                if not alive:
-                    raise PairGone(f"every copy of the pair is gone ({len(self.copies)} of {len(self.copies)})") from e
+                            type(e).__name__, e, alive)  # (none left: the next `_take` raises PairGone)
             finally:
                 with self._lock:
                     self._busy[k] -= 1
