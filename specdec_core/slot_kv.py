@@ -60,6 +60,10 @@ class SlotKV(StaticKV):
         super().__init__(model, slots, graphs, max_graph_width, strict, batched=True, compile=compile,
                          min_width=min_width)
         self.pad_id = pad_id
+        # Compiled passes: new rows' one-row prefill graphs replay compiled passes too (at B = 32 on
+        # an H200, GPU-bound, where admissions took half the wall time: 1.33x the uncompiled ones;
+        # BENCHMARKS.md). The batch-1 engine's prefills stay uncompiled: not measured there.
+        self.compile_prefills = compile
         self.lengths = [0] * slots  # per slot: its row's cached tokens (0 when free)
         self.slot_of: list[int] = []  # per row of the batch, in the engine's order: its slot
         self.logits: torch.Tensor | None = None  # the last pass's float32 logits (rows, fed, V)

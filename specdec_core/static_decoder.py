@@ -374,7 +374,7 @@ class StaticKV:
         self._forwards |= {m: self._lookup_forward(m) for m in embeds if position_table(m)}
         self._compiled = torch.compile(self._packed_pass) if compile else None
         # Prompts' prefill passes (one logit kept) through torch.compile too, at a dynamic width:
-        # off until measured on a GPU (the GPU bench's "compiled prefills" turn it on).
+        # on for the batch engine's compiled slots (`SlotKV`), off at batch 1 (not measured there).
         self.compile_prefills = False
         self._compiled_prefill = None
         # With graphs, prompts prefill through graphs of padded widths (`StaticDecoder._prefill`,

@@ -2,7 +2,8 @@
 # The whole GPU check in one call of the GPU machine (see README.md beside this file): wheels it
 # lacks, the CUDA tests, the GPU benchmark in bf16 and fp32, and a whole job on the GPU. Each step
 # has its own time limit and appends to $OUT/log.txt; figures land in $OUT/bench/ as they are made.
-# STEPS picks steps (default: the next session's first call, see README.md beside this file);
+# STEPS picks steps, run one after the other (default: the next session's first call, see README.md
+# beside this file), PARALLEL steps run side by side after them;
 # "tests" runs the CUDA tests but the compiled ones, "tests-compiled" those (each failure's report
 # lands in $OUT/failures.txt as it happens); BATCHED_SIZES: the batched step's B (default 8,32),
 # BATCHED_NEW_TOKENS its new tokens per row (default 32);
@@ -22,8 +23,12 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT/bench"
 LOG="$OUT/log.txt"
 # The GPU machine's Python is 3.12 and lacks Beam and a recent transformers: the carried wheels.
+# Installed once per machine, so that later invocations can run side by side (see PARALLEL below).
 if compgen -G ".whl/*cp312*.whl" >/dev/null && python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
+  if [ ! -e /tmp/site/.installed ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
+    touch /tmp/site/.installed
+  fi
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -62,7 +67,8 @@ SINGLE_INCLUDE=${SINGLE_INCLUDE:-'^(HF generate, static cache \+ compile|ours, d
 # chained drafts, and passes compiled before capture (both compile in the warm-up).
 COMPILED="--dtype bfloat16 --hf_compile --torch_compile"
 if [ "${BEFORE:-0}" = 1 ]; then BF16="$BF16 --batched_before"; else BF16="$BF16 --include ^(?!.*cuDNN)"; fi
-for s in $STEPS; do
+run_step() {
+  local s=$1
   case $s in
     # -v: a run cut short still shows each test it ended; failures.txt: why each failed, as it fails.
     tests) FAILURES_FILE="$OUT/failures.txt" step tests 330 $PY -m pytest -v -p no:cacheprovider -p tests.failures_now \
@@ -105,7 +111,12 @@ print(f'job rows: {ok} results, {bad} failed, of 64'); raise SystemExit(ok + bad
       --include '^(ours, (draft|target alone)(, eager)?|ours, draft, chained)$' --out "$OUT/bench" ;;
     *) echo "unknown step $s" >>"$LOG" ;;
   esac
-done
+}
+for s in $STEPS; do run_step "$s"; done
+# PARALLEL: steps run side by side after STEPS (each under its own limit), for checks that time
+# nothing, so that they share one call: e.g. PARALLEL="tests tests-compiled job".
+for s in ${PARALLEL:-}; do run_step "$s" & done
+wait
 # At most 8 files come back from the GPU machine: the JSON holds every figure (the tables are
 # rebuilt from it with `python -m pipeline.bench.gpu --report FILE`).
 rm -f "$OUT"/bench/*.md "$OUT"/bench/*/*.md

@@ -239,6 +239,11 @@ def _alone(name: str) -> str:
     return name.replace("draft", "target alone").replace(", chained", "").replace(", adaptive gamma", "")
 
 
+# What every configuration is compared against, run whatever --include picks (HF's compiled
+# generate where --hf_compile asks for it).
+REFERENCES = ("HF generate", "HF generate, static cache + compile")
+
+
 def _order(name: str) -> int:
     """When a configuration runs (`run_single`, `run_batched`): 0 those that compile nothing, 1 ours
     compiled (a run cut short while compiling keeps the others' figures), 2 HF's compiled
@@ -269,7 +274,7 @@ def run_single(target, draft, args, save: Callable[[dict], None] = lambda partia
     the figures so far after each prompt."""
     device = target.device
     configs = {name: fn for name, fn in single_configs(target, draft, args).items()
-               if name in ("HF generate", "ours, target alone, eager") or re.search(args.include, name)}
+               if name in REFERENCES + ("ours, target alone, eager",) or re.search(args.include, name)}
     warm = distinct_prompts(args.warmup, args.min_len, args.max_len, target.config.vocab_size, seed=1000)
     prompts = distinct_prompts(args.prompts, args.min_len, args.max_len, target.config.vocab_size, seed=1)
     rows = {name: {"seconds": 0.0, "tokens": 0, "drafted": 0, "accepted": 0, "rounds": 0, "setup_s": 0.0}
@@ -340,7 +345,7 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
         return lambda items: hf(batch_size, items, **_hf_static_compiled(args, n))
 
     def ours(batch_size: int, drafter, graphs: str = "auto", before: bool = False, compiled: bool = False,
-             graph_prefills: bool = True, compiled_prefills: bool = False, graph_prefill_rows: int | None = None,
+             graph_prefills: bool = True, compiled_prefills: bool | None = None, graph_prefill_rows: int | None = None,
              adaptive: bool = False):
         # One engine per configuration: its static slots and graphs are made once, in the warm-up.
         engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=g,
@@ -348,7 +353,9 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
                                            gamma_policy=AdaptiveGamma(max_gamma=g) if adaptive else None)
         for kv in engine.slots.values():
             if kv is not None:
-                kv.graph_prefills, kv.compile_prefills = graph_prefills, compiled_prefills
+                kv.graph_prefills = graph_prefills
+                if compiled_prefills is not None:  # else the engine's default (compiled with its passes)
+                    kv.compile_prefills = compiled_prefills
                 kv.graph_prefill_rows = graph_prefill_rows
         if before:  # as the engine was: each row's picks read back on their own, cuDNN attention allowed
             engine._argmax_rows = lambda live, logits: None
@@ -373,12 +380,11 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
         if args.torch_compile:
             configs["ours, target alone, compiled"] = ours(b, NoDrafter(), compiled=True)
             configs["ours, draft, chained, compiled"] = ours(b, ModelDrafter(draft, chain=True), compiled=True)
-            # New rows' prefill graphs compiled too; or rows admitted 4 or more at a time prefilled
-            # in one padded eager pass (on the H200 an eager pass of the 1.1B target took 13-15 ms,
-            # launch-bound; a one-row prefill graph about 4 ms by the B = 32 admissions' share of
-            # the wall time). Neither is a default until measured here.
-            configs["ours, draft, chained, compiled, compiled prefills"] = ours(
-                b, ModelDrafter(draft, chain=True), compiled=True, compiled_prefills=True)
+            # New rows' prefill graphs uncompiled (as before they were compiled with the passes); or
+            # rows admitted 4 or more at a time prefilled in one padded eager pass (on the H200 an
+            # eager pass of the 1.1B target took 13-15 ms, launch-bound), not a default.
+            configs["ours, draft, chained, compiled, uncompiled prefills"] = ours(
+                b, ModelDrafter(draft, chain=True), compiled=True, compiled_prefills=False)
             configs["ours, draft, chained, compiled, eager prefills of 4+ rows"] = ours(
                 b, ModelDrafter(draft, chain=True), compiled=True, graph_prefill_rows=3)
             configs["ours, target alone, compiled, eager prefills of 4+ rows"] = ours(
@@ -398,7 +404,7 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
                 configs["ours, draft, per-row picks, cuDNN attention"] = ours(
                     b, ModelDrafter(draft, cuda_graphs="off"), "off", before=True)
         configs = {name: configs[name] for name in sorted(configs, key=_order)
-                   if name in ("HF generate", "ours, target alone") or re.search(args.include, name)}
+                   if name in REFERENCES + ("ours, target alone",) or re.search(args.include, name)}
         row: dict[str, dict] = {}
         outs: dict[str, list[list[int]]] = {}
         results[str(b)] = row
@@ -681,8 +687,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also ours as it was (per-row picks, cuDNN attention): batched at the first batch size, "
                         "and in the profile")
     p.add_argument("--include", default="", metavar="REGEX",
-                   help="only the configurations whose names match (the references always run: HF generate, and "
-                        "ours alone, eager at batch 1, as it runs batched)")
+                   help="only the configurations whose names match (the references always run: HF generate, with "
+                        "--hf_compile also compiled, and ours alone, eager at batch 1, as it runs batched)")
     p.add_argument("--hf_compile", action="store_true",
                    help="also HF generate with a static cache and torch.compile (compiles during warm-up)")
     p.add_argument("--torch_compile", action="store_true",
