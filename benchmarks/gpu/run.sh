@@ -62,7 +62,7 @@ else
 fi
 ONE=${SINGLE_ARGS:-$ONE}  # e.g. fewer prompts where device time is short
 BATCHED_INCLUDE=${BATCHED_INCLUDE:-'chained|compile|prefills'}
-SINGLE_INCLUDE=${SINGLE_INCLUDE:-'^(HF generate, static cache \+ compile|ours, draft(, chained)?(, compiled)?|ours, target alone, compiled)$'}
+SINGLE_INCLUDE=${SINGLE_INCLUDE:-'^(HF generate, static cache \+ compile|ours, draft(, chained)?(, compiled(, compiled prefills)?)?|ours, target alone, compiled)$'}
 # The targets' comparison: HF generate with a static cache and torch.compile against ours with graphs,
 # chained drafts, and passes compiled before capture (both compile in the warm-up).
 COMPILED="--dtype bfloat16 --hf_compile --torch_compile"

@@ -198,11 +198,14 @@ def single_configs(target, draft, args) -> dict[str, Callable[[list[int]], tuple
             return out[0, skip(ids):].tolist(), {}
         return fn
 
-    def ours(drafter, cudnn: bool, graphs: str, compiled: bool = False):
+    def ours(drafter, cudnn: bool, graphs: str, compiled: bool = False, compiled_prefills: bool = False):
         engine = SpeculativeGenerator(target, drafter, num_speculative_tokens=g, max_new_tokens=n, cuda_graphs=graphs,
                                       torch_compile=compiled)
 
         caches = (engine.static, getattr(drafter, "static", None))
+        for kv in caches:
+            if kv is not None:
+                kv.compile_prefills = compiled_prefills
 
         def fn(ids):
             setup = setup_seconds(*caches)
@@ -231,6 +234,10 @@ def single_configs(target, draft, args) -> dict[str, Callable[[list[int]], tuple
         configs["ours, target alone, compiled"] = ours(NoDrafter(), False, "auto", True)
         configs["ours, draft, chained, compiled"] = ours(
             ModelDrafter(draft, cuda_graphs="auto", chain=True, torch_compile=True), False, "auto", True)
+        # Prompts' prefill graphs compiled too, as the batch engine's are (not a default at batch 1
+        # until measured here).
+        configs["ours, draft, chained, compiled, compiled prefills"] = ours(
+            ModelDrafter(draft, cuda_graphs="auto", chain=True, torch_compile=True), False, "auto", True, True)
     return configs
 
 
@@ -504,10 +511,11 @@ def run_profile(target, draft, args, save: Callable[[dict], None] = lambda parti
 
 def run_profile_batched(target, draft, args, save: Callable[[dict], None] = lambda partial: None) -> dict:
     """Ours batched at the first of `--batch_sizes` (fixed slots and graphs where the model allows),
-    the target alone and the draft chained, each over twice that many fresh prompts after a warm-up
-    on as many: where a batched round's time goes, and the share of it spent admitting rows; with
-    `--hf_compile`, HF's compiled `generate()` over the same prompts first, whose GPU kernel time
-    and top kernels ours' compare with."""
+    the target alone and the draft chained (compiled with `--torch_compile`, as a GPU job runs
+    them), each over twice that many fresh prompts after a warm-up on as many: where a batched
+    round's time goes, and the share of it spent admitting rows; with `--hf_compile`, HF's
+    compiled `generate()` over the same prompts first, whose GPU kernel time and top kernels ours'
+    compare with."""
     b, n = args.batch_sizes[0], args.batch_max_new_tokens or args.max_new_tokens
     out = {}
     if args.hf_compile:
@@ -527,10 +535,11 @@ def run_profile_batched(target, draft, args, save: Callable[[dict], None] = lamb
         _sync(target.device)
         hf["admit_s"] = time.perf_counter() - t0
         save(dict(out))
-    for i, (label, drafter) in enumerate(((f"B={b}, target alone", NoDrafter()),
-                                          (f"B={b}, draft, chained", ModelDrafter(draft, chain=True)))):
+    compiled = ", compiled" if args.torch_compile else ""  # as a GPU job runs, its passes compiled
+    for i, (label, drafter) in enumerate(((f"B={b}, target alone{compiled}", NoDrafter()),
+                                          (f"B={b}, draft, chained{compiled}", ModelDrafter(draft, chain=True)))):
         engine = BatchSpeculativeGenerator(target, drafter, batch_size=b, num_speculative_tokens=args.gamma,
-                                           max_new_tokens=n)
+                                           max_new_tokens=n, torch_compile=args.torch_compile)
         warm, ids = (distinct_prompts(2 * b, args.min_len, args.max_len, target.config.vocab_size, seed=s)
                      for s in (5000 + i, 6000 + i))
         engine.generate_many([(p, 0) for p in warm])
