@@ -147,6 +147,19 @@ def test_valid_tables_read_as_beam_reads_them():
     assert table_rows(table, "prompt") == list(_ArrowTableToRowDictionaries().process(table))
 
 
+def test_a_bad_value_of_a_dictionary_encoded_column_is_shown_as_its_text():
+    """A failed row shows the U+FFFD form of a bad value in a dictionary-encoded column (a pandas
+    categorical) as in a plain one, not a null."""
+    from specdec_core.text import NotUtf8
+    from transforms.prompts import table_rows
+
+    table = pa.table({"id": ["a", "b"], "prompt": ["hi", "there"],
+                      "topic": not_utf8(["t", b"caf\xe9"]).dictionary_encode()})
+    rows = table_rows(table, "prompt")
+    assert rows[0] == {"id": "a", "prompt": "hi", "topic": "t"}
+    assert rows[1]["topic"] == "caf\ufffd" and isinstance(rows[1]["prompt"], NotUtf8)
+
+
 @pytest.mark.parametrize(("kind", "graphs"), [("gpt2", "auto"), ("bart", "auto"), ("gpt2", "on"), ("bart", "on")])
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 def test_greedy_job_output_equals_target_generate(tmp_path, saved_pairs, kind, drafter, graphs):

@@ -28,9 +28,13 @@ def _decoded(column: pa.ChunkedArray) -> list:
 
 
 def _shown(column: pa.ChunkedArray, i: int) -> str | None:
-    """A text value with U+FFFD for its bad bytes (None for other types): what a failed row can hold."""
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        return column[i].cast(pa.binary()).as_py().decode("utf-8", "replace")
+    """A text value with U+FFFD for its bad bytes (None for other types): what a failed row can
+    hold. A dictionary-encoded column's value is its dictionary's."""
+    value = column[i]
+    if isinstance(value, pa.DictionaryScalar):
+        value = value.value
+    if pa.types.is_string(value.type) or pa.types.is_large_string(value.type):
+        return value.cast(pa.binary()).as_py().decode("utf-8", "replace")
     return None
 
 
