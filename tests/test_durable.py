@@ -51,6 +51,20 @@ def test_reader_counts_each_id_once_and_results_win_over_failed(tmp_path):
     assert both["id"].to_pylist() == ["a", "b", None, "e"]
 
 
+def test_ids_dictionary_encoded_as_the_input_was_are_read_as_their_values(tmp_path):
+    """A job passes a dictionary-encoded id column (a pandas categorical) through as it is: the
+    reader (and so `pipeline.report`) takes it as its values."""
+    prefix = str(tmp_path / "gens")
+    ids = pa.array(["a", "b"]).dictionary_encode()
+    pq.write_table(pa.table({"id": ids, "generation": ["A", "B"]}), f"{prefix}-00000-of-00001.parquet")
+    pq.write_table(pa.table({"id": pa.array(["b", "c"]).dictionary_encode(), "prompt": ["", ""],
+                             "error_type": ["EmptyPrompt"] * 2, "error_message": ["m"] * 2}),
+                   f"{prefix}-failed-00000-of-00001.parquet")
+    results, failed = read_outputs(prefix)
+    assert results.schema.field("id").type == pa.string() and results["id"].to_pylist() == ["a", "b"]
+    assert failed["id"].to_pylist() == ["c"]
+
+
 def test_reader_of_an_empty_prefix(tmp_path):
     assert read_outputs(str(tmp_path / "nothing")) == (None, None)
 

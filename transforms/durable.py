@@ -203,8 +203,17 @@ def _read(paths: list[str]) -> pa.Table | None:
     tables = []
     for path in paths:
         with FileSystems.open(path) as f:
-            tables.append(pq.read_table(f).replace_schema_metadata(None))
+            tables.append(_plain(pq.read_table(f).replace_schema_metadata(None)))
     return pa.concat_tables(tables, promote_options="default") if tables else None
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """Dictionary-encoded columns (an input's pandas categorical, passed through as it was) as
+    their values' type, which Arrow's matching and grouping by id need."""
+    for i, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
+    return table
 
 
 def _first_per_key(table: pa.Table, keys: list[str]) -> pa.Table:
