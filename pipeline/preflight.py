@@ -88,18 +88,28 @@ def _writable_as(later: pa.DataType, first: pa.DataType) -> bool:
     return pa.types.is_null(later) or _plain(later) == _plain(first)
 
 
-def _check_shards(opts: SpecDecOptions, shards: list[tuple[str, pa.Schema]]) -> None:
-    """Every input file has the columns the job reads, its ids and passed-through columns of the
-    first file's types (the output files have one schema). A later file's prompts of another
-    type fail as rows, each with its reason (the first file's stop the job: `conversation_column`)."""
-    first = shards[0][1]
+def _check_shards(opts: SpecDecOptions, shards: list[tuple[str, pa.Schema]]) -> pa.Schema:
+    """Every input file has the columns the job reads, its ids and passed-through columns of one
+    type (the output files have one schema): the first file's, or for a column of nulls only there,
+    the first file's that holds values. A later file's prompts of another type fail as rows, each
+    with its reason (the first file's stop the job: `conversation_column`). Returns the first
+    file's schema with those types."""
+    (where, first), typed = shards[0], {}
+    for _, col in _columns_read(opts):
+        typed[col] = next(((path, schema.field(col).type) for path, schema in shards
+                           if col in schema.names and not pa.types.is_null(schema.field(col).type)),
+                          (where, first.field(col).type))
     for path, schema in shards[1:]:
         for flag, col in _columns_read(opts):
             if col not in schema.names:
-                raise JobConfigError(f"--input: {path} has no {col!r} column ({flag}), which {shards[0][0]} has")
-            if flag != "--prompt_column" and not _writable_as(schema.field(col).type, first.field(col).type):
+                raise JobConfigError(f"--input: {path} has no {col!r} column ({flag}), which {where} has")
+            source, typ = typed[col]
+            if flag != "--prompt_column" and not _writable_as(schema.field(col).type, typ):
                 raise JobConfigError(f"--input: {path}'s {col!r} column ({flag}) is {schema.field(col).type}, "
-                                     f"{shards[0][0]}'s is {first.field(col).type}")
+                                     f"{source}'s is {typ}")
+    for col, (_, typ) in typed.items():
+        first = first.set(first.get_field_index(col), first.field(col).with_type(typ))
+    return first
 
 
 def conversation_column(schema: pa.Schema, column: str) -> bool:
@@ -273,7 +283,7 @@ def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
         if results:
             with FileSystems.open(results[0]) as f:
                 found = pq.read_schema(f).field("id").type
-            if found != id_type:
+            if _plain(found) != _plain(id_type):  # (ids match as Python values)
                 raise JobConfigError(f"--resume_from {prefix!r}: its ids are {found}, the input's "
                                      f"{opts.id_column!r} column is {id_type}")
 
@@ -352,9 +362,8 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     if not opts.commit_every_s >= 0:
         raise JobConfigError(f"--commit_every_s must be >= 0, got {opts.commit_every_s}")
     shards = input_schemas(opts.input)
-    schema = shards[0][1]
-    _check_columns(opts, schema)
-    _check_shards(opts, shards)
+    _check_columns(opts, shards[0][1])
+    schema = _check_shards(opts, shards)
     trust = opts.trust_remote_code
     models = [("--target_model", opts.target_model)] + (
         [("--draft_model", opts.draft_model)] if opts.drafter == "model" else [])

@@ -311,6 +311,29 @@ def test_input_files_that_cannot_make_one_output_stop_before_any_work(tmp_path, 
                                                                                               "3": None}
 
 
+def test_file_order_and_string_layouts_do_not_decide_whether_a_job_runs(tmp_path, saved_pairs):
+    """A passed-through column of nulls only in the first file takes a later file's type (it was
+    refused, while the same files named the other way round ran); an earlier run's string ids
+    resume an input whose ids are large strings (pandas 3, Polars)."""
+    target, _ = saved_pairs["llama"]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    pq.write_table(pa.table({"id": ["1"], "prompt": ["hi"], "ref": pa.array([None], pa.null())}), folder / "a.parquet")
+    pq.write_table(pa.table({"id": ["2"], "prompt": ["there"], "ref": ["b"]}), folder / "b.parquet")
+    common = ["--target_model", str(target), "--drafter", "none", "--max_new_tokens", "2"]
+    assert main(["--input", str(folder / "*.parquet"), "--output", str(tmp_path / "one/gens"),
+                 "--passthrough_columns", "ref", *common]) == 0
+    results = read(str(tmp_path / "one/gens-0*.parquet"))
+    assert results.schema.field("ref").type == pa.string()
+    assert dict(zip(results["id"].to_pylist(), results["ref"].to_pylist(), strict=True)) == {"1": None, "2": "b"}
+    large = tmp_path / "large.parquet"
+    pq.write_table(pa.table({"id": pa.array(["1", "2", "3"], pa.large_string()), "prompt": ["hi", "there", "x"]}),
+                   large)
+    assert main(["--input", str(large), "--output", str(tmp_path / "two/gens"),
+                 "--resume_from", str(tmp_path / "one/gens"), *common]) == 0
+    assert read(str(tmp_path / "two/gens-0*.parquet"))["id"].to_pylist() == ["3"]
+
+
 def test_plain_direct_runner_does_not_try_to_download_prism(tmp_path, saved_pairs, caplog):
     target, draft = saved_pairs["llama"]
     with caplog.at_level(logging.INFO):
