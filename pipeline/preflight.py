@@ -207,6 +207,25 @@ def _check_model_path(flag: str, path: str, trust: bool = False) -> None:
             raise JobConfigError(f"{flag} {path!r}: cannot load the model config ({type(e).__name__})") from e
 
 
+def _check_tokenizer_path(path: str, trust: bool) -> None:
+    """`--tokenizer`: a directory here, a gs:// directory with a tokenizer's files, or a hub id that
+    loads (the workers would fail on every row otherwise, whatever the drafter)."""
+    if path.startswith("gs://"):
+        base = path.rstrip("/")
+        if not any(FileSystems.exists(f"{base}/{name}") for name in ("tokenizer_config.json", "tokenizer.json")):
+            raise JobConfigError(f"--tokenizer {path!r}: no tokenizer_config.json or tokenizer.json there")
+    elif os.path.exists(path) or path.startswith((".", "/", "~")):
+        if not os.path.isdir(os.path.expanduser(path)):
+            raise JobConfigError(f"--tokenizer {path!r}: no such directory")
+    else:  # a hub id: transformers resolves it (from the local cache when offline)
+        from specdec_core.loading import load_tokenizer
+
+        try:
+            load_tokenizer(path, trust)
+        except Exception as e:
+            raise JobConfigError(f"--tokenizer {path!r}: cannot load a tokenizer ({type(e).__name__})") from e
+
+
 def _check_pair(opts: SpecDecOptions) -> str | None:
     """Kind check and the drafting mode (same- or cross-tokenizer, logged), where both models are
     local (gs:// pairs are checked on load); None when not checked here."""
@@ -228,7 +247,8 @@ def _check_pair(opts: SpecDecOptions) -> str | None:
     try:
         target_tokenizer = load_tokenizer(opts.tokenizer or opts.target_model, trust)
     except Exception as e:
-        raise JobConfigError(f"--tokenizer/--target_model: cannot load a tokenizer ({type(e).__name__}: {e})") from e
+        flag, path = ("--tokenizer", opts.tokenizer) if opts.tokenizer else ("--target_model", opts.target_model)
+        raise JobConfigError(f"{flag} {path!r}: cannot load a tokenizer ({type(e).__name__})") from e
     draft_tokenizer = draft_tokenizer_for(opts.draft_model, target_tokenizer, trust)
     try:
         mode = check_compatible(*(AutoConfig.from_pretrained(p, trust_remote_code=trust) for p in paths),
@@ -372,8 +392,8 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     for flag, path in models:  # before anything that hands a model directory to transformers
         _check_remote_code(flag, path, trust)
     _check_model_path("--target_model", opts.target_model, trust)
-    if opts.tokenizer and opts.tokenizer.startswith((".", "/", "~")) and not os.path.isdir(opts.tokenizer):
-        raise JobConfigError(f"--tokenizer {opts.tokenizer!r}: no such directory")
+    if opts.tokenizer:
+        _check_tokenizer_path(opts.tokenizer, trust)
     if opts.drafter == "model":
         _check_model_path("--draft_model", opts.draft_model, trust)
         _check_pair(opts)

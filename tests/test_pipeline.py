@@ -249,6 +249,9 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         "the input has 2 columns named 'id'": ["--input", str(doubled)] + base[2:] + ["--draft_model", str(draft)],
         "temperature must be a finite number >= 0, got nan": base + ["--drafter", "none", "--temperature", "nan"],
         "--ngram_min_size 1 and --ngram_max_size 0": base + ["--drafter", "ngram", "--ngram_max_size", "0"],
+        # a name, not a path: a hub id that does not resolve (it failed every row on the workers)
+        "--tokenizer 'nosuch_tok': cannot load a tokenizer": base + ["--drafter", "ngram", "--tokenizer", "nosuch_tok"],
+        "--tokenizer 'my_tok': cannot load a tokenizer": base + ["--draft_model", str(draft), "--tokenizer", "my_tok"],
     }
     capsys.readouterr()
     for needle, args in cases.items():
