@@ -305,11 +305,11 @@ def check_fit(opts: SpecDecOptions) -> list[Copy] | None:
         return None
     copies = placement.plan_copies(opts.device, opts.device_map, worker.gpus, need)
     _PLANS[_key(opts)] = worker, copies
-    log.info("worker GPUs: %s; %s; each copy needs %s (%s: %d)", worker.source, placement.describe_plan(copies),
-             placement.gib(need.total), how, tokens)
     problem = placement.fit_problem(need, worker.gpus, copies, batch_size=opts.batch_size,
                                     device_map=opts.device_map,
                                     tokens=row_tokens(opts, target, tokens))
-    if problem:
+    if problem:  # (its one line only: the plan is logged for a pair that fits)
         raise ValueError(f"{problem} ({worker.source})")
+    log.info("worker GPUs: %s; %s; each copy needs %s (%s: %d)", worker.source, placement.describe_plan(copies),
+             placement.gib(need.total), how, tokens)
     return copies

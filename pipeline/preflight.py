@@ -227,7 +227,7 @@ def _check_tokenizer_path(path: str, trust: bool) -> None:
 
 
 def _check_pair(opts: SpecDecOptions) -> str | None:
-    """Kind check and the drafting mode (same- or cross-tokenizer, logged), where both models are
+    """Kind check and the drafting mode (same- or cross-tokenizer) in words, where both models are
     local (gs:// pairs are checked on load); None when not checked here."""
     paths = [opts.target_model, opts.draft_model]
     if any(p.startswith("gs://") for p in paths):
@@ -259,8 +259,7 @@ def _check_pair(opts: SpecDecOptions) -> str | None:
         raise JobConfigError(f"--batch_size {opts.batch_size}: --draft_model {opts.draft_model!r} has another "
                              "tokenizer than the target, and cross-tokenizer drafting runs one item at a time "
                              "(use --batch_size 1)")
-    log.info("--draft_model %s: %s", opts.draft_model, describe_mode(mode, target_tokenizer, draft_tokenizer))
-    return mode
+    return describe_mode(mode, target_tokenizer, draft_tokenizer)
 
 
 def is_dry_run(opts: SpecDecOptions) -> bool:
@@ -394,9 +393,10 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_model_path("--target_model", opts.target_model, trust)
     if opts.tokenizer:
         _check_tokenizer_path(opts.tokenizer, trust)
+    mode = None
     if opts.drafter == "model":
         _check_model_path("--draft_model", opts.draft_model, trust)
-        _check_pair(opts)
+        mode = _check_pair(opts)
     _check_chat(opts, schema)
     _check_output(opts)
     _check_resume(opts, schema)
@@ -404,6 +404,8 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_context(opts)
     _check_cuda_graphs(opts)
     _check_fit(opts)
+    if mode:  # (logged once every check passed: a refused job prints its one line only)
+        log.info("--draft_model %s: %s", opts.draft_model, mode)
     return schema
 
 

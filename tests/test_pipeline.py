@@ -314,6 +314,21 @@ def test_input_files_that_cannot_make_one_output_stop_before_any_work(tmp_path, 
                                                                                               "3": None}
 
 
+def test_a_refusal_after_the_pairs_check_is_one_line_on_stderr(tmp_path, saved_pairs):
+    """The command as a user runs it: the drafting mode, logged by the pair's check, is logged only
+    once every check passed (it came first on stderr, two lines)."""
+    import subprocess
+    import sys
+
+    target, draft = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": GOOD[0]}])
+    child = subprocess.run([sys.executable, "-m", "pipeline.run", "--input", src, "--output", str(tmp_path / "gens"),
+                            "--target_model", str(target), "--draft_model", str(draft), "--chat_template"],
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 2
+    assert child.stderr.strip().splitlines() == [child.stderr.strip()] and "has no chat template" in child.stderr
+
+
 def test_file_order_and_string_layouts_do_not_decide_whether_a_job_runs(tmp_path, saved_pairs):
     """A passed-through column of nulls only in the first file takes a later file's type (it was
     refused, while the same files named the other way round ran); an earlier run's string ids
