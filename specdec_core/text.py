@@ -409,7 +409,9 @@ class TextGenerator:
         if is_conversation(prompt) or self.chat_template:
             ids = self.chat_ids(check_conversation(prompt))
         else:
-            ids = self.tokenizer(check_prompt(prompt))["input_ids"]
+            # verbose=False: no "longer than the maximum ... indexing errors" warning; the length
+            # checks below fail such a row with the model's own limit
+            ids = self.tokenizer(check_prompt(prompt), verbose=False)["input_ids"]
         if not ids:
             raise EmptyPrompt("prompt tokenizes to no tokens")
         n, budget = self.engine.max_new_tokens, self.context
@@ -434,7 +436,7 @@ class TextGenerator:
 
         try:
             encoded = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                         return_dict=True)
+                                                         return_dict=True, tokenizer_kwargs={"verbose": False})
         except (TemplateError, ValueError) as e:  # the template's raise_exception(), or no template
             raise ChatTemplateError(f"chat template: {e}") from e
         return list(encoded["input_ids"])
