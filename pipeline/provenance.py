@@ -64,3 +64,18 @@ def placement_record(opts: SpecDecOptions) -> dict:
 
 def with_provenance(schema: pa.Schema, record: dict) -> pa.Schema:
     return schema.with_metadata({**(schema.metadata or {}), KEY: json.dumps(record, sort_keys=True, default=str)})
+
+
+def read_record(prefix: str) -> dict | None:
+    """The record a run's output files carry (the first result file's), or None: files of a job
+    before records, or written by something else."""
+    import pyarrow.parquet as pq
+    from apache_beam.io.filesystems import FileSystems
+
+    from transforms.durable import match, result_patterns
+
+    for path in match(result_patterns(prefix))[:1]:
+        with FileSystems.open(path) as f:
+            raw = (pq.read_metadata(f).metadata or {}).get(KEY.encode())
+        return json.loads(raw) if raw else None
+    return None

@@ -235,6 +235,26 @@ def _table(pattern: str) -> pa.Table:
 
 
 @pytest.mark.slow
+def test_a_baseline_that_drafted_is_refused_and_another_target_is_said(two_runs, tmp_path, capsys):
+    """Its files say how it ran: a drafted run as the baseline gave c, v and a speed-up against
+    steps that were not the target's alone, without a word."""
+    _, p = two_runs
+    assert report.main([p["base"], "--baseline", p["spec"]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --baseline") and "a --drafter model run" in err and "\n" not in err
+    # the same baseline files under another target's name: reported, with a note
+    other = tmp_path / "base"
+    other.mkdir()
+    for f in Path(p["base"]).parent.glob("gens-0*.parquet"):
+        table = pq.read_table(f)
+        record = json.loads(table.schema.metadata[b"specdec_run"])
+        record["target_model"] = "/elsewhere/target"
+        pq.write_table(table.replace_schema_metadata({"specdec_run": json.dumps(record)}), other / f.name)
+    assert report.main([p["spec"], "--baseline", str(other / "gens")]) == 0
+    out = capsys.readouterr()
+    assert "note: --baseline" in out.err and "/elsewhere/target" in out.err and "speed-up" in out.out
+
+
 def test_report_figures_match_the_files(two_runs, capsys):
     from rouge_score import rouge_scorer
 

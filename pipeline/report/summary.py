@@ -17,6 +17,7 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser
+from pipeline.provenance import read_record
 from pipeline.quality import METRICS
 from pipeline.report.stats import (
     Summary,
@@ -62,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, KeyError) as e:
         print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
+    if args.baseline:  # what its files say made them: c, v and the speed-up count its steps as the target's
+        made, run = read_record(args.baseline) or {}, read_record(args.prefix) or {}
+        if made.get("drafter", "none") != "none":
+            print(f"error: --baseline {args.baseline}: a --drafter {made['drafter']} run; the baseline is a "
+                  "--drafter none run of the same prompts (its steps are the target's alone)", file=sys.stderr)
+            return 2
+        if made.get("target_model", run.get("target_model")) != run.get("target_model", made.get("target_model")):
+            print(f"note: --baseline {args.baseline} ran --target_model {made['target_model']}, this run "
+                  f"{run['target_model']}", file=sys.stderr)
     stats = run_stats(results, failed)
     try:
         comparison = compare(results, base) if base is not None else None
