@@ -118,6 +118,8 @@ def test_a_run_with_no_generated_rows_still_reports():
     stats = run_stats(empty, failed_table([("e", "EmptyPrompt")]))
     text = dict(row for _, rows in sections(stats, compare(empty, result_table(BASE))) for row in rows)
     assert text["prompts"] == "1 (0 generated, 1 failed)" and text["speed-up per item"] == "n/a"
+    assert text["tokens per target step"] == text["latency p50 / p95 / p99"] == "n/a"  # (they read 0 before)
+    assert text["throughput (new tokens / summed generation time)"] == "n/a"
     figures = report_html.plots(stats)
     assert [p.title for p in figures if p.png is not None] == ["Failed rows by type"]
 

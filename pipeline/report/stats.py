@@ -314,7 +314,7 @@ def sections(stats: RunStats, comparison: Comparison | None = None,
         ("drafted / accepted tokens", f"{stats.drafted} / {stats.accepted}"),
         ("acceptance (accepted / drafted)", _f(s.acceptance, ".3f")),
         ("acceptance per item", stats.acceptance_items.text(".3f")),
-        ("tokens per target step", f"{s.tokens_per_step:.2f}"),
+        ("tokens per target step", _f(s.tokens_per_step if stats.results else None, ".2f")),
         ("tokens per target step per item", stats.tokens_per_step_items.text(".2f")),
         ("mean draft step", _f(None if stats.draft_step_s is None else stats.draft_step_s * 1e3, ".2f", " ms")),
         ("mean target verify pass", _f(None if stats.verify_pass_s is None else stats.verify_pass_s * 1e3,
@@ -323,10 +323,11 @@ def sections(stats: RunStats, comparison: Comparison | None = None,
     ]
     speed = [
         ("latency p50 / p95 / p99",
-         f"{s.latency_p50_s:.3f} s / {s.latency_p95_s:.3f} s / {s.latency_p99_s:.3f} s"),
+         f"{s.latency_p50_s:.3f} s / {s.latency_p95_s:.3f} s / {s.latency_p99_s:.3f} s" if stats.results else "n/a"),
         ("time to first token", stats.ttft.text(".3f", " s")),
         ("generation time, summed over items", f"{s.total_latency_s:.2f} s"),
-        ("throughput (new tokens / summed generation time)", f"{s.tokens_per_s:.1f} tokens/s"),
+        ("throughput (new tokens / summed generation time)",
+         _f(s.tokens_per_s if stats.results else None, ".1f", " tokens/s")),
     ]
     out: list[Section] = [("Run", run), ("Speculation", spec), ("Speed", speed)]
     if comparison is not None:
