@@ -65,6 +65,10 @@ def _check_columns(opts: SpecDecOptions, schema: pa.Schema) -> None:
     clash = [c for c in opts.passthrough() if c in taken]
     if clash:
         raise JobConfigError(f"--passthrough_columns {clash[0]!r} clashes with an output column of that name")
+
+
+def _check_id_type(opts: SpecDecOptions, schema: pa.Schema) -> None:
+    """schema: the input's, each column of the first file's type with values (`_check_shards`)."""
     id_type = schema.field(opts.id_column).type
     if pa.types.is_temporal(id_type) or pa.types.is_decimal(id_type):
         raise JobConfigError(f"--id_column {opts.id_column!r} is {id_type}, which Beam cannot encode "
@@ -91,11 +95,13 @@ def _writable_as(later: pa.DataType, first: pa.DataType) -> bool:
 def _check_shards(opts: SpecDecOptions, shards: list[tuple[str, pa.Schema]]) -> pa.Schema:
     """Every input file has the columns the job reads, its ids and passed-through columns of one
     type (the output files have one schema): the first file's, or for a column of nulls only there,
-    the first file's that holds values. A later file's prompts of another type fail as rows, each
-    with its reason (the first file's stop the job: `conversation_column`). Returns the first
-    file's schema with those types."""
+    the first file's that holds values. Prompts keep the first file's type: a later file's prompts
+    of another type fail as rows, each with its reason (the first file's stop the job:
+    `conversation_column`). Returns the first file's schema with those types."""
     (where, first), typed = shards[0], {}
-    for _, col in _columns_read(opts):
+    for flag, col in _columns_read(opts):
+        if flag == "--prompt_column":  # (the first file's: a later file's prompts fail as rows)
+            continue
         typed[col] = next(((path, schema.field(col).type) for path, schema in shards
                            if col in schema.names and not pa.types.is_null(schema.field(col).type)),
                           (where, first.field(col).type))
@@ -103,8 +109,10 @@ def _check_shards(opts: SpecDecOptions, shards: list[tuple[str, pa.Schema]]) -> 
         for flag, col in _columns_read(opts):
             if col not in schema.names:
                 raise JobConfigError(f"--input: {path} has no {col!r} column ({flag}), which {where} has")
+            if flag == "--prompt_column":
+                continue
             source, typ = typed[col]
-            if flag != "--prompt_column" and not _writable_as(schema.field(col).type, typ):
+            if not _writable_as(schema.field(col).type, typ):
                 raise JobConfigError(f"--input: {path}'s {col!r} column ({flag}) is {schema.field(col).type}, "
                                      f"{source}'s is {typ}")
     for col, (_, typ) in typed.items():
@@ -210,10 +218,12 @@ def _check_model_path(flag: str, path: str, trust: bool = False) -> None:
 def _check_tokenizer_path(path: str, trust: bool) -> None:
     """`--tokenizer`: a directory here, a gs:// directory with a tokenizer's files, or a hub id that
     loads (the workers would fail on every row otherwise, whatever the drafter)."""
+    from specdec_core.loading import TOKENIZER_FILES
+
     if path.startswith("gs://"):
         base = path.rstrip("/")
-        if not any(FileSystems.exists(f"{base}/{name}") for name in ("tokenizer_config.json", "tokenizer.json")):
-            raise JobConfigError(f"--tokenizer {path!r}: no tokenizer_config.json or tokenizer.json there")
+        if not any(FileSystems.exists(f"{base}/{name}") for name in TOKENIZER_FILES):
+            raise JobConfigError(f"--tokenizer {path!r}: no tokenizer files there ({', '.join(TOKENIZER_FILES)})")
     elif os.path.exists(path) or path.startswith((".", "/", "~")):
         if not os.path.isdir(os.path.expanduser(path)):
             raise JobConfigError(f"--tokenizer {path!r}: no such directory")
@@ -383,6 +393,7 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     shards = input_schemas(opts.input)
     _check_columns(opts, shards[0][1])
     schema = _check_shards(opts, shards)
+    _check_id_type(opts, schema)
     trust = opts.trust_remote_code
     models = [("--target_model", opts.target_model)] + (
         [("--draft_model", opts.draft_model)] if opts.drafter == "model" else [])

@@ -18,7 +18,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -81,7 +81,7 @@ def has_tokenizer(path: str) -> bool:
     """Whether a model directory carries its own tokenizer (hub ids are assumed to)."""
     if not os.path.isdir(path):
         return True
-    return any(os.path.exists(os.path.join(path, f)) for f in _TOKENIZER_FILES)
+    return any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES)
 
 
 def draft_tokenizer_for(

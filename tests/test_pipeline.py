@@ -350,6 +350,12 @@ def test_file_order_and_string_layouts_do_not_decide_whether_a_job_runs(tmp_path
     assert main(["--input", str(large), "--output", str(tmp_path / "two/gens"),
                  "--resume_from", str(tmp_path / "one/gens"), *common]) == 0
     assert read(str(tmp_path / "two/gens-0*.parquet"))["id"].to_pylist() == ["3"]
+    # ids of nulls only in the first file and times in the next: refused as times are, whatever the order
+    stamped = tmp_path / "stamped"
+    stamped.mkdir()
+    pq.write_table(pa.table({"id": pa.array([None], pa.null()), "prompt": ["hi"]}), stamped / "a.parquet")
+    pq.write_table(pa.table({"id": pa.array([0], pa.timestamp("s")), "prompt": ["x"]}), stamped / "b.parquet")
+    assert main(["--input", str(stamped / "*.parquet"), "--output", str(tmp_path / "three/gens"), *common]) == 2
 
 
 def test_plain_direct_runner_does_not_try_to_download_prism(tmp_path, saved_pairs, caplog):

@@ -215,9 +215,11 @@ class Comparison:
     item_run_rows: np.ndarray = field(repr=False)  # the run's row index of each item_speedup entry
 
 
-def compare(results: pa.Table, baseline: pa.Table) -> Comparison:
+def compare(results: pa.Table, baseline: pa.Table, target_alone: bool = True) -> Comparison:
     """Joins on id with Arrow's hash join (ids are unique once the reader has deduplicated them),
     and the null id, an id like any other that a hash join never matches, by hand.
+    target_alone: whether the baseline ran the target alone; the baseline's target step, c and v
+    need it (the speed-up and identical generations do not).
 
     Raises ValueError when the baseline's ids cannot take the run's type."""
     left = results.select(["id", "generation", "latency_s"]).append_column(
@@ -247,7 +249,7 @@ def compare(results: pa.Table, baseline: pa.Table) -> Comparison:
     ids = joined["id"].to_pylist()
     differ = joined.filter(pc.invert(same))["id"].to_pylist()
     draft_step, verify_pass = _step_costs(results)
-    _, base_step = _step_costs(baseline)
+    base_step = _step_costs(baseline)[1] if target_alone else None
     matched = joined.num_rows
     return Comparison(
         matched=matched,
