@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         if not alone:  # an A/B of two drafted runs: speed-up and identical generations hold
             print(f"note: --baseline {args.baseline} drafted (--drafter {made['drafter']}): its steps are not the "
                   "target's alone, so its target step, c and v are left out", file=sys.stderr)
-        if made.get("target_model", run.get("target_model")) != run.get("target_model", made.get("target_model")):
+        if "target_model" in made and "target_model" in run and made["target_model"] != run["target_model"]:
             print(f"note: --baseline {args.baseline} ran --target_model {made['target_model']}, this run "
                   f"{run['target_model']}", file=sys.stderr)
     stats = run_stats(results, failed)
