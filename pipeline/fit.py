@@ -293,8 +293,10 @@ def check_fit(opts: SpecDecOptions) -> list[Copy] | None:
     if worker is None or not worker.gpus:
         if worker is None:
             log.info("fit check skipped: the workers' GPUs are not known here (give worker_accelerator)")
-        else:
-            placement.plan_copies(opts.device, opts.device_map, [])  # --device cuda without a GPU
+        else:  # --device cuda is refused here; auto runs on the CPU, said so
+            copies = placement.plan_copies(opts.device, opts.device_map, [])
+            log.info("worker GPUs: %s; %s%s", worker.source, placement.describe_plan(copies),
+                     " (--device_map auto: nothing to split)" if opts.device_map == "auto" else "")
         return None
     tokens, how = longest_prompt_tokens(opts)
     try:

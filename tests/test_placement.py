@@ -257,6 +257,21 @@ def test_the_fit_check_reads_the_longest_prompt_in_tokens(tmp_path, tokenizer):
     assert check_fit(opts) == [Copy(("cuda:0",)), Copy(("cuda:1",))]
 
 
+def test_a_local_job_without_a_gpu_logs_that_it_runs_on_the_cpu(monkeypatch, caplog):
+    """--device auto on a machine without a GPU runs one copy on the CPU: said in the log, and
+    so is a --device_map auto that has nothing to split; --device cuda is refused."""
+    import pipeline.fit as fit
+
+    monkeypatch.setattr(fit.placement, "visible_gpus", lambda: [])
+    opts = SpecDecOptions(["--input=x", "--output=y", "--target_model=t", "--drafter=none", "--device_map=auto"])
+    with caplog.at_level(logging.INFO, logger="pipeline.fit"):
+        assert check_fit(opts) is None
+    assert ("worker GPUs: no GPU on this machine; 1 copy of the pair: copy 0 on cpu "
+            "(--device_map auto: nothing to split)") in caplog.text
+    with pytest.raises(ValueError, match="--device cuda: CUDA is not available"):
+        check_fit(SpecDecOptions(["--input=x", "--output=y", "--target_model=t", "--drafter=none", "--device=cuda"]))
+
+
 def test_the_fit_check_reads_a_bounded_share_of_a_large_input(tmp_path, tokenizer, monkeypatch):
     import pipeline.fit
 
