@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel
 
+from specdec_core.batch_kv import other_layer_kinds
 from specdec_core.decoder import CachedDecoder, initial_decoder_ids
 
 _DONE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -128,9 +129,17 @@ def cache_failure(model: PreTrainedModel) -> str | None:
                 decoder.rollback(len(seq))
                 decoder.forward(seq + extra[:1], 1)
         except Exception as e:
-            return f"fails over a growing key/value cache ({type(e).__name__}: {str(e)[:120]})"
+            return _layers_said(model, f"fails over a growing key/value cache ({type(e).__name__}: {str(e)[:120]})")
         return None
     return _once(model, ("cache",), check)
+
+
+def _layers_said(model: PreTrainedModel, why: str) -> str:
+    """A growing cache's failure, led by the layer kinds its config names where they explain it:
+    state-space, linear-attention or convolution layers keep a state per row that a key/value
+    cache neither holds nor rolls back (the failure itself then reads like an internal error)."""
+    other = other_layer_kinds(model.config)
+    return f"has {', '.join(other)} layers, whose state a key/value cache cannot roll back: it {why}" if other else why
 
 
 def state_failure(model: PreTrainedModel) -> str | None:
@@ -147,8 +156,9 @@ def state_failure(model: PreTrainedModel) -> str | None:
                 whole = _uncached(model)
             except Exception:  # (no pass without a cache to compare with: nothing this check can say)
                 return None
-        return _compare([_fed_one_at_a_time(model)], [whole],
-                        "over a growing key/value cache than in one pass without one", model.dtype)
+        why = _compare([_fed_one_at_a_time(model)], [whole],
+                       "over a growing key/value cache than in one pass without one", model.dtype)
+        return why and _layers_said(model, why)
     return _once(model, ("state",), check)
 
 

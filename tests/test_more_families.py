@@ -151,6 +151,24 @@ def test_sampled_rows_equal_the_batch_one_sample_of_their_seed(family):
         assert [g.tokens for g in engine.generate_many(items)] == alone, (family, mode)
 
 
+def test_a_hybrid_model_is_refused_for_its_layer_kinds_not_an_internal_error():
+    """Hybrids of attention and state-space, linear-attention or convolution layers (Mamba, LFM2)
+    fail over a growing key/value cache with errors of their own code (an IndexError): the reason
+    leads with the layer kinds that explain it."""
+    import transformers
+
+    config = transformers.Lfm2Config(vocab_size=V, hidden_size=32, intermediate_size=64, block_ff_dim=64,
+                                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                     layer_types=["conv", "full_attention"], pad_token_id=0, bos_token_id=1,
+                                     eos_token_id=2)
+    torch.manual_seed(0)
+    for target, kinds in ((transformers.Lfm2ForCausalLM(config).eval(), "conv"),
+                          (family_model("mamba", seed=1), "linear_attention")):
+        with pytest.raises(ValueError, match=f"{type(target).__name__} has {kinds} layers, whose state a key/value "
+                                             "cache cannot roll back: it fails over a growing key/value cache"):
+            SpeculativeGenerator(target, NoDrafter(), cuda_graphs="off")
+
+
 def test_a_padded_batch_widens_one_token_passes_only_for_a_decoder_that_needs_it():
     """LED's decoder builds no mask for a 1-token pass, so over a padded batch's holes its rows
     would attend to other tokens' keys: its passes over holes are widened to 2 tokens (the extra
