@@ -78,6 +78,13 @@ def other_layer_kinds(config) -> list[str]:
     return sorted(set(types) - {"full_attention", "sliding_attention"})
 
 
+def own_kv_layers(config, layers: int) -> list[int]:
+    """The decoder layers that keep keys/values of their own: all but those that reuse an earlier
+    layer's (`kv_sharing_modes` "reuse": Gemma 3n's last layers), which a cache never holds."""
+    modes = getattr(config.get_text_config(decoder=True), "kv_sharing_modes", None) or ()
+    return [i for i in range(layers) if i >= len(modes) or modes[i] != "reuse"]
+
+
 def mixed_layer_types(config) -> list[str] | None:
     """Per layer, its attention kind, for a model that mixes full and sliding-window layers (Gemma
     2/3, Qwen2 past `max_window_layers`): such models take a 4D mask per kind. None where every

@@ -186,23 +186,30 @@ def decoder_layers(config: PretrainedConfig) -> int:
          if isinstance(v := getattr(text, a, None), int)), 0)
 
 
-def _attention_shape(config: PretrainedConfig) -> tuple[int, int, int]:
-    """(decoder layers, key/value heads, head dim) of a text config."""
+def _kv_width(config: PretrainedConfig) -> int:
+    """Key and value elements one token takes in the cache, over the decoder layers that keep
+    their own (not those reusing another layer's, as Gemma 3n's last ones do), layer by layer
+    where the config gives layers their own shapes (Gemma 4's full-attention head dim)."""
+    from specdec_core.batch_kv import own_kv_layers
+
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    layers = decoder_layers(config)
-    heads = next((v for a in ("num_attention_heads", "n_head", "num_heads", "decoder_attention_heads")
-                  if isinstance(v := getattr(text, a, None), int)), 1)
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    hidden = next((v for a in ("hidden_size", "n_embd", "d_model") if isinstance(v := getattr(text, a, None), int)), 0)
-    head_dim = getattr(text, "head_dim", None) or getattr(text, "d_kv", None) or hidden // max(heads, 1)
-    return layers, kv_heads, head_dim
+    layers = own_kv_layers(config, decoder_layers(config))
+    each = text.per_layer_config if getattr(text, "is_heterogeneous", False) else None
+
+    def width(c: PretrainedConfig) -> int:
+        heads = next((v for a in ("num_attention_heads", "n_head", "num_heads", "decoder_attention_heads")
+                      if isinstance(v := getattr(c, a, None), int)), 1)
+        kv_heads = getattr(c, "num_key_value_heads", None) or heads
+        hidden = next((v for a in ("hidden_size", "n_embd", "d_model") if isinstance(v := getattr(c, a, None), int)),
+                      0)
+        return 2 * kv_heads * (getattr(c, "head_dim", None) or getattr(c, "d_kv", None) or hidden // max(heads, 1))
+    return sum(width(each[i]) for i in layers) if each is not None else len(layers) * width(text)
 
 
 def kv_bytes(config: PretrainedConfig, rows: int, prompt_tokens: int, new_tokens: int, dtype: torch.dtype) -> int:
     """Keys and values for `rows` rows: a decoder-only model caches prompt + output; an
     encoder-decoder caches the output (self-attention) and the prompt (cross-attention)."""
-    layers, kv_heads, head_dim = _attention_shape(config)
-    per_token = 2 * layers * kv_heads * head_dim * DTYPE_BYTES.get(dtype, 4)
+    per_token = _kv_width(config) * DTYPE_BYTES.get(dtype, 4)
     tokens = prompt_tokens + new_tokens
     return rows * per_token * tokens
 

@@ -254,7 +254,7 @@ class SlotKV(StaticKV):
             n = len(feed)
             if n > self.capacity:
                 self._grow(n, self.width)
-            for layer, theirs in zip(self.cache.layers, pre.cache.layers, strict=True):
+            for layer, theirs in zip(self.own_layers, pre.own_layers, strict=True):
                 if not layer.is_initialized:
                     layer.lazy_initialization(theirs.keys, theirs.values)
                 layer.keys[slot, :, :n] = theirs.keys[0, :, :n]
@@ -292,7 +292,7 @@ class SlotKV(StaticKV):
         # Each row's valid columns, moved to the device once for all layers (one copy each on a GPU).
         index = [torch.tensor(cols, device=self.device) if n else None for cols, n in zip(fresh.cols, lengths,
                                                                                           strict=True)]
-        for layer, (fk, fv) in zip(self.cache.layers, theirs, strict=True) if theirs else ():
+        for layer, (fk, fv) in zip(self.own_layers, theirs, strict=True) if theirs else ():
             if not layer.is_initialized:
                 layer.lazy_initialization(fk, fv)
             for j, (slot, n) in enumerate(zip(slots, lengths, strict=True)):

@@ -34,7 +34,7 @@ from transformers import EncoderDecoderCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.modeling_outputs import BaseModelOutput
 
-from specdec_core.batch_kv import mixed_layer_types, other_layer_kinds, sliding_window
+from specdec_core.batch_kv import mixed_layer_types, other_layer_kinds, own_kv_layers, sliding_window
 from specdec_core.decoder import (
     _accepts_logits_to_keep,
     counts_positions_from_ids,
@@ -348,6 +348,7 @@ class StaticKV:
         self._stream: torch.cuda.Stream | None = None  # the side stream every warm-up and capture runs on
         self._lock = threading.Lock()
         self.cache = Cache(layers=[_FixedLayer(self) for _ in range(self.layers)])
+        self.own_layers = [self.cache.layers[i] for i in own_kv_layers(model.config, self.layers)]
         self._low = torch.finfo(model.dtype).min
         # Sliding-window layers (Mistral, Gemma 2/3, Phi-3, StarCoder2, Qwen2): their keys stay in
         # the buffers past the window, hidden by the mask (`_masks`), as `BatchKV` keeps them.

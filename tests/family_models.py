@@ -39,7 +39,7 @@ from transformers import (
 V = 128  # vocabulary
 WINDOW = 6  # sliding window of the sliding-window families (tokens)
 SEQ2SEQ_FAMILIES = ("t5", "mt5", "umt5", "bart", "pegasus", "marian", "m2m100", "mbart")
-WINDOW_FAMILIES = ("mistral", "phi3", "gemma2", "gemma3", "starcoder2")
+WINDOW_FAMILIES = ("mistral", "phi3", "gemma2", "gemma3", "gemma3n", "gemma4", "starcoder2")
 # Decoder-only families with full attention, each with its own position scheme (RoPE variants,
 # learned positions with an offset, ALiBi from the mask), MLP and norm layout, two mixtures of
 # experts, a state-space model and a recurrent one (which the engines refuse).
@@ -102,6 +102,18 @@ def _causal(family: str, window: int | None):
         cfg = Gemma3TextConfig(**small, head_dim=8, sliding_window=window or 4096, pad_token_id=0, eos_token_id=1,
                                bos_token_id=2, layer_types=["sliding_attention", "full_attention"])
         return Gemma3ForCausalLM, cfg, dict(eos_token_id=[1, V - 3])
+    if family in ("gemma3n", "gemma4"):  # the last two of four layers reuse earlier layers' keys/values
+        import transformers
+
+        name = {"gemma3n": "Gemma3n", "gemma4": "Gemma4"}[family]
+        own = dict(altup_active_idx=0, altup_num_inputs=2, laurel_rank=4, intermediate_size=[64] * 4,
+                   activation_sparsity_pattern=[0.0] * 4) if family == "gemma3n" else {}
+        cfg = getattr(transformers, f"{name}TextConfig")(
+            **{**small, **own, "num_hidden_layers": 4}, head_dim=8, sliding_window=window or 4096,
+            layer_types=["sliding_attention", "full_attention"] * 2, num_kv_shared_layers=2,
+            hidden_size_per_layer_input=8, vocab_size_per_layer_input=V, pad_token_id=0, eos_token_id=1,
+            bos_token_id=2)
+        return getattr(transformers, f"{name}ForCausalLM"), cfg, dict(eos_token_id=[1, V - 2])
     if family == "starcoder2":  # <|endoftext|>=0 is BOS and EOS
         cfg = Starcoder2Config(**small, sliding_window=window, bos_token_id=0, eos_token_id=0, pad_token_id=None)
         return Starcoder2ForCausalLM, cfg, {}

@@ -100,6 +100,25 @@ def test_parameter_count_and_kv_bytes_match_a_real_model(models):
     assert placement.kv_bytes(target.config, 8, 10, 7, torch.bfloat16) == measured // 2 * 8
 
 
+@pytest.mark.parametrize("family", ["gemma3n", "gemma4"])
+def test_kv_bytes_count_only_layers_with_their_own_cache_at_their_own_shapes(family):
+    """Gemma 3n's and Gemma 4's last layers reuse earlier layers' keys and values (no cache of
+    their own); Gemma 4's full-attention layers have a head dim of their own (a per-layer config,
+    whose global head_dim raises on access)."""
+    from tests.family_models import family_model
+
+    target = family_model(family, seed=1, window=None)
+    params, _ = placement.parameter_count(target.config)
+    assert params == sum(p.numel() for p in target.parameters())
+    ids = torch.arange(3, 20)[None]
+    with torch.no_grad():
+        cache = target(ids, use_cache=True).past_key_values
+    held = [layer for layer in cache.layers if getattr(layer, "keys", None) is not None]
+    assert len(held) == 2 < len(cache.layers)
+    measured = sum(layer.keys.numel() * 4 + layer.values.numel() * 4 for layer in held)
+    assert placement.kv_bytes(target.config, 1, ids.shape[1], 0, torch.float32) == measured
+
+
 def test_a_llama_8b_config_is_8b_parameters():
     cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, vocab_size=128256)
