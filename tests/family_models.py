@@ -39,7 +39,7 @@ from transformers import (
 V = 128  # vocabulary
 WINDOW = 6  # sliding window of the sliding-window families (tokens)
 SEQ2SEQ_FAMILIES = ("t5", "mt5", "umt5", "bart", "pegasus", "marian", "m2m100", "mbart")
-WINDOW_FAMILIES = ("mistral", "phi3", "gemma2", "gemma3", "gemma3n", "gemma4", "starcoder2")
+WINDOW_FAMILIES = ("mistral", "phi3", "gemma2", "gemma3", "gemma3n", "gemma4", "gpt_oss", "starcoder2")
 # Decoder-only families with full attention, each with its own position scheme (RoPE variants,
 # learned positions with an offset, ALiBi from the mask), MLP and norm layout, two mixtures of
 # experts, a state-space model and a recurrent one (which the engines refuse).
@@ -114,6 +114,13 @@ def _causal(family: str, window: int | None):
             hidden_size_per_layer_input=8, vocab_size_per_layer_input=V, pad_token_id=0, eos_token_id=1,
             bos_token_id=2)
         return getattr(transformers, f"{name}ForCausalLM"), cfg, dict(eos_token_id=[1, V - 2])
+    if family == "gpt_oss":  # attention sinks, sliding and full layers, a mixture of experts; several EOS
+        from transformers import GptOssConfig, GptOssForCausalLM
+
+        cfg = GptOssConfig(**small, head_dim=8, sliding_window=window or 4096, num_local_experts=4,
+                           num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"],
+                           pad_token_id=0, eos_token_id=1, bos_token_id=2)
+        return GptOssForCausalLM, cfg, dict(eos_token_id=[1, V - 2])
     if family == "starcoder2":  # <|endoftext|>=0 is BOS and EOS
         cfg = Starcoder2Config(**small, sliding_window=window, bos_token_id=0, eos_token_id=0, pad_token_id=None)
         return Starcoder2ForCausalLM, cfg, {}

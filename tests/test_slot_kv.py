@@ -21,6 +21,7 @@ from specdec_core.gamma import AdaptiveGamma
 from specdec_core.processing import SamplingSettings
 from specdec_core.slot_kv import SlotKV, slot_kv_for
 from specdec_core.static_decoder import StaticDecoder, StaticKV
+from tests.family_models import WINDOW_FAMILIES
 from tests.numerics import assert_logits_close, logit_tolerance
 from tests.test_batch_engine import TEXTS, check_a_round, drafter_for, hf_greedy
 
@@ -324,14 +325,14 @@ def test_a_chained_round_leaves_rows_that_feed_nothing_intact(models, prompts, g
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
-@pytest.mark.parametrize("family", ["mistral", "phi3", "gemma2", "gemma3", "gemma3n", "gemma4", "starcoder2"])
+@pytest.mark.parametrize("family", [*WINDOW_FAMILIES])
 def test_sliding_window_families_in_slots_equal_generate(family, graphs, fake_graphs):
     """Families with their own special tokens and end rules (Phi-3, Gemma: several end ids) and
     a sliding window (6 tokens) that every row passes, all layers' (Mistral, Phi-3, StarCoder2)
-    or every other one's (Gemma 2/3/3n/4; Gemma 3n's and 4's last layers reuse earlier layers'
-    keys and values, which no cache holds), eagerly and through graph replays: rows enter slots
-    through the one-row prefiller's graphs or in a padded prefill, and each slot's mask hides
-    what its row's window leaves."""
+    or every other one's (Gemma 2/3/3n/4, GPT-OSS with its attention sinks; Gemma 3n's and 4's
+    last layers reuse earlier layers' keys and values, which no cache holds), eagerly and through
+    graph replays: rows enter slots through the one-row prefiller's graphs or in a padded
+    prefill, and each slot's mask hides what its row's window leaves."""
     from tests.family_models import V, family_model
 
     target, draft = family_model(family, seed=1), family_model(family, seed=2)
