@@ -236,9 +236,9 @@ def _check_tokenizer_path(path: str, trust: bool) -> None:
             raise JobConfigError(f"--tokenizer {path!r}: cannot load a tokenizer ({type(e).__name__})") from e
 
 
-def _check_pair(opts: SpecDecOptions) -> str | None:
-    """Kind check and the drafting mode (same- or cross-tokenizer) in words, where both models are
-    local (gs:// pairs are checked on load); None when not checked here."""
+def _check_pair(opts: SpecDecOptions) -> tuple[str, str] | None:
+    """Kind check and the drafting mode (same- or cross-tokenizer), as `loading` names it and in
+    words, where both models are local (gs:// pairs are checked on load); None when not checked."""
     paths = [opts.target_model, opts.draft_model]
     if any(p.startswith("gs://") for p in paths):
         return None
@@ -269,7 +269,7 @@ def _check_pair(opts: SpecDecOptions) -> str | None:
         raise JobConfigError(f"--batch_size {opts.batch_size}: --draft_model {opts.draft_model!r} has another "
                              "tokenizer than the target, and cross-tokenizer drafting runs one item at a time "
                              "(use --batch_size 1)")
-    return describe_mode(mode, target_tokenizer, draft_tokenizer)
+    return mode, describe_mode(mode, target_tokenizer, draft_tokenizer)
 
 
 def is_dry_run(opts: SpecDecOptions) -> bool:
@@ -345,21 +345,21 @@ def _check_batching(opts: SpecDecOptions) -> None:
                                  "attention layers, full or sliding-window (use --batch_size 1)")
 
 
-def _check_context(opts: SpecDecOptions) -> None:
+def _check_context(opts: SpecDecOptions, mode: str | None) -> None:
     """--max_new_tokens past what a local target's decoder can position would fail every row
-    (`PromptTooLong`): a causal decoder holds the prompt (a token at least) and the output. (A
-    draft with another tokenizer counts its own positions and stops drafting when full.)"""
-    from specdec_core.loading import positions
+    (`PromptTooLong`): a causal decoder holds the prompt (a token at least) and the output; so
+    must a draft of the target's tokenizer (`mode`: `_check_pair`'s), which steps over the same
+    tokens. (A draft with another tokenizer counts its own and stops drafting when full.)"""
+    from specdec_core.loading import CROSS_TOKENIZER, positions
 
-    found = next((c for c in _local_model_configs(opts) if c[0] == "--target_model"), None)  # (yielded first)
-    if found is None:
-        return
-    flag, path, config = found
-    limit = positions(config)
-    room = None if limit is None else limit - (0 if config.is_encoder_decoder else 1)
-    if room is not None and opts.max_new_tokens > room:
-        raise JobConfigError(f"--max_new_tokens {opts.max_new_tokens}: {flag} {path!r} can hold at most {room} "
-                             f"new tokens (its decoder's {limit} positions); every row would fail")
+    for flag, path, config in _local_model_configs(opts):
+        if flag == "--draft_model" and (mode is None or mode == CROSS_TOKENIZER):
+            continue
+        limit = positions(config)
+        room = None if limit is None else limit - (0 if config.is_encoder_decoder else 1)
+        if room is not None and opts.max_new_tokens > room:
+            raise JobConfigError(f"--max_new_tokens {opts.max_new_tokens}: {flag} {path!r} can hold at most {room} "
+                                 f"new tokens (its decoder's {limit} positions); every row would fail")
 
 
 def _check_cuda_graphs(opts: SpecDecOptions) -> None:
@@ -412,11 +412,11 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_output(opts)
     _check_resume(opts, schema)
     _check_batching(opts)
-    _check_context(opts)
+    _check_context(opts, mode and mode[0])
     _check_cuda_graphs(opts)
     _check_fit(opts)
     if mode:  # (logged once every check passed: a refused job prints its one line only)
-        log.info("--draft_model %s: %s", opts.draft_model, mode)
+        log.info("--draft_model %s: %s", opts.draft_model, mode[1])
     return schema
 
 

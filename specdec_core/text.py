@@ -283,6 +283,7 @@ class TextGenerator:
         gamma_policy: GammaPolicy | None = None,
         context: int | None = None,
         prompt_context: int | None = None,
+        context_owner: str = "the model's",
         chat_template: bool = False,
         system_prompt: str | None = None,
         stop: Sequence[str] = (),
@@ -324,6 +325,7 @@ class TextGenerator:
             )
         # Positions: the decoder's (a causal one holds prompt + output), and an encoder's prompt.
         self.context, self.prompt_context = context, prompt_context
+        self.context_owner = context_owner  # whose positions bound a row: "the draft's" where a draft's are fewer
         # Beam threads share one generator per process; items run one at a time so that
         # each item's latency is its own.
         self._lock = threading.Lock()
@@ -393,6 +395,7 @@ class TextGenerator:
             sampling=SamplingSettings(spec.temperature, spec.top_k, spec.top_p),
             gamma_policy=gamma_policy,
             context=context_limit(*models),
+            context_owner="the draft's" if context_limit(*models) != context_limit(target) else "the model's",
             prompt_context=context_limit(*models, encoder=True) if target.config.is_encoder_decoder else None,
             chat_template=spec.chat_template,
             system_prompt=spec.system_prompt,
@@ -418,13 +421,14 @@ class TextGenerator:
         if not self.engine.target.config.is_encoder_decoder:
             if budget is not None and len(ids) + n > budget:
                 raise PromptTooLong(f"prompt has {len(ids)} tokens; with max_new_tokens={n} "
-                                    f"it exceeds the model's {budget}-position context")
+                                    f"it exceeds {self.context_owner} {budget}-position context")
             return ids
         if self.prompt_context is not None and len(ids) > self.prompt_context:
             raise PromptTooLong(f"prompt has {len(ids)} tokens; it exceeds the encoder's "
                                 f"{self.prompt_context}-position context")
         if budget is not None and n > budget:  # the decoder holds the output
-            raise PromptTooLong(f"max_new_tokens={n} exceeds the decoder's {budget}-position context")
+            raise PromptTooLong(f"max_new_tokens={n} exceeds {self.context_owner.replace('model', 'decoder')} "
+                                f"{budget}-position context")
         return ids
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:

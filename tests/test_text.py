@@ -69,6 +69,25 @@ def test_prompt_longer_than_context_fails_the_row(saved_pairs, caplog):
     assert "indexing errors" not in caplog.text
 
 
+def test_a_draft_of_fewer_positions_is_named_when_it_bounds_a_row(saved_pairs, tmp_path):
+    """A draft of the target's tokenizer steps over the same tokens: a row past the draft's
+    positions (64 here, the target's 256) fails, its reason naming the draft's context."""
+    import json
+    import shutil
+
+    target_dir, draft_dir = saved_pairs["llama"]
+    short = tmp_path / "short-draft"
+    shutil.copytree(draft_dir, short)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    gen = TextGenerator.load(GeneratorSpec(str(target_dir), str(short), max_new_tokens=16))
+    with pytest.raises(PromptTooLong, match="exceeds the draft's 64-position context"):
+        gen.generate("word " * 60)
+    gen = TextGenerator.load(GeneratorSpec(str(target_dir), str(draft_dir), max_new_tokens=16))
+    with pytest.raises(PromptTooLong, match="exceeds the model's 256-position context"):
+        gen.generate("word " * 300)
+
+
 def test_an_encoder_decoder_prompt_is_held_to_its_encoders_positions(tmp_path):
     """LED reads 16384-token documents and writes at most 1024 tokens: a prompt longer than the
     decoder's table but within the encoder's is decoded, one past the encoder's fails its row,
