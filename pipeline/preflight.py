@@ -69,10 +69,13 @@ def _check_columns(opts: SpecDecOptions, schema: pa.Schema) -> None:
 
 def _check_id_type(opts: SpecDecOptions, schema: pa.Schema) -> None:
     """schema: the input's, each column of the first file's type with values (`_check_shards`)."""
-    id_type = schema.field(opts.id_column).type
+    id_type = _plain(schema.field(opts.id_column).type)
     if pa.types.is_temporal(id_type) or pa.types.is_decimal(id_type):
         raise JobConfigError(f"--id_column {opts.id_column!r} is {id_type}, which Beam cannot encode "
                              "deterministically to find duplicate ids: cast it to text or integers")
+    if pa.types.is_nested(id_type):  # (Arrow cannot group an output by such ids: no report, no resume)
+        raise JobConfigError(f"--id_column {opts.id_column!r} is {id_type}, which cannot key rows: "
+                             "use a column of text or integers")
 
 
 def _plain(typ: pa.DataType) -> pa.DataType:
@@ -196,13 +199,26 @@ def _check_remote_code(flag: str, path: str, trust: bool) -> None:
                                  f"{names}); pass --trust_remote_code to allow it")
 
 
+def _weight_files() -> tuple[str, ...]:
+    """The weight files (or shard indexes) transformers loads a PyTorch model from."""
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+
+    return SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME
+
+
 def _check_model_path(flag: str, path: str, trust: bool = False) -> None:
     if path.startswith("gs://"):
-        if not FileSystems.exists(path.rstrip("/") + "/config.json"):
+        base = path.rstrip("/")
+        if not FileSystems.exists(base + "/config.json"):
             raise JobConfigError(f"{flag} {path!r}: no config.json there")
+        if not any(FileSystems.exists(f"{base}/{name}") for name in _weight_files()):
+            raise JobConfigError(f"{flag} {path!r}: no weights there ({', '.join(_weight_files())})")
     elif os.path.exists(path) or path.startswith((".", "/", "~")):
-        if not os.path.isfile(os.path.join(os.path.expanduser(path), "config.json")):
+        local = os.path.expanduser(path)
+        if not os.path.isfile(os.path.join(local, "config.json")):
             raise JobConfigError(f"{flag} {path!r}: not a model directory (no config.json)")
+        if not any(os.path.isfile(os.path.join(local, name)) for name in _weight_files()):
+            raise JobConfigError(f"{flag} {path!r}: no weights there ({', '.join(_weight_files())})")
     else:  # a hub id: transformers resolves it (from the local cache when offline)
         from transformers import AutoConfig
 
@@ -277,7 +293,31 @@ def is_dry_run(opts: SpecDecOptions) -> bool:
     return bool(opts.view_as(TestOptions).dry_run)
 
 
+def _same_prefix(a: str, b: str) -> bool:
+    """Whether two spellings of an output prefix name the same files (`./`, `//`, a relative
+    local path against an absolute one)."""
+    def norm(p: str) -> str:
+        p = p.rstrip("/")
+        if "://" in p:
+            scheme, rest = p.split("://", 1)
+            return f"{scheme}://{os.path.normpath('/' + rest)[1:]}"
+        return os.path.normpath(os.path.abspath(os.path.expanduser(p)))
+    return norm(a) == norm(b)
+
+
+def _check_prefix(flag: str, prefix: str) -> None:
+    """A prefix names files by globbing (`PREFIX-*`): glob characters would match other files, and
+    one ending in `-failed` would take another run's failed files for its results."""
+    if any(c in prefix for c in "*?["):
+        raise JobConfigError(f"{flag} {prefix!r}: a prefix cannot hold *, ? or [ (its files are found by "
+                             "pattern)")
+    if os.path.basename(prefix.rstrip("/")).endswith("-failed"):
+        raise JobConfigError(f"{flag} {prefix!r}: a prefix cannot end in -failed (PREFIX-failed-* names a run's "
+                             "failed rows)")
+
+
 def _check_output(opts: SpecDecOptions) -> None:
+    _check_prefix("--output", opts.output)
     if is_dry_run(opts):
         return
     try:
@@ -300,7 +340,8 @@ def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
     type is the input's (otherwise no id would ever match)."""
     id_type = schema.field(opts.id_column).type
     for prefix in opts.resume_prefixes():
-        if prefix.rstrip("/") == opts.output.rstrip("/"):
+        _check_prefix("--resume_from", prefix)
+        if _same_prefix(prefix, opts.output):
             raise JobConfigError(f"--resume_from {prefix!r} is the --output prefix: resume into a new prefix")
         try:
             results = match(result_patterns(prefix))
@@ -311,10 +352,34 @@ def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
             raise JobConfigError(f"--resume_from {prefix!r}: no output files of an earlier run there")
         if results:
             with FileSystems.open(results[0]) as f:
-                found = pq.read_schema(f).field("id").type
-            if _plain(found) != _plain(id_type):  # (ids match as Python values)
-                raise JobConfigError(f"--resume_from {prefix!r}: its ids are {found}, the input's "
-                                     f"{opts.id_column!r} column is {id_type}")
+                found = pq.read_schema(f)
+            if _plain(found.field("id").type) != _plain(id_type):  # (ids match as Python values)
+                raise JobConfigError(f"--resume_from {prefix!r}: its ids are {found.field('id').type}, the "
+                                     f"input's {opts.id_column!r} column is {id_type}")
+            _check_same_generation(opts, prefix, found)
+
+
+# The flags that decide which text a row gets (the models' locations aside: a model may move,
+# to gs:// say); the sampling ones only where either run samples.
+GENERATION_FLAGS = ("prompt_column", "max_new_tokens", "temperature", "chat_template", "system_prompt", "stop")
+SAMPLING_FLAGS = ("top_k", "top_p", "seed")
+
+
+def _check_same_generation(opts: SpecDecOptions, prefix: str, schema: pa.Schema) -> None:
+    """A resumed run's rows and this job's are read as one output: rows of other generation flags
+    (another length, greedy beside sampled) would mix in it unseen."""
+    from pipeline.provenance import KEY
+
+    raw = (schema.metadata or {}).get(KEY.encode())
+    if not raw:  # (files written before runs carried their flags)
+        return
+    earlier = json.loads(raw)
+    now = {k: json.loads(json.dumps(getattr(opts, k), default=str)) for k in GENERATION_FLAGS + SAMPLING_FLAGS}
+    sampled = bool(earlier.get("temperature")) or bool(now["temperature"])
+    for key in GENERATION_FLAGS + (SAMPLING_FLAGS if sampled else ()):
+        if key in earlier and earlier[key] != now[key]:
+            raise JobConfigError(f"--resume_from {prefix!r}: its run had --{key} {earlier[key]!r}, this job "
+                                 f"{now[key]!r}; resume with the generation flags of the run it continues")
 
 
 def _local_model_configs(opts: SpecDecOptions):

@@ -116,6 +116,20 @@ def test_bad_gcs_locations_fail_fast_with_one_line(gcs, capsys):
     assert err.startswith("error: --input") and "matches no files" in err and "\n" not in err
 
 
+def test_a_gcs_model_without_weights_stops_before_any_work(gcs, saved_pairs, tmp_path, capsys):
+    """A gs:// directory of a model's JSON files alone (an upload that stopped short) failed on
+    every worker's load."""
+    target, _ = saved_pairs["llama"]
+    gcs.upload_file(_prompts(tmp_path / "prompts.parquet"), f"gs://{BUCKET}/noweights/in/prompts.parquet")
+    for name in ("config.json", "tokenizer.json"):
+        gcs.upload_file(target / name, f"gs://{BUCKET}/noweights/target/{name}")
+    code = main([f"--input=gs://{BUCKET}/noweights/in/*.parquet", f"--output=gs://{BUCKET}/noweights/out/gens",
+                 f"--target_model=gs://{BUCKET}/noweights/target", "--drafter=none"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert err.startswith(f"error: --target_model 'gs://{BUCKET}/noweights/target': no weights there"), err
+
+
 def test_chunks_resume_and_output_safety_on_gcs(gcs, saved_pairs, tmp_path, monkeypatch, capsys):
     """A killed run's chunk on gs:// is read back, a resumed job skips its ids, and a second job
     into the same gs:// prefix stops before any work."""

@@ -167,14 +167,44 @@ def test_bad_resume_prefixes_stop_before_any_work(tmp_path, saved_pairs, capsys)
     out = tmp_path / "run" / "gens"
     capsys.readouterr()
     for resume, needle in [(tmp_path / "typo" / "gens", "no output files"), (ints, "ids are int64"),
-                           (out, "is the --output prefix")]:
-        assert main(_args(src, out, target, None, "--resume_from", str(resume))) == 2
-        assert needle in _one_line_error(capsys)
+                           (out, "is the --output prefix"),
+                           # the same prefix spelled otherwise: with --overwrite it deleted the run it resumed
+                           (f"{out.parent}/./gens", "is the --output prefix"),
+                           (os.path.relpath(out), "is the --output prefix"),
+                           (f"{ints}-failed", "cannot end in -failed"),
+                           (f"{tmp_path}/*/gens", "cannot hold *, ? or [")]:
+        assert main(_args(src, out, target, None, "--resume_from", str(resume), "--overwrite")) == 2
+        assert needle in _one_line_error(capsys), resume
+    # another run's failed shards are this prefix's results: --overwrite deleted them
+    assert main(_args(src, f"{ints}-failed", target, None, "--overwrite")) == 2
+    assert "cannot end in -failed" in _one_line_error(capsys)
+    assert main(_args(src, tmp_path / "out[1]" / "gens", target, None)) == 2  # all its work, then a traceback
+    assert "cannot hold *, ? or [" in _one_line_error(capsys)
     for extra, needle in [(["--commit_every_s", "-1"], "--commit_every_s must be >= 0"),
                           (["--max_item_seconds", "0"], "--max_item_seconds must be > 0")]:
         assert main(_args(src, out, target, None, *extra)) == 2
         assert needle in _one_line_error(capsys)
     assert not out.parent.exists()
+
+
+def test_resuming_with_other_generation_flags_stops_before_any_work(tmp_path, saved_pairs, capsys):
+    """The resumed run's rows and the new job's are read as one output: another length, or sampled
+    rows beside greedy ones, would mix there unseen. The drafter may change (it changes no text);
+    sampling flags count only where a run samples."""
+    target, draft = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello world!"},
+                                                  {"id": "b", "prompt": "The quick brown fox"}])
+    first = tmp_path / "first" / "gens"
+    assert main(_args(src, first, target, None, "--top_k", "5")) == 0
+    capsys.readouterr()
+    for extra, needle in [(["--max_new_tokens", "9"], "its run had --max_new_tokens 8, this job 9"),
+                          (["--temperature", "0.7"], "its run had --temperature 0.0, this job 0.7"),
+                          (["--stop", "x"], "its run had --stop None, this job ['x']")]:
+        assert main(_args(src, tmp_path / "next" / "gens", target, None, "--resume_from", str(first), *extra)) == 2
+        assert needle in _one_line_error(capsys), extra
+    # greedy: top_k and the seed change nothing; a model draft changes no text
+    assert main(_args(src, tmp_path / "next" / "gens", target, draft, "--resume_from", str(first),
+                      "--seed", "3")) == 0
 
 
 SLOW_RUN = textwrap.dedent("""

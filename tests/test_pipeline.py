@@ -230,8 +230,19 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
     shutil.copytree(draft, short_draft)
     config = json.loads((short_draft / "config.json").read_text())
     (short_draft / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    no_weights = tmp_path / "no-weights"  # a model's JSON files alone: every worker's load failed
+    no_weights.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(target / name, no_weights / name)
+    list_ids = tmp_path / "list-ids.parquet"  # ran, then no report or resume could group its output
+    pq.write_table(pa.table({"id": [[1], [2]], "prompt": ["a", "b"]}), list_ids)
     base = ["--input", src, "--output", str(tmp_path / "out/gens"), "--target_model", str(target)]
     cases = {
+        f"--target_model '{no_weights}': no weights there": base[:4] + ["--target_model", str(no_weights),
+                                                                        "--drafter", "none"],
+        f"--draft_model '{no_weights}': no weights there": base + ["--draft_model", str(no_weights)],
+        "--id_column 'id' is list<element: int64>, which cannot key rows": ["--input", str(list_ids)] + base[2:] + [
+            "--drafter", "none"],
         "--prompt_column 'text'": base + ["--draft_model", str(draft), "--prompt_column", "text"],
         "--id_column 'key'": base + ["--draft_model", str(draft), "--id_column", "key"],
         "matches no files": ["--input", str(tmp_path / "nope-*.parquet")] + base[2:] + ["--draft_model", str(draft)],
