@@ -23,6 +23,8 @@ from transforms.model_handler import SpecDecModelHandler
 from transforms.prompts import ReadPrompts
 from transforms.results import WriteResults, failed_schema, result_schema
 
+log = logging.getLogger(__name__)  # (the root logger stays at WARNING: `setup_logging`)
+
 # The plain DirectRunner first tries to download a Prism binary (impossible offline); the
 # FnApiRunner is what it falls back to for batch jobs, so we go there directly.
 LOCAL_RUNNER = "apache_beam.runners.portability.fn_api_runner.FnApiRunner"
@@ -47,12 +49,15 @@ def build_pipeline(p: beam.Pipeline, opts: SpecDecOptions, schema: pa.Schema) ->
     schemas = (with_provenance(result_schema(schema, opts.id_column, passthrough), record),
                with_provenance(failed_schema(schema, opts.id_column), record))
     # Durable as they finish, in the model's environment (CommitRows says why); rows failed before
-    # any generation (DuplicateId, InvalidUtf8) where they are found.
+    # any generation, each kind in the step that finds it (a Flatten first would put the commit in
+    # a stage of its own, after generation): InvalidUtf8 as the input is read, DuplicateId as the
+    # ids are grouped.
     results, failed = (results, failed) | "Commit" >> CommitRows(
         opts.output, *schemas, opts.commit_every_s, accelerator=opts.accelerator)
-    early = early | "CommitEarlyFailed" >> beam.ParDo(
+    early = [rows | f"Commit{kind}" >> beam.ParDo(
         CommitChunks(f"{opts.output}-failed-chunk", schemas[1], opts.commit_every_s))
-    failed = (failed, early) | "AllFailed" >> beam.Flatten()
+        for kind, rows in zip(("DuplicateIds", "InvalidUtf8"), early, strict=True)]
+    failed = (failed, *early) | "AllFailed" >> beam.Flatten()
     _ = (results, failed) | "Write" >> WriteResults(opts.output, *schemas)
 
 
@@ -78,9 +83,9 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if opts.overwrite and not is_dry_run(opts) and (old := output_files(opts.output)):
-        logging.info("--overwrite: deleting %d earlier output files under %s", len(old), opts.output)
+        log.info("--overwrite: deleting %d earlier output files under %s", len(old), opts.output)
         FileSystems.delete(old)
-    logging.info("placement on each worker: %s", placement_record(opts))
+    log.info("placement on each worker: %s", placement_record(opts))
     p = beam.Pipeline(options=opts)
     build_pipeline(p, opts, schema)
     try:
@@ -91,7 +96,7 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
         print(f"error: {str(e).split(' [while running')[0]}", file=sys.stderr)
         return 2
     if wait:
-        logging.info("done: results in %s-*-of-*.parquet, failed rows in %s-failed-*-of-*.parquet",
+        log.info("done: results in %s-*-of-*.parquet, failed rows in %s-failed-*-of-*.parquet",
                      opts.output, opts.output)
     return 0
 

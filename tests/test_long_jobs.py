@@ -84,6 +84,37 @@ def test_every_row_of_a_duplicated_id_fails_as_duplicate_id(tmp_path, saved_pair
     assert "occurs 2 times" in failed.filter(pa.compute.equal(failed["id"], "b"))["error_message"][0].as_py()
 
 
+def test_rows_that_are_not_utf8_are_committed_before_any_generation(tmp_path, saved_pairs, monkeypatch):
+    """InvalidUtf8 rows are found as the input is read, before the grouping by id that every row
+    to generate waits for: their failed chunk is on disk when the first row is generated (a
+    Flatten before their commit ran it in a stage of its own, after generation)."""
+    import glob
+
+    from specdec_core import text
+    from tests.tiny_models import not_utf8
+
+    target, _ = saved_pairs["llama"]
+    src = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"id": ["a", "bad", "b", "b"],
+                             "prompt": not_utf8(["Hello world!", b"caf\xe9", "for i in", "The quick"])}), src)
+    out = tmp_path / "run" / "gens"
+    seen: list[set[str]] = []
+    generate = text.TextGenerator.generate
+
+    def watched(self, prompt, seed=0):
+        if not seen:
+            chunks = glob.glob(f"{out}-failed-chunk-*.parquet")
+            seen.append({e for path in chunks for e in pq.read_table(path)["error_type"].to_pylist()})
+        return generate(self, prompt, seed)
+
+    monkeypatch.setattr(text.TextGenerator, "generate", watched)
+    assert main(_args(src, out, target, None, "--commit_every_s", "0")) == 0
+    assert "InvalidUtf8" in seen[0]
+    results, failed = read_outputs(str(out))
+    assert results["id"].to_pylist() == ["a"]
+    assert sorted(failed["error_type"].to_pylist()) == ["DuplicateId", "DuplicateId", "InvalidUtf8"]
+
+
 # -- 4: per-item time limit -------------------------------------------------------------------
 
 def test_items_past_the_time_limit_fail_and_the_job_goes_on(tmp_path, saved_pairs):

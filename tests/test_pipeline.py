@@ -346,6 +346,23 @@ def test_a_refusal_after_the_pairs_check_is_one_line_on_stderr(tmp_path, saved_p
     assert child.stderr.strip().splitlines() == [child.stderr.strip()] and "has no chat template" in child.stderr
 
 
+def test_the_job_says_what_it_deletes_and_where_its_results_are(tmp_path, saved_pairs):
+    """As a user runs it: the job's own lines (--overwrite's deletions, the placement, where the
+    results are) reach stderr (they went to the root logger, which stays at WARNING)."""
+    import subprocess
+    import sys
+
+    target, _ = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": GOOD[0]}])
+    (tmp_path / "gens-00000-of-00001.parquet").write_bytes(b"an earlier run's")
+    child = subprocess.run([sys.executable, "-m", "pipeline.run", "--input", src, "--output", str(tmp_path / "gens"),
+                            "--target_model", str(target), "--drafter", "none", "--max_new_tokens", "2",
+                            "--overwrite"], capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr
+    for said in ("--overwrite: deleting 1 earlier output files", "placement on each worker", "done: results in"):
+        assert said in child.stderr, said
+
+
 def test_file_order_and_string_layouts_do_not_decide_whether_a_job_runs(tmp_path, saved_pairs):
     """A passed-through column of nulls only in the first file takes a later file's type (it was
     refused, while the same files named the other way round ran); an earlier run's string ids
