@@ -447,8 +447,8 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     """Validate settings, input, output and models; return the input's Parquet schema."""
     try:
         opts.generator_spec()
-    except ValueError as e:
-        raise JobConfigError(str(e)) from e
+    except ValueError as e:  # (the engine's sampling settings are named as their flags are)
+        raise JobConfigError(f"--{e}" if str(e).startswith(("temperature ", "top_k ", "top_p ")) else str(e)) from e
     for flag, value in [("--num_speculative_tokens", opts.num_speculative_tokens),
                         ("--max_new_tokens", opts.max_new_tokens)]:
         if value < 1:

@@ -257,8 +257,9 @@ def fit_problem(need: Footprint, gpus: list[Gpu], copies: list[Copy], *, batch_s
     if weights > held or need.draft + need.largest_block > one:
         if device_map == "none" and need.total <= everything and len(gpus) > 1:
             return f"--device_map: {what}, more than {where}; pass --device_map auto to split it over the GPUs"
-        return (f"--target_model: {what}, more than {where}; use larger or more GPUs per worker, "
-                "or a smaller --dtype")
+        wide = need.target_weights > 2 * need.target_params  # (wider than 16 bits a parameter)
+        return (f"--target_model: {what}, more than {where}; use larger or more GPUs per worker"
+                + (", or a smaller --dtype" if wide else ""))
     per_row = max(1, (need.target_kv + need.draft_kv - need.prefill + need.graphs) // batch_size)
     rows = max(0, int((held - weights - need.prefill) // per_row))
     split = device_map == "none" and need.total <= everything and len(gpus) > 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import threading
 import time
 
 import pyarrow as pa
@@ -145,6 +146,26 @@ def test_commit_every_zero_commits_each_row_as_it_comes(tmp_path):
     fn.finish_bundle()
     files = glob.glob(f"{prefix}-*.parquet")
     assert sorted(pq.read_table(f)["id"][0].as_py() for f in files) == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("every_s", [float("inf"), 1e10])
+def test_commit_every_past_what_a_timer_can_wait_commits_at_the_bundles_end(tmp_path, every_s):
+    """A timer of more seconds than a thread can wait failed in its thread (OverflowError): such
+    a setting commits at the end of every bundle only."""
+    prefix = str(tmp_path / "gens-chunk")
+    fn = CommitChunks(prefix, SCHEMA, every_s=every_s)
+    fn.setup()
+    failures = []
+    threading.excepthook, hook = (lambda args: failures.append(args.exc_value)), threading.excepthook
+    try:
+        fn.start_bundle()
+        list(fn.process({"id": "a", "generation": "A"}))
+        time.sleep(0.1)
+        assert not glob.glob(f"{prefix}-*.parquet")
+        fn.finish_bundle()
+    finally:
+        threading.excepthook = hook
+    assert failures == [] and len(glob.glob(f"{prefix}-*.parquet")) == 1
 
 
 def test_a_failed_rows_message_is_the_exceptions_even_with_notes():

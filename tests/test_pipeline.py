@@ -264,7 +264,10 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         "--prompt_column 'prompt' is int64: expected text": ["--input", numbers] + base[2:] + [
             "--draft_model", str(draft)],
         "the input has 2 columns named 'id'": ["--input", str(doubled)] + base[2:] + ["--draft_model", str(draft)],
-        "temperature must be a finite number >= 0, got nan": base + ["--drafter", "none", "--temperature", "nan"],
+        "error: --temperature must be a finite number >= 0, got nan": base + [
+            "--drafter", "none", "--temperature", "nan"],
+        "error: --top_p must be in (0, 1], got 1.5": base + [
+            "--drafter", "none", "--temperature", "1", "--top_p", "1.5"],
         "--ngram_min_size 1 and --ngram_max_size 0": base + ["--drafter", "ngram", "--ngram_max_size", "0"],
         # a name, not a path: a hub id that does not resolve (it failed every row on the workers)
         "--tokenizer 'nosuch_tok': cannot load a tokenizer": base + ["--drafter", "ngram", "--tokenizer", "nosuch_tok"],

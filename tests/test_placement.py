@@ -191,10 +191,12 @@ def test_provenance_names_the_device_of_every_copy():
 
 
 def _big_target(tmp_path, tokenizer, layers=32):
-    """A model directory with a Llama-8B config and no weights: enough for preflight."""
+    """A model directory with a Llama-8B config and a shard index without shards: enough for
+    preflight, which reads the config and sees that weights are named."""
     path = tmp_path / "llama-8b"
     LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers, num_attention_heads=32,
                 num_key_value_heads=8, vocab_size=128256).save_pretrained(path)
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {}}))
     tokenizer.save_pretrained(path)
     return path
 

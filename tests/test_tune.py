@@ -188,14 +188,16 @@ def test_encoder_decoder_targets_tune_batch_sizes_too(saved_pairs, tmp_path, cap
     (["--batch_sizes", "1,x"], "--batch_sizes"),
     (["--max_gamma", "0"], "--max_gamma"),
     (["--sampel", "3"], "--sampel"),
-    (["--temperature", "-1"], "temperature"),
+    (["--temperature", "-1"], "--temperature"),
     (["--prompt_column", "text"], "--prompt_column"),
     (["--draft_model", "/nonexistent/draft"], "--draft_model"),
     (["--torch_compile", "on", "--cuda_graphs", "off"], "--torch_compile"),
     (["--cuda_graphs", "sometimes"], "--cuda_graphs"),
     (["--ngram_max_size", "0"], "--ngram_max_size"),
+    (["--output_json", "{input}/tune.json"], "--output_json"),  # (written after all the measuring)
 ])
 def test_bad_settings_are_one_line_errors(tiny, capsys, extra, culprit):
+    extra = [e.format(input=tiny["input"]) for e in extra]  # (a file: no directory can be made there)
     try:
         code = tune.main(_args(tiny, *extra))
     except SystemExit as e:

@@ -127,7 +127,7 @@ class CommitChunks(beam.DoFn):
             self._timer.start()
 
     def _tick(self) -> None:
-        while not self._stop.wait(self.every_s):
+        while not self._stop.wait(min(self.every_s, threading.TIMEOUT_MAX)):  # (inf: at bundle ends only)
             try:
                 self._flush()
             except Exception:  # the bundle's own final flush retries, and fails the bundle if it must

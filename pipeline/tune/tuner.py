@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shlex
 import statistics
 import sys
@@ -157,6 +158,13 @@ def check_settings(args: argparse.Namespace) -> None:
     candidates = [("model" if draft else "none", draft) for draft in args.draft_model or [None]]
     if not args.no_ngram:
         candidates.append(("ngram", None))
+    if args.output_json and "://" not in args.output_json:  # (not at the end of the measuring)
+        where = os.path.abspath(os.path.expanduser(args.output_json))
+        parent = os.path.dirname(where)
+        while not os.path.exists(parent):  # (the writer makes the missing directories)
+            parent = os.path.dirname(parent)
+        if os.path.isdir(where) or not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
+            raise TuneError(f"--output_json {args.output_json!r}: cannot write a file there")
     with tempfile.TemporaryDirectory() as tmp:  # an output prefix that holds no files
         for drafter, draft in candidates:
             argv = run_argv(args, drafter, draft, 4, "fixed", 1, output=f"{tmp}/out")
