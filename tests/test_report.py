@@ -260,6 +260,19 @@ def test_a_baseline_that_drafted_or_ran_another_target_is_said(two_runs, tmp_pat
     assert "note: --baseline" in out.err and "/elsewhere/target" in out.err and "speed-up" in out.out
 
 
+def test_runs_read_together_are_reported_as_one(two_runs, tmp_path, capsys):
+    """A job split in two (or a resumed run and the one it continued): comma-separated prefixes,
+    as `read_outputs` takes a list."""
+    _, p = two_runs
+    spec = _table(f"{p['spec']}-0*.parquet")
+    half = spec.num_rows // 2
+    for name, part in (("a", spec.slice(0, half)), ("b", spec.slice(half))):
+        (tmp_path / name).mkdir()
+        pq.write_table(part, tmp_path / name / "gens-00000-of-00001.parquet")
+    assert report.main([f"{tmp_path}/a/gens,{tmp_path}/b/gens"]) == 0
+    assert labelled(capsys.readouterr().out)["prompts"] == f"{spec.num_rows} ({spec.num_rows} generated, 0 failed)"
+
+
 @pytest.mark.slow
 def test_report_figures_match_the_files(two_runs, capsys):
     from rouge_score import rouge_scorer

@@ -1,4 +1,4 @@
-"""`python -m pipeline.report PREFIX [--baseline PREFIX] [--html FILE] [--references COLUMN]`:
+"""`python -m pipeline.report PREFIX[,PREFIX...] [--baseline PREFIX] [--html FILE] [--references COLUMN]`:
 what a finished run did, from its output files alone.
 
 Prints counts, failures, acceptance, tokens per target step, latency, throughput and the
@@ -37,8 +37,9 @@ __all__ = ["Summary", "format_table", "main", "read_results", "summarize"]  # th
 
 def read_results(prefix: str) -> tuple[pa.Table, pa.Table | None]:
     """A run's rows, each id once: final shards, and the chunks a running or killed job
-    committed (transforms/durable.py reads both)."""
-    results, failed = read_outputs(prefix)
+    committed (transforms/durable.py reads both); several comma-separated prefixes (a resumed
+    run and the one it continued, a job split in several) are read as one output."""
+    results, failed = read_outputs([p for p in prefix.split(",") if p])
     if results is None:
         raise FileNotFoundError(f"no result files {prefix}-SSSSS-of-NNNNN.parquet or {prefix}-chunk-*.parquet")
     return results, failed
@@ -46,7 +47,7 @@ def read_results(prefix: str) -> tuple[pa.Table, pa.Table | None]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("prefix", help="the --output prefix of a finished run")
+    parser.add_argument("prefix", help="the --output prefix of a run (several, comma-separated: read as one)")
     parser.add_argument("--baseline", default=None,
                         help="the --output prefix of a --drafter none run of the same prompts: speed-up and "
                         "identical generations, joined on id")
