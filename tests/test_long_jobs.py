@@ -71,7 +71,8 @@ def test_every_row_of_a_duplicated_id_fails_as_duplicate_id(tmp_path, saved_pair
     target, _ = saved_pairs["llama"]
     rows = [{"id": "a", "prompt": "Hello world!"}, {"id": "b", "prompt": "for i in"},
             {"id": "b", "prompt": "def add(a, b):"}, {"id": None, "prompt": "The quick"},
-            {"id": None, "prompt": "brown fox"}, {"id": "c", "prompt": ""}]
+            {"id": None, "prompt": "brown fox"}, {"id": "c", "prompt": ""},
+            {"id": "d", "prompt": "same"}, {"id": "d", "prompt": "same"}]  # (two rows still: each is the input's)
     src = write_prompts(tmp_path / "p.parquet", rows)
     out = tmp_path / "run" / "gens"
     assert main(_args(src, out, target, None)) == 0
@@ -80,8 +81,13 @@ def test_every_row_of_a_duplicated_id_fails_as_duplicate_id(tmp_path, saved_pair
     errors = sorted((r["id"] or "", r["prompt"], r["error_type"]) for r in failed.to_pylist())
     assert errors == [("", "The quick", "DuplicateId"), ("", "brown fox", "DuplicateId"),
                       ("b", "def add(a, b):", "DuplicateId"), ("b", "for i in", "DuplicateId"),
-                      ("c", "", "EmptyPrompt")]
-    assert "occurs 2 times" in failed.filter(pa.compute.equal(failed["id"], "b"))["error_message"][0].as_py()
+                      ("c", "", "EmptyPrompt"), ("d", "same", "DuplicateId"), ("d", "same", "DuplicateId")]
+    assert sorted(failed.filter(pa.compute.equal(failed["id"], "b"))["error_message"].to_pylist()) == [
+        "id 'b' occurs 2 times in the input (row 1 of 2)", "id 'b' occurs 2 times in the input (row 2 of 2)"]
+    # a retried bundle commits the same rows again: still one per input row
+    chunk = out.parent / "gens-failed-chunk-retry-00000.parquet"
+    pq.write_table(pq.read_table(next(out.parent.glob("gens-failed-0*.parquet"))), chunk)
+    assert read_outputs(str(out))[1].num_rows == failed.num_rows
 
 
 def test_rows_that_are_not_utf8_are_committed_before_any_generation(tmp_path, saved_pairs, monkeypatch):

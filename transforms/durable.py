@@ -225,16 +225,17 @@ def _first_per_key(table: pa.Table, keys: list[str]) -> pa.Table:
 
 def _failed_once(failed: pa.Table) -> pa.Table:
     """One failed row per id, except that an id duplicated in the input keeps one DuplicateId
-    row per distinct prompt: those rows are the input's own, not a retry's copies."""
+    row per input row (each numbered in its message): those rows are the input's own, not a
+    retry's copies."""
     dup = pc.equal(failed["error_type"], "DuplicateId").fill_null(False)
     return pa.concat_tables([_first_per_key(failed.filter(pc.invert(dup)), ["id"]),
-                             _first_per_key(failed.filter(dup), ["id", "prompt"])])
+                             _first_per_key(failed.filter(dup), ["id", "prompt", "error_message"])])
 
 
 def read_outputs(prefixes: str | Iterable[str]) -> tuple[pa.Table | None, pa.Table | None]:
     """(result rows, failed rows) of one or more prefixes, final shards and chunks alike,
     each id once: the first row of an id wins, and an id with a result row has no failed row
-    (DuplicateId rows: one per id and prompt). Final shards are read before chunks. None
+    (DuplicateId rows: one per input row). Final shards are read before chunks. None
     where there is no such file."""
     prefixes = [prefixes] if isinstance(prefixes, str) else list(prefixes)
     results = _read(match(p for prefix in prefixes for p in result_patterns(prefix)[:1])

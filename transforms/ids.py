@@ -48,12 +48,14 @@ class _Select(beam.DoFn):
             yield rows[0]
             return
         self.duplicates.inc(len(rows))
-        for row in rows:
+        # Numbered in prompt order, so that identical rows stay distinct rows however a retry
+        # orders the group (readers keep one DuplicateId row per id, prompt and message).
+        for i, prompt in enumerate(sorted(prompt_text(row.get(self.prompt_column)) for row in rows), 1):
             yield beam.pvalue.TaggedOutput(FAILED, {
                 "id": key,
-                "prompt": prompt_text(row.get(self.prompt_column)),
+                "prompt": prompt,
                 "error_type": "DuplicateId",
-                "error_message": f"id {key!r} occurs {len(rows)} times in the input",
+                "error_message": f"id {key!r} occurs {len(rows)} times in the input (row {i} of {len(rows)})",
             })
 
 
