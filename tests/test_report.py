@@ -141,6 +141,18 @@ def test_missing_files_or_reference_column_stop_in_one_line(tmp_path, capsys):
     assert column.startswith("error: reference column 'summary' is not in the results") and "ref" in column
 
 
+def test_a_killed_job_with_failed_rows_only_so_far_is_reported(tmp_path, capsys):
+    """Its committed failed chunks are all it has: reported (it said "no result files")."""
+    prefix = tmp_path / "run" / "gens"
+    prefix.parent.mkdir()
+    pq.write_table(failed_table([("e", "EmptyPrompt"), ("f", "InvalidUtf8")]),
+                   f"{prefix}-failed-chunk-0a1b-00000.parquet")
+    assert report.main([str(prefix)]) == 0
+    got = labelled(capsys.readouterr().out)
+    assert got["prompts"] == "2 (0 generated, 2 failed)"
+    assert got["failed rows by type"] == "EmptyPrompt 1, InvalidUtf8 1"
+
+
 def chromium() -> str | None:
     return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 

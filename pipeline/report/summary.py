@@ -30,6 +30,7 @@ from pipeline.report.stats import (
     summarize,
 )
 from transforms.durable import read_outputs
+from transforms.results import result_schema
 
 __all__ = ["Summary", "format_table", "main", "read_results", "summarize"]  # the demo imports these from here
 
@@ -40,6 +41,8 @@ def read_results(prefix: str) -> tuple[pa.Table, pa.Table | None]:
     committed (transforms/durable.py reads both); several comma-separated prefixes (a resumed
     run and the one it continued, a job split in several) are read as one output."""
     results, failed = read_outputs([p for p in prefix.split(",") if p])
+    if results is None and failed is not None:  # a killed job that had only failed rows so far
+        results = result_schema(failed.schema, "id", []).empty_table()
     if results is None:
         raise FileNotFoundError(f"no result files {prefix}-SSSSS-of-NNNNN.parquet or {prefix}-chunk-*.parquet")
     return results, failed
