@@ -298,3 +298,14 @@ def test_models_the_self_checks_refuse_are_said_not_crashed_on(tmp_path, capsys)
     res = json.loads(out.read_text())
     assert "fails in a padded batch" in res["batching"]
     assert {r["batch_size"] for r in res["throughput"]} == {1}
+
+
+def test_the_target_alone_on_one_prompt_is_said_plainly(tiny, capsys):
+    """No drafter to tune and a sample of one prompt: no empty "target v(k) =" line, and the
+    batching line says why nothing was batched (it read "no size in 2..1")."""
+    out = tiny["root"] / "alone.json"
+    assert tune.main(["--input", str(tiny["input"]), "--target_model", str(tiny["target"]), "--no_ngram",
+                      "--sample", "1", "--max_new_tokens", "4", "--verify", "0", "--output_json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "target v(k) = not measured (no drafter to verify)" in printed
+    assert json.loads(out.read_text())["batching"] == "a sample of one prompt batches nothing"

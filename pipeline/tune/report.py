@@ -23,7 +23,8 @@ def format_report(res: dict) -> str:
     n = sm["prompts"]
     lines = [f"pipeline.tune: {n} prompts of the input (mean {sm['mean_prompt_tokens']:.0f} tokens), "
              f"{st['max_new_tokens']} new tokens each, {mode}; {st['threads']} thread(s) on {st['device']}.",
-             "target v(k) = " + " ".join(f"{k}:{v:.2f}" for k, v in sorted(res["target_v"].items())), ""]
+             "target v(k) = " + (" ".join(f"{k}:{v:.2f}" for k, v in sorted(res["target_v"].items()))
+                                 or "not measured (no drafter to verify)"), ""]
     for c in res["candidates"]:
         best = max(c["predictions"], key=lambda p: p["predicted_with_overhead"], default=None)
         lines.append(f"  {c['name']}: a={_f(c['a'])} c={_f(c['c'], '{:.3f}')} drafting rounds "

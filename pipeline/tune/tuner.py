@@ -597,14 +597,20 @@ def tune(args: argparse.Namespace) -> dict:
                         "predictions": c.predictions(args.max_gamma)} for c in t.candidates[1:]],
         "runs": rows,
         "throughput": tput,
-        "batching": t.why_no_batch or (None if t.batches else f"--batch_sizes has no size in 2..{t.n} "
-                                                               f"(--sample {t.n})"),
+        "batching": t.why_no_batch or _no_batch(t.batches, t.n),
         "prediction_error": errors,
         "recommended": recommended,
         "job_estimate": {"rows": t.input_rows, "seconds": estimate(final),
                          "seconds_target_alone_batch1": estimate(base_row)},
         "tune_seconds": time.perf_counter() - t_start,
     }
+
+
+def _no_batch(batches: list[int], n: int) -> str | None:
+    """Why no batch size was measured where the settings left none, or None."""
+    if batches:
+        return None
+    return "a sample of one prompt batches nothing" if n < 2 else f"--batch_sizes has no size in 2..{n} (--sample {n})"
 
 
 def _reason(final: dict, best: dict, tput: list[dict], base_row: dict) -> str:
