@@ -295,13 +295,13 @@ def is_dry_run(opts: SpecDecOptions) -> bool:
 
 def _same_prefix(a: str, b: str) -> bool:
     """Whether two spellings of an output prefix name the same files (`./`, `//`, a relative
-    local path against an absolute one)."""
+    local path against an absolute one, a symbolic link)."""
     def norm(p: str) -> str:
         p = p.rstrip("/")
         if "://" in p:
             scheme, rest = p.split("://", 1)
             return f"{scheme}://{os.path.normpath('/' + rest)[1:]}"
-        return os.path.normpath(os.path.abspath(os.path.expanduser(p)))
+        return os.path.realpath(p)  # (links resolved; no ~: Beam's local file system takes it as a name)
     return norm(a) == norm(b)
 
 
@@ -311,9 +311,9 @@ def _check_prefix(flag: str, prefix: str) -> None:
     if any(c in prefix for c in "*?["):
         raise JobConfigError(f"{flag} {prefix!r}: a prefix cannot hold *, ? or [ (its files are found by "
                              "pattern)")
-    if os.path.basename(prefix.rstrip("/")).endswith("-failed"):
-        raise JobConfigError(f"{flag} {prefix!r}: a prefix cannot end in -failed (PREFIX-failed-* names a run's "
-                             "failed rows)")
+    if os.path.basename(prefix.rstrip("/")).endswith(("-failed", "-chunk")):
+        raise JobConfigError(f"{flag} {prefix!r}: a prefix cannot end in -failed or -chunk (PREFIX-failed-* and "
+                             "PREFIX-chunk-* name a run's failed rows and chunks)")
 
 
 def _check_output(opts: SpecDecOptions) -> None:
@@ -360,9 +360,22 @@ def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
 
 
 # The flags that decide which text a row gets (the models' locations aside: a model may move,
-# to gs:// say); the sampling ones only where either run samples.
+# to gs:// say); where either run samples, those that decide which sample a seed draws too (the
+# drafts it is drawn against: not its distribution, but the very sample).
 GENERATION_FLAGS = ("prompt_column", "max_new_tokens", "temperature", "chat_template", "system_prompt", "stop")
-SAMPLING_FLAGS = ("top_k", "top_p", "seed")
+SAMPLING_FLAGS = ("top_k", "top_p", "seed", "drafter", "num_speculative_tokens", "gamma_policy")
+NGRAM_FLAGS = ("ngram_min_size", "ngram_max_size")
+
+
+def _generation(flags: dict) -> dict:
+    """A run's flags as they decide its text: stop strings in any order, `auto` gamma as sampling
+    runs it (fixed)."""
+    out = {k: flags[k] for k in GENERATION_FLAGS + SAMPLING_FLAGS + NGRAM_FLAGS if k in flags}
+    if isinstance(out.get("stop"), list):
+        out["stop"] = sorted(out["stop"])
+    if out.get("gamma_policy") == "auto":
+        out["gamma_policy"] = "fixed"
+    return out
 
 
 def _check_same_generation(opts: SpecDecOptions, prefix: str, schema: pa.Schema) -> None:
@@ -373,10 +386,12 @@ def _check_same_generation(opts: SpecDecOptions, prefix: str, schema: pa.Schema)
     raw = (schema.metadata or {}).get(KEY.encode())
     if not raw:  # (files written before runs carried their flags)
         return
-    earlier = json.loads(raw)
-    now = {k: json.loads(json.dumps(getattr(opts, k), default=str)) for k in GENERATION_FLAGS + SAMPLING_FLAGS}
+    earlier = _generation(json.loads(raw))
+    now = _generation({k: json.loads(json.dumps(getattr(opts, k), default=str))
+                       for k in GENERATION_FLAGS + SAMPLING_FLAGS + NGRAM_FLAGS})
     sampled = bool(earlier.get("temperature")) or bool(now["temperature"])
-    for key in GENERATION_FLAGS + (SAMPLING_FLAGS if sampled else ()):
+    ngram = sampled and "ngram" in (earlier.get("drafter"), now["drafter"])
+    for key in GENERATION_FLAGS + (SAMPLING_FLAGS if sampled else ()) + (NGRAM_FLAGS if ngram else ()):
         if key in earlier and earlier[key] != now[key]:
             raise JobConfigError(f"--resume_from {prefix!r}: its run had --{key} {earlier[key]!r}, this job "
                                  f"{now[key]!r}; resume with the generation flags of the run it continues")

@@ -72,16 +72,19 @@ def test_every_row_of_a_duplicated_id_fails_as_duplicate_id(tmp_path, saved_pair
     rows = [{"id": "a", "prompt": "Hello world!"}, {"id": "b", "prompt": "for i in"},
             {"id": "b", "prompt": "def add(a, b):"}, {"id": None, "prompt": "The quick"},
             {"id": None, "prompt": "brown fox"}, {"id": "c", "prompt": ""},
-            {"id": "d", "prompt": "same"}, {"id": "d", "prompt": "same"}]  # (two rows still: each is the input's)
+            {"id": "d", "prompt": "same"}, {"id": "d", "prompt": "same"},  # (two rows still: each is the input's)
+            {"id": "e", "prompt": None}, {"id": "e", "prompt": "x"}]
     src = write_prompts(tmp_path / "p.parquet", rows)
     out = tmp_path / "run" / "gens"
     assert main(_args(src, out, target, None)) == 0
     results, failed = read_outputs(str(out))
     assert results["id"].to_pylist() == ["a"]
-    errors = sorted((r["id"] or "", r["prompt"], r["error_type"]) for r in failed.to_pylist())
+    errors = sorted(((r["id"] or "", r["prompt"], r["error_type"]) for r in failed.to_pylist()),
+                    key=lambda e: (e[0], e[1] or "", e[2]))
     assert errors == [("", "The quick", "DuplicateId"), ("", "brown fox", "DuplicateId"),
                       ("b", "def add(a, b):", "DuplicateId"), ("b", "for i in", "DuplicateId"),
-                      ("c", "", "EmptyPrompt"), ("d", "same", "DuplicateId"), ("d", "same", "DuplicateId")]
+                      ("c", "", "EmptyPrompt"), ("d", "same", "DuplicateId"), ("d", "same", "DuplicateId"),
+                      ("e", None, "DuplicateId"), ("e", "x", "DuplicateId")]
     assert sorted(failed.filter(pa.compute.equal(failed["id"], "b"))["error_message"].to_pylist()) == [
         "id 'b' occurs 2 times in the input (row 1 of 2)", "id 'b' occurs 2 times in the input (row 2 of 2)"]
     # a retried bundle commits the same rows again: still one per input row
@@ -202,19 +205,22 @@ def test_bad_resume_prefixes_stop_before_any_work(tmp_path, saved_pairs, capsys)
     pq.write_table(pa.table({"id": pa.array([1], pa.int64()), "generation": ["x"]}),
                    ints.parent / "gens-00000-of-00001.parquet")
     out = tmp_path / "run" / "gens"
+    (tmp_path / "link").symlink_to(tmp_path / "run")
     capsys.readouterr()
     for resume, needle in [(tmp_path / "typo" / "gens", "no output files"), (ints, "ids are int64"),
                            (out, "is the --output prefix"),
                            # the same prefix spelled otherwise: with --overwrite it deleted the run it resumed
                            (f"{out.parent}/./gens", "is the --output prefix"),
                            (os.path.relpath(out), "is the --output prefix"),
-                           (f"{ints}-failed", "cannot end in -failed"),
+                           (f"{ints}-failed", "cannot end in -failed or -chunk"),
+                           (f"{ints}-chunk", "cannot end in -failed or -chunk"),
+                           (f"{tmp_path}/link/gens", "is the --output prefix"),  # a link to out's folder
                            (f"{tmp_path}/*/gens", "cannot hold *, ? or [")]:
         assert main(_args(src, out, target, None, "--resume_from", str(resume), "--overwrite")) == 2
         assert needle in _one_line_error(capsys), resume
     # another run's failed shards are this prefix's results: --overwrite deleted them
     assert main(_args(src, f"{ints}-failed", target, None, "--overwrite")) == 2
-    assert "cannot end in -failed" in _one_line_error(capsys)
+    assert "cannot end in -failed or -chunk" in _one_line_error(capsys)
     assert main(_args(src, tmp_path / "out[1]" / "gens", target, None)) == 2  # all its work, then a traceback
     assert "cannot hold *, ? or [" in _one_line_error(capsys)
     for extra, needle in [(["--commit_every_s", "-1"], "--commit_every_s must be >= 0"),
@@ -242,6 +248,15 @@ def test_resuming_with_other_generation_flags_stops_before_any_work(tmp_path, sa
     # greedy: top_k and the seed change nothing; a model draft changes no text
     assert main(_args(src, tmp_path / "next" / "gens", target, draft, "--resume_from", str(first),
                       "--seed", "3")) == 0
+    # sampled: the seed's sample depends on the drafts it was drawn against; stop strings in any order
+    sampled = tmp_path / "sampled" / "gens"
+    assert main(_args(src, sampled, target, None, "--temperature", "1", "--stop", "xyz", "--stop", "qq")) == 0
+    capsys.readouterr()
+    assert main(_args(src, tmp_path / "s2" / "gens", target, draft, "--temperature", "1", "--stop", "xyz",
+                      "--stop", "qq", "--resume_from", str(sampled))) == 2
+    assert "its run had --drafter 'none', this job 'model'" in _one_line_error(capsys)
+    assert main(_args(src, tmp_path / "s3" / "gens", target, None, "--temperature", "1", "--stop", "qq",
+                      "--stop", "xyz", "--gamma_policy", "auto", "--resume_from", str(sampled))) == 0
 
 
 SLOW_RUN = textwrap.dedent("""

@@ -283,6 +283,13 @@ def test_runs_read_together_are_reported_as_one(two_runs, tmp_path, capsys):
         pq.write_table(part, tmp_path / name / "gens-00000-of-00001.parquet")
     assert report.main([f"{tmp_path}/a/gens,{tmp_path}/b/gens"]) == 0
     assert labelled(capsys.readouterr().out)["prompts"] == f"{spec.num_rows} ({spec.num_rows} generated, 0 failed)"
+    # a typo among them would leave its rows out unseen
+    assert report.main([f"{tmp_path}/a/gens,{tmp_path}/typo/gens"]) == 2
+    assert f"{tmp_path}/typo/gens: no output files there" in capsys.readouterr().err
+    # a drafted baseline given as several prefixes is still said to be one (its files say so)
+    assert report.main([p["base"], "--baseline", f"{tmp_path}/a/gens,{tmp_path}/b/gens"]) == 0
+    out = capsys.readouterr()
+    assert "drafted (--drafter model)" in out.err and labelled(out.out)["baseline target step"] == "n/a"
 
 
 @pytest.mark.slow

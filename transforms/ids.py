@@ -48,9 +48,10 @@ class _Select(beam.DoFn):
             yield rows[0]
             return
         self.duplicates.inc(len(rows))
-        # Numbered in prompt order, so that identical rows stay distinct rows however a retry
-        # orders the group (readers keep one DuplicateId row per id, prompt and message).
-        for i, prompt in enumerate(sorted(prompt_text(row.get(self.prompt_column)) for row in rows), 1):
+        # Numbered by prompt text (a null first), so that identical rows stay distinct rows however
+        # a retry orders the group (readers keep one DuplicateId row per id, prompt and message).
+        prompts = sorted((prompt_text(row.get(self.prompt_column)) for row in rows), key=lambda p: (p is not None, p))
+        for i, prompt in enumerate(prompts, 1):
             yield beam.pvalue.TaggedOutput(FAILED, {
                 "id": key,
                 "prompt": prompt,

@@ -29,18 +29,31 @@ from pipeline.report.stats import (
     sections,
     summarize,
 )
-from transforms.durable import read_outputs
+from transforms.durable import output_files, read_outputs
 from transforms.results import result_schema
 
 __all__ = ["Summary", "format_table", "main", "read_results", "summarize"]  # the demo imports these from here
 
 
 
+def _parts(prefix: str) -> list[str]:
+    return [p for p in prefix.split(",") if p]
+
+
+def _record(prefix: str) -> dict:
+    """The flags the first of the prefixes whose files carry them ran with ({} if none)."""
+    return next((r for r in map(read_record, _parts(prefix)) if r), {})
+
+
 def read_results(prefix: str) -> tuple[pa.Table, pa.Table | None]:
     """A run's rows, each id once: final shards, and the chunks a running or killed job
     committed (transforms/durable.py reads both); several comma-separated prefixes (a resumed
     run and the one it continued, a job split in several) are read as one output."""
-    results, failed = read_outputs([p for p in prefix.split(",") if p])
+    parts = _parts(prefix)
+    for part in parts if len(parts) > 1 else ():  # (a typo would leave its rows out unseen)
+        if not output_files(part):
+            raise FileNotFoundError(f"{part}: no output files there ({prefix})")
+    results, failed = read_outputs(parts)
     if results is None and failed is not None:  # a killed job that had only failed rows so far
         results = result_schema(failed.schema, "id", []).empty_table()
     if results is None:
@@ -69,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     alone = True
     if args.baseline:  # what its files say made them
-        made, run = read_record(args.baseline) or {}, read_record(args.prefix) or {}
+        made, run = _record(args.baseline), _record(args.prefix)
         alone = made.get("drafter", "none") == "none"
         if not alone:  # an A/B of two drafted runs: speed-up and identical generations hold
             print(f"note: --baseline {args.baseline} drafted (--drafter {made['drafter']}): its steps are not the "
