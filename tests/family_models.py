@@ -39,13 +39,14 @@ from transformers import (
 V = 128  # vocabulary
 WINDOW = 6  # sliding window of the sliding-window families (tokens)
 SEQ2SEQ_FAMILIES = ("t5", "mt5", "umt5", "bart", "pegasus", "marian", "m2m100", "mbart")
-WINDOW_FAMILIES = ("mistral", "phi3", "gemma2", "gemma3", "gemma3n", "gemma4", "gpt_oss", "starcoder2")
+WINDOW_FAMILIES = ("mistral", "phi3", "gemma2", "gemma3", "gemma3n", "gemma4", "gpt_oss", "cohere2", "starcoder2")
 # Decoder-only families with full attention, each with its own position scheme (RoPE variants,
-# learned positions with an offset, ALiBi from the mask), MLP and norm layout, two mixtures of
-# experts, a state-space model and a recurrent one (which the engines refuse).
+# learned positions with an offset, ALiBi from the mask, layers without positions), MLP and norm
+# layout, three mixtures of experts, a state-space model and a recurrent one (which the engines
+# refuse).
 DECODER_FAMILIES = ("qwen2", "qwen3", "gemma", "opt", "gpt_neox", "gptj", "gpt_bigcode", "phi", "stablelm",
-                    "olmo2", "cohere", "granite", "falcon", "falcon-alibi", "bloom", "mixtral", "qwen2_moe", "mamba",
-                    "recurrent_gemma")
+                    "olmo2", "cohere", "granite", "falcon", "falcon-alibi", "bloom", "mixtral", "qwen2_moe",
+                    "qwen3_moe", "smollm3", "mamba", "recurrent_gemma")
 
 
 def _seq2seq(family: str):
@@ -121,6 +122,12 @@ def _causal(family: str, window: int | None):
                            num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"],
                            pad_token_id=0, eos_token_id=1, bos_token_id=2)
         return GptOssForCausalLM, cfg, dict(eos_token_id=[1, V - 2])
+    if family == "cohere2":  # sliding layers with RoPE, full ones without positions (NoPE)
+        from transformers import Cohere2Config, Cohere2ForCausalLM
+
+        cfg = Cohere2Config(**small, sliding_window=window or 4096, layer_types=["sliding_attention", "full_attention"],
+                            pad_token_id=0, bos_token_id=5, eos_token_id=V - 1)
+        return Cohere2ForCausalLM, cfg, {}
     if family == "starcoder2":  # <|endoftext|>=0 is BOS and EOS
         cfg = Starcoder2Config(**small, sliding_window=window, bos_token_id=0, eos_token_id=0, pad_token_id=None)
         return Starcoder2ForCausalLM, cfg, {}
@@ -177,7 +184,8 @@ def _full_attention(family: str, small: dict):
     names = {"qwen2": "Qwen2", "qwen3": "Qwen3", "gemma": "Gemma", "opt": "OPT", "gpt_neox": "GPTNeoX", "gptj": "GPTJ",
              "gpt_bigcode": "GPTBigCode", "phi": "Phi", "stablelm": "StableLm", "olmo2": "Olmo2",
              "cohere": "Cohere", "granite": "Granite", "falcon": "Falcon", "falcon-alibi": "Falcon", "bloom": "Bloom",
-             "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "mamba": "Mamba", "recurrent_gemma": "RecurrentGemma"}
+             "mixtral": "Mixtral", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "smollm3": "SmolLM3",
+             "mamba": "Mamba", "recurrent_gemma": "RecurrentGemma"}
     own = {"qwen3": dict(head_dim=8), "gemma": dict(head_dim=8), "opt": dict(ffn_dim=64, word_embed_proj_dim=32),
            "gptj": dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=256),
            "gpt_bigcode": dict(n_embd=32, n_layer=2, n_head=4, n_positions=256),
@@ -187,7 +195,10 @@ def _full_attention(family: str, small: dict):
            "recurrent_gemma": dict(num_hidden_layers=3, lru_width=32, attention_window_size=WINDOW,
                                    block_types=["recurrent", "recurrent", "attention"]),
            "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                             shared_expert_intermediate_size=32)}
+                             shared_expert_intermediate_size=32),
+           "qwen3_moe": dict(head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+           # every other layer without RoPE (NoPE): positions from the causal mask alone there
+           "smollm3": dict(no_rope_layers=[1, 0])}
     config = getattr(transformers, f"{names[family]}Config")(**{**small, **own.get(family, {})}, pad_token_id=0,
                                                              bos_token_id=1, eos_token_id=2)
     return getattr(transformers, f"{names[family]}ForCausalLM"), config, {}
