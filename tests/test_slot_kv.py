@@ -324,8 +324,8 @@ def test_a_chained_round_leaves_rows_that_feed_nothing_intact(models, prompts, g
     kv.release()
 
 
-@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
-@pytest.mark.parametrize("family", [*WINDOW_FAMILIES])
+@pytest.mark.parametrize(("family", "graphs"), [(f, True) for f in WINDOW_FAMILIES] + [
+    (f, False) for f in ("gemma3n", "gemma4")])  # (eagerly, rows enter through a padded prefill's copy)
 def test_sliding_window_families_in_slots_equal_generate(family, graphs, fake_graphs):
     """Families with their own special tokens and end rules (Phi-3, Gemma: several end ids) and
     a sliding window (6 tokens) that every row passes, all layers' (Mistral, Phi-3, StarCoder2)
