@@ -52,6 +52,25 @@ def test_reader_counts_each_id_once_and_results_win_over_failed(tmp_path):
     assert both["id"].to_pylist() == ["a", "b", None, "e"]
 
 
+def test_numbered_duplicate_id_rows_stand_for_an_older_runs_unnumbered_ones(tmp_path):
+    """An id twice in the input, failed by a run before DuplicateId rows were numbered and by a
+    run resumed from it: two rows, as the input has (three before); an id only the older run
+    failed keeps its rows; identical numbered rows stay one per input row."""
+    def dup(i, prompt, message):
+        return {"id": i, "prompt": prompt, "error_type": "DuplicateId", "error_message": message}
+
+    old, new = str(tmp_path / "old"), str(tmp_path / "new")
+    _write(f"{old}-failed-00000-of-00001.parquet", [dup("b", "p", "id 'b' occurs 2 times in the input"),
+                                                   dup(None, "q", "id None occurs 2 times in the input"),
+                                                   dup(None, "r", "id None occurs 2 times in the input")], FAILED)
+    _write(f"{new}-failed-00000-of-00001.parquet",
+           [dup("b", "p", "id 'b' occurs 2 times in the input (row 1 of 2)"),
+            dup("b", "p", "id 'b' occurs 2 times in the input (row 2 of 2)")], FAILED)
+    _, failed = read_outputs([old, new])
+    assert sorted((r["id"] or "", r["error_message"][-12:]) for r in failed.to_pylist()) == [
+        ("", "in the input"), ("", "in the input"), ("b", "(row 1 of 2)"), ("b", "(row 2 of 2)")]
+
+
 def test_ids_dictionary_encoded_as_the_input_was_are_read_as_their_values(tmp_path):
     """A job passes a dictionary-encoded id column (a pandas categorical) through as it is: the
     reader (and so `pipeline.report`) takes it as its values."""

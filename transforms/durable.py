@@ -228,8 +228,14 @@ def _failed_once(failed: pa.Table) -> pa.Table:
     row per input row (each numbered in its message): those rows are the input's own, not a
     retry's copies."""
     dup = pc.equal(failed["error_type"], "DuplicateId").fill_null(False)
+    dups = failed.filter(dup)
+    # A run before the numbering wrote one row per id and prompt: where a later run numbered the
+    # same id's rows, those stand for it (a resumed run reads both).
+    numbered = pc.match_substring_regex(dups["error_message"], r" \(row \d+ of \d+\)$").fill_null(False)
+    superseded = pc.and_(pc.invert(numbered), pc.is_in(dups["id"], value_set=dups.filter(numbered)["id"],
+                                                       skip_nulls=False))
     return pa.concat_tables([_first_per_key(failed.filter(pc.invert(dup)), ["id"]),
-                             _first_per_key(failed.filter(dup), ["id", "prompt", "error_message"])])
+                             _first_per_key(dups.filter(pc.invert(superseded)), ["id", "prompt", "error_message"])])
 
 
 def read_outputs(prefixes: str | Iterable[str]) -> tuple[pa.Table | None, pa.Table | None]:
