@@ -381,12 +381,12 @@ def _generation(flags: dict) -> dict:
 def _check_same_generation(opts: SpecDecOptions, prefix: str, schema: pa.Schema) -> None:
     """A resumed run's rows and this job's are read as one output: rows of other generation flags
     (another length, greedy beside sampled) would mix in it unseen."""
-    from pipeline.provenance import KEY
+    from pipeline.provenance import record_in
 
-    raw = (schema.metadata or {}).get(KEY.encode())
-    if not raw:  # (files written before runs carried their flags)
+    record = record_in(schema.metadata)
+    if record is None:  # (files written before runs carried their flags)
         return
-    earlier = _generation(json.loads(raw))
+    earlier = _generation(record)
     now = _generation({k: json.loads(json.dumps(getattr(opts, k), default=str))
                        for k in GENERATION_FLAGS + SAMPLING_FLAGS + NGRAM_FLAGS})
     sampled = bool(earlier.get("temperature")) or bool(now["temperature"])

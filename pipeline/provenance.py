@@ -66,9 +66,15 @@ def with_provenance(schema: pa.Schema, record: dict) -> pa.Schema:
     return schema.with_metadata({**(schema.metadata or {}), KEY: json.dumps(record, sort_keys=True, default=str)})
 
 
+def record_in(metadata: dict[bytes, bytes] | None) -> dict | None:
+    """The record in a Parquet file's key-value metadata, or None (files of a job before records,
+    or written by something else)."""
+    raw = (metadata or {}).get(KEY.encode())
+    return json.loads(raw) if raw else None
+
+
 def read_record(prefix: str) -> dict | None:
-    """The record a run's output files carry (the first result file's), or None: files of a job
-    before records, or written by something else."""
+    """The record a run's output files carry (the first result file's), or None."""
     import pyarrow.parquet as pq
     from apache_beam.io.filesystems import FileSystems
 
@@ -76,6 +82,5 @@ def read_record(prefix: str) -> dict | None:
 
     for path in match(result_patterns(prefix))[:1]:
         with FileSystems.open(path) as f:
-            raw = (pq.read_metadata(f).metadata or {}).get(KEY.encode())
-        return json.loads(raw) if raw else None
+            return record_in(pq.read_metadata(f).metadata)
     return None
