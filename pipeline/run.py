@@ -56,7 +56,7 @@ def build_pipeline(p: beam.Pipeline, opts: SpecDecOptions, schema: pa.Schema) ->
         opts.output, *schemas, opts.commit_every_s, accelerator=opts.accelerator)
     early = [rows | f"Commit{kind}" >> beam.ParDo(
         CommitChunks(f"{opts.output}-failed-chunk", schemas[1], opts.commit_every_s))
-        for kind, rows in zip(("DuplicateIds", "InvalidUtf8"), early, strict=True)]
+        for kind, rows in early.items()]
     failed = (failed, *early) | "AllFailed" >> beam.Flatten()
     _ = (results, failed) | "Write" >> WriteResults(opts.output, *schemas)
 

@@ -77,16 +77,16 @@ class _Readable(beam.DoFn):
 
 
 class SelectRows(beam.PTransform):
-    """rows -> (rows to generate, (failed rows of duplicated ids, failed rows of values that are
-    not UTF-8)): two collections, each made in its own stage (before and after the grouping), so
-    that a step on each runs where its rows are found."""
+    """rows -> (rows to generate, {"DuplicateId": failed rows, "InvalidUtf8": failed rows}): each
+    kind of failed rows made in its own stage (after and before the grouping), so that a step on
+    each runs where its rows are found."""
 
     def __init__(self, id_column: str, prompt_column: str, resume_from: list[str] | None = None):
         super().__init__()
         self.id_column, self.prompt_column = id_column, prompt_column
         self.resume_from = list(resume_from or [])
 
-    def expand(self, rows: beam.PCollection) -> tuple[beam.PCollection, tuple[beam.PCollection, beam.PCollection]]:
+    def expand(self, rows: beam.PCollection) -> tuple[beam.PCollection, dict[str, beam.PCollection]]:
         readable = rows | "Readable" >> beam.ParDo(_Readable(self.id_column, self.prompt_column)).with_outputs(
             FAILED, main="rows")
         rows = readable.rows
@@ -104,4 +104,4 @@ class SelectRows(beam.PTransform):
             | "GroupById" >> beam.CoGroupByKey()
             | "Select" >> beam.ParDo(_Select(self.prompt_column)).with_outputs(FAILED, main="rows")
         )
-        return selected.rows, (selected[FAILED], readable[FAILED])
+        return selected.rows, {"DuplicateId": selected[FAILED], InvalidUtf8.__name__: readable[FAILED]}
