@@ -206,18 +206,19 @@ def _weight_files() -> tuple[str, ...]:
     return SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME
 
 
+def _holds_any(directory: str, names: tuple[str, ...]) -> bool:
+    """Whether a directory, local or gs://, holds one of these files."""
+    if directory.startswith("gs://"):
+        return any(FileSystems.exists(f"{directory.rstrip('/')}/{name}") for name in names)
+    return any(os.path.isfile(os.path.join(os.path.expanduser(directory), name)) for name in names)
+
+
 def _check_model_path(flag: str, path: str, trust: bool = False) -> None:
-    if path.startswith("gs://"):
-        base = path.rstrip("/")
-        if not FileSystems.exists(base + "/config.json"):
-            raise JobConfigError(f"{flag} {path!r}: no config.json there")
-        if not any(FileSystems.exists(f"{base}/{name}") for name in _weight_files()):
-            raise JobConfigError(f"{flag} {path!r}: no weights there ({', '.join(_weight_files())})")
-    elif os.path.exists(path) or path.startswith((".", "/", "~")):
-        local = os.path.expanduser(path)
-        if not os.path.isfile(os.path.join(local, "config.json")):
-            raise JobConfigError(f"{flag} {path!r}: not a model directory (no config.json)")
-        if not any(os.path.isfile(os.path.join(local, name)) for name in _weight_files()):
+    if path.startswith("gs://") or os.path.exists(path) or path.startswith((".", "/", "~")):
+        if not _holds_any(path, ("config.json",)):
+            raise JobConfigError(f"{flag} {path!r}: " + ("no config.json there" if path.startswith("gs://")
+                                                          else "not a model directory (no config.json)"))
+        if not _holds_any(path, _weight_files()):
             raise JobConfigError(f"{flag} {path!r}: no weights there ({', '.join(_weight_files())})")
     else:  # a hub id: transformers resolves it (from the local cache when offline)
         from transformers import AutoConfig
@@ -237,8 +238,7 @@ def _check_tokenizer_path(path: str, trust: bool) -> None:
     from specdec_core.loading import TOKENIZER_FILES
 
     if path.startswith("gs://"):
-        base = path.rstrip("/")
-        if not any(FileSystems.exists(f"{base}/{name}") for name in TOKENIZER_FILES):
+        if not _holds_any(path, TOKENIZER_FILES):
             raise JobConfigError(f"--tokenizer {path!r}: no tokenizer files there ({', '.join(TOKENIZER_FILES)})")
     elif os.path.exists(path) or path.startswith((".", "/", "~")):
         if not os.path.isdir(os.path.expanduser(path)):
