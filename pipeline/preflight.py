@@ -425,15 +425,14 @@ def _check_batching(opts: SpecDecOptions) -> None:
                                  "attention layers, full or sliding-window (use --batch_size 1)")
 
 
-def _check_context(opts: SpecDecOptions, mode: str | None) -> None:
+def _check_context(opts: SpecDecOptions) -> None:
     """--max_new_tokens past what a local target's decoder can position would fail every row
-    (`PromptTooLong`): a causal decoder holds the prompt (a token at least) and the output; so
-    must a draft of the target's tokenizer (`mode`: `_check_pair`'s), which steps over the same
-    tokens. (A draft with another tokenizer counts its own and stops drafting when full.)"""
-    from specdec_core.loading import CROSS_TOKENIZER, positions
+    (`PromptTooLong`): a causal decoder holds the prompt (a token at least) and the output. (A
+    draft with fewer positions drafts while a row fits them, then the target goes on alone.)"""
+    from specdec_core.loading import positions
 
     for flag, path, config in _local_model_configs(opts):
-        if flag == "--draft_model" and (mode is None or mode == CROSS_TOKENIZER):
+        if flag == "--draft_model":
             continue
         limit = positions(config)
         room = None if limit is None else limit - (0 if config.is_encoder_decoder else 1)
@@ -492,7 +491,7 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_output(opts)
     _check_resume(opts, schema)
     _check_batching(opts)
-    _check_context(opts, mode and mode[0])
+    _check_context(opts)
     _check_cuda_graphs(opts)
     _check_fit(opts)
     if mode:  # (logged once every check passed: a refused job prints its one line only)

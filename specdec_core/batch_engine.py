@@ -371,16 +371,20 @@ class BatchSpeculativeGenerator:
         `encoded` (those of a model with the same encoder module, over the same rows, prefilled
         the same way) spares running the encoder again."""
         t0, setup = time.perf_counter(), setup_seconds(kv)
-        feeds = [r.seq[:-1] for r in rows]
+        # A row past a model draft's positions is never drafted: the draft reads none of it.
+        drafts = model is self.draft_model
+        feeds = [[] if drafts and self.drafter.room(len(r.seq)) < 1 else r.seq[:-1] for r in rows]
+        # (a draft's own encoder reads what it can position of a prompt)
+        prompts = [self.drafter.encoder_prompt(r.prompt) if drafts and not encoded else r.prompt for r in rows]
         if _by_rows(kv, len(rows)):
-            hidden = kv.prefill(feeds, into, [r.prompt for r in rows] if self.encdec else None, encoded)
+            hidden = kv.prefill(feeds, into, prompts if self.encdec else None, encoded)
         else:
             parts, hidden = [], []
-            lengths = [len(r.prompt) for r in rows] if self.encdec else [len(f) for f in feeds]
+            lengths = [len(p) for p in prompts] if self.encdec else [len(f) for f in feeds]
             for i, chunk in enumerate(prefill_chunks(lengths, self.prefill_tokens)):
                 fresh = BatchKV(model, len(chunk), self.pad_id)
                 if self.encdec:  # the decoder holds no prompt: the encoder runs, the cross cache fills
-                    hidden.append(fresh.encode([rows[j].prompt for j in chunk], encoded[i] if encoded else None))
+                    hidden.append(fresh.encode([prompts[j] for j in chunk], encoded[i] if encoded else None))
                 else:
                     fresh.forward([feeds[j] for j in chunk], logits=False)
                 if into is not None:
@@ -391,8 +395,8 @@ class BatchSpeculativeGenerator:
         if model is self.draft_model:  # what drafting costs per prompt: one-off graph captures left out
             self._draft_prefill[0] += time.perf_counter() - t0 - (setup_seconds(kv) - setup)
             self._draft_prefill[1] += len(rows)
-            for r in rows:
-                r.draft_behind = False
+            for r, feed in zip(rows, feeds, strict=True):
+                r.draft_behind = not feed and len(r.seq) > 1
         return hidden
 
     def _prefill_per_token(self, costs: Costs) -> float:
@@ -516,7 +520,10 @@ class BatchSpeculativeGenerator:
         batch_k = isinstance(policy, AdaptiveGamma) and policy.costs is not None and len(live) > 1
         k = self._batch_gamma(policy, live) if batch_k else 0
         # Never draft past the budget: the round's extra target token needs one slot.
-        ks = [max(min(k if batch_k else r.gamma_state.next(), self.max_new_tokens - len(r.new) - 1), 0)
+        # Nor past a model draft's positions (`ModelDrafter.room`): the target goes on alone after.
+        draft_room = self.drafter.room if self.draft_model is not None else (lambda n: self.gamma)
+        ks = [max(min(k if batch_k else r.gamma_state.next(), self.max_new_tokens - len(r.new) - 1,
+                      draft_room(len(r.seq))), 0)
               for r in live]
         behind = [b for b, r in enumerate(live) if r.draft_behind and ks[b] > 0]
         if behind and dkv is not None:
@@ -567,7 +574,9 @@ class BatchSpeculativeGenerator:
             r.seq += emitted
             tkv.rollback(b, valid)
             if dkv is not None:
-                dkv.rollback(b, valid)
+                # A row past the draft's positions is never drafted again: its draft cache is let
+                # go, so that the pads it takes in the draft's passes stay inside the positions.
+                dkv.rollback(b, valid if draft_room(len(r.seq)) > 0 else 0)
             elif r.session is not None:
                 r.session.rollback(valid)
 

@@ -18,6 +18,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec_core.decoder import CachedDecoder, eos_ids, synchronize
+from specdec_core.loading import context_limit
 from specdec_core.static_decoder import StaticDecoder, static_decoder_for
 
 # (sequence so far, logits row (1, V)) -> (chosen token, its distribution (1, V) or None when greedy).
@@ -31,6 +32,8 @@ def through_end(tokens: list[int], ends: set[int]) -> list[int]:
     end = next((i for i, t in enumerate(tokens) if t in ends), None)
     return tokens if end is None else tokens[: end + 1]
 
+
+NO_LIMIT = 1 << 62  # `ModelDrafter.room` of a draft without a position table
 
 # (index of the token about to be proposed, the draft's confidence in it) -> propose it?
 KeepDrafting = Callable[[int, float], bool]
@@ -134,21 +137,45 @@ class ModelDrafter(Drafter):
         self.static = static_decoder_for(model, cuda_graphs, torch_compile)
         self.chain = chain
         self.torch_compile = torch_compile
+        # The draft's decoder positions (None: relative, as T5's): a draft with fewer than the
+        # target drafts while a row fits them, and the target goes on alone after (`room`).
+        self.limit = context_limit(model)
+        # An encoder-decoder draft's encoder positions: a longer prompt is cut to them for it.
+        self.encoder_limit = context_limit(model, encoder=True) if model.config.is_encoder_decoder else None
+
+    def room(self, seq_len: int) -> int:
+        """The most tokens the draft may propose after a decoder sequence of `seq_len`: its k
+        steps read positions up to seq_len + k - 2 and, in a batch, a row's pad after them one
+        more, all inside its own positions. Any number of drafts keeps the output exact; this one
+        depends on the length alone, so a seed's sample does not depend on it either."""
+        return NO_LIMIT if self.limit is None else max(self.limit - seq_len, 0)
+
+    def encoder_prompt(self, prompt_ids: list[int]) -> list[int]:
+        """What an encoder-decoder draft's own encoder reads of a prompt: all of it, or, past its
+        positions, their number of tokens, the last (an end token) kept: a worse guess, never
+        another output."""
+        limit = self.encoder_limit
+        if limit is None or len(prompt_ids) <= limit:
+            return prompt_ids
+        return prompt_ids[: limit - 1] + prompt_ids[-1:]
 
     def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker,
               encoded: dict | None = None) -> DraftSession:
+        if encoded is None:
+            prompt_ids = self.encoder_prompt(prompt_ids)
         if self.static is not None and self.static.acquire():
             try:
                 self.static.encode(prompt_ids, encoded)
             except BaseException:
                 self.static.release()
                 raise
-            return _ModelSession(self.static, decoder_ids, pick, self.ends, release=self.static.release,
+            return _ModelSession(self.static, decoder_ids, pick, self.ends, self.room, release=self.static.release,
                                  chain=self.chain and getattr(pick, "argmax_only", False))
-        return _ModelSession(CachedDecoder(self.model, prompt_ids, encoded), decoder_ids, pick, self.ends)
+        return _ModelSession(CachedDecoder(self.model, prompt_ids, encoded), decoder_ids, pick, self.ends, self.room)
 
     def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer:
         # Steps as the items run them: through a static decoder of its own when graphs are used.
+        prompt_ids = self.encoder_prompt(prompt_ids)
         if self.static is None:
             decoder = CachedDecoder(self.model, prompt_ids)
         else:
@@ -176,10 +203,12 @@ class _ModelSession(DraftSession):
     rounds without drafts leave a gap that the next proposal feeds in one pass."""
 
     def __init__(self, decoder: CachedDecoder | StaticDecoder, decoder_ids: list[int], pick: Picker,
-                 ends: set[int] = frozenset(), release: Callable[[], None] | None = None, chain: bool = False):
+                 ends: set[int] = frozenset(), room: Callable[[int], int] = lambda n: NO_LIMIT,
+                 release: Callable[[], None] | None = None, chain: bool = False):
         self.decoder = decoder
         self.pick = pick
         self.ends = ends
+        self.room = room
         self._release = release
         self.chain = chain  # greedy rounds drafted on the device (a StaticDecoder, an argmax picker)
 
@@ -189,6 +218,9 @@ class _ModelSession(DraftSession):
             self._release = None
 
     def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
+        k = min(k, self.room(len(seq)))
+        if k < 1:  # past the draft's positions: nothing read, nothing proposed
+            return Draft([], None, [] if keep is not None else None)
         # The prompt (or a gap) not read yet: the pass that reads it is timed as a prefill.
         behind = len(seq) - 1 > self.decoder.length
         if self.chain and keep is None:

@@ -283,7 +283,6 @@ class TextGenerator:
         gamma_policy: GammaPolicy | None = None,
         context: int | None = None,
         prompt_context: int | None = None,
-        context_owner: str = "the model's",
         chat_template: bool = False,
         system_prompt: str | None = None,
         stop: Sequence[str] = (),
@@ -325,7 +324,6 @@ class TextGenerator:
             )
         # Positions: the decoder's (a causal one holds prompt + output), and an encoder's prompt.
         self.context, self.prompt_context = context, prompt_context
-        self.context_owner = context_owner  # whose positions bound a row: "the draft's" where a draft's are fewer
         # Beam threads share one generator per process; items run one at a time so that
         # each item's latency is its own.
         self._lock = threading.Lock()
@@ -366,15 +364,12 @@ class TextGenerator:
         if spec.chat_template and not tokenizer.chat_template:
             raise ValueError(f"--chat_template: the tokenizer of {spec.tokenizer or spec.target_model} "
                              "has no chat template")
-        models = [target]
         compiled = compiles(spec.torch_compile, spec.cuda_graphs, device)
         if spec.drafter == "model":
             drafter: Drafter = load_model_drafter(spec.draft_model, target, tokenizer, device=device, dtype=dtype,
                                                   draft_dtype=spec.draft_dtype, cpu_kernels=spec.cpu_kernels,
                                                   trust_remote_code=trust, cuda_graphs=spec.cuda_graphs,
                                                   torch_compile=compiled)
-            if isinstance(drafter, ModelDrafter):
-                models.append(drafter.model)  # a cross-tokenizer draft's positions count its own tokens
         elif spec.drafter == "ngram":
             drafter = NgramDrafter(spec.ngram_max_size, spec.ngram_min_size)
         else:
@@ -394,9 +389,10 @@ class TextGenerator:
             max_new_tokens=spec.max_new_tokens,
             sampling=SamplingSettings(spec.temperature, spec.top_k, spec.top_p),
             gamma_policy=gamma_policy,
-            context=context_limit(*models),
-            context_owner="the draft's" if context_limit(*models) != context_limit(target) else "the model's",
-            prompt_context=context_limit(*models, encoder=True) if target.config.is_encoder_decoder else None,
+            # A row is bound by the target's positions alone: a draft with fewer drafts while the
+            # row fits them (`ModelDrafter.room`), a cross-tokenizer draft counts its own tokens.
+            context=context_limit(target),
+            prompt_context=context_limit(target, encoder=True) if target.config.is_encoder_decoder else None,
             chat_template=spec.chat_template,
             system_prompt=spec.system_prompt,
             stop=spec.stop,
@@ -421,14 +417,13 @@ class TextGenerator:
         if not self.engine.target.config.is_encoder_decoder:
             if budget is not None and len(ids) + n > budget:
                 raise PromptTooLong(f"prompt has {len(ids)} tokens; with max_new_tokens={n} "
-                                    f"it exceeds {self.context_owner} {budget}-position context")
+                                    f"it exceeds the model's {budget}-position context")
             return ids
         if self.prompt_context is not None and len(ids) > self.prompt_context:
             raise PromptTooLong(f"prompt has {len(ids)} tokens; it exceeds the encoder's "
                                 f"{self.prompt_context}-position context")
         if budget is not None and n > budget:  # the decoder holds the output
-            raise PromptTooLong(f"max_new_tokens={n} exceeds {self.context_owner.replace('model', 'decoder')} "
-                                f"{budget}-position context")
+            raise PromptTooLong(f"max_new_tokens={n} exceeds the decoder's {budget}-position context")
         return ids
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:

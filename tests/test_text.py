@@ -69,9 +69,10 @@ def test_prompt_longer_than_context_fails_the_row(saved_pairs, caplog):
     assert "indexing errors" not in caplog.text
 
 
-def test_a_draft_of_fewer_positions_is_named_when_it_bounds_a_row(saved_pairs, tmp_path):
-    """A draft of the target's tokenizer steps over the same tokens: a row past the draft's
-    positions (64 here, the target's 256) fails, its reason naming the draft's context."""
+def test_a_draft_of_fewer_positions_drafts_while_a_row_fits_them(saved_pairs, tmp_path):
+    """A draft of the target's tokenizer with fewer positions (64 here, the target's 256) drafts
+    while a row fits them and leaves the rest to the target: rows past them decode as the target
+    alone does (they failed as PromptTooLong), and only rows past the target's own fail."""
     import json
     import shutil
 
@@ -80,10 +81,18 @@ def test_a_draft_of_fewer_positions_is_named_when_it_bounds_a_row(saved_pairs, t
     shutil.copytree(draft_dir, short)
     config = json.loads((short / "config.json").read_text())
     (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
-    gen = TextGenerator.load(GeneratorSpec(str(target_dir), str(short), max_new_tokens=16))
-    with pytest.raises(PromptTooLong, match="exceeds the draft's 64-position context"):
-        gen.generate("word " * 60)
-    gen = TextGenerator.load(GeneratorSpec(str(target_dir), str(draft_dir), max_new_tokens=16))
+    gen = TextGenerator.load(GeneratorSpec(str(target_dir), str(short), max_new_tokens=16,
+                                           num_speculative_tokens=4, gamma_policy="fixed"))
+    alone = TextGenerator.load(GeneratorSpec(str(target_dir), drafter="none", max_new_tokens=16))
+    seen = []
+    for words in (10, 18, 25):  # ends before, across and after the draft's 64 positions
+        prompt = "word " * words
+        out, want = gen.generate(prompt), alone.generate(prompt)
+        assert out["token_ids"] == want["token_ids"]
+        drafted = out["prompt_tokens"] < 64 - 1  # room for a draft in the first round
+        assert (out["draft_tokens"] > 0) == drafted, (out["prompt_tokens"], out["draft_tokens"])
+        seen.append(out["prompt_tokens"])
+    assert min(seen) + 16 < 64 < max(seen)
     with pytest.raises(PromptTooLong, match="exceeds the model's 256-position context"):
         gen.generate("word " * 300)
 
