@@ -42,7 +42,7 @@ from specdec_core.engine import (
 )
 from specdec_core.gamma import LOOKUP_DRAFT_COST, AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
 from specdec_core.loading import context_limit
-from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
+from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors, draft_pick
 from specdec_core.self_check import narrowest_width, rows_disagreement
 from specdec_core.slot_kv import SlotKV, slot_kv_for
 
@@ -228,11 +228,7 @@ class BatchSpeculativeGenerator:
 
     def _picker(self, row: _Row):
         def pick(cur: list[int], logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-            scores = row.transform(cur, logits)
-            if self.sampling.greedy:
-                return int(scores.argmax(-1).item()), None
-            probs = scores.softmax(-1)
-            return int(torch.multinomial(probs[0], 1, generator=row.generator).item()), probs
+            return draft_pick(row.transform(cur, logits), self.sampling.greedy, row.generator)
         return pick
 
     # -- the loop -------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from specdec_core.decoder import CachedDecoder, eos_ids, initial_decoder_ids, sy
 from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
 from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
 from specdec_core.loading import context_limit
-from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
+from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors, draft_pick
 from specdec_core.self_check import cache_failure, state_failure, verify_disagreement
 from specdec_core.static_decoder import StaticDecoder, static_decoder_for
 
@@ -208,11 +208,7 @@ class SpeculativeGenerator:
         stats = ItemStats(prompt_tokens=len(prompt_ids))
 
         def pick(cur: list[int], logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-            scores = transform(cur, logits)
-            if sampling.greedy:
-                return int(scores.argmax(-1).item()), None
-            probs = scores.softmax(-1)
-            return int(torch.multinomial(probs[0], 1, generator=generator).item()), probs
+            return draft_pick(transform(cur, logits), sampling.greedy, generator)
 
         pick.argmax_only = sampling.greedy and not transform.processors  # see drafters.Picker
         with contextlib.ExitStack() as held:

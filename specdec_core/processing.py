@@ -138,6 +138,18 @@ class LogitsTransform:
         return torch.cat(rows)
 
 
+def draft_pick(scores: torch.Tensor, greedy: bool, generator: torch.Generator) -> tuple[int, torch.Tensor | None]:
+    """A draft's token from its processed scores (1, V): the argmax, or a sample and the q it was
+    drawn from. Where the draft's numbers overflowed (NaN or inf logits, as fp16 can), q is the
+    uniform distribution instead: the accept/reject step is exact for any q a draft really draws
+    from, so those drafts are only wasted, where torch's sampler would have failed the row."""
+    if greedy:
+        return int(scores.argmax(-1).item()), None
+    q = scores.softmax(-1)
+    q = torch.where(q.isfinite().all(-1, keepdim=True), q, torch.full_like(q, 1.0 / q.shape[-1]))
+    return int(torch.multinomial(q[0], 1, generator=generator).item()), q
+
+
 def residual(p: torch.Tensor, q: torch.Tensor | None, drafted: int) -> torch.Tensor:
     """norm(max(0, p - q)): where to sample after a rejection.
 

@@ -163,3 +163,35 @@ def test_adaptive_gamma_keeps_sampling_exact():
     gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=N_NEW,
                                sampling=sampling, gamma_policy=policy)
     assert chi2_pvalue(sample_counts(gen), exact_distribution(target, sampling)) > 1e-3
+
+
+def test_a_draft_whose_logits_overflow_leaves_sampling_exact():
+    """A draft whose logits are NaN after some tokens (an fp16 overflow, say) failed every sampled
+    row in torch's sampler; it now proposes from the uniform distribution there (wasted drafts,
+    the same accept/reject rule): the samples still follow the target, at batch 1 and batched."""
+    from specdec_core.batch_engine import BatchSpeculativeGenerator
+
+    target = tiny("llama", seed=0, std=0.8)
+    draft = perturbed_copy(target, noise=0.3, seed=1)
+
+    def overflow(module, args, kwargs, out):  # NaN logits after token 2 or 4, finite elsewhere
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        ids = ids[:, -out.logits.shape[1]:]  # (the positions whose logits were kept)
+        bad = (ids == 2) | (ids == 4)
+        out.logits = out.logits.masked_fill(bad[..., None], float("nan"))
+        return out
+
+    sampling = SamplingSettings(temperature=1.0)
+    gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=2, max_new_tokens=N_NEW,
+                               sampling=sampling)
+    batched = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=2,
+                                        max_new_tokens=12, sampling=sampling)
+    one = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=2, max_new_tokens=12,
+                               sampling=sampling)
+    draft.register_forward_hook(overflow, with_kwargs=True)  # (after the engines' self-checks at load)
+    counts = sample_counts(gen)
+    assert chi2_pvalue(counts, exact_distribution(target, sampling)) > 1e-3
+    stats = [gen.generate(PROMPT, s).stats for s in range(50)]
+    assert 0 < sum(s.accepted_tokens for s in stats) < sum(s.draft_tokens for s in stats)
+    rows = [(PROMPT[: 2 + s % 4], s) for s in range(8)]
+    assert [o.tokens for o in batched.generate_many(rows)] == [one.generate(p, s).tokens for p, s in rows]
