@@ -56,7 +56,9 @@ if [ "${SIZE:-full}" = small ]; then
 else
   BF16="--prompts 6 --warmup 1 --batch_prompts 128 --batch_sizes 8,32,128 --max_new_tokens 128 --batch_max_new_tokens 32"
   ONE="--prompts 4 --warmup 1 --max_new_tokens 128"
-  MANY="--batch_prompts 64 --batch_sizes ${BATCHED_SIZES:-8,32} --batch_max_new_tokens ${BATCHED_NEW_TOKENS:-32}"
+  SIZES=${BATCHED_SIZES:-8,32}  # (as many prompts as the largest B, 64 at least)
+  MANY="--batch_prompts $(tr , '\n' <<<"64,$SIZES" | sort -n | tail -n 1) --batch_sizes $SIZES"
+  MANY="$MANY --batch_max_new_tokens ${BATCHED_NEW_TOKENS:-32}"
   FP32="--prompts 4 --warmup 1 --max_new_tokens 128"
   BIG="--prompts 3 --warmup 1 --max_new_tokens 64"
 fi
@@ -82,7 +84,8 @@ run_step() {
     workspace) step workspace 60 $PY -m tests.cuda_workspace_child ;;
     workspace-control) step workspace-control 60 $PY -m tests.cuda_workspace_child control ;;
     batched) step batched 300 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE $COMPILED \
-      --sections batched,profile_batched $MANY --include "$BATCHED_INCLUDE" --out "$OUT/bench/batched" ;;
+      --sections batched,profile_batched $MANY --include "$BATCHED_INCLUDE" \
+      --out "$OUT/bench/batched${BATCHED_NEW_TOKENS:+-${BATCHED_NEW_TOKENS}t}" ;;
     bf16) step bf16 320 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 $BF16 --out "$OUT/bench" ;;
     fp32) step fp32 150 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype float32 --sections single \
       $FP32 --include '^ours, (draft|target alone)(, eager)?$' --out "$OUT/bench" ;;
