@@ -22,6 +22,7 @@ SHAPE=${SHAPE:-tinyllama-1.1b}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT/bench"
 LOG="$OUT/log.txt"
+SCRATCH=$(mktemp -d)  # each step's whole output and the job's files (only $OUT comes back)
 # The GPU machine's Python is 3.12 and lacks Beam and a recent transformers: the carried wheels.
 # Installed once per machine, so that later invocations can run side by side (see PARALLEL below).
 if compgen -G ".whl/*cp312*.whl" >/dev/null && python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
@@ -41,9 +42,9 @@ step() {  # step NAME SECONDS command...: run it under a limit, its output's tai
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
   echo "== $name" >>"$LOG"
-  timeout "$limit" "$@" >"/tmp/$name.txt" 2>&1
+  timeout "$limit" "$@" >"$SCRATCH/$name.txt" 2>&1
   local rc=$?
-  tail -n 60 "/tmp/$name.txt" >>"$LOG"
+  tail -n 60 "$SCRATCH/$name.txt" >>"$LOG"
   echo "== $name: exit $rc in $((SECONDS - t0)) s" >>"$LOG"
 }
 
@@ -90,14 +91,13 @@ run_step() {
     fp32) step fp32 150 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype float32 --sections single \
       $FP32 --include '^ours, (draft|target alone)(, eager)?$' --out "$OUT/bench" ;;
     job)
-      rm -rf /tmp/job
-      step job-inputs 60 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 --batch_prompts 64 --save /tmp/job
-      step job 240 $PY -m pipeline.run --input /tmp/job/prompts.parquet --output /tmp/job/out/gens \
-        --target_model /tmp/job/target --draft_model /tmp/job/draft --device $DEVICE --dtype bfloat16 \
+      step job-inputs 60 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 --batch_prompts 64 --save $SCRATCH/job
+      step job 240 $PY -m pipeline.run --input $SCRATCH/job/prompts.parquet --output $SCRATCH/job/out/gens \
+        --target_model $SCRATCH/job/target --draft_model $SCRATCH/job/draft --device $DEVICE --dtype bfloat16 \
         --batch_size 16 --max_new_tokens 64
       step job-rows 30 $PY -c "import glob, pyarrow.parquet as pq
-ok = sum(pq.read_table(f).num_rows for f in glob.glob('/tmp/job/out/gens-0*-of-*.parquet'))
-bad = sum(pq.read_table(f).num_rows for f in glob.glob('/tmp/job/out/gens-failed-*.parquet'))
+ok = sum(pq.read_table(f).num_rows for f in glob.glob('$SCRATCH/job/out/gens-0*-of-*.parquet'))
+bad = sum(pq.read_table(f).num_rows for f in glob.glob('$SCRATCH/job/out/gens-failed-*.parquet'))
 print(f'job rows: {ok} results, {bad} failed, of 64'); raise SystemExit(ok + bad != 64 or bad)" ;;
     llama8b) step llama8b 200 $PY -m pipeline.bench.gpu --device $DEVICE --shape ${BIG_SHAPE:-llama3-8b} --dtype bfloat16 \
       --sections single $BIG --include '^(HF assisted|ours, (draft|target alone)(, eager)?)$' --out "$OUT/bench" ;;
@@ -123,4 +123,6 @@ wait
 # At most 8 files come back from the GPU machine: the JSON holds every figure (the tables are
 # rebuilt from it with `python -m pipeline.bench.gpu --report FILE`).
 rm -f "$OUT"/bench/*.md "$OUT"/bench/*/*.md
+rm -rf "$SCRATCH/job"
+echo "each step's whole output: $SCRATCH" >>"$LOG"
 ls -R "$OUT" >>"$LOG"

@@ -715,7 +715,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--sections: unknown {', '.join(sorted(unknown))} ({', '.join(SECTIONS)})")
     if not 1 <= args.min_len <= args.max_len:
         p.error(f"--min_len/--max_len: need 1 <= min <= max, got {args.min_len}, {args.max_len}")
-    batched = {"batched", "profile_batched"} & set(args.sections) and not args.report
+    if args.report and not Path(args.report).is_file():
+        p.error(f"--report {args.report}: no such file")
+    batched = {"batched", "profile_batched"} & set(args.sections) and not (args.report or args.save)
     if batched and args.batch_sizes and max(args.batch_sizes) > args.batch_prompts:
         # (the table would say B while fewer rows ever ran together)
         p.error(f"--batch_sizes {max(args.batch_sizes)}: more rows than --batch_prompts {args.batch_prompts}")
