@@ -177,3 +177,15 @@ def test_a_new_report_keeps_the_marked_sections_of_the_old_one(tmp_path):
                    "<!-- b-2:begin -->\ntwo\n<!-- b-2:end -->\n<!-- c:begin -->\nno end marker\n")
     assert bench_report.kept_sections(old) == ["<!-- a:begin -->\none\n<!-- a:end -->\n",
                                                "<!-- b-2:begin -->\ntwo\n<!-- b-2:end -->\n"]
+
+
+def test_a_smoke_run_or_a_typo_leaves_the_committed_report_alone(capsys):
+    """`--pairs synthtic` measured nothing, then rewrote BENCHMARKS.md and the raw rows with exit 0;
+    `--quick` (the command the docs give first) wrote over them too."""
+    with pytest.raises(SystemExit):
+        bench.parse(["--quick", "--pairs", "synthtic"])
+    assert "--pairs: unknown pair 'synthtic' (choose from synthetic, bad_draft)" in capsys.readouterr().err
+    assert bench.parse(["--quick"]).out == "bench-quick/BENCHMARKS.md"
+    assert bench.parse(["--tiny"]).out == "bench-quick/BENCHMARKS.md"
+    assert bench.parse([]).out == "BENCHMARKS.md"
+    assert bench.parse(["--quick", "--out", "x.md"]).out == "x.md"

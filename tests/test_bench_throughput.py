@@ -23,7 +23,7 @@ def test_throughput_section_is_written_and_replaced(tmp_path):
 
 
 def test_plain_batching_with_hf_static_cache_is_a_baseline(tmp_path):
-    out = tmp_path / "BENCH.md"
+    out = tmp_path / "new" / "BENCH.md"  # (a folder that does not exist yet: it lost a whole run, writing last)
     args = ["--size", "tiny", "--cache_dir", str(tmp_path / "cache"), "--out", str(out), "--prompts", "3",
             "--prompt_tokens", "12", "--max_new_tokens", "5", "--batches", "2,3", "--gammas", "2",
             "--drafters", "model", "--hf_kernels", "stock", "--hf_cache", "dynamic,static", "--reps", "1",

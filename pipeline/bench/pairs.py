@@ -118,14 +118,6 @@ def synthetic_prompts(spec: SynthSpec, n: int, length: int, seed: int = 0) -> li
     return out
 
 
-def demo_pair() -> str:
-    """Why the demo pair is not benchmarked here: it is an encoder-decoder (T5) pair now, and this
-    side-by-side runner (HF generate's output slicing, forward meters on input_ids) is causal-only.
-    `python -m pipeline.demo` measures it against the target alone."""
-    return ("the demo pair is an encoder-decoder T5 pair; this runner measures causal pairs only "
-            "(`python -m pipeline.demo` prints its speed-ups)")
-
-
 def load_pair(target_dir: Path, draft_dir: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

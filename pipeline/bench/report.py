@@ -130,7 +130,7 @@ def versions() -> str:
             f"apache-beam {apache_beam.__version__}")
 
 
-def write_report(path: Path, csv_path: Path, results: list[dict], skipped: list[str], beam: dict | None,
+def write_report(path: Path, csv_path: Path, results: list[dict], beam: dict | None,
                  kernels: list[dict] | None, argv: list[str], started: float, args) -> None:
     L: list[str] = []
     w = L.append
@@ -150,8 +150,6 @@ def write_report(path: Path, csv_path: Path, results: list[dict], skipped: list[
       "(geometric estimate: accepted / (accepted + rejections)); `acc.` = accepted/drafted (DESIGN.md's "
       "acceptance_rate). `bound` = the paper's E(a,g)/(g c + v(g+1)) with the measured a, c, v and g; "
       "`eff.` = speed-up / bound.\n")
-    for s in skipped:
-        w(f"> Skipped: {s}\n")
     for res in results:
         summ = res["summary"]
         w(f"## {res['label']}\n")

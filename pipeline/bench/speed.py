@@ -15,8 +15,8 @@ bf16 and int8 (its c measured side by side, its acceptance and speed-up).
 Pairs: a synthetic Llama pair of realistic size built here (random weights; the target's
 deeper layers are damped so an early-exit draft made of its first layer agrees with it: the
 COSTS are those of a real 325M model, the ACCEPTANCE is whatever the damping gives), and a
-disagreeing variant (a random draft: acceptance ~0, to check the back-off). The demo pair is
-encoder-decoder now and is measured by `python -m pipeline.demo`.
+disagreeing variant (a random draft: acceptance ~0, to check the back-off). The demo pair, a
+translation pair with its own tokenizer and prompts, is measured by `python -m pipeline.demo`.
 
 Where things are: `pipeline.bench.pairs` (the synthetic pair and prompts), `pipeline.bench.configs`
 (the configurations run side by side), `pipeline.bench.measure` (timing, step costs, the
@@ -56,7 +56,6 @@ from pipeline.bench.pairs import (  # noqa: F401 (re-exported: other modules imp
     TINY_SYNTH,
     SynthSpec,
     build_synthetic_pair,
-    demo_pair,
     draft_variants,
     load_pair,
     synthetic_prompts,
@@ -69,6 +68,7 @@ from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import Costs
 
 _LOG = logging.getLogger("pipeline.bench")
+PAIRS = ("synthetic", "bad_draft")  # (the demo pair: `python -m pipeline.demo` measures it)
 
 
 def run_pair(label: str, target_dir: Path, draft_dir: Path, prompts: list[tuple[str, str]], args,
@@ -141,17 +141,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke test: small synthetic pair, few prompts (< 2 min)")
     p.add_argument("--tiny", action="store_true", help="tiny models (for tests)")
-    p.add_argument("--out", default="BENCHMARKS.md", help="report path")
+    p.add_argument("--out", default=None,
+                   help="report path (default: BENCHMARKS.md; with --quick or --tiny bench-quick/BENCHMARKS.md, "
+                   "so that a smoke test leaves the committed report and raw rows alone)")
     p.add_argument("--csv", default=None, help="raw rows (default: benchmarks/results.csv beside --out)")
-    p.add_argument("--cache_dir", default=None, help="where the synthetic pair is saved (default: benchmarks/.cache)")
+    p.add_argument("--cache_dir", default="benchmarks/.cache", help="where the synthetic pairs are saved")
     p.add_argument("--prompts", type=int, default=None)
     p.add_argument("--prompt_tokens", type=int, default=None)
     p.add_argument("--max_new_tokens", type=int, default=None)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--max_gamma", type=int, default=None, help="cap for the adaptive policy and the v(k) table")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores available)")
-    p.add_argument("--pairs", default="synthetic,bad_draft,demo",
-                   help="comma-separated subset of synthetic, bad_draft, demo")
+    p.add_argument("--pairs", default=",".join(PAIRS), help=f"comma-separated subset of {', '.join(PAIRS)}")
     p.add_argument("--skip_beam", action="store_true")
     p.add_argument("--skip_kernels", action="store_true")
     p.add_argument("--skip_bad_draft", action="store_true")
@@ -169,6 +170,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="also run pipeline.bench.cross (a pair with two tokenizers: ours against HF universal "
                    "assisted generation at the same gamma) into the same report; trains its pair once (minutes)")
     a = p.parse_args(argv)
+    a.pairs = {x.strip() for x in a.pairs.split(",") if x.strip()}
+    if not a.pairs or a.pairs - set(PAIRS):  # (a typo measured nothing, then rewrote the report)
+        p.error(f"argument --pairs: unknown pair {sorted(a.pairs - set(PAIRS))[0] if a.pairs else ''!r} "
+                f"(choose from {', '.join(PAIRS)})")
     a.draft_dtypes = [d.strip() for d in a.draft_dtypes.split(",") if d.strip()]
     bad = [d for d in a.draft_dtypes if d not in BENCH_DRAFT_DTYPES]
     if bad:
@@ -184,6 +189,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a.int8_draft = not quick
     a.beam_reps = 1
     a.quick = quick
+    a.out = a.out or ("bench-quick/BENCHMARKS.md" if quick else "BENCHMARKS.md")
     return a
 
 
@@ -196,18 +202,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     torch.set_num_threads(args.threads or recommended_threads())
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     csv_path = Path(args.csv) if args.csv else out.parent / "benchmarks" / "results.csv"
-    cache = Path(args.cache_dir) if args.cache_dir else out.parent / "benchmarks" / ".cache"
+    cache = Path(args.cache_dir)
     spec = TINY_SYNTH if args.tiny else QUICK_SYNTH if args.quick else FULL_SYNTH
     dirs = build_synthetic_pair(spec, cache)
     prompts = synthetic_prompts(spec, args.prompts, args.prompt_tokens)
-    results, skipped = [], []
+    results = []
     agreement = ("Random weights, so the target's 'text' is meaningless; the deeper layers are damped by "
                  f"{spec.damp} so the 1-layer early-exit draft agrees with it. Costs (c, v, ms/token) are those of a "
                  "real model of this size on this machine; acceptance, tokens/step, speed-ups and the bound DEPEND ON "
                  "THAT ARTIFICIAL AGREEMENT. Prompts alternate between random token strings and a repeated "
                  "7-token pattern (a mixed set: prompt lookup only works on the second kind).")
-    pairs = {x.strip() for x in args.pairs.split(",")}
+    pairs = args.pairs
     if "synthetic" in pairs:
         res = run_pair(f"Synthetic pair ({spec.layers}-layer Llama target, {spec.draft_layers}-layer early-exit "
                        "draft)", dirs["target"], dirs["draft"], prompts, args, note=agreement)
@@ -220,8 +227,6 @@ def main(argv: list[str] | None = None) -> int:
                        "agrees. The adaptive policy must notice and stop drafting.")
         results.append(summarized(bad))
         gc.collect()
-    if "demo" in pairs:
-        skipped.append(f"demo pair: {demo_pair()}")
     gc.collect()
     kernels = None
     if not args.skip_kernels:
@@ -243,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      "costs": {k: {"c": v.c, "v": v.v} for k, v in r["costs"].items()}}
                                                     for r in results], "beam": beam, "kernels": kernels},
                                        indent=1, default=str))
-    write_report(out, csv_path, results, skipped, beam, kernels, argv, started, args)
+    write_report(out, csv_path, results, beam, kernels, argv, started, args)
     if args.throughput:
         from pipeline.bench import throughput as bench_throughput
 

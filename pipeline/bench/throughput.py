@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)  # (before the measuring, not after it)
     torch.set_num_threads(a.threads or recommended_threads())
     spec = {"full": FULL_SYNTH, "quick": QUICK_SYNTH, "tiny": TINY_SYNTH}[a.size]
     if a.pair == "llama":
