@@ -106,6 +106,17 @@ def _prompt(row: dict, fields: set[str], template: str | None, system_template: 
     return [*system, {"role": "user", "content": user_template.format(**row)}]
 
 
+def _check_column(flag: str, name: str, column: pa.Array, nested: bool) -> None:
+    """A column of values of several types (read from JSON as JSON text), or a nested id, would
+    reach pipeline.run as something else than the data held, or not key rows at all."""
+    if isinstance(column.type, pa.BaseExtensionType):  # (datasets reads such a JSON field as JSON text)
+        seen = list(dict.fromkeys(v for v in column.storage.to_pylist() if v is not None))[:2]
+        raise ValueError(f"{flag} {name!r} holds values of several types (such as {' and '.join(seen)}): "
+                         "make them one type in the data")
+    if not nested and pa.types.is_nested(column.type):
+        raise ValueError(f"{flag} {name!r} is {column.type}, which cannot key rows: ids are text, numbers or the like")
+
+
 def prepare(dataset, template: str | None, id_field: str | None, keep: list[str], split: str, limit: int | None,
             *, user_template: str | None = None, system_template: str | None = None) -> pa.Table:
     """Text prompts from `template`, or conversations from `user_template` (+ `system_template`);
@@ -125,8 +136,11 @@ def prepare(dataset, template: str | None, id_field: str | None, keep: list[str]
         prompts = [_prompt(r, fields, template, system_template, user_template) for r in rows]
     except (TypeError, ValueError, IndexError) as e:  # e.g. {n:03d} over a text field
         raise ValueError(f"the template does not format every row ({type(e).__name__}: {e})") from e
+    for field in keep:
+        _check_column("--keep_fields", field, arrow.column(field).combine_chunks(), nested=True)
     if id_field:
         ids = arrow.column(id_field).combine_chunks()
+        _check_column("--id_field", id_field, ids, nested=False)
         counts = pc.value_counts(ids)
         twice = counts.filter(pc.greater(counts.field("counts"), 1))
         if len(twice):

@@ -94,6 +94,10 @@ def test_settings_that_would_lose_or_mix_rows_are_one_line_errors(tmp_path, caps
     src = tmp_path / "d.jsonl"
     src.write_text('{"doc": "a", "t": "x"}\n{"doc": "a", "t": "y"}\n')
     (tmp_path / "empty.jsonl").write_text("")
+    # values of several types in one field (read as JSON text: a pyarrow traceback, or "two" kept
+    # as '"two"'), and an object as an id
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text('{"doc": 1, "t": "x", "k": 1, "o": {"a": 1}}\n{"doc": "b", "t": "y", "k": "two", "o": {"a": 2}}\n')
     out = str(tmp_path / "o")
     cases = {
         "--id_field 'doc' is not unique: 'a' is the id of 2 rows": ["--id_field", "doc"],
@@ -104,6 +108,10 @@ def test_settings_that_would_lose_or_mix_rows_are_one_line_errors(tmp_path, caps
         "--num_shards must be >= 1, got 0": ["--num_shards", "0"],
         "--limit must be >= 0, got -1": ["--limit", "-1"],
         "cannot load it": ["--dataset", str(tmp_path / "empty.jsonl")],
+        "--id_field 'doc' holds values of several types (such as 1 and \"b\")": [
+            "--dataset", str(mixed), "--id_field", "doc"],
+        "--keep_fields 'k' holds values of several types": ["--dataset", str(mixed), "--keep_fields", "k"],
+        "--id_field 'o' is struct<a: int64>, which cannot key rows": ["--dataset", str(mixed), "--id_field", "o"],
     }
     for needle, extra in cases.items():
         flags = {"--dataset": str(src), "--template": "{t}", "--output": out}
