@@ -60,3 +60,14 @@ def test_unwritable_workdir_is_a_one_line_error(tmp_path, capsys):
     assert demo.main(["--tiny", "--workdir", str(blocker / "demo")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: ") and str(blocker) in err[-1]
+
+
+@pytest.mark.parametrize("flag, value", [("--prompts", "-3"), ("--prompts", "0"), ("--max_new_tokens", "0"),
+                                         ("--num_speculative_tokens", "0"), ("--threads", "0")])
+def test_a_count_below_one_is_a_one_line_error(tmp_path, capsys, flag, value):
+    """-3 prompts ran 37, 0 of anything ran the default, 0 threads raised in torch."""
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--tiny", "--workdir", str(tmp_path / "demo"), flag, value])
+    assert e.value.code == 2
+    assert f"argument {flag}: must be an integer >= 1, got '{value}'" in capsys.readouterr().err
+    assert not (tmp_path / "demo").exists()
