@@ -300,12 +300,16 @@ def test_models_the_self_checks_refuse_are_said_not_crashed_on(tmp_path, capsys)
     assert {r["batch_size"] for r in res["throughput"]} == {1}
 
 
-def test_the_target_alone_on_one_prompt_is_said_plainly(tiny, capsys):
+def test_the_target_alone_on_one_prompt_is_said_plainly(tiny, capsys, monkeypatch, tmp_path):
     """No drafter to tune and a sample of one prompt: no empty "target v(k) =" line, and the
-    batching line says why nothing was batched (it read "no size in 2..1")."""
+    batching line says why nothing was batched (it read "no size in 2..1"). `--output_json=~/x`
+    (no shell to expand it) is written to $HOME/x, the file it was checked as (not ./~/x)."""
+    monkeypatch.setenv("HOME", str(tiny["root"]))
+    monkeypatch.chdir(tmp_path)
     out = tiny["root"] / "alone.json"
     assert tune.main(["--input", str(tiny["input"]), "--target_model", str(tiny["target"]), "--no_ngram",
-                      "--sample", "1", "--max_new_tokens", "4", "--verify", "0", "--output_json", str(out)]) == 0
+                      "--sample", "1", "--max_new_tokens", "4", "--verify", "0", "--output_json=~/alone.json"]) == 0
+    assert not (tmp_path / "~").exists()
     printed = capsys.readouterr().out
     assert "target v(k) = not measured (no drafter to verify)" in printed
     assert json.loads(out.read_text())["batching"] == "a sample of one prompt batches nothing"

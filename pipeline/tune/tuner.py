@@ -159,7 +159,9 @@ def check_settings(args: argparse.Namespace) -> None:
     if not args.no_ngram:
         candidates.append(("ngram", None))
     if args.output_json and "://" not in args.output_json:  # (not at the end of the measuring)
-        where = os.path.abspath(os.path.expanduser(args.output_json))
+        # `--output_json=~/x` reaches us unexpanded by the shell: checked and written as $HOME/x
+        args.output_json = os.path.expanduser(args.output_json)
+        where = os.path.abspath(args.output_json)
         parent = os.path.dirname(where)
         while not os.path.exists(parent):  # (the writer makes the missing directories)
             parent = os.path.dirname(parent)
