@@ -517,9 +517,8 @@ class BatchSpeculativeGenerator:
         k = self._batch_gamma(policy, live) if batch_k else 0
         # Never draft past the budget: the round's extra target token needs one slot.
         # Nor past a model draft's positions (`ModelDrafter.room`): the target goes on alone after.
-        draft_room = self.drafter.room if self.draft_model is not None else (lambda n: self.gamma)
         ks = [max(min(k if batch_k else r.gamma_state.next(), self.max_new_tokens - len(r.new) - 1,
-                      draft_room(len(r.seq))), 0)
+                      self.drafter.room(len(r.seq))), 0)
               for r in live]
         behind = [b for b, r in enumerate(live) if r.draft_behind and ks[b] > 0]
         if behind and dkv is not None:
@@ -572,7 +571,7 @@ class BatchSpeculativeGenerator:
             if dkv is not None:
                 # A row past the draft's positions is never drafted again: its draft cache is let
                 # go, so that the pads it takes in the draft's passes stay inside the positions.
-                dkv.rollback(b, valid if draft_room(len(r.seq)) > 0 else 0)
+                dkv.rollback(b, valid if self.drafter.room(len(r.seq)) > 0 else 0)
             elif r.session is not None:
                 r.session.rollback(valid)
 

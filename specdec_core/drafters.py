@@ -33,7 +33,7 @@ def through_end(tokens: list[int], ends: set[int]) -> list[int]:
     return tokens if end is None else tokens[: end + 1]
 
 
-NO_LIMIT = 1 << 62  # `ModelDrafter.room` of a draft without a position table
+NO_LIMIT = 1 << 62  # `Drafter.room` where nothing but the budget bounds a round's drafts
 
 # (index of the token about to be proposed, the draft's confidence in it) -> propose it?
 KeepDrafting = Callable[[int, float], bool]
@@ -76,6 +76,11 @@ class Drafter(ABC):
         """A drafting session for one item. `encoded`: the target's encoder outputs for this prompt
         (`CachedDecoder.encoded`), given when the drafter's model runs the target's own encoder
         module (`specdec_core.loading.share_encoder`); other drafters ignore it."""
+
+    def room(self, seq_len: int) -> int:
+        """The most tokens this drafter may propose after a decoder sequence of `seq_len` (a model
+        draft: within its own positions, `ModelDrafter.room`); the engines never ask for more."""
+        return NO_LIMIT
 
     def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer | None:
         """A timer of this drafter's cost per proposed token after `seq` (`extra`: tokens to feed,
@@ -169,9 +174,9 @@ class ModelDrafter(Drafter):
             except BaseException:
                 self.static.release()
                 raise
-            return _ModelSession(self.static, decoder_ids, pick, self.ends, self.room, release=self.static.release,
+            return _ModelSession(self.static, decoder_ids, pick, self.ends, release=self.static.release,
                                  chain=self.chain and getattr(pick, "argmax_only", False))
-        return _ModelSession(CachedDecoder(self.model, prompt_ids, encoded), decoder_ids, pick, self.ends, self.room)
+        return _ModelSession(CachedDecoder(self.model, prompt_ids, encoded), decoder_ids, pick, self.ends)
 
     def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer:
         # Steps as the items run them: through a static decoder of its own when graphs are used.
@@ -203,12 +208,10 @@ class _ModelSession(DraftSession):
     rounds without drafts leave a gap that the next proposal feeds in one pass."""
 
     def __init__(self, decoder: CachedDecoder | StaticDecoder, decoder_ids: list[int], pick: Picker,
-                 ends: set[int] = frozenset(), room: Callable[[int], int] = lambda n: NO_LIMIT,
-                 release: Callable[[], None] | None = None, chain: bool = False):
+                 ends: set[int] = frozenset(), release: Callable[[], None] | None = None, chain: bool = False):
         self.decoder = decoder
         self.pick = pick
         self.ends = ends
-        self.room = room
         self._release = release
         self.chain = chain  # greedy rounds drafted on the device (a StaticDecoder, an argmax picker)
 
@@ -218,9 +221,6 @@ class _ModelSession(DraftSession):
             self._release = None
 
     def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
-        k = min(k, self.room(len(seq)))
-        if k < 1:  # past the draft's positions: nothing read, nothing proposed
-            return Draft([], None, [] if keep is not None else None)
         # The prompt (or a gap) not read yet: the pass that reads it is timed as a prefill.
         behind = len(seq) - 1 > self.decoder.length
         if self.chain and keep is None:

@@ -245,8 +245,9 @@ class SpeculativeGenerator:
             if max_seconds is not None and clock.own() > max_seconds:
                 raise ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after {len(new)} new tokens)")
             remaining = self.max_new_tokens - len(new)
-            # Never draft past the budget: the round's extra target token needs one slot.
-            k = min(gamma_state.next(), remaining - 1)
+            # Never draft past the budget (the round's extra target token needs one slot), nor past
+            # a model draft's positions (the target goes on alone after them).
+            k = min(gamma_state.next(), remaining - 1, self.drafter.room(len(seq)))
             t0 = time.perf_counter()
             draft = session.propose(seq, k, keep) if k > 0 else None
             drafts = draft.tokens if draft else []

@@ -44,9 +44,12 @@ def test_greedy_rows_past_the_drafts_positions_equal_the_target_alone(case, grap
     assert max(drafted) > 0
     if not target.config.is_encoder_decoder:  # a prompt past the positions is never drafted
         assert [d == 0 for d in drafted] == [n + 1 >= SHORT for n in LENGTHS]
+        assert [not any(o.stats.gammas) for o in outs] == [n + 1 >= SHORT for n in LENGTHS]  # (none asked for)
     batched = BatchSpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs=graphs, chain=chain), batch_size=3,
                                         num_speculative_tokens=3, max_new_tokens=NEW, cuda_graphs=graphs)
-    assert [o.tokens for o in batched.generate_many([(p, 0) for p in prompts])] == want
+    rows = batched.generate_many([(p, 0) for p in prompts])
+    assert [o.tokens for o in rows] == want
+    assert [o.stats.gammas for o in rows] == [o.stats.gammas for o in outs]  # the drafts each round asked for
 
 
 def test_a_seeds_sample_is_the_same_batched(case):
