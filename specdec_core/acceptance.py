@@ -12,6 +12,12 @@ import torch
 from specdec_core.processing import residual
 
 
+class NonFiniteProbabilities(FloatingPointError):
+    """The target's probabilities at a token it must emit are NaN or inf: its numbers overflowed
+    (a row fails with this, as `generate()` would fail there, rather than in the sampler, which on
+    a GPU can take the whole process's CUDA context with it)."""
+
+
 def verify_greedy(drafts: list[int], target_choice: torch.Tensor | list[int]) -> tuple[int, int]:
     """Keep drafts while they equal the target's argmax; `target_choice` has len(drafts)+1 entries
     (a tensor, read back here, or a list the caller read back with other rows')."""
@@ -43,14 +49,21 @@ def verify_sampled(
         p, q = (torch.nn.functional.pad(t, (0, width - t.shape[-1])) for t in (p, q))
     k = len(drafts)
     n = k
+    finite = p.isfinite().all(-1)  # per position; read back with the draws, one transfer
     if k:
         idx = torch.tensor(drafts, device=p.device)
         rows = torch.arange(k, device=p.device)
         p_x = p[rows, idx]
         q_x = torch.ones_like(p_x) if q is None else q[rows, idx]
         u = torch.rand(k, generator=generator, device=p.device)
-        rejected = (u * q_x > p_x).tolist()
+        read = torch.cat([u * q_x > p_x, finite]).tolist()
+        rejected, finite = read[:k], read[k:]
         n = rejected.index(True) if True in rejected else k
+    else:
+        finite = finite.tolist()
+    if not all(finite[: n + 1]):  # (positions after a rejection are never the target's)
+        raise NonFiniteProbabilities("the target's probabilities are NaN or inf (its numbers overflowed: a wider "
+                                     "--dtype may hold them)")
     if n < k:
         dist = residual(p[n], None if q is None else q[n], drafts[n])
     else:

@@ -65,3 +65,21 @@ def test_residual_without_mass_falls_back_to_p():
     q = p + torch.tensor([1e-9, -1e-9, 0.0])
     r = residual(p, q, 0)
     assert torch.isfinite(r).all() and torch.allclose(r, p)
+
+
+def test_a_target_whose_numbers_overflow_fails_its_row_by_name():
+    """NaN target probabilities at a token the target must emit fail with a reason that says so
+    (they failed in torch's sampler, whose CUDA kernel may take the process's CUDA context with
+    it); NaN only after a rejection, where the target's own path never goes, is no failure."""
+    from specdec_core.acceptance import NonFiniteProbabilities
+
+    gen = torch.Generator().manual_seed(0)
+    nan = torch.full((3,), float("nan"))
+    p = torch.tensor([0.0, 0.5, 0.5])
+    with pytest.raises(NonFiniteProbabilities, match="NaN or inf"):
+        verify_sampled([], nan[None], None, gen)
+    with pytest.raises(NonFiniteProbabilities):
+        verify_sampled([1], torch.stack([p, nan]), None, gen)  # the bonus position
+    # the draft 0 has probability 0 under the target: rejected at once, the NaN after it unread
+    n, tok = verify_sampled([0, 1], torch.stack([p, nan, nan]), torch.tensor([[1.0, 0, 0], [0, 1.0, 0]]), gen)
+    assert n == 0 and tok in (1, 2)
