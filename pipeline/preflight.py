@@ -252,9 +252,9 @@ def _check_tokenizer_path(path: str, trust: bool) -> None:
             raise JobConfigError(f"--tokenizer {path!r}: cannot load a tokenizer ({type(e).__name__})") from e
 
 
-def _check_pair(opts: SpecDecOptions) -> tuple[str, str] | None:
-    """Kind check and the drafting mode (same- or cross-tokenizer), as `loading` names it and in
-    words, where both models are local (gs:// pairs are checked on load); None when not checked."""
+def _check_pair(opts: SpecDecOptions) -> str | None:
+    """Kind check and the drafting mode (same- or cross-tokenizer) in words, where both models are
+    local (gs:// pairs are checked on load); None when not checked here."""
     paths = [opts.target_model, opts.draft_model]
     if any(p.startswith("gs://") for p in paths):
         return None
@@ -285,7 +285,7 @@ def _check_pair(opts: SpecDecOptions) -> tuple[str, str] | None:
         raise JobConfigError(f"--batch_size {opts.batch_size}: --draft_model {opts.draft_model!r} has another "
                              "tokenizer than the target, and cross-tokenizer drafting runs one item at a time "
                              "(use --batch_size 1)")
-    return mode, describe_mode(mode, target_tokenizer, draft_tokenizer)
+    return describe_mode(mode, target_tokenizer, draft_tokenizer)
 
 
 def is_dry_run(opts: SpecDecOptions) -> bool:
@@ -431,14 +431,15 @@ def _check_context(opts: SpecDecOptions) -> None:
     draft with fewer positions drafts while a row fits them, then the target goes on alone.)"""
     from specdec_core.loading import positions
 
-    for flag, path, config in _local_model_configs(opts):
-        if flag == "--draft_model":
-            continue
-        limit = positions(config)
-        room = None if limit is None else limit - (0 if config.is_encoder_decoder else 1)
-        if room is not None and opts.max_new_tokens > room:
-            raise JobConfigError(f"--max_new_tokens {opts.max_new_tokens}: {flag} {path!r} can hold at most {room} "
-                                 f"new tokens (its decoder's {limit} positions); every row would fail")
+    found = next((c for c in _local_model_configs(opts) if c[0] == "--target_model"), None)  # (yielded first)
+    if found is None:
+        return
+    flag, path, config = found
+    limit = positions(config)
+    room = None if limit is None else limit - (0 if config.is_encoder_decoder else 1)
+    if room is not None and opts.max_new_tokens > room:
+        raise JobConfigError(f"--max_new_tokens {opts.max_new_tokens}: {flag} {path!r} can hold at most {room} "
+                             f"new tokens (its decoder's {limit} positions); every row would fail")
 
 
 def _check_cuda_graphs(opts: SpecDecOptions) -> None:
@@ -495,7 +496,7 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_cuda_graphs(opts)
     _check_fit(opts)
     if mode:  # (logged once every check passed: a refused job prints its one line only)
-        log.info("--draft_model %s: %s", opts.draft_model, mode[1])
+        log.info("--draft_model %s: %s", opts.draft_model, mode)
     return schema
 
 
