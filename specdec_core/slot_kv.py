@@ -289,15 +289,27 @@ class SlotKV(StaticKV):
         if max(lengths, default=0) > self.capacity:
             self._grow(max(lengths), self.width)
         theirs = fresh._layers()
-        # Each row's valid columns, moved to the device once for all layers (one copy each on a GPU).
-        index = [torch.tensor(cols, device=self.device) if n else None for cols, n in zip(fresh.cols, lengths,
-                                                                                          strict=True)]
-        for layer, (fk, fv) in zip(self.own_layers, theirs, strict=True) if theirs else ():
-            if not layer.is_initialized:
-                layer.lazy_initialization(fk, fv)
-            for j, (slot, n) in enumerate(zip(slots, lengths, strict=True)):
-                if n:
-                    layer.keys[slot, :, :n] = fk[j, :, index[j]]
-                    layer.values[slot, :, :n] = fv[j, :, index[j]]
+        if theirs and all(cols == list(range(len(cols))) for cols in fresh.cols):
+            # A fresh prefill's rows hold their tokens in columns 0..n-1 (pads after): all rows in
+            # one write per buffer, a row's pads landing past its length, where a slot's columns
+            # are hidden until written (as a finished row's are). Row by row, an admission of R
+            # rows cost 2 x layers x R indexing ops: host time a GPU waits on at wide batches.
+            m, index = max(lengths), torch.tensor(slots, device=self.device)
+            for layer, (fk, fv) in zip(self.own_layers, theirs, strict=True):
+                if not layer.is_initialized:
+                    layer.lazy_initialization(fk, fv)
+                layer.keys[index, :, :m] = fk[:, :, :m]
+                layer.values[index, :, :m] = fv[:, :, :m]
+        else:
+            # Each row's valid columns, moved to the device once for all layers (one copy each on a GPU).
+            index = [torch.tensor(cols, device=self.device) if n else None
+                     for cols, n in zip(fresh.cols, lengths, strict=True)]
+            for layer, (fk, fv) in zip(self.own_layers, theirs, strict=True) if theirs else ():
+                if not layer.is_initialized:
+                    layer.lazy_initialization(fk, fv)
+                for j, (slot, n) in enumerate(zip(slots, lengths, strict=True)):
+                    if n:
+                        layer.keys[slot, :, :n] = fk[j, :, index[j]]
+                        layer.values[slot, :, :n] = fv[j, :, index[j]]
         for s, n in zip(slots, lengths, strict=True):
             self.lengths[s] = n

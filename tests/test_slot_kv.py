@@ -128,6 +128,41 @@ def test_row_logits_in_slots_equal_the_row_alone(models, prompts, kind, graphs, 
     kv.release()
 
 
+def test_rows_prefilled_together_enter_their_slots_in_one_write_per_buffer(models, prompts):
+    """Rows prefilled in one padded pass reach their slots in a fixed number of tensor writes,
+    however many rows there are (row by row, 2 x layers x rows indexing ops: host time a GPU waits
+    on when a wide batch admits many rows), and each slot holds its row's keys and values."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Writes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func._schema.is_mutable
+            return func(*args, **(kwargs or {}))
+
+    target, _ = models["llama"]
+    counts = []
+    for n in (2, 6):
+        rows = [list(prompts[i % len(prompts)]) for i in range(n)]
+        fresh = BatchKV(target, n)
+        fresh.forward([r[:-1] for r in rows], logits=False)
+        kv = SlotKV(target, 8, graphs=False)
+        kv.merge(BatchKV(target, 1))  # slot 0 taken: the rows go to slots 1..n
+        with Writes() as writes:
+            kv.merge(fresh)
+        counts.append(writes.count)
+        assert kv.slot_of == list(range(n + 1)) and kv.lengths[1:n + 1] == [len(r) - 1 for r in rows]
+        for layer, (fk, fv) in zip(kv.own_layers, fresh._layers(), strict=True):
+            for j, r in enumerate(rows):
+                m = len(r) - 1
+                assert torch.equal(layer.keys[j + 1, :, :m], fk[j, :, :m])
+                assert torch.equal(layer.values[j + 1, :, :m], fv[j, :, :m])
+    assert counts[0] == counts[1]
+
+
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 @pytest.mark.parametrize("drafter", ["model", "ngram", "none"])

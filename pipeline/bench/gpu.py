@@ -388,12 +388,15 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
             configs["ours, target alone, compiled"] = ours(b, NoDrafter(), compiled=True)
             configs["ours, draft, chained, compiled"] = ours(b, ModelDrafter(draft, chain=True), compiled=True)
             # New rows' prefill graphs uncompiled (as before they were compiled with the passes); or
-            # rows admitted 4 or more at a time prefilled in one padded eager pass (on the H200 an
-            # eager pass of the 1.1B target took 13-15 ms, launch-bound), not a default.
+            # rows admitted 4 (16) or more at a time prefilled in one padded eager pass (on the H200
+            # an eager pass of the 1.1B target took 13-15 ms, launch-bound), not a default: at B = 64
+            # and 128 one-row prefills took 60% of the time, where HF prefills a batch in one pass.
             configs["ours, draft, chained, compiled, uncompiled prefills"] = ours(
                 b, ModelDrafter(draft, chain=True), compiled=True, compiled_prefills=False)
             configs["ours, draft, chained, compiled, eager prefills of 4+ rows"] = ours(
                 b, ModelDrafter(draft, chain=True), compiled=True, graph_prefill_rows=3)
+            configs["ours, draft, chained, compiled, eager prefills of 16+ rows"] = ours(
+                b, ModelDrafter(draft, chain=True), compiled=True, graph_prefill_rows=15)
             configs["ours, target alone, compiled, eager prefills of 4+ rows"] = ours(
                 b, NoDrafter(), compiled=True, graph_prefill_rows=3)
             # `--gamma_policy adaptive`: one gamma per round for the batch, from acceptance and
