@@ -419,6 +419,20 @@ def test_progress_is_reported_as_beam_metrics(tmp_path, saved_pairs):
     assert 0 <= counters["accepted_tokens"] <= counters["draft_tokens"]
 
 
+def test_progress_log_says_its_rate_is_per_prompt(caplog):
+    """The progress line's rate is each prompt's own (summed latencies): batched prompts decode
+    side by side, so it is not the job's throughput, and the line says so."""
+    from transforms.model_handler import _Progress
+
+    progress = _Progress(every_s=0)
+    row = {"new_tokens": 8, "draft_tokens": 4, "accepted_tokens": 3, "verify_steps": 2, "latency_s": 2.0}
+    with caplog.at_level(logging.INFO, logger="transforms.model_handler"):
+        progress.record(row)
+        progress.record(row)
+    assert "specdec: 1 prompt done, 8 new tokens, acceptance 0.75, 4.0 new tokens/s per prompt" in caplog.text
+    assert "specdec: 2 prompts done, 16 new tokens" in caplog.text
+
+
 def test_hub_ids_resolve_from_the_local_hugging_face_cache(tmp_path, saved_pairs, monkeypatch):
     """Hub ids go through transformers' own resolution; offline, from a populated HF cache."""
     import shutil

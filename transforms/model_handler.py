@@ -64,8 +64,10 @@ class _Progress:
         if time.monotonic() - self.last_log >= self.every_s:
             self.last_log = time.monotonic()
             acc = f"{t['accepted'] / t['drafted']:.2f}" if t["drafted"] else "n/a"
-            _LOG.info("specdec: %d prompts, %d new tokens, acceptance %s, %.1f tokens/s in generation",
-                      t["prompts"], t["new"], acc, t["new"] / max(t["seconds"], 1e-9))
+            # Per prompt: batched prompts decode side by side, so a job's throughput is higher.
+            _LOG.info("specdec: %d prompt%s done, %d new tokens, acceptance %s, %.1f new tokens/s per prompt",
+                      t["prompts"], "" if t["prompts"] == 1 else "s", t["new"], acc,
+                      t["new"] / max(t["seconds"], 1e-9))
 
 
 class SpecDecModelHandler(ModelHandler[dict, PredictionResult, TextGenerator]):
