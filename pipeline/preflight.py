@@ -229,7 +229,8 @@ def _check_model_path(flag: str, path: str, trust: bool = False) -> None:
             if "trust_remote_code" in str(e):
                 raise JobConfigError(f"{flag} {path!r} needs its own Python code; pass --trust_remote_code "
                                      "to allow it") from e
-            raise JobConfigError(f"{flag} {path!r}: cannot load the model config ({type(e).__name__})") from e
+            raise JobConfigError(f"{flag} {path!r}: no local directory of that name, and no hub model of that id "
+                                 f"loads ({type(e).__name__})") from e
 
 
 def _check_tokenizer_path(path: str, trust: bool) -> None:
@@ -249,7 +250,8 @@ def _check_tokenizer_path(path: str, trust: bool) -> None:
         try:
             load_tokenizer(path, trust)
         except Exception as e:
-            raise JobConfigError(f"--tokenizer {path!r}: cannot load a tokenizer ({type(e).__name__})") from e
+            raise JobConfigError(f"--tokenizer {path!r}: no local directory of that name, and no hub tokenizer of "
+                                 f"that id loads ({type(e).__name__})") from e
 
 
 def _check_pair(opts: SpecDecOptions) -> str | None:
@@ -262,8 +264,10 @@ def _check_pair(opts: SpecDecOptions) -> str | None:
 
     from specdec_core.loading import (
         CROSS_TOKENIZER,
+        SAME_TOKENIZER,
         IncompatiblePairError,
         check_compatible,
+        decoder_start,
         describe_mode,
         draft_tokenizer_for,
         load_tokenizer,
@@ -276,11 +280,16 @@ def _check_pair(opts: SpecDecOptions) -> str | None:
         flag, path = ("--tokenizer", opts.tokenizer) if opts.tokenizer else ("--target_model", opts.target_model)
         raise JobConfigError(f"{flag} {path!r}: cannot load a tokenizer ({type(e).__name__})") from e
     draft_tokenizer = draft_tokenizer_for(opts.draft_model, target_tokenizer, trust)
+    configs = [AutoConfig.from_pretrained(p, trust_remote_code=trust) for p in paths]
     try:
-        mode = check_compatible(*(AutoConfig.from_pretrained(p, trust_remote_code=trust) for p in paths),
-                                target_tokenizer, draft_tokenizer)
+        mode = check_compatible(*configs, target_tokenizer, draft_tokenizer)
     except IncompatiblePairError as e:
         raise JobConfigError(f"--draft_model {opts.draft_model!r}: {e}") from e
+    if mode == SAME_TOKENIZER and configs[0].is_encoder_decoder:
+        starts = [decoder_start(c, _generation_config(p)) for c, p in zip(configs, paths, strict=True)]
+        if starts[0] != starts[1]:
+            raise JobConfigError(f"--draft_model {opts.draft_model!r}: its decoder starts from token {starts[1]}, "
+                                 f"the target's from {starts[0]}; a draft must start as its target does")
     if mode == CROSS_TOKENIZER and opts.batch_size > 1:
         raise JobConfigError(f"--batch_size {opts.batch_size}: --draft_model {opts.draft_model!r} has another "
                              "tokenizer than the target, and cross-tokenizer drafting runs one item at a time "
@@ -397,6 +406,38 @@ def _check_same_generation(opts: SpecDecOptions, prefix: str, schema: pa.Schema)
                                  f"{now[key]!r}; resume with the generation flags of the run it continues")
 
 
+def _generation_config(path: str):
+    """A local model's generation config, or None where it has none."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(path)
+    except OSError:
+        return None
+
+
+def _check_vocab(opts: SpecDecOptions) -> None:
+    """A tokenizer with more tokens than the target's output layer has rows (another model's, or
+    tokens added without resizing the embeddings) would index past the embedding: every row that
+    meets such a token would fail, whatever the drafter. Local models and tokenizers only."""
+    flag, path = ("--tokenizer", opts.tokenizer) if opts.tokenizer else ("--target_model", opts.target_model)
+    if opts.target_model.startswith("gs://") or path.startswith("gs://"):
+        return
+    from transformers import AutoConfig
+
+    from specdec_core.loading import load_tokenizer, too_few_rows
+
+    try:
+        tokenizer = load_tokenizer(path, opts.trust_remote_code)
+    except Exception as e:
+        raise JobConfigError(f"{flag} {path!r}: cannot load a tokenizer ({type(e).__name__})") from e
+    config = AutoConfig.from_pretrained(opts.target_model, trust_remote_code=opts.trust_remote_code)
+    rows = getattr(config.get_text_config(decoder=True), "vocab_size", None)
+    if isinstance(rows, int) and (why := too_few_rows(rows, len(tokenizer))):
+        raise JobConfigError(f"{flag} {path!r}: --target_model {opts.target_model!r}'s {why} (a tokenizer of "
+                             "another model, or tokens added without resizing the embeddings)")
+
+
 def _local_model_configs(opts: SpecDecOptions):
     """(flag, path, config) of the target and the model draft that are local (gs:// models are
     checked when the workers load them)."""
@@ -484,6 +525,7 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_model_path("--target_model", opts.target_model, trust)
     if opts.tokenizer:
         _check_tokenizer_path(opts.tokenizer, trust)
+    _check_vocab(opts)
     mode = None
     if opts.drafter == "model":
         _check_model_path("--draft_model", opts.draft_model, trust)

@@ -136,6 +136,18 @@ def describe_mode(mode: str, target_tokenizer: PreTrainedTokenizerBase,
             "proposed deterministically and verified exactly")
 
 
+def too_few_rows(rows: int, vocab: int) -> str | None:
+    """Why a model whose output layer has `rows` rows cannot take a `vocab`-token tokenizer, or
+    None: a token id past its rows would index past its embedding (a tokenizer of another model,
+    or tokens added without resizing the embeddings)."""
+    return f"output layer has {rows} rows for a {vocab}-token vocabulary" if rows < vocab else None
+
+
+def decoder_start(config, generation_config) -> int | None:
+    """The token an encoder-decoder's decoder starts from: its generation config's, or its config's."""
+    return getattr(generation_config, "decoder_start_token_id", None) or config.decoder_start_token_id
+
+
 def check_pair(
     target: PreTrainedModel,
     draft: PreTrainedModel,
@@ -148,14 +160,12 @@ def check_pair(
     roles = (("target", target, target_tokenizer), ("draft", draft, draft_tokenizer))
     for role, model, tok in roles:
         vocab = len(target_tokenizer if mode == SAME_TOKENIZER else tok)
-        rows = model.get_output_embeddings().weight.shape[0]
-        if rows < vocab:
-            raise IncompatiblePairError(f"the {role}'s output layer has {rows} rows for a {vocab}-token vocabulary")
+        if why := too_few_rows(model.get_output_embeddings().weight.shape[0], vocab):
+            raise IncompatiblePairError(f"the {role}'s {why}")
     if mode == SAME_TOKENIZER:
         _check_rows(*(m.get_output_embeddings().weight.shape[0] for m in (target, draft)))
     if target.config.is_encoder_decoder and mode == SAME_TOKENIZER:
-        starts = [m.generation_config.decoder_start_token_id or m.config.decoder_start_token_id
-                  for m in (target, draft)]
+        starts = [decoder_start(m.config, m.generation_config) for m in (target, draft)]
         if starts[0] != starts[1]:
             raise IncompatiblePairError(f"decoder start tokens differ: target {starts[0]}, draft {starts[1]}")
     return mode

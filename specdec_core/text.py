@@ -37,6 +37,7 @@ from specdec_core.loading import (
     resolve_device,
     resolve_dtype,
     share_encoder,
+    too_few_rows,
 )
 from specdec_core.placement import DTYPE_BYTES, check_device, check_device_map, parameter_count
 from specdec_core.processing import SamplingSettings, unapplied
@@ -365,6 +366,9 @@ class TextGenerator:
             raise ValueError(f"--chat_template: the tokenizer of {spec.tokenizer or spec.target_model} "
                              "has no chat template")
         compiled = compiles(spec.torch_compile, spec.cuda_graphs, device)
+        if spec.drafter != "model":  # (a model draft's check covers the target too)
+            if why := too_few_rows(target.get_output_embeddings().weight.shape[0], len(tokenizer)):
+                raise ModelRefused(f"the target's {why}")
         if spec.drafter == "model":
             drafter: Drafter = load_model_drafter(spec.draft_model, target, tokenizer, device=device, dtype=dtype,
                                                   draft_dtype=spec.draft_dtype, cpu_kernels=spec.cpu_kernels,

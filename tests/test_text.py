@@ -146,6 +146,25 @@ def test_a_draft_with_more_output_rows_than_the_target_is_refused(saved_pairs, t
         TextGenerator.load(GeneratorSpec(str(target_dir), str(tmp_path / "wide")))
 
 
+@pytest.mark.parametrize("drafter", ["none", "ngram"])
+def test_a_tokenizer_past_the_targets_output_rows_is_refused_at_load(saved_pairs, tmp_path, drafter):
+    """Tokens added without resizing the target's embeddings (or another model's tokenizer): without
+    a model draft, whose pair check covers it, each row meeting such a token failed with IndexError
+    (as a chat template's do); the load refuses it in one line (gs:// models skip the job's check)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from specdec_core.loading import ModelRefused
+
+    target_dir, _ = saved_pairs["llama"]
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    tok.add_special_tokens({"additional_special_tokens": ["<|a|>"]})
+    tok.save_pretrained(tmp_path / "big")
+    rows = AutoConfig.from_pretrained(target_dir).vocab_size
+    assert rows < len(tok)
+    with pytest.raises(ModelRefused, match=rf"the target's output layer has {rows} rows for a {len(tok)}-token"):
+        TextGenerator.load(GeneratorSpec(str(target_dir), None, drafter=drafter, tokenizer=str(tmp_path / "big")))
+
+
 def test_draft_dir_without_tokenizer_uses_the_targets(saved_pairs, tmp_path):
     target_dir, draft_dir = saved_pairs["gpt2"]
     bare = tmp_path / "bare-draft"
