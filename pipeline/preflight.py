@@ -416,28 +416,6 @@ def _generation_config(path: str):
         return None
 
 
-def _check_vocab(opts: SpecDecOptions) -> None:
-    """A tokenizer with more tokens than the target's output layer has rows (another model's, or
-    tokens added without resizing the embeddings) would index past the embedding: every row that
-    meets such a token would fail, whatever the drafter. Local models and tokenizers only."""
-    flag, path = ("--tokenizer", opts.tokenizer) if opts.tokenizer else ("--target_model", opts.target_model)
-    if opts.target_model.startswith("gs://") or path.startswith("gs://"):
-        return
-    from transformers import AutoConfig
-
-    from specdec_core.loading import load_tokenizer, too_few_rows
-
-    try:
-        tokenizer = load_tokenizer(path, opts.trust_remote_code)
-    except Exception as e:
-        raise JobConfigError(f"{flag} {path!r}: cannot load a tokenizer ({type(e).__name__})") from e
-    config = AutoConfig.from_pretrained(opts.target_model, trust_remote_code=opts.trust_remote_code)
-    rows = getattr(config.get_text_config(decoder=True), "vocab_size", None)
-    if isinstance(rows, int) and (why := too_few_rows(rows, len(tokenizer))):
-        raise JobConfigError(f"{flag} {path!r}: --target_model {opts.target_model!r}'s {why} (a tokenizer of "
-                             "another model, or tokens added without resizing the embeddings)")
-
-
 def _local_model_configs(opts: SpecDecOptions):
     """(flag, path, config) of the target and the model draft that are local (gs:// models are
     checked when the workers load them)."""
@@ -525,7 +503,6 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_model_path("--target_model", opts.target_model, trust)
     if opts.tokenizer:
         _check_tokenizer_path(opts.tokenizer, trust)
-    _check_vocab(opts)
     mode = None
     if opts.drafter == "model":
         _check_model_path("--draft_model", opts.draft_model, trust)

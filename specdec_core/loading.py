@@ -136,13 +136,6 @@ def describe_mode(mode: str, target_tokenizer: PreTrainedTokenizerBase,
             "proposed deterministically and verified exactly")
 
 
-def too_few_rows(rows: int, vocab: int) -> str | None:
-    """Why a model whose output layer has `rows` rows cannot take a `vocab`-token tokenizer, or
-    None: a token id past its rows would index past its embedding (a tokenizer of another model,
-    or tokens added without resizing the embeddings)."""
-    return f"output layer has {rows} rows for a {vocab}-token vocabulary" if rows < vocab else None
-
-
 def decoder_start(config, generation_config) -> int | None:
     """The token an encoder-decoder's decoder starts from: its generation config's, or its config's."""
     return getattr(generation_config, "decoder_start_token_id", None) or config.decoder_start_token_id
@@ -157,11 +150,17 @@ def check_pair(
     """The drafting mode (SAME_TOKENIZER or CROSS_TOKENIZER), or IncompatiblePairError when the
     draft cannot draft for the target."""
     mode = check_compatible(target.config, draft.config, target_tokenizer, draft_tokenizer)
-    roles = (("target", target, target_tokenizer), ("draft", draft, draft_tokenizer))
-    for role, model, tok in roles:
-        vocab = len(target_tokenizer if mode == SAME_TOKENIZER else tok)
-        if why := too_few_rows(model.get_output_embeddings().weight.shape[0], vocab):
-            raise IncompatiblePairError(f"the {role}'s {why}")
+    if mode != SAME_TOKENIZER:
+        # Re-encoded text may hold any token of either tokenizer (a special token's text too), so
+        # each must have a row. With one tokenizer, only the prompt's ids can lie past the rows
+        # (drafts stay inside the draft's, `_check_rows`); they are checked per prompt
+        # (`TextGenerator.encode`): a checkpoint may embed fewer tokens than its tokenizer has, as
+        # bart-large-cnn leaves out <mask>.
+        for role, model, tok in (("target", target, target_tokenizer), ("draft", draft, draft_tokenizer)):
+            rows = model.get_output_embeddings().weight.shape[0]
+            if rows < len(tok):
+                raise IncompatiblePairError(f"the {role}'s output layer has {rows} rows for a {len(tok)}-token "
+                                            "vocabulary")
     if mode == SAME_TOKENIZER:
         _check_rows(*(m.get_output_embeddings().weight.shape[0] for m in (target, draft)))
     if target.config.is_encoder_decoder and mode == SAME_TOKENIZER:

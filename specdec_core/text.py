@@ -37,7 +37,6 @@ from specdec_core.loading import (
     resolve_device,
     resolve_dtype,
     share_encoder,
-    too_few_rows,
 )
 from specdec_core.placement import DTYPE_BYTES, check_device, check_device_map, parameter_count
 from specdec_core.processing import SamplingSettings, unapplied
@@ -90,6 +89,10 @@ class NotUtf8:
 
 
 class PromptTooLong(PromptError):
+    pass
+
+
+class TokenNotEmbedded(PromptError):
     pass
 
 
@@ -325,6 +328,11 @@ class TextGenerator:
             )
         # Positions: the decoder's (a causal one holds prompt + output), and an encoder's prompt.
         self.context, self.prompt_context = context, prompt_context
+        # The ids a prompt may hold: those both models embed (a same-tokenizer draft reads the
+        # prompt's ids too). A checkpoint may embed fewer tokens than its tokenizer has, leaving out
+        # one its inputs never hold (bart-large-cnn leaves out <mask>); a prompt that holds one fails.
+        readers = [("target", target)] + ([("draft", drafter.model)] if isinstance(drafter, ModelDrafter) else [])
+        self.embedded = min(((m.get_input_embeddings().num_embeddings, role) for role, m in readers))
         # Beam threads share one generator per process; items run one at a time so that
         # each item's latency is its own.
         self._lock = threading.Lock()
@@ -366,9 +374,6 @@ class TextGenerator:
             raise ValueError(f"--chat_template: the tokenizer of {spec.tokenizer or spec.target_model} "
                              "has no chat template")
         compiled = compiles(spec.torch_compile, spec.cuda_graphs, device)
-        if spec.drafter != "model":  # (a model draft's check covers the target too)
-            if why := too_few_rows(target.get_output_embeddings().weight.shape[0], len(tokenizer)):
-                raise ModelRefused(f"the target's {why}")
         if spec.drafter == "model":
             drafter: Drafter = load_model_drafter(spec.draft_model, target, tokenizer, device=device, dtype=dtype,
                                                   draft_dtype=spec.draft_dtype, cpu_kernels=spec.cpu_kernels,
@@ -417,6 +422,11 @@ class TextGenerator:
             ids = self.tokenizer(check_prompt(prompt), verbose=False)["input_ids"]
         if not ids:
             raise EmptyPrompt("prompt tokenizes to no tokens")
+        rows, role = self.embedded
+        if max(ids) >= rows:
+            token = self.tokenizer.convert_ids_to_tokens(max(ids))
+            raise TokenNotEmbedded(f"prompt holds token {max(ids)} ({token!r}), which the {role} does not embed "
+                                   f"(its embeddings have {rows} rows): a token its tokenizer has beyond its weights")
         n, budget = self.engine.max_new_tokens, self.context
         if not self.engine.target.config.is_encoder_decoder:
             if budget is not None and len(ids) + n > budget:

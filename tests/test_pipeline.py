@@ -232,12 +232,6 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         shutil.copy(target / name, no_weights / name)
     list_ids = tmp_path / "list-ids.parquet"  # ran, then no report or resume could group its output
     pq.write_table(pa.table({"id": [[1], [2]], "prompt": ["a", "b"]}), list_ids)
-    from transformers import AutoTokenizer
-
-    big_tok = AutoTokenizer.from_pretrained(target)  # tokens added, the target's embeddings not resized
-    big_tok.add_special_tokens({"additional_special_tokens": ["<|a|>", "<|b|>"]})
-    big_tok.save_pretrained(tmp_path / "big-tok")
-    rows = json.loads((target / "config.json").read_text())["vocab_size"]
     bart_target, t5_draft = saved_pairs["bart"][0], saved_pairs["t5"][1]  # one tokenizer, other start tokens
     base = ["--input", src, "--output", str(tmp_path / "out/gens"), "--target_model", str(target)]
     cases = {
@@ -276,9 +270,6 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         "--tokenizer 'my_tok': no local directory": base + ["--draft_model", str(draft), "--tokenizer", "my_tok"],
         "--target_model 'no/such-model': no local directory of that name, and no hub model": base[:4] + [
             "--target_model", "no/such-model", "--drafter", "none"],
-        # every row failed with IndexError and the job exited 0 (with a model draft: at the workers' load)
-        f"'s output layer has {rows} rows for a {rows + 2}-token vocabulary": base + [
-            "--drafter", "none", "--tokenizer", str(tmp_path / "big-tok")],
         f"--draft_model '{t5_draft}': its decoder starts from token 0, the target's from 2": base[:4] + [
             "--target_model", str(bart_target), "--draft_model", str(t5_draft)],
     }

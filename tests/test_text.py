@@ -13,6 +13,7 @@ from specdec_core.text import (
     InvalidCharacters,
     InvalidPromptType,
     NullPrompt,
+    PromptError,
     PromptTooLong,
     TextGenerator,
     check_prompt,
@@ -146,23 +147,44 @@ def test_a_draft_with_more_output_rows_than_the_target_is_refused(saved_pairs, t
         TextGenerator.load(GeneratorSpec(str(target_dir), str(tmp_path / "wide")))
 
 
-@pytest.mark.parametrize("drafter", ["none", "ngram"])
-def test_a_tokenizer_past_the_targets_output_rows_is_refused_at_load(saved_pairs, tmp_path, drafter):
-    """Tokens added without resizing the target's embeddings (or another model's tokenizer): without
-    a model draft, whose pair check covers it, each row meeting such a token failed with IndexError
-    (as a chat template's do); the load refuses it in one line (gs:// models skip the job's check)."""
-    from transformers import AutoConfig, AutoTokenizer
+@pytest.mark.parametrize("drafter", ["model", "none"])
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_a_prompt_holding_a_token_the_models_do_not_embed_fails_alone(saved_pairs, tmp_path, drafter, batch_size):
+    """A tokenizer with tokens beyond the models' embeddings (bart-large-cnn's <mask>; tokens
+    added without resizing): the pair loads (a model draft's pair was refused), a prompt holding
+    such a token fails as TokenNotEmbedded (it failed with IndexError), the others equal the target
+    alone's `generate()`."""
+    import shutil
 
-    from specdec_core.loading import ModelRefused
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    target_dir, _ = saved_pairs["llama"]
-    tok = AutoTokenizer.from_pretrained(target_dir)
+    tok = AutoTokenizer.from_pretrained(saved_pairs["llama"][0])
     tok.add_special_tokens({"additional_special_tokens": ["<|a|>"]})
-    tok.save_pretrained(tmp_path / "big")
+    target_dir, draft_dir = tmp_path / "target", tmp_path / "draft"  # both with that tokenizer, as such pairs come
+    for src, dest in zip(saved_pairs["llama"], (target_dir, draft_dir), strict=True):
+        shutil.copytree(src, dest)
+        tok.save_pretrained(dest)
     rows = AutoConfig.from_pretrained(target_dir).vocab_size
     assert rows < len(tok)
-    with pytest.raises(ModelRefused, match=rf"the target's output layer has {rows} rows for a {len(tok)}-token"):
-        TextGenerator.load(GeneratorSpec(str(target_dir), None, drafter=drafter, tokenizer=str(tmp_path / "big")))
+    gen = TextGenerator.load(GeneratorSpec(str(target_dir), str(draft_dir) if drafter == "model" else None,
+                                           drafter=drafter, max_new_tokens=6, batch_size=batch_size))
+    prompts = ["hello world", "hello <|a|> world", "the quick fox"]
+    if batch_size > 1:
+        out = gen.generate_batch([(p, 0) for p in prompts])
+    else:
+        out = []
+        for p in prompts:
+            try:
+                out.append(gen.generate(p))
+            except PromptError as e:
+                out.append({"error_type": type(e).__name__, "error_message": str(e)})
+    assert out[1]["error_type"] == "TokenNotEmbedded"
+    assert f"token {rows} ('<|a|>')" in out[1]["error_message"] and f"{rows} rows" in out[1]["error_message"]
+    model = AutoModelForCausalLM.from_pretrained(target_dir)
+    for i in (0, 2):
+        ids = tok(["hello world", "", "the quick fox"][i], return_tensors="pt").input_ids
+        want = model.generate(ids, do_sample=False, max_new_tokens=6)[0, ids.shape[1]:].tolist()
+        assert out[i]["token_ids"] == want
 
 
 def test_draft_dir_without_tokenizer_uses_the_targets(saved_pairs, tmp_path):
