@@ -332,7 +332,7 @@ class TextGenerator:
         # prompt's ids too). A checkpoint may embed fewer tokens than its tokenizer has, leaving out
         # one its inputs never hold (bart-large-cnn leaves out <mask>); a prompt that holds one fails.
         readers = [("target", target)] + ([("draft", drafter.model)] if isinstance(drafter, ModelDrafter) else [])
-        self.embedded = min(((m.get_input_embeddings().num_embeddings, role) for role, m in readers))
+        self.embedded = min((m.get_input_embeddings().weight.shape[0], role) for role, m in readers)
         # Beam threads share one generator per process; items run one at a time so that
         # each item's latency is its own.
         self._lock = threading.Lock()
