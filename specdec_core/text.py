@@ -239,6 +239,15 @@ class GeneratorSpec:
         SamplingSettings(self.temperature, self.top_k, self.top_p)  # validates
 
 
+def _embedding_rows(model: PreTrainedModel) -> int | None:
+    """How many token ids a model embeds, or None where it does not say (no input embeddings that
+    transformers can find, as some remote-code models)."""
+    try:
+        return int(model.get_input_embeddings().weight.shape[0])
+    except (NotImplementedError, AttributeError):
+        return None
+
+
 def compiles(torch_compile: str, cuda_graphs: str, device: torch.device) -> bool:
     """`--torch_compile`: on; or auto, wherever the passes run over static caches as CUDA graphs
     (on a GPU). Compiling costs a worker about a minute per batch width, once; on an H200 it took
@@ -332,7 +341,8 @@ class TextGenerator:
         # prompt's ids too). A checkpoint may embed fewer tokens than its tokenizer has, leaving out
         # one its inputs never hold (bart-large-cnn leaves out <mask>); a prompt that holds one fails.
         readers = [("target", target)] + ([("draft", drafter.model)] if isinstance(drafter, ModelDrafter) else [])
-        self.embedded = min((m.get_input_embeddings().weight.shape[0], role) for role, m in readers)
+        self.embedded = min(((rows, role) for role, m in readers if (rows := _embedding_rows(m)) is not None),
+                            default=None)
         # Beam threads share one generator per process; items run one at a time so that
         # each item's latency is its own.
         self._lock = threading.Lock()
@@ -422,8 +432,8 @@ class TextGenerator:
             ids = self.tokenizer(check_prompt(prompt), verbose=False)["input_ids"]
         if not ids:
             raise EmptyPrompt("prompt tokenizes to no tokens")
-        rows, role = self.embedded
-        if max(ids) >= rows:
+        rows, role = self.embedded or (None, None)
+        if rows is not None and max(ids) >= rows:
             token = self.tokenizer.convert_ids_to_tokens(max(ids))
             raise TokenNotEmbedded(f"prompt holds token {max(ids)} ({token!r}), which the {role} does not embed "
                                    f"(its embeddings have {rows} rows): a token its tokenizer has beyond its weights")

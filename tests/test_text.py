@@ -187,6 +187,20 @@ def test_a_prompt_holding_a_token_the_models_do_not_embed_fails_alone(saved_pair
         assert out[i]["token_ids"] == want
 
 
+def test_a_model_without_findable_input_embeddings_still_loads(saved_pairs, monkeypatch):
+    """The prompt-id check reads the embeddings' rows where transformers finds them; a target
+    where it cannot (some remote-code models raise) still decodes alone, its prompts unchecked."""
+    from transformers import LlamaForCausalLM
+
+    def missing(self):
+        raise NotImplementedError
+
+    monkeypatch.setattr(LlamaForCausalLM, "get_input_embeddings", missing)
+    target_dir, _ = saved_pairs["llama"]
+    gen = TextGenerator.load(GeneratorSpec(str(target_dir), None, drafter="none", max_new_tokens=4))
+    assert gen.embedded is None and len(gen.generate("hello world")["token_ids"]) == 4
+
+
 def test_draft_dir_without_tokenizer_uses_the_targets(saved_pairs, tmp_path):
     target_dir, draft_dir = saved_pairs["gpt2"]
     bare = tmp_path / "bare-draft"
