@@ -264,10 +264,8 @@ def _check_pair(opts: SpecDecOptions) -> str | None:
 
     from specdec_core.loading import (
         CROSS_TOKENIZER,
-        SAME_TOKENIZER,
         IncompatiblePairError,
         check_compatible,
-        decoder_start,
         describe_mode,
         draft_tokenizer_for,
         load_tokenizer,
@@ -280,16 +278,11 @@ def _check_pair(opts: SpecDecOptions) -> str | None:
         flag, path = ("--tokenizer", opts.tokenizer) if opts.tokenizer else ("--target_model", opts.target_model)
         raise JobConfigError(f"{flag} {path!r}: cannot load a tokenizer ({type(e).__name__})") from e
     draft_tokenizer = draft_tokenizer_for(opts.draft_model, target_tokenizer, trust)
-    configs = [AutoConfig.from_pretrained(p, trust_remote_code=trust) for p in paths]
     try:
-        mode = check_compatible(*configs, target_tokenizer, draft_tokenizer)
+        mode = check_compatible(*(AutoConfig.from_pretrained(p, trust_remote_code=trust) for p in paths),
+                                target_tokenizer, draft_tokenizer, tuple(_generation_config(p) for p in paths))
     except IncompatiblePairError as e:
         raise JobConfigError(f"--draft_model {opts.draft_model!r}: {e}") from e
-    if mode == SAME_TOKENIZER and configs[0].is_encoder_decoder:
-        starts = [decoder_start(c, _generation_config(p)) for c, p in zip(configs, paths, strict=True)]
-        if starts[0] != starts[1]:
-            raise JobConfigError(f"--draft_model {opts.draft_model!r}: its decoder starts from token {starts[1]}, "
-                                 f"the target's from {starts[0]}; a draft must start as its target does")
     if mode == CROSS_TOKENIZER and opts.batch_size > 1:
         raise JobConfigError(f"--batch_size {opts.batch_size}: --draft_model {opts.draft_model!r} has another "
                              "tokenizer than the target, and cross-tokenizer drafting runs one item at a time "

@@ -100,8 +100,10 @@ def check_compatible(
     draft_config: PretrainedConfig,
     target_tokenizer: PreTrainedTokenizerBase,
     draft_tokenizer: PreTrainedTokenizerBase,
+    generation_configs: tuple = (None, None),
 ) -> str:
-    """The checks that need no weights, and the drafting mode they decide: SAME_TOKENIZER when
+    """The checks that need no weights (with the models' generation configs where they have
+    them: an encoder-decoder's decoder start token), and the drafting mode they decide: SAME_TOKENIZER when
     both tokenizers have one vocabulary (the draft proposes its own tokens, with its q), else
     CROSS_TOKENIZER (the draft's text is re-encoded into target tokens, specdec_core/cross_tokenizer.py).
 
@@ -115,6 +117,12 @@ def check_compatible(
     rows = [getattr(c.get_text_config(), "vocab_size", None) for c in (target_config, draft_config)]
     if mode == SAME_TOKENIZER and all(isinstance(n, int) for n in rows):
         _check_rows(*rows)
+    if mode == SAME_TOKENIZER and target_config.is_encoder_decoder:
+        # (the generation config's start token, else the config's)
+        starts = [getattr(g, "decoder_start_token_id", None) or c.decoder_start_token_id
+                  for c, g in zip((target_config, draft_config), generation_configs, strict=True)]
+        if starts[0] != starts[1]:
+            raise IncompatiblePairError(f"decoder start tokens differ: target {starts[0]}, draft {starts[1]}")
     return mode
 
 
@@ -136,11 +144,6 @@ def describe_mode(mode: str, target_tokenizer: PreTrainedTokenizerBase,
             "proposed deterministically and verified exactly")
 
 
-def decoder_start(config, generation_config) -> int | None:
-    """The token an encoder-decoder's decoder starts from: its generation config's, or its config's."""
-    return getattr(generation_config, "decoder_start_token_id", None) or config.decoder_start_token_id
-
-
 def check_pair(
     target: PreTrainedModel,
     draft: PreTrainedModel,
@@ -149,24 +152,20 @@ def check_pair(
 ) -> str:
     """The drafting mode (SAME_TOKENIZER or CROSS_TOKENIZER), or IncompatiblePairError when the
     draft cannot draft for the target."""
-    mode = check_compatible(target.config, draft.config, target_tokenizer, draft_tokenizer)
-    if mode != SAME_TOKENIZER:
-        # Re-encoded text may hold any token of either tokenizer (a special token's text too), so
-        # each must have a row. With one tokenizer, only the prompt's ids can lie past the rows
-        # (drafts stay inside the draft's, `_check_rows`); they are checked per prompt
-        # (`TextGenerator.encode`): a checkpoint may embed fewer tokens than its tokenizer has, as
-        # bart-large-cnn leaves out <mask>.
-        for role, model, tok in (("target", target, target_tokenizer), ("draft", draft, draft_tokenizer)):
-            rows = model.get_output_embeddings().weight.shape[0]
-            if rows < len(tok):
-                raise IncompatiblePairError(f"the {role}'s output layer has {rows} rows for a {len(tok)}-token "
-                                            "vocabulary")
+    mode = check_compatible(target.config, draft.config, target_tokenizer, draft_tokenizer,
+                            (target.generation_config, draft.generation_config))
     if mode == SAME_TOKENIZER:
+        # Only the prompt's ids can lie past the rows (drafts stay inside the draft's); they are
+        # checked per prompt (`TextGenerator.encode`): a checkpoint may embed fewer tokens than its
+        # tokenizer has, as bart-large-cnn leaves out <mask>.
         _check_rows(*(m.get_output_embeddings().weight.shape[0] for m in (target, draft)))
-    if target.config.is_encoder_decoder and mode == SAME_TOKENIZER:
-        starts = [decoder_start(m.config, m.generation_config) for m in (target, draft)]
-        if starts[0] != starts[1]:
-            raise IncompatiblePairError(f"decoder start tokens differ: target {starts[0]}, draft {starts[1]}")
+        return mode
+    # Re-encoded text may hold any token of either tokenizer (a special token's text too), so each
+    # must have a row.
+    for role, model, tok in (("target", target, target_tokenizer), ("draft", draft, draft_tokenizer)):
+        rows = model.get_output_embeddings().weight.shape[0]
+        if rows < len(tok):
+            raise IncompatiblePairError(f"the {role}'s output layer has {rows} rows for a {len(tok)}-token vocabulary")
     return mode
 
 

@@ -342,7 +342,7 @@ class TextGenerator:
         # one its inputs never hold (bart-large-cnn leaves out <mask>); a prompt that holds one fails.
         readers = [("target", target)] + ([("draft", drafter.model)] if isinstance(drafter, ModelDrafter) else [])
         self.embedded = min(((rows, role) for role, m in readers if (rows := _embedding_rows(m)) is not None),
-                            default=None)
+                            default=(None, None))
         # Beam threads share one generator per process; items run one at a time so that
         # each item's latency is its own.
         self._lock = threading.Lock()
@@ -432,7 +432,7 @@ class TextGenerator:
             ids = self.tokenizer(check_prompt(prompt), verbose=False)["input_ids"]
         if not ids:
             raise EmptyPrompt("prompt tokenizes to no tokens")
-        rows, role = self.embedded or (None, None)
+        rows, role = self.embedded
         if rows is not None and max(ids) >= rows:
             token = self.tokenizer.convert_ids_to_tokens(max(ids))
             raise TokenNotEmbedded(f"prompt holds token {max(ids)} ({token!r}), which the {role} does not embed "

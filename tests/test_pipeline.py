@@ -270,7 +270,7 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         "--tokenizer 'my_tok': no local directory": base + ["--draft_model", str(draft), "--tokenizer", "my_tok"],
         "--target_model 'no/such-model': no local directory of that name, and no hub model": base[:4] + [
             "--target_model", "no/such-model", "--drafter", "none"],
-        f"--draft_model '{t5_draft}': its decoder starts from token 0, the target's from 2": base[:4] + [
+        f"--draft_model '{t5_draft}': decoder start tokens differ: target 2, draft 0": base[:4] + [
             "--target_model", str(bart_target), "--draft_model", str(t5_draft)],
     }
     capsys.readouterr()

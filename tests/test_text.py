@@ -198,7 +198,7 @@ def test_a_model_without_findable_input_embeddings_still_loads(saved_pairs, monk
     monkeypatch.setattr(LlamaForCausalLM, "get_input_embeddings", missing)
     target_dir, _ = saved_pairs["llama"]
     gen = TextGenerator.load(GeneratorSpec(str(target_dir), None, drafter="none", max_new_tokens=4))
-    assert gen.embedded is None and len(gen.generate("hello world")["token_ids"]) == 4
+    assert gen.embedded == (None, None) and len(gen.generate("hello world")["token_ids"]) == 4
 
 
 def test_draft_dir_without_tokenizer_uses_the_targets(saved_pairs, tmp_path):
