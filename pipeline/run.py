@@ -16,7 +16,7 @@ from pipeline.options import SpecDecOptions
 from pipeline.preflight import JobConfigError, is_dry_run, preflight
 from pipeline.provenance import placement_record, run_record, with_provenance
 from specdec_core.loading import ModelRefused
-from transforms.durable import CommitChunks, CommitRows, output_files
+from transforms.durable import CommitChunks, CommitRows, beam_temp_dirs, delete_dirs, output_files
 from transforms.generate import GenerateRows
 from transforms.ids import SelectRows
 from transforms.model_handler import SpecDecModelHandler
@@ -82,9 +82,13 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
     except (FlagError, JobConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if opts.overwrite and not is_dry_run(opts) and (old := output_files(opts.output)):
-        log.info("--overwrite: deleting %d earlier output files under %s", len(old), opts.output)
-        FileSystems.delete(old)
+    if opts.overwrite and not is_dry_run(opts):
+        if old := output_files(opts.output):
+            log.info("--overwrite: deleting %d earlier output files under %s", len(old), opts.output)
+            FileSystems.delete(old)
+        if staged := beam_temp_dirs(opts.output):  # a killed run's shards, never renamed
+            log.info("--overwrite: deleting %d folders of unfinished writes: %s", len(staged), ", ".join(staged))
+            delete_dirs(staged)
     log.info("placement on each worker: %s", placement_record(opts))
     p = beam.Pipeline(options=opts)
     build_pipeline(p, opts, schema)

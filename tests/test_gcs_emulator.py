@@ -155,6 +155,15 @@ def test_chunks_resume_and_output_safety_on_gcs(gcs, saved_pairs, tmp_path, monk
     assert not [n for n in gcs.list(out) if "-chunk-" in n]  # the finished job dropped its chunks
     assert len(output_files(out)) == 2
 
+    # a killed run's staging folder on gs:// (objects under it), found as --overwrite deletes it
+    from transforms.durable import beam_temp_dirs, delete_dirs
+    staged = f"{out}".rsplit("/", 1)[0] + "/beam-temp-gens-" + "ab" * 16
+    write_parquet_file(f"{staged}/shard.parquet", chunk)
+    write_parquet_file(f"{staged.replace('gens-', 'gens-v2-')}/shard.parquet", chunk)
+    assert beam_temp_dirs(out) == [staged]
+    delete_dirs([staged])
+    assert beam_temp_dirs(out) == [] and gcs.list(staged.replace("gens-", "gens-v2-"))
+
     capsys.readouterr()
     assert main(args) == 2
     err = capsys.readouterr().err.strip()

@@ -351,19 +351,30 @@ def test_a_refusal_after_the_pairs_check_is_one_line_on_stderr(tmp_path, saved_p
 
 def test_the_job_says_what_it_deletes_and_where_its_results_are(tmp_path, saved_pairs):
     """As a user runs it: the job's own lines (--overwrite's deletions, the placement, where the
-    results are) reach stderr (they went to the root logger, which stays at WARNING)."""
+    results are) reach stderr (they went to the root logger, which stays at WARNING); --overwrite
+    deletes a killed run's staging folders of this prefix, not another prefix's."""
     import subprocess
     import sys
 
     target, _ = saved_pairs["llama"]
     src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": GOOD[0]}])
     (tmp_path / "gens-00000-of-00001.parquet").write_bytes(b"an earlier run's")
+    hexes = "0123456789abcdef" * 2
+    killed = [tmp_path / f"beam-temp-gens-{hexes}", tmp_path / f"beam-temp-gens-failed-{hexes[::-1]}"]
+    (killed[0] / "sub").mkdir(parents=True)
+    (killed[0] / "sub" / "shard.parquet").write_bytes(b"a killed run's")
+    killed[1].mkdir()  # created, nothing written yet
+    other = tmp_path / f"beam-temp-gens-v2-{hexes}"  # another prefix's (gens-v2), perhaps running
+    other.mkdir()
     child = subprocess.run([sys.executable, "-m", "pipeline.run", "--input", src, "--output", str(tmp_path / "gens"),
                             "--target_model", str(target), "--drafter", "none", "--max_new_tokens", "2",
                             "--overwrite"], capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr
-    for said in ("--overwrite: deleting 1 earlier output files", "placement on each worker", "done: results in"):
+    for said in ("--overwrite: deleting 1 earlier output files", "--overwrite: deleting 2 folders of unfinished "
+                 "writes", "placement on each worker", "done: results in"):
         assert said in child.stderr, said
+    assert not any(k.exists() for k in killed) and other.is_dir()
+    assert sorted(p.name for p in tmp_path.glob("beam-temp-*")) == [other.name]  # the job's own: gone when it ends
 
 
 def test_file_order_and_string_layouts_do_not_decide_whether_a_job_runs(tmp_path, saved_pairs):

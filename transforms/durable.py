@@ -16,9 +16,11 @@ input row of a duplicated id is its own failed row, kept once per distinct promp
 
 from __future__ import annotations
 
+import glob
 import io
 import logging
 import os
+import re
 import threading
 import uuid
 from collections.abc import Iterable, Iterator
@@ -69,6 +71,26 @@ def match(patterns: Iterable[str]) -> list[str]:
 def output_files(prefix: str) -> list[str]:
     """Every result or failed file, final or chunk, already under a prefix."""
     return match(result_patterns(prefix) + failed_patterns(prefix))
+
+
+def beam_temp_dirs(prefix: str) -> list[str]:
+    """The folders where this prefix's two Parquet sinks (results, failed rows) stage their shards
+    before renaming them, `beam-temp-BASENAME[-failed]-<uuid1 hex>` beside the prefix: a finished
+    job deletes its own, a killed one leaves them (another prefix's, `gens-v2`'s, are not matched)."""
+    folder, base = FileSystems.split(prefix)
+    own = re.compile(rf"beam-temp-{re.escape(base)}(-failed)?-[0-9a-f]{{32}}")
+    if isinstance(FileSystems.get_filesystem(prefix), LocalFileSystem):  # empty folders too
+        found = glob.glob(os.path.join(glob.escape(folder), "beam-temp-*"))
+    else:  # object stores have no folders: the objects' parents
+        found = {FileSystems.split(f)[0] for f in match([FileSystems.join(folder, "beam-temp-*/*")])}
+    return sorted(f for f in found if own.fullmatch(FileSystems.split(f)[1]))
+
+
+def delete_dirs(dirs: list[str]) -> None:
+    """Delete folders with what they hold (on an object store: every object under them)."""
+    if dirs:
+        local = isinstance(FileSystems.get_filesystem(dirs[0]), LocalFileSystem)
+        FileSystems.delete([d if local else f"{d.rstrip('/')}/" for d in dirs])
 
 
 def write_parquet_file(path: str, table: pa.Table) -> None:
