@@ -25,6 +25,7 @@ from pipeline.options import SpecDecOptions
 from specdec_core import placement
 from specdec_core.placement import Copy, Footprint, Gpu
 from specdec_core.text import NotUtf8, is_conversation
+from transforms.durable import absolute
 from transforms.prompts import table_rows
 
 log = logging.getLogger(__name__)
@@ -221,7 +222,8 @@ def longest_prompt_tokens(opts: SpecDecOptions) -> tuple[int, str]:
     read (up to SCAN_BYTES of files), the LONGEST longest by UTF-8 length are encoded as the job
     encodes them (chat template included); with a tokenizer the launcher cannot load (on gs://),
     UTF-8 bytes bound it."""
-    every = sorted((m.path, m.size_in_bytes) for r in FileSystems.match([opts.input]) for m in r.metadata_list)
+    matched = FileSystems.match([absolute(opts.input)])
+    every = sorted((m.path, m.size_in_bytes) for r in matched for m in r.metadata_list)
     files, read = [], 0
     for path, size in every:
         if files and read + size > SCAN_BYTES:

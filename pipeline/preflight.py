@@ -27,7 +27,7 @@ def input_schemas(pattern: str) -> list[tuple[str, pa.Schema]]:
     """Each input file with its Parquet schema (footers only, read in parallel: one shard of
     another layout, or not Parquet at all, would otherwise fail the job after its work)."""
     try:
-        files = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+        files = match([pattern])
     except Exception as e:  # Beam raises BeamIOError for unreachable locations
         raise JobConfigError(f"--input {pattern!r}: cannot list files ({e})") from e
     if not files:

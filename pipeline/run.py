@@ -16,7 +16,7 @@ from pipeline.options import SpecDecOptions
 from pipeline.preflight import JobConfigError, is_dry_run, preflight
 from pipeline.provenance import placement_record, run_record, with_provenance
 from specdec_core.loading import ModelRefused
-from transforms.durable import CommitChunks, CommitRows, beam_temp_dirs, delete_dirs, output_files
+from transforms.durable import CommitChunks, CommitRows, absolute, beam_temp_dirs, delete_dirs, output_files
 from transforms.generate import GenerateRows
 from transforms.ids import SelectRows
 from transforms.model_handler import SpecDecModelHandler
@@ -65,6 +65,10 @@ def parse_options(argv: list[str]) -> SpecDecOptions:
     opts = SpecDecOptions(argv)
     if opts.view_as(StandardOptions).runner is None:
         opts.view_as(StandardOptions).runner = LOCAL_RUNNER
+    # Local paths as absolute ones for every step of the job (Beam matches no bare `gens-*`).
+    opts.input, opts.output = absolute(opts.input), absolute(opts.output)
+    if opts.resume_from:
+        opts.resume_from = [absolute(p) for p in opts.resume_prefixes()]
     return opts
 
 

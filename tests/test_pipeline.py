@@ -377,6 +377,34 @@ def test_the_job_says_what_it_deletes_and_where_its_results_are(tmp_path, saved_
     assert sorted(p.name for p in tmp_path.glob("beam-temp-*")) == [other.name]  # the job's own: gone when it ends
 
 
+def test_bare_relative_paths_work_as_paths_with_a_folder(tmp_path, saved_pairs, monkeypatch, capsys):
+    """`--input 'p-*.parquet' --output gens` from the files' folder: Beam matches only absolute
+    local paths, so the input matched nothing, the finished job kept its chunks, the report found
+    no files, and a second job into `gens` was not refused (its rows mixed with the first's)."""
+    from pipeline.report.summary import main as report
+    from pipeline.tune.tuner import read_sample
+    from transforms.durable import read_outputs
+
+    target, _ = saved_pairs["llama"]
+    monkeypatch.chdir(tmp_path)
+    for i in range(2):
+        write_prompts(tmp_path / f"p-{i}.parquet", [{"id": str(i), "prompt": GOOD[i]}])
+    args = ["--input", "p-*.parquet", "--output", "gens", "--target_model", str(target), "--drafter", "none",
+            "--max_new_tokens", "2"]
+    assert main(args) == 0
+    assert sorted(p.name for p in tmp_path.glob("gens-*")) == ["gens-00000-of-00001.parquet",
+                                                                 "gens-failed-00000-of-00001.parquet"]
+    assert sorted(read_outputs("gens")[0]["id"].to_pylist()) == ["0", "1"]
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --output ") and "already holds 2 result files" in err
+    assert report(["gens"]) == 0
+    assert main(["--input", "p-1.parquet", "--output", "again", "--resume_from", "gens", *args[4:]]) == 0
+    assert read_outputs("again")[0].num_rows == 0  # its one id was done
+    assert len(read_sample("p-*.parquet", "prompt", 5, lambda t: [1])[0]) == 2
+
+
 def test_file_order_and_string_layouts_do_not_decide_whether_a_job_runs(tmp_path, saved_pairs):
     """A passed-through column of nulls only in the first file takes a later file's type (it was
     refused, while the same files named the other way round ran); an earlier run's string ids

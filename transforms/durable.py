@@ -61,9 +61,15 @@ def chunk_patterns(prefix: str) -> list[str]:
     return [f"{prefix}-chunk-*.parquet", f"{prefix}-failed-chunk-*.parquet"]
 
 
+def absolute(path: str) -> str:
+    """A local path made absolute, a remote location as it is: Beam's local filesystem matches
+    absolute paths only (a bare `gens-*` or `*.parquet` matches nothing, `./gens-*` does)."""
+    return path if FileSystems.get_scheme(path) else os.path.abspath(path)
+
+
 def match(patterns: Iterable[str]) -> list[str]:
     """The files matching any of the globs, local or remote, sorted, each once."""
-    patterns = list(patterns)
+    patterns = [absolute(p) for p in patterns]
     found = {m.path for r in FileSystems.match(patterns) for m in r.metadata_list}
     return sorted(found)
 

@@ -44,6 +44,7 @@ from specdec_core.processing import SamplingSettings
 from specdec_core.self_check import verify_disagreement
 from specdec_core.static_decoder import GRAPH_MODES
 from specdec_core.text import CPU_KERNELS, GeneratorSpec, PromptError, TextGenerator, compiles, load_model_drafter
+from transforms.durable import match
 from transforms.prompts import table_rows
 
 _LOG = logging.getLogger("pipeline.tune")
@@ -185,7 +186,7 @@ def read_sample(pattern: str, column: str, n: int, encode) -> tuple[list[list[in
     """(prompt ids of the first n usable rows, rows in the whole input, unusable rows skipped by
     error type). Row counts come from each file's Parquet footer: nothing else is read past the
     sample."""
-    files = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+    files = match([pattern])
     ids: list[list[int]] = []
     skipped: dict[str, int] = {}
     rows = 0
