@@ -238,6 +238,7 @@ class SlotKV(StaticKV):
             self._prefiller = StaticDecoder(self.model, graphs=True, max_graph_width=self.max_graph_width,
                                             strict=self.strict, min_width=self.min_width)
             self._prefiller.compile_prefills = self.compile_prefills
+            self._prefiller.pinned_inputs = self.pinned_inputs
         pre, setup, out = self._prefiller, self._prefiller.capture_s, []
         for j, (slot, feed) in enumerate(zip(slots, feeds, strict=True)):
             self.lengths[slot] = 0

@@ -314,6 +314,10 @@ class StaticKV:
     past its tokens and overwritten by its next pass) and attends through a 4D mask that hides
     every column after the query's own."""
 
+    # Passes' inputs copied to the GPU from pinned host memory without waiting (`_to_device`): off
+    # until measured on a GPU (the GPU bench's "pinned inputs" sets it per cache).
+    pinned_inputs = False
+
     def __init__(self, model: PreTrainedModel, rows: int, graphs: bool | None = None,
                  max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, batched: bool = False,
                  compile: bool = False, min_width: int = 1):
@@ -616,11 +620,11 @@ class StaticKV:
         decode passes keep theirs, and it runs as `fallback` (default `run`) eagerly."""
         if not self.graphs or (inp.shape[1] - 2 > self.max_graph_width and not prefill):
             if self._compiled is None:
-                return run(inp.to(self.device))
+                return run(self._to_device(inp))
             from torch._dynamo.utils import counters
 
             compiled, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
-            out = run(inp.to(self.device))
+            out = run(self._to_device(inp))
             # One-off work, counted as a capture is (dynamo's count is per process: items run one
             # at a time per engine, so a compile meanwhile is this pass's).
             if counters["stats"]["unique_graphs"] != compiled:
@@ -639,21 +643,35 @@ class StaticKV:
                         log.warning("%s: no CUDA graph of %s (%s: %s); such passes of prompts run eagerly from "
                                     "now on", type(self.model).__name__, what, type(e).__name__, str(e)[:200])
                         self.uncaptured.add(key[0])
-                        return (fallback or run)(inp.to(self.device))
+                        return (fallback or run)(self._to_device(inp))
                     if self.strict:
                         raise
                     log.warning("%s: no CUDA graph of %s (%s: %s); its passes run eagerly from now on",
                                 type(self.model).__name__, what, type(e).__name__, str(e)[:200])
                     self.graphs = False
                     self._graphs.clear()
-                    return run(inp.to(self.device))
+                    return run(self._to_device(inp))
                 self.capture_s += time.perf_counter() - t0
                 self.captures += 1
                 log.info("%s: CUDA graph of %s captured (%d so far, %.2f s in all)", type(self.model).__name__,
                          what, self.captures, self.capture_s)
-            g.inp.copy_(inp)
+            self._to_device(inp, g.inp)
             g.replay()
             return g.out
+
+    def _to_device(self, inp: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+        """A pass's packed inputs (on the host) on the device, or copied `into` a graph's input.
+        A plain copy from the host makes PyTorch wait for the GPU's queued work, so the host
+        cannot queue a pass while the GPU runs the one before (new rows' prefills, which read
+        nothing back, alternate host and GPU work row by row). With `pinned_inputs` the copy is
+        from pinned memory and does not wait; PyTorch's pinned allocator reuses a block only
+        after its copy has run, and the stream orders the copy after the passes before it."""
+        fast = self.pinned_inputs and self.device.type == "cuda" and inp.device.type == "cpu"
+        if fast:
+            inp = inp.pin_memory()
+        if into is None:
+            return inp.to(self.device, non_blocking=fast)
+        return into.copy_(inp, non_blocking=fast)
 
     def _on_device(self):
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()

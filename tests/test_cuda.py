@@ -71,6 +71,33 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
 
 
 @pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_inputs_copied_from_pinned_memory_without_waiting_equal_generate_on_cuda(kind, cuda_models, tokenizer,
+                                                                                  monkeypatch):
+    """Passes' inputs copied from pinned memory, non-blocking (`StaticKV.pinned_inputs`): the host
+    queues many rows' prefills and passes ahead of the GPU; batch 1, and batched with more
+    prompts than slots (refills) of several prefill widths, twice (graphs reused)."""
+    from specdec_core.static_decoder import StaticKV
+
+    monkeypatch.setattr(StaticKV, "pinned_inputs", True)
+    target, draft = cuda_models[kind]
+    text = " ".join(PROMPTS)
+    prompts = [tokenizer(p).input_ids for p in PROMPTS] + [tokenizer((text * 4)[:c]).input_ids for c in (90, 230)]
+    prompts = prompts * 2
+    refs = [reference(target, ids, 16) for ids in prompts]
+    drafter = ModelDrafter(draft, chain=True)
+    single = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=16)
+    assert [single.generate(ids).tokens for ids in prompts[:4]] == refs[:4], (kind, "batch 1")
+    for batch_size in (3, 8):
+        engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=4,
+                                           max_new_tokens=16)
+        for order in (1, -1):
+            out = engine.generate_many([(ids, 0) for ids in prompts[::order]])
+            assert [g.tokens for g in out] == refs[::order], (kind, batch_size, order)
+        slots = engine.slots[id(target)]
+        assert slots.graphs and slots._prefiller.captures > 0 and slots._prefiller.pinned_inputs
+
+
+@pytest.mark.parametrize("kind", ["llama", "t5"])
 def test_compiled_passes_equal_generate_on_cuda(kind, cuda_models, tokenizer):
     """--torch_compile: passes compiled (inductor's Triton kernels) then captured, batch 1 with a
     chained draft and batched; every capture checked against its pass and really replayed."""
