@@ -73,9 +73,13 @@ def sliding_window(config) -> int | None:
 def other_layer_kinds(config) -> list[str]:
     """A model's layer kinds other than full and sliding-window attention (chunked or linear
     attention, state-space layers), from its text config: neither our padded batches nor our
-    static caches take them."""
-    types = getattr(config.get_text_config(decoder=True), "layer_types", None) or ()
-    return sorted(set(types) - {"full_attention", "sliding_attention"})
+    static caches take them. GPT-Neo's local layers count their window in cache columns (a fixed
+    bias no mask undoes), which only a growing cache of one row keeps equal to positions."""
+    text = config.get_text_config(decoder=True)
+    kinds = set(getattr(text, "layer_types", None) or ())
+    if "local" in (getattr(text, "attention_layers", None) or ()):
+        kinds.add("local_attention")
+    return sorted(kinds - {"full_attention", "sliding_attention"})
 
 
 def own_kv_layers(config, layers: int) -> list[int]:

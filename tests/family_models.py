@@ -39,14 +39,18 @@ from transformers import (
 V = 128  # vocabulary
 WINDOW = 6  # sliding window of the sliding-window families (tokens)
 SEQ2SEQ_FAMILIES = ("t5", "mt5", "umt5", "bart", "pegasus", "marian", "m2m100", "mbart")
-WINDOW_FAMILIES = ("mistral", "phi3", "gemma2", "gemma3", "gemma3n", "gemma4", "gpt_oss", "cohere2", "starcoder2")
+WINDOW_FAMILIES = ("mistral", "phi3", "gemma2", "gemma3", "gemma3n", "gemma4", "gpt_oss", "cohere2", "starcoder2",
+                   "exaone4", "phimoe")
 # Decoder-only families with full attention, each with its own position scheme (RoPE variants,
 # learned positions with an offset, ALiBi from the mask, layers without positions), MLP and norm
 # layout, three mixtures of experts, a state-space model and a recurrent one (which the engines
 # refuse).
 DECODER_FAMILIES = ("qwen2", "qwen3", "gemma", "opt", "gpt_neox", "gptj", "gpt_bigcode", "phi", "stablelm",
                     "olmo2", "cohere", "granite", "falcon", "falcon-alibi", "bloom", "mixtral", "qwen2_moe",
-                    "qwen3_moe", "smollm3", "mamba", "recurrent_gemma")
+                    "qwen3_moe", "smollm3", "mamba", "recurrent_gemma",
+                    # multi-head latent attention (keys and values of other widths) with experts; more
+                    # layouts and mixtures; ALiBi; chunked attention; GPT-Neo's local layers
+                    "deepseek_v3", "glm4", "ernie4_5_moe", "olmoe", "granitemoe", "mpt", "llama4_text", "gpt_neo")
 
 
 def _seq2seq(family: str):
@@ -131,6 +135,10 @@ def _causal(family: str, window: int | None):
     if family == "starcoder2":  # <|endoftext|>=0 is BOS and EOS
         cfg = Starcoder2Config(**small, sliding_window=window, bos_token_id=0, eos_token_id=0, pad_token_id=None)
         return Starcoder2ForCausalLM, cfg, {}
+    if family in ("exaone4", "phimoe"):  # sliding and full layers; a mixture of experts with a window
+        own = (dict(layer_types=["sliding_attention", "full_attention"]) if family == "exaone4"
+               else dict(num_local_experts=4, num_experts_per_tok=2))
+        return _by_type(family, small, sliding_window=window or 4096, **own)
     if family in DECODER_FAMILIES:
         return _full_attention(family, small)
     raise ValueError(family)
@@ -199,9 +207,41 @@ def _full_attention(family: str, small: dict):
            "qwen3_moe": dict(head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
            # every other layer without RoPE (NoPE): positions from the causal mask alone there
            "smollm3": dict(no_rope_layers=[1, 0])}
+    if family not in names:
+        return _by_type(family, small, **_MORE_DECODERS[family])
     config = getattr(transformers, f"{names[family]}Config")(**{**small, **own.get(family, {})}, pad_token_id=0,
                                                              bos_token_id=1, eos_token_id=2)
     return getattr(transformers, f"{names[family]}ForCausalLM"), config, {}
+
+
+_MLA = dict(num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8,
+            v_head_dim=12)
+_MORE_DECODERS = {  # model type -> its own config fields (None: not the Llama-like `small` base)
+    "deepseek_v3": dict(_MLA, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1),
+    "glm4": dict(head_dim=8),
+    "ernie4_5_moe": dict(head_dim=8, moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_layer_start_index=1),
+    "olmoe": dict(num_experts=4, num_experts_per_tok=2),
+    "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2, embedding_multiplier=2.0, logits_scaling=4.0,
+                       residual_multiplier=0.5, attention_multiplier=0.25),
+    "mpt": dict(base=None, vocab_size=V, d_model=32, n_heads=4, n_layers=2, expansion_ratio=2, max_seq_len=256),
+    # chunks of 8 tokens, shorter than a test's rows
+    "llama4_text": dict(head_dim=8, intermediate_size_mlp=64, num_local_experts=2, num_experts_per_tok=1,
+                        attention_chunk_size=8, interleave_moe_layer_step=2, no_rope_layers=[1, 0]),
+    # a local window of 8 tokens, which a test's rows pass (GPT-Neo-125M's is 256)
+    "gpt_neo": dict(base=None, vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                    max_position_embeddings=256, attention_types=[[["global", "local"], 1]], window_size=8),
+}
+
+
+def _by_type(model_type: str, small: dict, base: bool | None = True, **own):
+    """(model class, config, {}) of a model type from transformers' registry: the Llama-like `small`
+    fields (unless `base` is None) and its own; pad 0, BOS 1, EOS 2."""
+    from transformers import CONFIG_MAPPING, MODEL_FOR_CAUSAL_LM_MAPPING
+
+    fields = {**(small if base is not None else {}), **own, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+    config = CONFIG_MAPPING[model_type](**fields)
+    return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], config, {}
 
 
 def family_model(family: str, seed: int, window: int | None = WINDOW, **overrides) -> PreTrainedModel:

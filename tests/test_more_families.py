@@ -47,6 +47,12 @@ REFUSED = {
                         "linear_attention", "linear_attention", "linear_attention"),
     # batch 1 only (its decoder's sliding window kept over static caches too)
     "t5gemma": (None, None, "fails in slots", "other logits in a padded batch"),
+    # ALiBi from the mask, as Falcon's and BLOOM's
+    "mpt": (None, "ALiBi", "ALiBi", "other logits in a padded batch"),
+    # attention within chunks of positions: batch 1 eagerly
+    "llama4_text": (None, "chunked_attention", "chunked_attention", "chunked_attention"),
+    # local layers whose window counts cache columns: batch 1 eagerly (past the window here)
+    "gpt_neo": (None, "local_attention", "local_attention", "local_attention"),
 }
 RUNS_NOWHERE = {"mamba", "recurrent_gemma"}
 NONE = (None, None, None, None)

@@ -6,7 +6,8 @@
 # in README.md beside this file), PARALLEL steps run side by side after them;
 # "tests" runs the CUDA tests but the compiled ones, "tests-compiled" those (each failure's report
 # lands in $OUT/failures.txt as it happens); BATCHED_SIZES: the batched step's B (default 8,32),
-# BATCHED_NEW_TOKENS its new tokens per row (default 32);
+# BATCHED_NEW_TOKENS its new tokens per row (default 32), BATCHED_LIMIT its time limit in seconds
+# (default 300); TESTS_K the tests step's pytest -k (default "not compiled");
 # "workspace" checks that the engine's graphs survive cuBLAS workspaces cleared elsewhere,
 # "workspace-control" the same without the engine's own clearing; SINGLE_ARGS, SINGLE_INCLUDE:
 # the single step's sizes and configurations; BATCHED_INCLUDE: the batched step's configurations
@@ -74,8 +75,8 @@ run_step() {
   local s=$1
   case $s in
     # -v: a run cut short still shows each test it ended; failures.txt: why each failed, as it fails.
-    tests) FAILURES_FILE="$OUT/failures.txt" step tests 330 $PY -m pytest -v -p no:cacheprovider -p tests.failures_now \
-      tests/test_gpu_placement.py tests/test_cuda.py -k "not compiled" ;;
+    tests) FAILURES_FILE="$OUT/failures.txt" step tests 390 $PY -m pytest -v -p no:cacheprovider -p tests.failures_now \
+      tests/test_gpu_placement.py tests/test_cuda.py -k "${TESTS_K:-not compiled}" ;;
     tests-compiled) FAILURES_FILE="$OUT/failures.txt" step tests-compiled 240 $PY -m pytest -v -p no:cacheprovider \
       -p tests.failures_now tests/test_cuda.py -k compiled ;;
     single) step single 230 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE $COMPILED \
@@ -84,7 +85,7 @@ run_step() {
     # engine's own clearing around its captures (shows whether this GPU's matmuls use a workspace).
     workspace) step workspace 60 $PY -m tests.cuda_workspace_child ;;
     workspace-control) step workspace-control 60 $PY -m tests.cuda_workspace_child control ;;
-    batched) step batched 300 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE $COMPILED \
+    batched) step batched "${BATCHED_LIMIT:-300}" $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE $COMPILED \
       --sections batched,profile_batched $MANY --include "$BATCHED_INCLUDE" \
       --out "$OUT/bench/batched${BATCHED_NEW_TOKENS:+-${BATCHED_NEW_TOKENS}t}" ;;
     bf16) step bf16 320 $PY -m pipeline.bench.gpu --device $DEVICE --shape $SHAPE --dtype bfloat16 $BF16 --out "$OUT/bench" ;;
