@@ -286,6 +286,11 @@ class _Scratch(CacheLayerMixin):
         return -1
 
 
+class CaptureFailed(RuntimeError):
+    """With `--cuda_graphs on`, a pass that no CUDA graph can capture (a model that reads a value
+    on the host in its forward, such as DBRX's or JetMoE's expert routing)."""
+
+
 def _same(replayed: torch.Tensor, eager: torch.Tensor) -> bool:
     """The same numbers, up to the rounding of another kernel choice (800 units in the last place
     of the largest, as tests/numerics.py allows, and at most 10% of it: in bfloat16 800 units are
@@ -644,8 +649,10 @@ class StaticKV:
                                     "now on", type(self.model).__name__, what, type(e).__name__, str(e)[:200])
                         self.uncaptured.add(key[0])
                         return (fallback or run)(self._to_device(inp))
-                    if self.strict:
-                        raise
+                    if self.strict:  # a row's error (every row's, for such a model): say which flag insists
+                        raise CaptureFailed(f"--cuda_graphs on: {type(self.model).__name__}'s {what} cannot be "
+                                            f"captured as a CUDA graph ({type(e).__name__}: {str(e)[:200]}); "
+                                            "--cuda_graphs auto runs such passes eagerly") from e
                     log.warning("%s: no CUDA graph of %s (%s: %s); its passes run eagerly from now on",
                                 type(self.model).__name__, what, type(e).__name__, str(e)[:200])
                     self.graphs = False

@@ -20,7 +20,7 @@ from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma
 from specdec_core.processing import SamplingSettings
 from specdec_core.slot_kv import SlotKV, slot_kv_for
-from specdec_core.static_decoder import StaticDecoder, StaticKV
+from specdec_core.static_decoder import CaptureFailed, StaticDecoder, StaticKV
 from tests.family_models import WINDOW_FAMILIES
 from tests.numerics import assert_logits_close, logit_tolerance
 from tests.test_batch_engine import TEXTS, check_a_round, drafter_for, hf_greedy
@@ -424,8 +424,9 @@ def test_a_pass_that_cannot_be_captured_runs_eagerly_unless_graphs_are_insisted_
         out = engine.generate_many([(p, 0) for p in prompts])
     assert [o.tokens for o in out] == [hf_greedy(target, p, 8) for p in prompts]
     assert not kv.graphs and "no CUDA graph of a 4-token pass over 3 slots (RuntimeError" in caplog.text
-    kv.graphs, kv.strict = True, True  # "on": the job stops
-    with pytest.raises(RuntimeError, match="stream is capturing"):
+    kv.graphs, kv.strict = True, True  # "on": the row fails, saying which flag insists
+    with pytest.raises(CaptureFailed, match=r"^--cuda_graphs on: LlamaForCausalLM's .* cannot be captured as a CUDA "
+                       r"graph \(RuntimeError: operation not permitted when stream is capturing\); --cuda_graphs auto"):
         engine.generate_many([(prompts[0], 0)])
 
 
