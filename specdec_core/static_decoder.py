@@ -650,7 +650,7 @@ class StaticKV:
                         self.uncaptured.add(key[0])
                         return (fallback or run)(self._to_device(inp))
                     if self.strict:  # a row's error (every row's, for such a model): say which flag insists
-                        raise CaptureFailed(f"--cuda_graphs on: {type(self.model).__name__}'s {what} cannot be "
+                        raise CaptureFailed(f"--cuda_graphs on: {what} of {type(self.model).__name__} cannot be "
                                             f"captured as a CUDA graph ({type(e).__name__}: {str(e)[:200]}); "
                                             "--cuda_graphs auto runs such passes eagerly") from e
                     log.warning("%s: no CUDA graph of %s (%s: %s); its passes run eagerly from now on",

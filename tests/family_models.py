@@ -139,7 +139,7 @@ def _causal(family: str, window: int | None):
         own = (dict(layer_types=["sliding_attention", "full_attention"]) if family == "exaone4"
                else dict(num_local_experts=4, num_experts_per_tok=2))
         return _by_type(family, small, sliding_window=window or 4096, **own)
-    if family in DECODER_FAMILIES:
+    if family in DECODER_FAMILIES or family in _MORE_DECODERS:
         return _full_attention(family, small)
     raise ValueError(family)
 
@@ -228,6 +228,14 @@ _MORE_DECODERS = {  # model type -> its own config fields (None: not the Llama-l
     # chunks of 8 tokens, shorter than a test's rows
     "llama4_text": dict(head_dim=8, intermediate_size_mlp=64, num_local_experts=2, num_experts_per_tok=1,
                         attention_chunk_size=8, interleave_moe_layer_step=2, no_rope_layers=[1, 0]),
+    # mixtures of experts whose routing reads values on the host (`nonzero`, `tolist`): exact
+    # eagerly, no CUDA graph can capture their passes
+    "dbrx": dict(base=None, vocab_size=V, d_model=32, n_heads=4, n_layers=2, max_seq_len=256,
+                 attn_config=dict(kv_n_heads=2, clip_qkv=8.0, rope_theta=10000.0),
+                 ffn_config=dict(ffn_hidden_size=32, moe_num_experts=4, moe_top_k=2)),
+    "jetmoe": dict(base=None, vocab_size=V, hidden_size=32, num_hidden_layers=2, num_key_value_heads=2, kv_channels=8,
+                   intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=256,
+                   tie_word_embeddings=False),
     # a local window of 8 tokens, which a test's rows pass (GPT-Neo-125M's is 256)
     "gpt_neo": dict(base=None, vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                     max_position_embeddings=256, attention_types=[[["global", "local"], 1]], window_size=8),

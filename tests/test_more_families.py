@@ -214,6 +214,35 @@ def test_on_a_gpu_auto_runs_what_the_self_checks_refuse_eagerly(monkeypatch, cap
     assert static_decoder_for(family_model("bart", seed=1), "on").min_width == 1
 
 
+@pytest.mark.parametrize("family", ["dbrx", "jetmoe"])
+def test_passes_that_read_values_on_the_host_run_eagerly_unless_graphs_are_insisted_on(family, monkeypatch):
+    """DBRX's and JetMoE's expert routing reads values on the host (`nonzero`, `tolist`), which no
+    capture can hold: through the graph stand-in their passes fall back to eager, exact, at batch 1
+    and batched, as `auto` does on a GPU; `on` fails the row saying so. (The stand-in once traced
+    JetMoE's `tolist` and froze its routing: other tokens.)"""
+    from specdec_core.static_decoder import CaptureFailed, StaticKV
+    from tests.test_slot_kv import trace
+
+    monkeypatch.setattr(StaticKV, "_record", trace)
+    target, draft, prompts = _pair_and_prompts(family)
+    with torch.inference_mode():
+        refs = [target.generate(torch.tensor([p]), do_sample=False, num_beams=1, max_new_tokens=12)[0, len(p):].tolist()
+                for p in prompts]
+    single = SpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="on"), num_speculative_tokens=3,
+                                  max_new_tokens=12, cuda_graphs="on")
+    batched = BatchSpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="on"), batch_size=3,
+                                        num_speculative_tokens=3, max_new_tokens=12, cuda_graphs="on")
+    caches = [single.static, single.drafter.static, *batched.slots.values()]
+    for kv in caches:
+        kv.graphs, kv.strict = True, False  # as `auto` makes them on a GPU
+    assert [single.generate(p).tokens for p in prompts] == refs
+    assert [g.tokens for g in batched.generate_many([(p, 0) for p in prompts])] == refs
+    assert not any(kv.graphs for kv in caches)  # every model's passes fell back to eager
+    single.static.graphs, single.static.strict = True, True
+    with pytest.raises(CaptureFailed, match=f"of {type(target).__name__} cannot be captured"):
+        single.generate(prompts[0])
+
+
 def test_the_self_checks_tolerate_rounding_not_a_broken_contract():
     """1e-3 of the largest logit in float32, 10% in 16-bit types."""
     from specdec_core.self_check import logits_differ

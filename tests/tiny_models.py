@@ -97,7 +97,9 @@ def perturbed_copy(model: PreTrainedModel, noise: float, seed: int) -> PreTraine
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * noise * p.std().clamp_min(1e-3))
+            # (a one-element parameter, as xIELU's scalars in Apertus, has no std: NaN would make a NaN draft)
+            spread = p.std().clamp_min(1e-3) if p.numel() > 1 else p.abs().clamp_min(1e-3)
+            p.add_(torch.randn(p.shape, generator=gen) * noise * spread)
     return draft
 
 
