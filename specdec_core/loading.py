@@ -199,14 +199,16 @@ def context_limit(*models: PreTrainedModel, encoder: bool = False) -> int | None
 
 
 def positions(config, encoder: bool = False) -> int | None:
-    """The positions a model config's decoder (or `encoder`) can embed, or None."""
+    """The positions a model config's decoder (or `encoder`) can embed, or None. A config that
+    holds its two halves' configs (`EncoderDecoderModel`'s, such as bert2bert) is read in the half."""
     own = ("max_encoder_position_embeddings", "max_source_positions") if encoder else \
         ("max_decoder_position_embeddings", "max_target_positions")
     for attr in (own[0], "max_position_embeddings", "n_positions", own[1]):
         value = getattr(config, attr, None)
         if isinstance(value, int) and value > 0:
             return value
-    return None
+    half = getattr(config, "encoder" if encoder else "decoder", None)
+    return positions(half, encoder) if isinstance(half, PretrainedConfig) else None
 
 
 def item_seed(base_seed: int, item_id: object) -> int:

@@ -45,7 +45,7 @@ from specdec_core.decoder import (
     position_table,
 )
 from specdec_core.device_map import devices_of
-from specdec_core.loading import context_limit
+from specdec_core.loading import context_limit, positions
 from specdec_core.placement import decoder_layers
 from specdec_core.self_check import narrowest_width, rows_disagreement, static_disagreement
 
@@ -815,9 +815,9 @@ class StaticDecoder(StaticKV):
 
     def _encoder_width(self, n: int) -> int:
         """The width a graphed encoder pass of an n-token prompt is padded to: `prefill_width`,
-        within the encoder's position table where it has one (`max_position_embeddings`:
-        BART's learned positions, Marian's and Pegasus's sinusoidal ones; T5's are relative)."""
-        limit = getattr(self.model.config, "max_position_embeddings", None)
+        within the encoder's position table where it has one (`loading.positions`: BART's learned
+        positions, Marian's and Pegasus's sinusoidal ones; T5's are relative)."""
+        limit = positions(self.model.config, encoder=True)
         return max(n, min(prefill_width(n), limit or prefill_width(n)))
 
     def _encoder(self, ids: torch.Tensor) -> torch.Tensor:

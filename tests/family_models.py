@@ -147,7 +147,7 @@ def _causal(family: str, window: int | None):
 # More encoder-decoder layouts: long-document summarizers (LED, LongT5, PEGASUS-X, BigBird-
 # Pegasus), FSMT (WMT19 translation), dialogue and code models, and a mixture of experts.
 MORE_SEQ2SEQ = ("led", "longt5", "pegasus_x", "bigbird_pegasus", "fsmt", "blenderbot", "blenderbot_small", "plbart",
-                "mvp", "switch", "t5gemma")
+                "mvp", "switch", "t5gemma", "seamless_m4t")
 
 
 def _more_seq2seq(family: str):
@@ -179,6 +179,24 @@ def _more_seq2seq(family: str):
                                             pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
                                             tie_word_embeddings=False)
         return transformers.T5GemmaForConditionalGeneration, config, {}
+    if family == "seamless_m4t":  # its text-to-text model: <pad>=0 <s>=2 </s>=3, start </s>, then the
+        # target language's code (a forced BOS here)
+        tokens = dict(pad_token_id=0, bos_token_id=2, eos_token_id=3, decoder_start_token_id=3)
+        config = transformers.SeamlessM4TConfig(**{**bartish, **tokens, "t2u_vocab_size": V, "hidden_size": 32},
+                                                speech_encoder_layers=1, speech_encoder_attention_heads=4,
+                                                speech_encoder_intermediate_size=64, t2u_encoder_layers=1,
+                                                t2u_decoder_layers=1, t2u_encoder_attention_heads=4,
+                                                t2u_decoder_attention_heads=4, t2u_encoder_ffn_dim=64,
+                                                t2u_decoder_ffn_dim=64)
+        return transformers.SeamlessM4TForTextToText, config, dict(forced_bos_token_id=V - 4)
+    if family == "bert2bert":  # `EncoderDecoderModel` of two BERTs: [PAD]=0, start [CLS] (1 here), EOS [SEP] (2)
+        bert = dict(vocab_size=V, hidden_size=32, num_attention_heads=4, intermediate_size=64,
+                    max_position_embeddings=128, pad_token_id=0)
+        config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(
+            transformers.BertConfig(**bert, num_hidden_layers=1),
+            transformers.BertConfig(**bert, num_hidden_layers=2, is_decoder=True, add_cross_attention=True))
+        config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = 1, 0, 2
+        return transformers.EncoderDecoderModel, config, dict(eos_token_id=2, pad_token_id=0)
     name, kwargs = own[family]
     config = getattr(transformers, f"{name}Config")(**kwargs)
     cls = getattr(transformers, f"{name}ForConditionalGeneration")
@@ -255,7 +273,7 @@ def _by_type(model_type: str, small: dict, base: bool | None = True, **own):
 def family_model(family: str, seed: int, window: int | None = WINDOW, **overrides) -> PreTrainedModel:
     """A random model of `family` (window: the sliding window; None or large = none reached)."""
     cls, cfg, gen = (_seq2seq(family) if family in SEQ2SEQ_FAMILIES else _more_seq2seq(family)
-                     if family in MORE_SEQ2SEQ else _causal(family, window))
+                     if family in MORE_SEQ2SEQ + ("bert2bert",) else _causal(family, window))
     for key, value in overrides.items():
         setattr(cfg, key, value)
     torch.manual_seed(seed)

@@ -243,6 +243,37 @@ def test_passes_that_read_values_on_the_host_run_eagerly_unless_graphs_are_insis
         single.generate(prompts[0])
 
 
+def test_an_encoder_decoder_model_of_two_berts_fails_rows_past_its_halves_positions():
+    """`EncoderDecoderModel` (bert2bert) keeps its positions in its two halves' configs: rows past
+    them failed with an internal error from BERT's embeddings (a 129-token prompt at once, 129 new
+    tokens after 128), not as PromptTooLong; within them it decodes as `generate()`."""
+    from specdec_core.loading import context_limit
+    from specdec_core.text import PromptTooLong, TextGenerator
+
+    class Digits:  # "5 6 7" -> [5, 6, 7]
+        chat_template = None
+
+        def __call__(self, text, verbose=False):
+            return {"input_ids": [int(x) for x in text.split()]}
+
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    target = family_model("bert2bert", seed=1)
+    assert context_limit(target) == context_limit(target, encoder=True) == 128
+    prompt = [5 + i % 100 for i in range(128)]
+    with torch.inference_mode():
+        ref = target.generate(torch.tensor([prompt]), do_sample=False, num_beams=1, max_new_tokens=8)[0, 1:].tolist()
+    for new, length, fails in ((8, 128, None), (8, 129, "encoder's 128-position"), (129, 7, "decoder's 128-position")):
+        gen = TextGenerator(target, Digits(), NoDrafter(), max_new_tokens=new, context=context_limit(target),
+                            prompt_context=context_limit(target, encoder=True), cuda_graphs="off")
+        if fails is None:
+            assert gen.generate(" ".join(map(str, prompt)))["token_ids"] == ref
+        else:
+            with pytest.raises(PromptTooLong, match=fails):
+                gen.generate(" ".join(["5"] * length))
+
+
 def test_the_self_checks_tolerate_rounding_not_a_broken_contract():
     """1e-3 of the largest logit in float32, 10% in 16-bit types."""
     from specdec_core.self_check import logits_differ
