@@ -194,8 +194,22 @@ def context_limit(*models: PreTrainedModel, encoder: bool = False) -> int | None
     """The longest decoder sequence every model can position, or with `encoder` the longest
     prompt an encoder-decoder's encoder can (they differ for LED: 16384 and 1024); None for
     relative positions, like T5."""
-    limits = [n for n in (positions(m.config, encoder) for m in models) if n is not None]
+    limits = [n for n in (_usable_positions(m, encoder) for m in models) if n is not None]
     return min(limits) if limits else None
+
+
+def _usable_positions(model: PreTrainedModel, encoder: bool) -> int | None:
+    """`positions` of the model's config, less what a RoBERTa-style table spends before its first
+    position: it numbers tokens from padding_idx + 1 (512 of roberta-base's 514 rows)."""
+    n = positions(model.config, encoder)
+    if n is None:
+        return None
+    for module in model.modules():
+        table = getattr(module, "position_embeddings", None)
+        if (isinstance(table, torch.nn.Embedding) and table.padding_idx is not None
+                and callable(getattr(module, "create_position_ids_from_input_ids", None))):
+            n = min(n, table.num_embeddings - table.padding_idx - 1)
+    return n
 
 
 def positions(config, encoder: bool = False) -> int | None:

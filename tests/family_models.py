@@ -189,14 +189,18 @@ def _more_seq2seq(family: str):
                                                 t2u_decoder_attention_heads=4, t2u_encoder_ffn_dim=64,
                                                 t2u_decoder_ffn_dim=64)
         return transformers.SeamlessM4TForTextToText, config, dict(forced_bos_token_id=V - 4)
-    if family == "bert2bert":  # `EncoderDecoderModel` of two BERTs: [PAD]=0, start [CLS] (1 here), EOS [SEP] (2)
-        bert = dict(vocab_size=V, hidden_size=32, num_attention_heads=4, intermediate_size=64,
-                    max_position_embeddings=128, pad_token_id=0)
+    if family in ("bert2bert", "roberta2roberta"):  # `EncoderDecoderModel`s: [PAD]=0 (RoBERTa's <pad>=1),
+        # start [CLS] (1 here), EOS [SEP] (2); 128 usable positions (RoBERTa's count from its pad id + 1)
+        roberta = family == "roberta2roberta"
+        half = dict(vocab_size=V, hidden_size=32, num_attention_heads=4, intermediate_size=64,
+                    max_position_embeddings=130 if roberta else 128, pad_token_id=1 if roberta else 0)
+        kind = transformers.RobertaConfig if roberta else transformers.BertConfig
         config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(
-            transformers.BertConfig(**bert, num_hidden_layers=1),
-            transformers.BertConfig(**bert, num_hidden_layers=2, is_decoder=True, add_cross_attention=True))
-        config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = 1, 0, 2
-        return transformers.EncoderDecoderModel, config, dict(eos_token_id=2, pad_token_id=0)
+            kind(**half, num_hidden_layers=1), kind(**half, num_hidden_layers=2, is_decoder=True,
+                                                  add_cross_attention=True))
+        config.decoder_start_token_id, config.pad_token_id, config.eos_token_id = 0 if roberta else 1, half[
+            "pad_token_id"], 2
+        return transformers.EncoderDecoderModel, config, dict(eos_token_id=2, pad_token_id=half["pad_token_id"])
     name, kwargs = own[family]
     config = getattr(transformers, f"{name}Config")(**kwargs)
     cls = getattr(transformers, f"{name}ForConditionalGeneration")
@@ -273,7 +277,7 @@ def _by_type(model_type: str, small: dict, base: bool | None = True, **own):
 def family_model(family: str, seed: int, window: int | None = WINDOW, **overrides) -> PreTrainedModel:
     """A random model of `family` (window: the sliding window; None or large = none reached)."""
     cls, cfg, gen = (_seq2seq(family) if family in SEQ2SEQ_FAMILIES else _more_seq2seq(family)
-                     if family in MORE_SEQ2SEQ + ("bert2bert",) else _causal(family, window))
+                     if family in MORE_SEQ2SEQ + ("bert2bert", "roberta2roberta") else _causal(family, window))
     for key, value in overrides.items():
         setattr(cfg, key, value)
     torch.manual_seed(seed)

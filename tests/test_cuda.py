@@ -71,29 +71,30 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
 
 
 @pytest.mark.parametrize("kind", ["llama", "t5"])
-def test_inputs_copied_from_pinned_memory_without_waiting_equal_generate_on_cuda(kind, cuda_models, tokenizer,
-                                                                                  monkeypatch):
-    """Passes' inputs copied from pinned memory, non-blocking (`StaticKV.pinned_inputs`): the host
-    queues many rows' prefills and passes ahead of the GPU; batch 1, and batched with more
-    prompts than slots (refills) of several prefill widths, twice (graphs reused)."""
-    from specdec_core.static_decoder import StaticKV
-
-    monkeypatch.setattr(StaticKV, "pinned_inputs", True)
+def test_inputs_copied_from_pinned_memory_without_waiting_equal_generate_on_cuda(kind, cuda_models, tokenizer):
+    """Passes' inputs copied from pinned memory, non-blocking (`StaticKV.pinned_inputs`, set on
+    the caches as the GPU bench sets it): the host queues many rows' prefills and passes ahead of
+    the GPU; batch 1, and batched with more prompts than slots (refills) of several prefill widths,
+    twice (graphs reused)."""
     target, draft = cuda_models[kind]
     text = " ".join(PROMPTS)
     prompts = [tokenizer(p).input_ids for p in PROMPTS] + [tokenizer((text * 4)[:c]).input_ids for c in (90, 230)]
     prompts = prompts * 2
     refs = [reference(target, ids, 16) for ids in prompts]
-    drafter = ModelDrafter(draft, chain=True)
-    single = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=16)
+    single = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=4, max_new_tokens=16)
+    for kv in (single.static, single.drafter.static):
+        kv.pinned_inputs = True
     assert [single.generate(ids).tokens for ids in prompts[:4]] == refs[:4], (kind, "batch 1")
     for batch_size in (3, 8):
-        engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=4,
-                                           max_new_tokens=16)
+        engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=batch_size,
+                                           num_speculative_tokens=4, max_new_tokens=16)
+        for kv in engine.slots.values():
+            kv.pinned_inputs = True
         for order in (1, -1):
             out = engine.generate_many([(ids, 0) for ids in prompts[::order]])
             assert [g.tokens for g in out] == refs[::order], (kind, batch_size, order)
         slots = engine.slots[id(target)]
+        # new rows' prefills went through the one-row cache's graphs, which took the setting
         assert slots.graphs and slots._prefiller.captures > 0 and slots._prefiller.pinned_inputs
 
 

@@ -243,10 +243,12 @@ def test_passes_that_read_values_on_the_host_run_eagerly_unless_graphs_are_insis
         single.generate(prompts[0])
 
 
-def test_an_encoder_decoder_model_of_two_berts_fails_rows_past_its_halves_positions():
-    """`EncoderDecoderModel` (bert2bert) keeps its positions in its two halves' configs: rows past
-    them failed with an internal error from BERT's embeddings (a 129-token prompt at once, 129 new
-    tokens after 128), not as PromptTooLong; within them it decodes as `generate()`."""
+@pytest.mark.parametrize("family", ["bert2bert", "roberta2roberta"])
+def test_an_encoder_decoder_model_of_two_halves_fails_rows_past_their_positions(family):
+    """`EncoderDecoderModel` (bert2bert, roberta2roberta) keeps its positions in its two halves'
+    configs: rows past them failed with an internal error from the embeddings (a 129-token prompt
+    at once, 129 new tokens after 128), not as PromptTooLong; within them it decodes as
+    `generate()`. RoBERTa's table of 130 rows holds 128 positions (it counts from its pad id + 1)."""
     from specdec_core.loading import context_limit
     from specdec_core.text import PromptTooLong, TextGenerator
 
@@ -259,7 +261,7 @@ def test_an_encoder_decoder_model_of_two_berts_fails_rows_past_its_halves_positi
         def decode(self, ids, skip_special_tokens=True):
             return " ".join(map(str, ids))
 
-    target = family_model("bert2bert", seed=1)
+    target = family_model(family, seed=1)
     assert context_limit(target) == context_limit(target, encoder=True) == 128
     prompt = [5 + i % 100 for i in range(128)]
     with torch.inference_mode():
