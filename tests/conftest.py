@@ -4,10 +4,6 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tests never reach a model hub
-# One thread in the jobs, demos and benches the tests start as processes too: beside the other
-# pytest worker on 2 cores, a process of two spinning OpenMP threads slowed that worker's tests
-# many times over (a 20 s test took 240 s in a full run).
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch
