@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser
-from transforms.durable import SHARD, absolute
+from transforms.durable import SHARD, match
 
 _BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".txt": "text"}
 
@@ -47,7 +47,7 @@ def load(dataset: str, config: str | None, split: str):
 
 
 def _csv_header(pattern: str) -> list[str]:
-    files = sorted(m.path for r in FileSystems.match([absolute(pattern)]) for m in r.metadata_list)
+    files = match([pattern])
     if not files:
         raise FileNotFoundError(f"--dataset {pattern!r} matches no files")
     with FileSystems.open(files[0]) as f:
@@ -154,7 +154,7 @@ def write_shards(table: pa.Table, prefix: str, num_shards: int, overwrite: bool 
     """PREFIX-SSSSS-of-NNNNN.parquet, local or gs:// (through Beam's filesystems), rows spread as
     evenly as they go. Shards already under the prefix (of any count) stop it unless `overwrite`:
     a job reading PREFIX-* would read the old and the new rows together."""
-    old = sorted(m.path for r in FileSystems.match([f"{absolute(prefix)}-{SHARD}.parquet"]) for m in r.metadata_list)
+    old = match([f"{prefix}-{SHARD}.parquet"])
     if old and not overwrite:
         raise FileExistsError(f"--output {prefix!r} already holds {len(old)} shards (e.g. {old[0]}): "
                               "use a new prefix, or pass --overwrite to delete them")
