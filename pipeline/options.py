@@ -24,11 +24,13 @@ class SpecDecOptions(PipelineOptions):
         a("--draft_model", default=None, help="draft model, same forms; required when --drafter model")
         a("--drafter", default="model", choices=DRAFTERS, help="model, ngram (prompt lookup) or none (baseline)")
         a("--tokenizer", default=None, help="tokenizer location (default: the target's)")
-        a("--prompt_column", default="prompt", help="input column holding the prompt text")
+        a("--prompt_column", default="prompt",
+          help="input column holding each prompt: text, or a conversation (a list of {role, content} messages, "
+               "always through the chat template)")
         a("--id_column", default="id", help="input column holding each row's id")
         a("--passthrough_columns", default="", help="comma-separated input columns copied to the output")
         a("--num_speculative_tokens", type=int, default=4,
-          help="gamma: tokens drafted per step (with --gamma_policy adaptive: the most per step)")
+          help="gamma: tokens drafted per round (with --gamma_policy adaptive: the most per round)")
         a("--gamma_policy", default="fixed", choices=GAMMA_POLICIES,
           help="fixed: always num_speculative_tokens (the paper's setting); adaptive: per item from measured "
           "acceptance and costs, backing off when drafts do not pay (greedy only; best on large targets); "
