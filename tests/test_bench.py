@@ -19,12 +19,13 @@ from tests.numerics import assert_logits_close
 def test_bench_quick_tiny_writes_report(tmp_path):
     out = tmp_path / "BENCHMARKS.md"
     kept = "<!-- by-hand:begin -->\n## A run by hand\nkept\n<!-- by-hand:end -->"
-    out.write_text(f"# Old report\n\nstale table\n\n{kept}\n")
+    out.write_text(f"# Old report\n\nby hand\n\n<!-- bench:begin -->\nstale table\n<!-- bench:end -->\n\n{kept}\n")
     rc = bench.main(["--tiny", "--out", str(out), "--cache_dir", str(tmp_path / "cache"), "--prompts", "2",
                      "--max_new_tokens", "12"])
     assert rc == 0  # every greedy output identical to the target alone
     text = out.read_text()
-    assert "stale table" not in text and kept in text
+    assert "stale table" not in text and kept in text and "by hand" in text  # its own section replaced, in place
+    assert text.index("by hand") < text.index("<!-- bench:begin -->") < text.index(kept)
     for needle in ("ours: target alone", "HF greedy", "ours: model adaptive", "HF assisted g=4",
                    "HF prompt lookup g=4", "ours: ngram g=4", "v(5)", "Beam job vs bare engine loop",
                    "analytic bound", "torch 2.", "Draft dtypes", "| auto |", "| bfloat16 |", "| int8 |",
@@ -170,13 +171,23 @@ def _costs():
     return Costs(c=0.1, v={2: 1.1, 3: 1.2})
 
 
-def test_a_new_report_keeps_the_marked_sections_of_the_old_one(tmp_path):
-    old = tmp_path / "BENCHMARKS.md"
-    assert bench_report.kept_sections(old) == []
-    old.write_text("# Benchmarks\ngenerated\n<!-- a:begin -->\none\n<!-- a:end -->\nloose text\n"
-                   "<!-- b-2:begin -->\ntwo\n<!-- b-2:end -->\n<!-- c:begin -->\nno end marker\n")
-    assert bench_report.kept_sections(old) == ["<!-- a:begin -->\none\n<!-- a:end -->\n",
-                                               "<!-- b-2:begin -->\ntwo\n<!-- b-2:end -->\n"]
+def test_a_report_section_is_replaced_in_place_or_appended(tmp_path):
+    out = tmp_path / "BENCHMARKS.md"
+    b, e = bench_report.BEGIN, bench_report.END
+    bench_report.replace_section(out, f"{b}\none\n{e}\n", b, e)  # a new file
+    assert out.read_text() == f"# Benchmarks\n\n{b}\none\n{e}\n"
+    out.write_text(f"# Benchmarks\nhead\n{b}\nold\n{e}\n<!-- a:begin -->\nkept\n<!-- a:end -->\n")
+    bench_report.replace_section(out, f"{b}\nnew\n{e}", b, e)
+    assert out.read_text() == f"# Benchmarks\nhead\n{b}\nnew\n{e}\n<!-- a:begin -->\nkept\n<!-- a:end -->\n"
+
+
+def test_the_speedup_plot_is_drawn_from_the_committed_results(tmp_path):
+    points = bench_report.speedup_points()
+    gpu = {(p["new_tokens"], p["batch"]): round(p["speedup"], 2) for p in points if p["kind"] == "GPU"}
+    assert gpu[(32, 32)] == 1.41 and gpu[(128, 32)] == 1.72 and gpu[(32, 64)] == 0.92 and gpu[(32, 128)] == 0.71
+    assert {p["kind"] for p in points} == {"GPU", "CPU"}
+    bench_report.write_plot(points, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_smoke_run_or_a_typo_leaves_the_committed_report_alone(capsys):
