@@ -154,16 +154,21 @@ def main(argv: list[str] | None = None) -> int:
                          ("whole job, loading included", f"{runs[name][1]:.1f} s")]
     print()
     print(f"English with digits -> German with the numbers in words (greedy, {args.num_speculative_tokens} "
-          "drafted tokens per step; prompts the models never saw)")
+          "drafted tokens per round; prompts the models never saw)")
     print(format_rows(columns))
 
-    print("\nexamples (target alone's output, which every drafter reproduces):")
     by_id = {r["id"]: r for r in rows}
-    for row_id in list(base_gen)[:3]:
+    # What is typical first: two outputs equal to their reference, then one that is not, labelled.
+    right = [k for k, g in base_gen.items() if g == by_id[k]["reference"]]
+    wrong = [k for k, g in base_gen.items() if g != by_id[k]["reference"]]
+    print(f"\nexamples (target alone's output, which every drafter reproduces; {len(right)} of {len(base_gen)} "
+          "equal their reference):")
+    for row_id in right[:2] + wrong[:1]:
         r = by_id[row_id]
         print(f"  prompt:    {r['prompt']}")
         print(f"  reference: {r['reference']}")
-        print(f"  generated: {base_gen[row_id]}" + ("  (= reference)" if base_gen[row_id] == r["reference"] else ""))
+        print(f"  generated: {base_gen[row_id]}" + ("  (= reference)" if row_id in right[:2]
+                                                    else "  (an error: differs from the reference)"))
     same = all(n == len(base_gen) for n in identical.values())
     page = _report_page(runs["model draft"][0], runs[base_name][0])
     print(f"greedy outputs identical across drafters: {'yes' if same else 'NO'}")
