@@ -41,15 +41,21 @@ target: the draft's numerics only change which tokens get proposed, never what i
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import statistics
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specdec_core.gamma import timed
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _LOG = logging.getLogger(__name__)
 
@@ -263,3 +269,19 @@ def recommended_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover (non-Linux)
         return max(1, os.cpu_count() or 1)
+
+
+def keeps_torch_threads(main: Callable[P, R]) -> Callable[P, R]:
+    """For a program's `main`, which sets torch's thread count for its run: a caller in the same
+    process (a test, a notebook) gets its own count back, not the program's."""
+
+    @functools.wraps(main)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        threads = torch.get_num_threads()
+        try:
+            return main(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+
+    return run
+

@@ -13,6 +13,50 @@ from tests.tiny_models import build_tokenizer, make_model, perturbed_copy, save_
 torch.set_num_threads(1)  # tiny models: one thread is fastest, and CI has 2 cores
 
 
+def _process_state() -> dict[str, object]:
+    """What one test could change for every test after it in the same worker process."""
+    return {
+        "torch threads": torch.get_num_threads(),
+        "default dtype": torch.get_default_dtype(),
+        "grad mode": torch.is_grad_enabled(),
+        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "float32 matmul precision": torch.get_float32_matmul_precision(),
+        "mkldnn": torch.backends.mkldnn.enabled,
+        # torch.compile notes a constant of its own in the environment, once per process
+        "environment": {k: v for k, v in os.environ.items()
+                        if k != "PYTEST_CURRENT_TEST" and not k.startswith("_TORCHINDUCTOR_")},
+    }
+
+
+@pytest.fixture(autouse=True)
+def _leaves_the_process_as_it_found_it():
+    """Fails a test that changes process-wide state and restores it: on 2 cores a second torch thread
+    left by a program's main() called in-process slowed the next tests in that worker several times,
+    and changed their rounding."""
+    before = _process_state()
+    yield
+    after = _process_state()
+    changed = [k for k in before if before[k] != after[k]]
+    if not changed:
+        return
+    torch.set_num_threads(before["torch threads"])
+    torch.set_default_dtype(before["default dtype"])
+    torch.set_grad_enabled(before["grad mode"])
+    torch.use_deterministic_algorithms(before["deterministic algorithms"])
+    torch.set_float32_matmul_precision(before["float32 matmul precision"])
+    torch.backends.mkldnn.enabled = before["mkldnn"]
+    env = before["environment"]
+    if env != after["environment"]:
+        diff = sorted(k for k in env.keys() | after["environment"].keys() if env.get(k) != after["environment"].get(k))
+        for k in diff:
+            if k in env:
+                os.environ[k] = env[k]
+            else:
+                os.environ.pop(k, None)
+        changed[changed.index("environment")] = f"environment ({', '.join(diff)})"
+    pytest.fail(f"the test changed process-wide state it did not restore: {'; '.join(changed)}")
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_tokenizer()

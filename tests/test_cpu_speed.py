@@ -93,3 +93,25 @@ def test_bf16_target_packed_keeps_speculative_output_its_own(models, tokenizer):
     ref = SpeculativeGenerator(t16, None, max_new_tokens=20).generate(ids).tokens
     out = SpeculativeGenerator(t16, ModelDrafter(d16), num_speculative_tokens=4, max_new_tokens=20).generate(ids)
     assert out.tokens == ref and out.stats.draft_tokens > 0
+
+
+def test_a_programs_main_gives_the_caller_its_thread_count_back():
+    """Tests and notebooks call programs' main() in-process: the program's thread count stays its own,
+    even when it fails (on 2 cores a second thread left behind slowed every later test several times)."""
+    from specdec_core.cpu_speed import keeps_torch_threads
+
+    before = torch.get_num_threads()
+
+    @keeps_torch_threads
+    def main(threads: int) -> int:
+        torch.set_num_threads(threads)
+        assert torch.get_num_threads() == threads
+        if threads > 2:
+            raise SystemExit(2)
+        return 0
+
+    assert main(before + 1 if before < 2 else 1) == 0
+    assert torch.get_num_threads() == before
+    with pytest.raises(SystemExit):
+        main(3)
+    assert torch.get_num_threads() == before

@@ -38,6 +38,7 @@ from pipeline.bench.measure import ForwardMeter  # noqa: E402
 from pipeline.byte_bpe import train_byte_level_bpe  # noqa: E402
 from pipeline.demo import data as demo_data  # noqa: E402
 from pipeline.flags import ArgumentParser  # noqa: E402
+from specdec_core.cpu_speed import keeps_torch_threads
 
 _LOG = logging.getLogger("pipeline.bench.cross")
 RECIPE = {"target": {"n_embd": 256, "n_layer": 4, "n_head": 4}, "draft": {"n_embd": 128, "n_layer": 2, "n_head": 4},
@@ -130,8 +131,6 @@ def run(args: argparse.Namespace) -> dict:
     from specdec_core.drafters import NoDrafter
     from specdec_core.engine import SpeculativeGenerator
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     target, ttok, draft, dtok = load_pair(Path(args.cache_dir))
     assert ttok.get_vocab() != dtok.get_vocab()
     g, n_new = args.gamma, args.max_new_tokens
@@ -207,6 +206,7 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+@keeps_torch_threads
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m pipeline.bench.cross", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="4 prompts x 48 tokens instead of 12 x 96")
@@ -220,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     args.prompts = args.prompts or (4 if args.quick else 12)
     args.max_new_tokens = args.max_new_tokens or (48 if args.quick else 96)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     result = run(args)
     cmd = "python -m pipeline.bench.cross " + shlex.join(sys.argv[1:] if argv is None else argv)
     print(f"command: {cmd.strip()}")

@@ -62,7 +62,7 @@ from pipeline.bench.pairs import (  # noqa: F401 (re-exported: other modules imp
 )
 from pipeline.bench.report import machine, summarize, write_report  # noqa: F401 (machine: re-exported)
 from pipeline.flags import ArgumentParser
-from specdec_core.cpu_speed import packed_threshold, prepare_for_cpu, recommended_threads
+from specdec_core.cpu_speed import keeps_torch_threads, packed_threshold, prepare_for_cpu, recommended_threads
 from specdec_core.drafters import ModelDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import Costs
@@ -193,6 +193,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return a
 
 
+@keeps_torch_threads
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("transformers", "apache_beam", "specdec_core.cpu_speed"):

@@ -25,7 +25,7 @@ import torch
 
 from pipeline.flags import ArgumentParser
 from specdec_core.batch_engine import BatchSpeculativeGenerator
-from specdec_core.cpu_speed import prepare_for_cpu, recommended_threads
+from specdec_core.cpu_speed import keeps_torch_threads, prepare_for_cpu, recommended_threads
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma
@@ -238,6 +238,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return a
 
 
+@keeps_torch_threads
 def main(argv: list[str] | None = None) -> int:
     from pipeline.bench.pairs import FULL_SYNTH, QUICK_SYNTH, TINY_SYNTH, build_synthetic_pair, synthetic_prompts
     from pipeline.bench.report import machine

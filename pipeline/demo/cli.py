@@ -38,6 +38,7 @@ from pipeline.quality import chrf, exact_match
 from pipeline.report.stats import format_rows, summarize
 from pipeline.report.summary import main as report_main
 from pipeline.report.summary import read_results
+from specdec_core.cpu_speed import keeps_torch_threads
 
 DEFAULT_WORKDIR = "specdec-demo"
 JOBS = {  # name -> extra flags; the last one is the baseline every speed-up is measured against
@@ -110,6 +111,7 @@ def _report_page(prefix: str, baseline: str) -> str:
     return page
 
 
+@keeps_torch_threads
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.max_new_tokens = args.max_new_tokens or (24 if args.tiny else 160)

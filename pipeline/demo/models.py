@@ -51,6 +51,7 @@ import torch  # noqa: E402
 
 from pipeline.demo import data  # noqa: E402
 from pipeline.flags import ArgumentParser  # noqa: E402
+from specdec_core.cpu_speed import keeps_torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -753,6 +754,7 @@ def retrain(out: Path = ASSETS, recipe: Recipe = FULL, workdir: Path | None = No
     return manifest
 
 
+@keeps_torch_threads
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description="Check the committed demo pair, or rebuild it with its recipe.")
     ap.add_argument("--retrain", action="store_true", help="rebuild the pair and its prompts (about an hour)")

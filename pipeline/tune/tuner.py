@@ -34,7 +34,7 @@ from pipeline.logs import setup_logging
 from pipeline.tune.model import Candidate, SampleRun, best_setting, fit_overhead, pick_to_verify, relative_error
 from pipeline.tune.report import format_report
 from specdec_core.batch_engine import BatchSpeculativeGenerator, batch_refusal, pad_id_of
-from specdec_core.cpu_speed import DRAFT_DTYPES
+from specdec_core.cpu_speed import DRAFT_DTYPES, keeps_torch_threads
 from specdec_core.cross_tokenizer import CrossTokenizerDrafter
 from specdec_core.drafters import Drafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator, setup_seconds
@@ -416,8 +416,6 @@ class Tuner:
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
-        if args.threads:
-            torch.set_num_threads(args.threads)
         self.text, self.drafters, self.candidates = load(args)
         self.target = self.text.engine.target
         if self.drafters and (why := verify_disagreement(self.target)):
@@ -639,10 +637,13 @@ def write_json(path: str, res: dict) -> None:
         f.write(json.dumps(res, indent=2, default=str).encode())
 
 
+@keeps_torch_threads
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         check_settings(args)
         res = tune(args)
