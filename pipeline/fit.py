@@ -129,7 +129,7 @@ def _dtypes(opts: SpecDecOptions) -> tuple[torch.dtype, torch.dtype]:
 
 def _static(opts: SpecDecOptions, config) -> bool:
     """Whether this model decodes over static caches in this job (`--cuda_graphs` auto or on)."""
-    from specdec_core.static_decoder import config_support
+    from specdec_core.plan import config_support
 
     return (opts.cuda_graphs != "off" and opts.device_map != "auto"
             and config_support(config) is None)

@@ -6,7 +6,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from specdec_core.cpu_speed import DRAFT_DTYPES
 from specdec_core.placement import DEVICE_MAPS
-from specdec_core.static_decoder import GRAPH_MODES
+from specdec_core.plan import GRAPH_MODES
 from specdec_core.text import CPU_KERNELS, DRAFTERS, GAMMA_POLICIES, GeneratorSpec
 
 

@@ -428,7 +428,7 @@ def _check_batching(opts: SpecDecOptions) -> None:
     refused."""
     if opts.batch_size == 1:
         return
-    from specdec_core.batch_engine import unbatchable
+    from specdec_core.plan import unbatchable
 
     for flag, path, config in _local_model_configs(opts):
         why = unbatchable(config)
@@ -459,7 +459,7 @@ def _check_cuda_graphs(opts: SpecDecOptions) -> None:
     them out."""
     if opts.cuda_graphs != "on":
         return
-    from specdec_core.static_decoder import config_support
+    from specdec_core.plan import config_support
 
     if opts.device_map == "auto":
         raise JobConfigError("--cuda_graphs on: a model split by --device_map auto runs eagerly (use --cuda_graphs "

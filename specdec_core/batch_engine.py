@@ -28,7 +28,7 @@ from transformers import PreTrainedModel
 
 from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.attention import attention_kernels
-from specdec_core.batch_kv import BatchKV, other_layer_kinds, sliding_window
+from specdec_core.batch_kv import BatchKV, sliding_window
 from specdec_core.decoder import initial_decoder_ids, synchronize
 from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter, through_end
 from specdec_core.engine import (
@@ -42,9 +42,9 @@ from specdec_core.engine import (
 )
 from specdec_core.gamma import LOOKUP_DRAFT_COST, AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
 from specdec_core.loading import context_limit
+from specdec_core.plan import batch_refusal, padded_width, slot_kv_for
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors, draft_pick
-from specdec_core.self_check import narrowest_width, rows_disagreement
-from specdec_core.slot_kv import SlotKV, slot_kv_for
+from specdec_core.slot_kv import SlotKV
 
 log = logging.getLogger(__name__)
 
@@ -85,35 +85,10 @@ def _by_rows(kv: BatchKV | SlotKV | None, rows: int) -> bool:
             and (kv.graph_prefill_rows is None or rows <= kv.graph_prefill_rows))
 
 
-def unbatchable(config) -> str | None:
-    """Why a model cannot decode in our padded batches, or None. The scheme needs a key/value
-    cache per layer over all positions, attention that depends on the mask and the positions
-    only (full or sliding-window attention, `BatchKV`): other layer kinds (chunked, linear or
-    state-space layers) keep state that rows cannot roll back or share."""
-    other = other_layer_kinds(config)
-    return f"has {', '.join(other)} layers" if other else None
-
-
 def pad_id_of(target: PreTrainedModel) -> int:
     """The id a batch pads its rows with: the target's (a multimodal model's: its text's), or 0."""
     pad = getattr(target.config.get_text_config(decoder=True), "pad_token_id", None)
     return int(pad) if isinstance(pad, int) else 0
-
-
-def batch_refusal(model: PreTrainedModel, pad_id: int = 0) -> str | None:
-    """Why a model cannot decode in padded batches, or None: its layers (`unbatchable`), or its
-    self-check (`self_check.rows_disagreement`: rows that would not get their own logits at any
-    `padded_width`)."""
-    if why := unbatchable(model.config):
-        return why
-    return None if padded_width(model, pad_id) else rows_disagreement(model, pad_id, slots=False)
-
-
-def padded_width(model: PreTrainedModel, pad_id: int = 0) -> int | None:
-    """The narrowest pass over holes that gives a padded batch's rows their own logits
-    (`BatchKV.min_width`, by the self-check): 1, or 2 for a decoder that builds no mask for a
-    one-token pass (LED's); None if neither does."""
-    return narrowest_width(lambda w: rows_disagreement(model, pad_id, slots=False, min_width=w))
 
 
 def window_note(model: PreTrainedModel, longest: int) -> str | None:

@@ -19,7 +19,8 @@ from transformers import PreTrainedModel
 
 from specdec_core.decoder import CachedDecoder, eos_ids, synchronize
 from specdec_core.loading import context_limit
-from specdec_core.static_decoder import StaticDecoder, static_decoder_for
+from specdec_core.plan import static_decoder_for
+from specdec_core.static_decoder import StaticDecoder
 
 # (sequence so far, logits row (1, V)) -> (chosen token, its distribution (1, V) or None when greedy).
 # A picker that is the plain argmax of the logits (greedy, no logits processor) says so with an

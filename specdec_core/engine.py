@@ -23,9 +23,10 @@ from specdec_core.decoder import CachedDecoder, eos_ids, initial_decoder_ids, sy
 from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
 from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
 from specdec_core.loading import context_limit
+from specdec_core.plan import static_decoder_for
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors, draft_pick
 from specdec_core.self_check import cache_failure, state_failure, verify_disagreement
-from specdec_core.static_decoder import StaticDecoder, static_decoder_for
+from specdec_core.static_decoder import StaticDecoder
 
 # An item's own end condition (e.g. stop strings, specdec_core/stopping.py): called with each
 # round's committed tokens, once each and in order; returns the index of the token that ends

@@ -17,8 +17,10 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel
 
-from specdec_core.batch_kv import other_layer_kinds
+from specdec_core.batch_kv import BatchKV, other_layer_kinds
 from specdec_core.decoder import CachedDecoder, initial_decoder_ids
+from specdec_core.slot_kv import SlotKV
+from specdec_core.static_decoder import StaticDecoder
 
 _DONE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -177,8 +179,6 @@ def static_disagreement(model: PreTrainedModel, min_width: int = 1) -> str | Non
     """Why this model's passes over a static cache (`StaticDecoder`, run eagerly, its passes at
     least `min_width` tokens wide) would not give its own logits, or None. A model that ignores
     the explicit mask of a 1-token pass (LED's decoder) or fails over the buffers is caught here."""
-    from specdec_core.static_decoder import StaticDecoder
-
     def check() -> str | None:
         prompt, seq, extra = _probe(model)
         try:
@@ -232,9 +232,6 @@ def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = Tru
     rejected in one (holes that a pass of one token per row must not see), against each row's own
     growing cache. min_width: the narrowest pass, in slots (`StaticKV.min_width`) or over a padded
     batch's holes (`BatchKV.min_width`)."""
-    from specdec_core.batch_kv import BatchKV
-    from specdec_core.slot_kv import SlotKV
-
     def check() -> str | None:
         if slots and (why := static_disagreement(model, min_width)):
             return why

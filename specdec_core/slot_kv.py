@@ -16,7 +16,7 @@ encoder pass and cross-attention keys/values) and its columns copied into its sl
 otherwise prompts are prefilled into a `BatchKV` (eagerly, in passes as wide as the budget
 allows) and their columns copied into free slots, with an encoder-decoder row's cross-attention
 keys/values and encoder mask. Decoder-only and encoder-decoder models with full or sliding-window
-attention on one device (`static_decoder.graph_support`); the others keep `BatchKV`.
+attention on one device (`plan.graph_support`); the others keep `BatchKV`.
 """
 
 from __future__ import annotations
@@ -29,26 +29,9 @@ from transformers import PreTrainedModel
 
 from specdec_core.batch_kv import BatchKV, bias_by_row, drop_order
 from specdec_core.decoder import decoder_position_modules, hooked
-from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticDecoder, StaticKV, takes_static
+from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticDecoder, StaticKV
 
 log = logging.getLogger(__name__)
-
-
-def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0, compile: bool = False
-                ) -> SlotKV | None:
-    """The batch engine's slots for `--cuda_graphs` (`static_decoder.takes_static`) and
-    `--torch_compile`, or None."""
-    width = takes_static(model, mode, batched=True, pad_id=pad_id)
-    if not width:
-        if compile:
-            log.info("--torch_compile: %s batches run uncompiled (their passes run over no static cache)",
-                     type(model).__name__)
-        return None
-    kv = SlotKV(model, slots, pad_id, strict=mode == "on", compile=compile, min_width=width)
-    log.info("%s batches decode in %d fixed slots%s%s", type(model).__name__, slots,
-             " with CUDA graphs (each pass width captured once, on first use)" if kv.graphs
-             else ", eagerly (no CUDA device)", ", their passes compiled by torch.compile" if compile else "")
-    return kv
 
 
 class SlotKV(StaticKV):

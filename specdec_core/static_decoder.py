@@ -23,7 +23,6 @@ at a time (decoder-only or encoder-decoder), `slot_kv.SlotKV` the batch engine's
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import threading
 import time
@@ -34,7 +33,7 @@ from transformers import EncoderDecoderCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.modeling_outputs import BaseModelOutput
 
-from specdec_core.batch_kv import mixed_layer_types, other_layer_kinds, own_kv_layers, sliding_window
+from specdec_core.batch_kv import mixed_layer_types, own_kv_layers, sliding_window
 from specdec_core.decoder import (
     _accepts_logits_to_keep,
     counts_positions_from_ids,
@@ -44,10 +43,8 @@ from specdec_core.decoder import (
     pass_lock,
     position_table,
 )
-from specdec_core.device_map import devices_of
 from specdec_core.loading import context_limit, positions
 from specdec_core.placement import decoder_layers
-from specdec_core.self_check import narrowest_width, rows_disagreement, static_disagreement
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +58,6 @@ MAX_PREFILL_GRAPH = 4096
 # Compiled passes: one code object serves every StaticKV (target, draft) and, with dynamo's
 # automatic dynamic shapes, every width after the second; capacity growth recompiles too.
 COMPILE_LIMIT = 64
-GRAPH_MODES = ("auto", "on", "off")
-
-
 def capacity_for(n: int) -> int:
     """Columns a static buffer allocates to hold n: the next multiple of `CAPACITY_STEP`."""
     return -(-n // CAPACITY_STEP) * CAPACITY_STEP
@@ -75,98 +69,6 @@ def prefill_width(n: int) -> int:
     if n <= PREFILL_STEP:
         return 1 << max(n - 1, 0).bit_length()
     return -(-n // PREFILL_STEP) * PREFILL_STEP
-
-
-def config_support(config) -> str | None:
-    """None when a model of this config can decode over static caches, one item at a time
-    (`StaticDecoder`) or batched in slots (`slot_kv.SlotKV`), as far as its config tells (the
-    preflight's check), else why not."""
-    other = other_layer_kinds(config)
-    if other:
-        return f"has {', '.join(other)} layers"
-    text = config.get_text_config(decoder=True)
-    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
-    if isinstance(rope, dict) and "dynamic" in (rope.get("rope_type"), rope.get("type")):
-        return "uses dynamic-NTK RoPE (it recomputes its frequencies from a length read on the host)"
-    if getattr(text, "alibi", False) is True or getattr(getattr(text, "attn_config", None), "alibi", False) is True:
-        return "builds ALiBi biases from a 2D attention mask (static caches pass a 4D one)"
-    return None
-
-
-def graph_support(model: PreTrainedModel, batched: bool = False) -> str | None:
-    """None when this loaded model can decode over static caches (`config_support`), else why not."""
-    if len(list(devices_of(model))) > 1:
-        return "is split over several devices (a graph replays on one)"
-    why = config_support(model.config)
-    if why:
-        return why
-    if model.config._attn_implementation not in ("sdpa", "eager"):
-        return f"uses {model.config._attn_implementation} attention (needs sdpa or eager, which take a 4D mask)"
-    if not model.config.is_encoder_decoder and "position_ids" not in inspect.signature(model.forward).parameters:
-        return "takes no position_ids"
-    if model.config.is_encoder_decoder and batched:
-        # Each row's positions are looked up in its decoder's position tables (`StaticKV._lookup_forward`).
-        for module in decoder_position_modules(model)[0]:
-            if not counts_positions_from_ids(module) and not position_table(module):
-                return (f"has a decoder position embedding ({type(module).__name__}) that computes one set of "
-                        "positions for all rows")
-    return None
-
-
-def wants_static(model: PreTrainedModel, mode: str, batched: bool = False) -> bool:
-    """The engines' choice for `--cuda_graphs`, per model: "auto" takes static caches (with
-    graphs) on CUDA for models they support and nowhere else; "on" insists (eagerly on a CPU,
-    which is how the tests check them) and fails for a model they cannot take; "off" never."""
-    if mode not in GRAPH_MODES:
-        raise ValueError(f"cuda_graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
-    if mode == "off":
-        return False
-    why = graph_support(model, batched)
-    name = type(model).__name__ + (" batches" if batched else "")
-    if mode == "auto" and (why or model.device.type != "cuda"):
-        if why and model.device.type == "cuda":
-            log.info("no CUDA graphs for %s: it %s", name, why)
-        return False
-    if why:
-        raise ValueError(f"cuda_graphs on: {type(model).__name__} {why}")
-    return True
-
-
-def takes_static(model: PreTrainedModel, mode: str, batched: bool = False, pad_id: int = 0) -> int | None:
-    """`wants_static`, then the self-check of the model over static caches (one item at a time,
-    or `batched` in slots: `self_check`): the narrowest pass that it finds exact (`StaticKV.min_width`:
-    1, or 2 for a decoder that builds no mask for a one-token pass, LED's), or None. A model it
-    refuses at both runs eagerly with "auto" (logged) and stops the job with "on"."""
-    if not wants_static(model, mode, batched):
-        return None
-
-    def why(width: int) -> str | None:
-        return rows_disagreement(model, pad_id, min_width=width) if batched else static_disagreement(model, width)
-
-    width = narrowest_width(why)
-    if width:
-        return width
-    if mode == "on":
-        raise ValueError(f"cuda_graphs on: {type(model).__name__} {why(1)}")
-    log.warning("no static caches for %s: it %s; %s eagerly", type(model).__name__ + (" batches" if batched else ""),
-                why(1), "they run" if batched else "it runs")
-    return None
-
-
-def static_decoder_for(model: PreTrainedModel, mode: str = "auto", compile: bool = False) -> StaticDecoder | None:
-    """The batch-1 engines' static decoder for `--cuda_graphs` (`takes_static`) and
-    `--torch_compile`, or None."""
-    width = takes_static(model, mode)
-    if not width:
-        if compile:
-            log.info("--torch_compile: %s runs uncompiled (its passes run over no static cache)", type(model).__name__)
-        return None
-    decoder = StaticDecoder(model, strict=mode == "on", compile=compile, min_width=width)
-    log.info("%s decodes over a static cache%s%s", type(model).__name__,
-             " with CUDA graphs (each pass width captured once, on first use; the log says what it costs)"
-             if decoder.graphs else ", eagerly (no CUDA device)",
-             ", its passes compiled by torch.compile" if compile else "")
-    return decoder
 
 
 class _Buffers(CacheLayerMixin):
@@ -334,9 +236,6 @@ class StaticKV:
         layer's small kernels: a graph replays the launches, not their count) before capture; a
         compile that fails is logged and the passes run uncompiled, strict or not (compiling is on
         by default on a GPU: a worker that cannot compile still decodes the same)."""
-        why = graph_support(model, batched)
-        if why:
-            raise ValueError(f"{type(model).__name__} {why}")
         self.model = model
         self.device = model.device
         self.buffer_rows = rows

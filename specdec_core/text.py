@@ -39,8 +39,8 @@ from specdec_core.loading import (
     share_encoder,
 )
 from specdec_core.placement import DTYPE_BYTES, check_device, check_device_map, parameter_count
+from specdec_core.plan import GRAPH_MODES, compiles
 from specdec_core.processing import SamplingSettings, unapplied
-from specdec_core.static_decoder import GRAPH_MODES
 from specdec_core.stopping import StopStrings, check_stop_strings, cut_at_stop
 
 DRAFTERS = ("model", "ngram", "none")
@@ -246,15 +246,6 @@ def _embedding_rows(model: PreTrainedModel) -> int | None:
         return int(model.get_input_embeddings().weight.shape[0])
     except (NotImplementedError, AttributeError):
         return None
-
-
-def compiles(torch_compile: str, cuda_graphs: str, device: torch.device) -> bool:
-    """`--torch_compile`: on; or auto, wherever the passes run over static caches as CUDA graphs
-    (on a GPU). Compiling costs a worker about a minute per batch width, once; on an H200 it took
-    a 1.1B pair's token at batch 1 from 2.2 to 1.3 ms (docs/performance.md)."""
-    if torch_compile == "auto":
-        return cuda_graphs != "off" and device.type == "cuda"
-    return torch_compile == "on"
 
 
 def load_model_drafter(path: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *,

@@ -77,3 +77,9 @@ def saved_pairs(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     """kind -> (target dir, draft dir), saved as ordinary Hugging Face directories."""
     root = tmp_path_factory.mktemp("models")
     return {kind: save_pair(root, kind, noise=0.05) for kind in ("llama", "gpt2", "t5", "bart")}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first, in their own order, then the rest: with one worker per core, the run
+    ends on many short tests instead of one worker finishing a long one alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

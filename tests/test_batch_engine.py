@@ -229,6 +229,7 @@ def exact(model, sampling, prompt):
     return probs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 def test_batched_sampling_matches_target_distribution_per_row(drafter):
     target = tiny("llama", seed=0, std=0.8)

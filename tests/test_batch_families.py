@@ -15,11 +15,12 @@ import pytest
 import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
-from specdec_core.batch_engine import BatchSpeculativeGenerator, unbatchable
+from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.batch_kv import BatchKV
 from specdec_core.decoder import CachedDecoder, initial_decoder_ids
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
+from specdec_core.plan import unbatchable
 from specdec_core.processing import SamplingSettings
 from tests.family_models import SEQ2SEQ_FAMILIES, WINDOW, WINDOW_FAMILIES, V, family_model, with_window
 from tests.numerics import assert_logits_close

@@ -18,6 +18,7 @@ TINY = ["--device", "cpu", "--dtype", "float32", "--shape", "tiny", "--prompts",
         "--batch_prompts", "5", "--batch_sizes", "2,4", "--min_len", "4", "--max_len", "12", "--max_new_tokens", "10"]
 
 
+@pytest.mark.slow
 def test_every_section_runs_and_every_output_is_the_targets(tmp_path):
     result = gpu.main([*TINY, "--torch_compile", "--out", str(tmp_path)])
     assert result["graph_fallbacks"] == []  # the static decoders' warnings are collected here
@@ -135,6 +136,7 @@ def test_a_sliding_window_pair_passes_its_window_and_runs_the_same_way(tmp_path)
     assert all(r["identical_to_hf"] == 5 for r in result["batched"]["by_batch_size"]["4"].values())
 
 
+@pytest.mark.slow
 def test_a_batched_call_is_profiled_with_its_time_in_admissions(tmp_path):
     """Ours, and HF's compiled `generate()` over the same prompts for comparison, with the time
     of its prefills (the same calls for one new token); on a GPU each profile also lists its
@@ -168,6 +170,7 @@ def test_a_failed_test_is_reported_as_it_fails(tmp_path):
     assert "test_ok" not in text
 
 
+@pytest.mark.slow
 def test_the_gpu_scripts_test_steps_run(tmp_path):
     """benchmarks/gpu/run.sh's two test steps as the GPU machine runs them (its pytest options and
     plugin), here where every CUDA test skips: a broken invocation would cost a device call."""

@@ -84,6 +84,7 @@ def test_load_model_splits_only_over_several_devices(saved_pairs):
     assert sum(hasattr(m, dm.HOOK_ATTR) for m in two.modules()) >= 2
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_copies_in_their_own_processes_serve_every_call(saved_pairs, tmp_path, monkeypatch):
     """The multi-GPU layout on CPU "GPUs": two spawned processes, each a copy, every call answered

@@ -7,6 +7,7 @@ test has the power to fail.
 """
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -42,23 +43,22 @@ def tiny(kind: str, seed: int, std: float):
 
 @torch.inference_mode()
 def exact_distribution(model, sampling: SamplingSettings) -> dict[tuple, float]:
-    """P(continuation) for every continuation of N_NEW tokens, by full recomputation."""
+    """P(continuation) for every continuation of N_NEW tokens, by full recomputation (each prefix's
+    next-token distribution computed once)."""
     enc = model.config.is_encoder_decoder
     start = [0] if enc else PROMPT
     transform = LogitsTransform(build_processors(sampling, model.generation_config, len(start), N_NEW, "cpu"))
-    probs = {}
-    for cont in itertools.product(range(V), repeat=N_NEW):
-        total = 1.0
-        for i in range(N_NEW):
-            seq = start + list(cont[:i])
+    next_token: dict[tuple, torch.Tensor] = {}
+    for i in range(N_NEW):
+        for head in itertools.product(range(V), repeat=i):
+            seq = start + list(head)
             if enc:
                 logits = model(input_ids=torch.tensor([PROMPT]), decoder_input_ids=torch.tensor([seq])).logits
             else:
                 logits = model(input_ids=torch.tensor([seq])).logits
-            p = transform(seq, logits[0, -1:].float()).softmax(-1)[0]
-            total *= float(p[cont[i]])
-        probs[cont] = total
-    return probs
+            next_token[head] = transform(seq, logits[0, -1:].float()).softmax(-1)[0]
+    return {cont: math.prod(float(next_token[cont[:i]][cont[i]]) for i in range(N_NEW))
+            for cont in itertools.product(range(V), repeat=N_NEW)}
 
 
 def sample_counts(gen: SpeculativeGenerator) -> dict[tuple, int]:
@@ -99,6 +99,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "drafter", "sampling"), CASES)
 def test_sampling_matches_target_distribution(kind, drafter, sampling):
     # T5's initialisation saturates fast: a smaller std keeps its distributions soft.
@@ -118,6 +119,7 @@ def test_sampling_matches_target_distribution(kind, drafter, sampling):
     assert 0 < sum(s.accepted_tokens for s in stats) < sum(s.draft_tokens for s in stats)
 
 
+@pytest.mark.slow
 def test_sampling_stays_exact_when_the_target_has_more_output_rows(monkeypatch):
     """One tokenizer, output layers of two sizes (rows padded to another multiple, as Qwen2.5-7B's
     152064 against 0.5B's 151936; the padded rows are no token, here suppressed by the target's
@@ -151,6 +153,7 @@ def test_same_seed_same_sample_different_seed_differs():
     assert len({tuple(r) for r in runs[1:]}) > 1
 
 
+@pytest.mark.slow
 def test_adaptive_gamma_keeps_sampling_exact():
     """Gamma chosen from past acceptances leaves the output distribution exactly the target's."""
     from specdec_core.gamma import AdaptiveGamma, Costs
@@ -165,6 +168,7 @@ def test_adaptive_gamma_keeps_sampling_exact():
     assert chi2_pvalue(sample_counts(gen), exact_distribution(target, sampling)) > 1e-3
 
 
+@pytest.mark.slow
 def test_a_draft_whose_logits_overflow_leaves_sampling_exact():
     """A draft whose logits are NaN after some tokens (an fp16 overflow, say) failed every sampled
     row in torch's sampler; it now proposes from the uniform distribution there (wasted drafts,

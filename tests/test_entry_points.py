@@ -18,6 +18,7 @@ def test_console_script_names_a_main(name):
     assert callable(getattr(importlib.import_module(module), func)), SCRIPTS[name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["pipeline.run", "pipeline.prepare", "pipeline.report", "pipeline.tune",
                                     "pipeline.bench", "pipeline.bench.throughput", "pipeline.demo"])
 def test_python_m_entry_point_answers_help(module):

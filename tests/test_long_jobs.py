@@ -230,6 +230,7 @@ def test_bad_resume_prefixes_stop_before_any_work(tmp_path, saved_pairs, capsys)
     assert not out.parent.exists()
 
 
+@pytest.mark.slow
 def test_resuming_with_other_generation_flags_stops_before_any_work(tmp_path, saved_pairs, capsys):
     """The resumed run's rows and the new job's are read as one output: another length, or sampled
     rows beside greedy ones, would mix there unseen. The drafter may change (it changes no text);

@@ -10,12 +10,11 @@ it eagerly (or `--batch_size 1` is asked for)."""
 import pytest
 import torch
 
-from specdec_core.batch_engine import BatchSpeculativeGenerator, batch_refusal, padded_width
+from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.drafters import ModelDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
+from specdec_core.plan import batch_refusal, padded_width, slot_kv_for, static_decoder_for
 from specdec_core.processing import SamplingSettings
-from specdec_core.slot_kv import slot_kv_for
-from specdec_core.static_decoder import static_decoder_for
 from tests.family_models import (
     DECODER_FAMILIES,
     MORE_SEQ2SEQ,
@@ -91,6 +90,7 @@ def test_refusals_name_the_reason(family):
             SpeculativeGenerator(target, NoDrafter(), cuda_graphs="off")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f not in RUNS_NOWHERE])
 def test_greedy_equals_generate_at_batch_one_and_batched(family, monkeypatch):
     """Eagerly, and over static caches through traced graph replays (tests/test_slot_kv.py's
@@ -194,12 +194,12 @@ def test_on_a_gpu_auto_runs_what_the_self_checks_refuse_eagerly(monkeypatch, cap
     one-token passes are widened to two, at batch 1 and in slots."""
     import logging
 
-    from specdec_core import static_decoder
+    from specdec_core import plan
 
     def on_a_gpu(model, mode, batched=False):
-        return mode != "off" and static_decoder.graph_support(model, batched) is None
+        return mode != "off" and plan.graph_support(model, batched) is None
 
-    monkeypatch.setattr(static_decoder, "wants_static", on_a_gpu)  # (slot_kv's choice goes through it too)
+    monkeypatch.setattr(plan, "wants_static", on_a_gpu)  # (slot_kv_for's choice goes through it too)
     led, switch = family_model("led", seed=1), family_model("switch", seed=1)
     with caplog.at_level(logging.WARNING, logger="specdec_core"):
         assert static_decoder_for(switch, "auto") is None

@@ -97,6 +97,7 @@ def test_a_value_that_is_not_utf8_fails_its_row_not_the_job(tmp_path, saved_pair
     assert "'topic'" in by_id["bad-topic"]["error_message"] and by_id["bad-topic"]["prompt"] == GOOD[3]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("batch_size", "standin", "needle"), [("1", "device", "illegal memory access"),
                                                                ("4", "device", "illegal memory access"),
                                                                ("1", "pair", "every copy of the pair is gone"),
@@ -177,6 +178,7 @@ def test_greedy_job_output_equals_target_generate(tmp_path, saved_pairs, kind, d
         assert row["tokens_per_s"] == pytest.approx(row["new_tokens"] / row["latency_s"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", ["1", "2"])
 def test_a_compiled_job_decodes_what_generate_does(tmp_path, saved_pairs, batch_size):
     """--torch_compile on (what auto does on a GPU; here inductor's CPU code, over static caches
@@ -334,6 +336,7 @@ def test_input_files_that_cannot_make_one_output_stop_before_any_work(tmp_path, 
                                                                                               "3": None}
 
 
+@pytest.mark.slow
 def test_a_refusal_after_the_pairs_check_is_one_line_on_stderr(tmp_path, saved_pairs):
     """The command as a user runs it: the drafting mode, logged by the pair's check, is logged only
     once every check passed (it came first on stderr, two lines)."""
@@ -349,6 +352,7 @@ def test_a_refusal_after_the_pairs_check_is_one_line_on_stderr(tmp_path, saved_p
     assert child.stderr.strip().splitlines() == [child.stderr.strip()] and "has no chat template" in child.stderr
 
 
+@pytest.mark.slow
 def test_the_job_says_what_it_deletes_and_where_its_results_are(tmp_path, saved_pairs):
     """As a user runs it: the job's own lines (--overwrite's deletions, the placement, where the
     results are) reach stderr (they went to the root logger, which stays at WARNING); --overwrite

@@ -18,8 +18,9 @@ from specdec_core.decoder import CachedDecoder
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma
+from specdec_core.plan import slot_kv_for
 from specdec_core.processing import SamplingSettings
-from specdec_core.slot_kv import SlotKV, slot_kv_for
+from specdec_core.slot_kv import SlotKV
 from specdec_core.static_decoder import CaptureFailed, StaticDecoder, StaticKV
 from tests.family_models import WINDOW_FAMILIES
 from tests.numerics import assert_logits_close, logit_tolerance
@@ -297,6 +298,7 @@ def test_models_slots_cannot_take(models):
         kv.merge(fresh)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "gpt2", "t5", "bart"])
 def test_batch_one_through_graph_replays_equals_generate(models, prompts, kind, fake_graphs):
     """The batch-1 engine's static decoders (target passes, draft steps, chained draft rounds)
@@ -319,6 +321,7 @@ def test_batch_one_through_graph_replays_equals_generate(models, prompts, kind, 
     assert [gen.generate(p).tokens for p in prompts] == [hf_greedy(target, p, 16) for p in prompts]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_chained_draft_rounds_equal_step_by_step_drafting(models, prompts, kind, graphs, fake_graphs):
@@ -371,6 +374,7 @@ def test_a_chained_round_leaves_rows_that_feed_nothing_intact(models, prompts, g
     kv.release()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("family", "graphs"), [(f, True) for f in WINDOW_FAMILIES] + [
     (f, False) for f in ("gemma3n", "gemma4")])  # (eagerly, rows enter through a padded prefill's copy)
 def test_sliding_window_families_in_slots_equal_generate(family, graphs, fake_graphs):
@@ -397,6 +401,7 @@ def test_sliding_window_families_in_slots_equal_generate(family, graphs, fake_gr
         assert kv._prefiller.captures > 0 and not kv._prefiller.uncaptured
 
 
+@pytest.mark.slow
 def test_a_multimodal_gemma3_keeps_its_window_in_its_text_config(fake_graphs):
     """Gemma 3's larger checkpoints load with a vision tower, their window and layer types in the
     text config: read there, the window is kept at batch 1 (static cache, graphs), in slots and
@@ -488,6 +493,7 @@ def test_a_prefill_that_cannot_be_captured_leaves_the_decode_graphs(models, prom
     assert kv.graphs and kv.captures > 0 and not kv.prefills_in_graphs and kv._prefiller.uncaptured == {"prefill"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("family", ["t5", "mt5", "umt5", "bart", "pegasus", "marian", "m2m100", "mbart", "led", "mvp"])
 def test_encoder_decoder_rows_in_slots_equal_generate(family, graphs, fake_graphs):

@@ -4,11 +4,12 @@ cache through passes, rollbacks and growth, and greedy output equal to `generate
 import pytest
 import torch
 
-from specdec_core import static_decoder
+from specdec_core import plan, static_decoder
 from specdec_core.decoder import CachedDecoder, initial_decoder_ids
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
-from specdec_core.static_decoder import StaticDecoder, graph_support, static_decoder_for
+from specdec_core.plan import graph_support, static_decoder_for
+from specdec_core.static_decoder import StaticDecoder
 from tests.numerics import assert_logits_close
 from tests.test_engine_greedy import PROMPTS, reference
 
@@ -238,6 +239,7 @@ def test_a_draft_sharing_the_targets_encoder_takes_its_outputs(models, tokenizer
     assert len(runs) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["t5", "mt5", "umt5", "bart", "pegasus", "marian", "m2m100", "mbart", "led", "mvp"])
 def test_every_seq2seq_family_through_static_caches_equals_generate(family, monkeypatch):
     """Each family's own positions (learned, sinusoidal, looked up at the device's position; LED's
@@ -304,7 +306,7 @@ def test_layers_other_than_full_or_sliding_attention_are_refused(models):
     assert graph_support(family_model("gemma2", seed=1)) is None
     config = models["llama"][0].config.__class__.from_dict(models["llama"][0].config.to_dict())
     config.layer_types = ["full_attention", "chunked_attention"]
-    assert static_decoder.config_support(config) == "has chunked_attention layers"
+    assert plan.config_support(config) == "has chunked_attention layers"
 
 
 def test_m2m100_positions_are_counted_as_generate_feeds_them():
@@ -341,7 +343,7 @@ def test_models_whose_positions_wait_on_the_host_are_refused(models):
     assert graph_support(family_model("m2m100", seed=1), batched=True) is None
     config = models["llama"][0].config.__class__.from_dict(models["llama"][0].config.to_dict())
     config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
-    assert "dynamic" in static_decoder.config_support(config)
+    assert "dynamic" in plan.config_support(config)
 
 
 def test_an_encoder_decoder_pass_waits_while_another_thread_hooks_its_model(models, tokenizer):

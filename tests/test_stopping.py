@@ -137,6 +137,7 @@ def stop_candidates(tok, ref):
     return out
 
 
+@pytest.mark.slow
 def test_greedy_with_stop_strings_equals_target_generate(chat):
     """Chat-templated prompts; stops completed inside an accepted block (self-draft: rounds of 5
     accepted tokens) or at its end; every drafter."""
@@ -235,6 +236,7 @@ class PairStop:
         return None
 
 
+@pytest.mark.slow
 def test_sampling_with_a_stop_follows_the_target_cut_at_the_stop():
     """Chi-square against the target's exact distribution pushed through the same cut."""
     from tests.test_engine_sampling import N_NEW, PROMPT, chi2_pvalue, exact_distribution, tiny

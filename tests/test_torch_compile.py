@@ -35,6 +35,7 @@ def count_compiled(*kvs: StaticKV) -> list[tuple[int, int]]:
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama", "t5"])
 def test_compiled_passes_decode_what_generate_does(models, prompts, kind):
     """Batch 1 (target passes and chained draft rounds) and batched slots (an encoder-decoder's
@@ -62,6 +63,7 @@ def test_compiled_passes_decode_what_generate_does(models, prompts, kind):
     assert counters["stats"]["unique_graphs"] == compiled  # the same hooks, the same compiled passes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bart", "umt5"])
 def test_encoder_decoder_rows_at_their_own_positions_compiled(family):
     """Batched rows of an encoder-decoder, each at its own position: BART's learned position
@@ -141,7 +143,7 @@ def test_auto_compiles_where_the_passes_are_cuda_graphs():
     """The default: compiled (and the draft's steps chained) on a GPU wherever --cuda_graphs puts
     the passes in graphs; never on a CPU unless asked; a bare `--torch_compile` means on."""
     from pipeline.options import SpecDecOptions
-    from specdec_core.text import compiles
+    from specdec_core.plan import compiles
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     assert compiles("auto", "auto", gpu) and compiles("auto", "on", gpu) and not compiles("auto", "off", gpu)
@@ -156,6 +158,7 @@ def test_auto_compiles_where_the_passes_are_cuda_graphs():
     assert (parsed(), parsed("--torch_compile"), parsed("--torch_compile", "off")) == ("auto", "on", "off")
 
 
+@pytest.mark.slow
 def test_compiling_without_a_graph_counts_as_one_off_work(models, prompts, caplog):
     """Passes compiled outside a capture (a CPU's, with --cuda_graphs on: it captures none) add
     their compile time to the cache's one-off seconds, which item time limits leave out; each
@@ -174,6 +177,7 @@ def test_compiling_without_a_graph_counts_as_one_off_work(models, prompts, caplo
     assert gen.static.capture_s == setup and all(s.setup_s == s.prefill_setup_s == 0 for s in again)
 
 
+@pytest.mark.slow
 def test_compiled_prefills_decode_what_generate_does(models):
     """Prompts' prefill passes (one logit kept, any width) through torch.compile too, as the GPU
     bench's "compiled prefills" run them: outputs unchanged, and the prefills really compiled."""
@@ -192,6 +196,7 @@ def test_compiled_prefills_decode_what_generate_does(models):
     assert gen.static._compiled_prefill is not None and widths[-2:] == [32, 26]  # (the first pass allocates)
 
 
+@pytest.mark.slow
 def test_new_rows_in_compiled_slots_prefill_through_compiled_graphs(models, monkeypatch):
     """Compiled slots prefill new rows through one-row graphs of compiled passes (the GPU's
     default for the batch engine, measured faster there), here through a stand-in graph that runs
@@ -223,6 +228,7 @@ def test_new_rows_in_compiled_slots_prefill_through_compiled_graphs(models, monk
     assert pre.compile_prefills and pre._compiled_prefill is not None and pre.captures > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gemma2", "m2m100", "led"])
 def test_compiled_passes_of_a_window_and_a_position_table(family):
     """--torch_compile over a mask per layer type (Gemma 2, rows past its window) and over

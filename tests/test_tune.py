@@ -237,6 +237,7 @@ def test_batched_times_leave_out_graph_captures(monkeypatch):
     assert (run.total_s, run.decode_s, run.new_tokens) == (6.0, 6.0, 6)
 
 
+@pytest.mark.slow
 def test_tune_runs_the_passes_as_the_job_would(tiny, monkeypatch, capsys):
     """The job's --cuda_graphs and --torch_compile reach every engine and draft tune builds (here
     static caches compiled on the CPU, as `--cuda_graphs on` allows), and its recommendation

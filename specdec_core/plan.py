@@ -1,0 +1,170 @@
+"""A model's plan: whether its passes run over static caches (one item at a time or in batch
+slots) with CUDA graphs and compiled, whether it batches at all, and why not.
+
+The one place that reads `--cuda_graphs` and `--torch_compile` (`auto|on|off`): from the model's
+config (`config_support`, `unbatchable`, which the job's preflight and fit check ask before any
+load), then the loaded model (`graph_support`) and the self-checks' passes (`takes_static`,
+`padded_width`). The engines ask it for their caches (`static_decoder_for`, `slot_kv_for`);
+the caches and the self-checks import nothing from here, so no import goes in a circle."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec_core.batch_kv import other_layer_kinds
+from specdec_core.decoder import counts_positions_from_ids, decoder_position_modules, position_table
+from specdec_core.device_map import devices_of
+from specdec_core.self_check import narrowest_width, rows_disagreement, static_disagreement
+from specdec_core.slot_kv import SlotKV
+from specdec_core.static_decoder import StaticDecoder
+
+log = logging.getLogger(__name__)
+
+GRAPH_MODES = ("auto", "on", "off")  # --cuda_graphs and --torch_compile
+
+
+def config_support(config) -> str | None:
+    """None when a model of this config can decode over static caches, one item at a time
+    (`StaticDecoder`) or batched in slots (`slot_kv.SlotKV`), as far as its config tells (the
+    preflight's check), else why not."""
+    other = other_layer_kinds(config)
+    if other:
+        return f"has {', '.join(other)} layers"
+    text = config.get_text_config(decoder=True)
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and "dynamic" in (rope.get("rope_type"), rope.get("type")):
+        return "uses dynamic-NTK RoPE (it recomputes its frequencies from a length read on the host)"
+    if getattr(text, "alibi", False) is True or getattr(getattr(text, "attn_config", None), "alibi", False) is True:
+        return "builds ALiBi biases from a 2D attention mask (static caches pass a 4D one)"
+    return None
+
+
+def graph_support(model: PreTrainedModel, batched: bool = False) -> str | None:
+    """None when this loaded model can decode over static caches (`config_support`), else why not."""
+    if len(list(devices_of(model))) > 1:
+        return "is split over several devices (a graph replays on one)"
+    why = config_support(model.config)
+    if why:
+        return why
+    if model.config._attn_implementation not in ("sdpa", "eager"):
+        return f"uses {model.config._attn_implementation} attention (needs sdpa or eager, which take a 4D mask)"
+    if not model.config.is_encoder_decoder and "position_ids" not in inspect.signature(model.forward).parameters:
+        return "takes no position_ids"
+    if model.config.is_encoder_decoder and batched:
+        # Each row's positions are looked up in its decoder's position tables (`StaticKV._lookup_forward`).
+        for module in decoder_position_modules(model)[0]:
+            if not counts_positions_from_ids(module) and not position_table(module):
+                return (f"has a decoder position embedding ({type(module).__name__}) that computes one set of "
+                        "positions for all rows")
+    return None
+
+
+def wants_static(model: PreTrainedModel, mode: str, batched: bool = False) -> bool:
+    """The engines' choice for `--cuda_graphs`, per model: "auto" takes static caches (with
+    graphs) on CUDA for models they support and nowhere else; "on" insists (eagerly on a CPU,
+    which is how the tests check them) and fails for a model they cannot take; "off" never."""
+    if mode not in GRAPH_MODES:
+        raise ValueError(f"cuda_graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
+    if mode == "off":
+        return False
+    why = graph_support(model, batched)
+    name = type(model).__name__ + (" batches" if batched else "")
+    if mode == "auto" and (why or model.device.type != "cuda"):
+        if why and model.device.type == "cuda":
+            log.info("no CUDA graphs for %s: it %s", name, why)
+        return False
+    if why:
+        raise ValueError(f"cuda_graphs on: {type(model).__name__} {why}")
+    return True
+
+
+def takes_static(model: PreTrainedModel, mode: str, batched: bool = False, pad_id: int = 0) -> int | None:
+    """`wants_static`, then the self-check of the model over static caches (one item at a time,
+    or `batched` in slots: `self_check`): the narrowest pass that it finds exact (`StaticKV.min_width`:
+    1, or 2 for a decoder that builds no mask for a one-token pass, LED's), or None. A model it
+    refuses at both runs eagerly with "auto" (logged) and stops the job with "on"."""
+    if not wants_static(model, mode, batched):
+        return None
+
+    def why(width: int) -> str | None:
+        return rows_disagreement(model, pad_id, min_width=width) if batched else static_disagreement(model, width)
+
+    width = narrowest_width(why)
+    if width:
+        return width
+    if mode == "on":
+        raise ValueError(f"cuda_graphs on: {type(model).__name__} {why(1)}")
+    log.warning("no static caches for %s: it %s; %s eagerly", type(model).__name__ + (" batches" if batched else ""),
+                why(1), "they run" if batched else "it runs")
+    return None
+
+
+def static_decoder_for(model: PreTrainedModel, mode: str = "auto", compile: bool = False) -> StaticDecoder | None:
+    """The batch-1 engines' static decoder for `--cuda_graphs` (`takes_static`) and
+    `--torch_compile`, or None."""
+    width = takes_static(model, mode)
+    if not width:
+        if compile:
+            log.info("--torch_compile: %s runs uncompiled (its passes run over no static cache)", type(model).__name__)
+        return None
+    decoder = StaticDecoder(model, strict=mode == "on", compile=compile, min_width=width)
+    log.info("%s decodes over a static cache%s%s", type(model).__name__,
+             " with CUDA graphs (each pass width captured once, on first use; the log says what it costs)"
+             if decoder.graphs else ", eagerly (no CUDA device)",
+             ", its passes compiled by torch.compile" if compile else "")
+    return decoder
+
+
+def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0, compile: bool = False
+                ) -> SlotKV | None:
+    """The batch engine's slots for `--cuda_graphs` (`takes_static`) and
+    `--torch_compile`, or None."""
+    width = takes_static(model, mode, batched=True, pad_id=pad_id)
+    if not width:
+        if compile:
+            log.info("--torch_compile: %s batches run uncompiled (their passes run over no static cache)",
+                     type(model).__name__)
+        return None
+    kv = SlotKV(model, slots, pad_id, strict=mode == "on", compile=compile, min_width=width)
+    log.info("%s batches decode in %d fixed slots%s%s", type(model).__name__, slots,
+             " with CUDA graphs (each pass width captured once, on first use)" if kv.graphs
+             else ", eagerly (no CUDA device)", ", their passes compiled by torch.compile" if compile else "")
+    return kv
+
+
+def compiles(torch_compile: str, cuda_graphs: str, device: torch.device) -> bool:
+    """`--torch_compile`: on; or auto, wherever the passes run over static caches as CUDA graphs
+    (on a GPU). Compiling costs a worker about a minute per batch width, once; on an H200 it took
+    a 1.1B pair's token at batch 1 from 2.2 to 1.3 ms (docs/performance.md)."""
+    if torch_compile == "auto":
+        return cuda_graphs != "off" and device.type == "cuda"
+    return torch_compile == "on"
+
+
+def unbatchable(config) -> str | None:
+    """Why a model cannot decode in our padded batches, or None. The scheme needs a key/value
+    cache per layer over all positions, attention that depends on the mask and the positions
+    only (full or sliding-window attention, `BatchKV`): other layer kinds (chunked, linear or
+    state-space layers) keep state that rows cannot roll back or share."""
+    other = other_layer_kinds(config)
+    return f"has {', '.join(other)} layers" if other else None
+
+
+def batch_refusal(model: PreTrainedModel, pad_id: int = 0) -> str | None:
+    """Why a model cannot decode in padded batches, or None: its layers (`unbatchable`), or its
+    self-check (`self_check.rows_disagreement`: rows that would not get their own logits at any
+    `padded_width`)."""
+    if why := unbatchable(model.config):
+        return why
+    return None if padded_width(model, pad_id) else rows_disagreement(model, pad_id, slots=False)
+
+
+def padded_width(model: PreTrainedModel, pad_id: int = 0) -> int | None:
+    """The narrowest pass over holes that gives a padded batch's rows their own logits
+    (`BatchKV.min_width`, by the self-check): 1, or 2 for a decoder that builds no mask for a
+    one-token pass (LED's); None if neither does."""
+    return narrowest_width(lambda w: rows_disagreement(model, pad_id, slots=False, min_width=w))
