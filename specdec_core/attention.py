@@ -19,15 +19,12 @@ import contextlib
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-# The engines' choice; the GPU benchmark sets it to True to measure what cuDNN attention costs.
-CUDNN_ATTENTION = False
-
 _WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager:
+def attention_kernels(device: torch.device, cudnn: bool = False) -> contextlib.AbstractContextManager:
     """A context for a generation's model passes on `device`: on CUDA, attention without cuDNN
-    (unless `CUDNN_ATTENTION`); elsewhere nothing changes."""
-    if device.type != "cuda" or CUDNN_ATTENTION:
+    (unless `cudnn`: `PassSettings.cudnn_attention`); elsewhere nothing changes."""
+    if device.type != "cuda" or cudnn:
         return contextlib.nullcontext()
     return sdpa_kernel(_WITHOUT_CUDNN)

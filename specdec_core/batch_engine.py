@@ -42,6 +42,7 @@ from specdec_core.engine import (
 )
 from specdec_core.gamma import LOOKUP_DRAFT_COST, AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
 from specdec_core.loading import context_limit
+from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import batch_refusal, padded_width, slot_kv_for
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors, draft_pick
 from specdec_core.slot_kv import SlotKV
@@ -80,9 +81,9 @@ def prefill_chunks(lengths: list[int], budget: int | None) -> list[list[int]]:
 
 def _by_rows(kv: BatchKV | SlotKV | None, rows: int) -> bool:
     """Whether these many new rows enter this cache one by one through graphs (`SlotKV.prefill`)
-    rather than in padded eager passes (`SlotKV.graph_prefill_rows`)."""
+    rather than in padded eager passes (`PassSettings.graph_prefill_rows`)."""
     return (isinstance(kv, SlotKV) and kv.prefills_in_graphs
-            and (kv.graph_prefill_rows is None or rows <= kv.graph_prefill_rows))
+            and (kv.settings.graph_prefill_rows is None or rows <= kv.settings.graph_prefill_rows))
 
 
 def pad_id_of(target: PreTrainedModel) -> int:
@@ -143,11 +144,13 @@ class BatchSpeculativeGenerator:
         prefill_tokens: int | None = None,
         cuda_graphs: str = "auto",
         torch_compile: bool = False,
+        settings: PassSettings = DEFAULT,
     ):
         """prefill_tokens: the most prompt tokens (rows x longest row) in one prefill pass; None
         = `CPU_PREFILL_TOKENS` on a CPU, no limit elsewhere. cuda_graphs: each model's rows in
         fixed slots of a static cache, its passes replayed as CUDA graphs (`specdec_core.slot_kv`),
-        and torch_compile, those passes compiled: as the batch-1 engine's options of those names."""
+        and torch_compile, those passes compiled: as the batch-1 engine's options of those names.
+        settings: how the passes over those slots run, target's and draft's (`PassSettings`)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.pad_id = pad_id_of(target)
@@ -174,7 +177,8 @@ class BatchSpeculativeGenerator:
             prefill_tokens = CPU_PREFILL_TOKENS
         self.prefill_tokens = prefill_tokens
         # Kept across calls: a worker captures each pass width once, not once per batch of items.
-        self.slots = {id(m): slot_kv_for(m, cuda_graphs, batch_size, self.pad_id, torch_compile)
+        self.settings = settings
+        self.slots = {id(m): slot_kv_for(m, cuda_graphs, batch_size, self.pad_id, torch_compile, settings)
                       for m in (target, self.draft_model) if m is not None}
         self._costs_width = 0  # the batch width of the costs this engine measured (0: none yet)
         self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT
@@ -220,7 +224,7 @@ class BatchSpeculativeGenerator:
         """
         if not items:
             return []
-        with attention_kernels(self.target.device):
+        with attention_kernels(self.target.device, self.settings.cudnn_attention):
             return self._generate_many(items, finish_checks, max_seconds)
 
     def _generate_many(self, items: Sequence[tuple[list[int], int]],

@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 
 from specdec_core.decoder import CachedDecoder, eos_ids, synchronize
 from specdec_core.loading import context_limit
+from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import static_decoder_for
 from specdec_core.static_decoder import StaticDecoder
 
@@ -131,16 +132,18 @@ class ModelDrafter(Drafter):
     name = "model"
 
     def __init__(self, model: PreTrainedModel, cuda_graphs: str = "auto", chain: bool = False,
-                 torch_compile: bool = False):
+                 torch_compile: bool = False, settings: PassSettings = DEFAULT):
         """cuda_graphs, torch_compile: the draft's steps over a static cache replayed as CUDA
         graphs (and compiled), as the engine's options of those names. chain: with a static cache
         and a plain argmax picker, a round's draft steps run as one chain on the device, read back
-        once (`StaticDecoder.draft_greedy`); the job turns it on with compiled passes, where it pays."""
+        once (`StaticDecoder.draft_greedy`); the job turns it on with compiled passes, where it pays.
+        settings: how the passes over its static cache run (`PassSettings`)."""
         self.model = model
         _read_any_token(model)
         # A round's drafts end at the draft's end token: nothing after an end is ever kept.
         self.ends = eos_ids(model)
-        self.static = static_decoder_for(model, cuda_graphs, torch_compile)
+        self.settings = settings
+        self.static = static_decoder_for(model, cuda_graphs, torch_compile, settings)
         self.chain = chain
         self.torch_compile = torch_compile
         # The draft's decoder positions (None: relative, as T5's): a draft with fewer than the
@@ -185,7 +188,8 @@ class ModelDrafter(Drafter):
         if self.static is None:
             decoder = CachedDecoder(self.model, prompt_ids)
         else:
-            decoder = StaticDecoder(self.model, compile=self.torch_compile, min_width=self.static.min_width)
+            decoder = StaticDecoder(self.model, compile=self.torch_compile, min_width=self.static.min_width,
+                                    settings=self.settings)
             decoder.encode(prompt_ids)
         decoder.forward(seq, 1)
         decoder.forward(seq + extra[:1], 1)  # a step's graph (with graphs) captured before any timing

@@ -23,6 +23,7 @@ from specdec_core.decoder import CachedDecoder, eos_ids, initial_decoder_ids, sy
 from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
 from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
 from specdec_core.loading import context_limit
+from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import static_decoder_for
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors, draft_pick
 from specdec_core.self_check import cache_failure, state_failure, verify_disagreement
@@ -123,10 +124,12 @@ class SpeculativeGenerator:
         gamma_policy: GammaPolicy | None = None,
         cuda_graphs: str = "auto",
         torch_compile: bool = False,
+        settings: PassSettings = DEFAULT,
     ):
         """cuda_graphs: the target's passes over a static cache replayed as CUDA graphs
         (`specdec_core.static_decoder`): "auto" (on CUDA, for models that allow it), "on", "off".
-        torch_compile: those passes compiled by `torch.compile` before they are captured."""
+        torch_compile: those passes compiled by `torch.compile` before they are captured.
+        settings: how those passes run (`PassSettings`; a model drafter holds its own)."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if num_speculative_tokens < 1:
@@ -147,7 +150,8 @@ class SpeculativeGenerator:
         if not isinstance(self.drafter, NoDrafter) and (why := verify_disagreement(target)):
             raise ValueError(f"{type(target).__name__} {why}: a draft's tokens cannot be verified in one pass "
                              "(use the target alone: --drafter none)")
-        self.static = static_decoder_for(target, cuda_graphs, torch_compile)
+        self.settings = settings
+        self.static = static_decoder_for(target, cuda_graphs, torch_compile, settings)
         # A draft running the target's own encoder module takes the target's encoder outputs.
         self.shared_encoder = (target.config.is_encoder_decoder and isinstance(self.drafter, ModelDrafter)
                                and self.drafter.model.get_encoder() is target.get_encoder())
@@ -191,7 +195,7 @@ class SpeculativeGenerator:
                  max_seconds: float | None = None) -> Generation:
         """max_seconds: raise ItemTimeout at the first round that starts past this many seconds of
         the item's own (`ItemClock`: one-off graph captures and compiles not counted)."""
-        with attention_kernels(self.target.device):
+        with attention_kernels(self.target.device, self.settings.cudnn_attention):
             return self._generate(prompt_ids, seed, finish_check, max_seconds)
 
     def _generate(self, prompt_ids: list[int], seed: int, finish_check: FinishCheck | None,

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel
 from specdec_core.batch_kv import other_layer_kinds
 from specdec_core.decoder import counts_positions_from_ids, decoder_position_modules, position_table
 from specdec_core.device_map import devices_of
+from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.self_check import narrowest_width, rows_disagreement, static_disagreement
 from specdec_core.slot_kv import SlotKV
 from specdec_core.static_decoder import StaticDecoder
@@ -103,7 +104,8 @@ def takes_static(model: PreTrainedModel, mode: str, batched: bool = False, pad_i
     return None
 
 
-def static_decoder_for(model: PreTrainedModel, mode: str = "auto", compile: bool = False) -> StaticDecoder | None:
+def static_decoder_for(model: PreTrainedModel, mode: str = "auto", compile: bool = False,
+                       settings: PassSettings = DEFAULT) -> StaticDecoder | None:
     """The batch-1 engines' static decoder for `--cuda_graphs` (`takes_static`) and
     `--torch_compile`, or None."""
     width = takes_static(model, mode)
@@ -111,7 +113,7 @@ def static_decoder_for(model: PreTrainedModel, mode: str = "auto", compile: bool
         if compile:
             log.info("--torch_compile: %s runs uncompiled (its passes run over no static cache)", type(model).__name__)
         return None
-    decoder = StaticDecoder(model, strict=mode == "on", compile=compile, min_width=width)
+    decoder = StaticDecoder(model, strict=mode == "on", compile=compile, min_width=width, settings=settings)
     log.info("%s decodes over a static cache%s%s", type(model).__name__,
              " with CUDA graphs (each pass width captured once, on first use; the log says what it costs)"
              if decoder.graphs else ", eagerly (no CUDA device)",
@@ -119,8 +121,8 @@ def static_decoder_for(model: PreTrainedModel, mode: str = "auto", compile: bool
     return decoder
 
 
-def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0, compile: bool = False
-                ) -> SlotKV | None:
+def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0, compile: bool = False,
+                settings: PassSettings = DEFAULT) -> SlotKV | None:
     """The batch engine's slots for `--cuda_graphs` (`takes_static`) and
     `--torch_compile`, or None."""
     width = takes_static(model, mode, batched=True, pad_id=pad_id)
@@ -129,7 +131,7 @@ def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0, 
             log.info("--torch_compile: %s batches run uncompiled (their passes run over no static cache)",
                      type(model).__name__)
         return None
-    kv = SlotKV(model, slots, pad_id, strict=mode == "on", compile=compile, min_width=width)
+    kv = SlotKV(model, slots, pad_id, strict=mode == "on", compile=compile, min_width=width, settings=settings)
     log.info("%s batches decode in %d fixed slots%s%s", type(model).__name__, slots,
              " with CUDA graphs (each pass width captured once, on first use)" if kv.graphs
              else ", eagerly (no CUDA device)", ", their passes compiled by torch.compile" if compile else "")

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import replace
 
 import torch
 from transformers import PreTrainedModel
 
 from specdec_core.batch_kv import BatchKV, bias_by_row, drop_order
 from specdec_core.decoder import decoder_position_modules, hooked
+from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticDecoder, StaticKV
 
 log = logging.getLogger(__name__)
@@ -39,14 +41,13 @@ class SlotKV(StaticKV):
 
     def __init__(self, model: PreTrainedModel, slots: int, pad_id: int = 0, graphs: bool | None = None,
                  max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, compile: bool = False,
-                 min_width: int = 1):
+                 min_width: int = 1, settings: PassSettings = DEFAULT):
         super().__init__(model, slots, graphs, max_graph_width, strict, batched=True, compile=compile,
-                         min_width=min_width)
+                         min_width=min_width, settings=settings)
         self.pad_id = pad_id
-        # Compiled passes: new rows' one-row prefill graphs replay compiled passes too (at B = 32 on
-        # an H200, GPU-bound, where admissions took half the wall time: 1.33x the uncompiled ones;
-        # BENCHMARKS.md). The batch-1 engine's prefills stay uncompiled: not measured there.
-        self.compile_prefills = compile
+        # Compiled passes: new rows' one-row prefill graphs replay compiled passes too, unless the
+        # settings say otherwise (`PassSettings.compile_prefills`).
+        self.compile_prefills = compile if settings.compile_prefills is None else settings.compile_prefills
         self.lengths = [0] * slots  # per slot: its row's cached tokens (0 when free)
         self.slot_of: list[int] = []  # per row of the batch, in the engine's order: its slot
         self.logits: torch.Tensor | None = None  # the last pass's float32 logits (rows, fed, V)
@@ -54,9 +55,6 @@ class SlotKV(StaticKV):
         biases = decoder_position_modules(model)[1] if self.encdec else []
         self._bias_by_row = {m: bias_by_row(m, lambda: self.positions, self._key_columns) for m in biases}
         self._prefiller: StaticDecoder | None = None  # new rows' prefills (`prefill`), made on first use
-        # Rows admitted together beyond this many are prefilled in padded eager passes instead of
-        # one-row graphs (None: never); the GPU bench measures where that pays before any default.
-        self.graph_prefill_rows: int | None = None
 
     def _reset(self) -> None:
         self.lengths = [0] * self.buffer_rows
@@ -219,9 +217,8 @@ class SlotKV(StaticKV):
         slots = self._take_free(len(feeds)) if into is None else [self.slot_of[b] for b in into]
         if self._prefiller is None:
             self._prefiller = StaticDecoder(self.model, graphs=True, max_graph_width=self.max_graph_width,
-                                            strict=self.strict, min_width=self.min_width)
-            self._prefiller.compile_prefills = self.compile_prefills
-            self._prefiller.pinned_inputs = self.pinned_inputs
+                                            strict=self.strict, min_width=self.min_width,
+                                            settings=replace(self.settings, compile_prefills=self.compile_prefills))
         pre, setup, out = self._prefiller, self._prefiller.capture_s, []
         for j, (slot, feed) in enumerate(zip(slots, feeds, strict=True)):
             self.lengths[slot] = 0

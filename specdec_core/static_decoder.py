@@ -44,6 +44,7 @@ from specdec_core.decoder import (
     position_table,
 )
 from specdec_core.loading import context_limit, positions
+from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.placement import decoder_layers
 
 log = logging.getLogger(__name__)
@@ -221,13 +222,10 @@ class StaticKV:
     past its tokens and overwritten by its next pass) and attends through a 4D mask that hides
     every column after the query's own."""
 
-    # Passes' inputs copied to the GPU from pinned host memory without waiting (`_to_device`): off
-    # until measured on a GPU (the GPU bench's "pinned inputs" sets it per cache).
-    pinned_inputs = False
 
     def __init__(self, model: PreTrainedModel, rows: int, graphs: bool | None = None,
                  max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, batched: bool = False,
-                 compile: bool = False, min_width: int = 1):
+                 compile: bool = False, min_width: int = 1, settings: PassSettings = DEFAULT):
         """min_width: the narrowest pass the model runs (`takes_static`); a narrower one is widened
         with pads, which land past the rows' tokens, hidden, like any pass's pads.
         strict: a pass that cannot be captured raises (`--cuda_graphs on`); otherwise the log
@@ -237,6 +235,7 @@ class StaticKV:
         compile that fails is logged and the passes run uncompiled, strict or not (compiling is on
         by default on a GPU: a worker that cannot compile still decodes the same)."""
         self.model = model
+        self.settings = settings
         self.device = model.device
         self.buffer_rows = rows
         self.graphs = self.device.type == "cuda" if graphs is None else graphs
@@ -282,20 +281,19 @@ class StaticKV:
         self._forwards = {m: self._table_forward(m) for m in self._tables}
         self._forwards |= {m: self._lookup_forward(m) for m in embeds if position_table(m)}
         self._compiled = torch.compile(self._packed_pass) if compile else None
-        # Prompts' prefill passes (one logit kept) through torch.compile too, at a dynamic width:
-        # on for the batch engine's compiled slots (`SlotKV`), off at batch 1 (not measured there).
-        self.compile_prefills = False
+        # Prompts' prefill passes through torch.compile too (`PassSettings.compile_prefills`); off
+        # from then on if their compile fails.
+        self.compile_prefills = bool(settings.compile_prefills)
         self._compiled_prefill = None
         # With graphs, prompts prefill through graphs of padded widths (`StaticDecoder._prefill`,
-        # `StaticDecoder.encode`, `SlotKV.prefill`); the GPU bench turns this off to measure eager
-        # prefills beside them. `uncaptured`: the kinds of those graphs ("prefill", "encode",
-        # "cross") that failed to capture, which then run eagerly.
-        self.graph_prefills = True
+        # `StaticDecoder.encode`, `SlotKV.prefill`) unless `PassSettings.graph_prefills` is off.
+        # `uncaptured`: the kinds of those graphs ("prefill", "encode", "cross") that failed to
+        # capture, which then run eagerly.
         self.uncaptured: set[str] = set()
 
     def prefill_graphs(self, kind: str) -> bool:
         """Whether prompts' passes of this kind ("prefill", "encode", "cross") replay graphs."""
-        return self.graphs and self.graph_prefills and kind not in self.uncaptured
+        return self.graphs and self.settings.graph_prefills and kind not in self.uncaptured
 
     def acquire(self) -> bool:
         """Take the buffers for one call, emptied; False while another call (thread) holds them,
@@ -569,10 +567,10 @@ class StaticKV:
         """A pass's packed inputs (on the host) on the device, or copied `into` a graph's input.
         A plain copy from the host makes PyTorch wait for the GPU's queued work, so the host
         cannot queue a pass while the GPU runs the one before (new rows' prefills, which read
-        nothing back, alternate host and GPU work row by row). With `pinned_inputs` the copy is
+        nothing back, alternate host and GPU work row by row). With `PassSettings.pinned_inputs` the copy is
         from pinned memory and does not wait; PyTorch's pinned allocator reuses a block only
         after its copy has run, and the stream orders the copy after the passes before it."""
-        fast = self.pinned_inputs and self.device.type == "cuda" and inp.device.type == "cpu"
+        fast = self.settings.pinned_inputs and self.device.type == "cuda" and inp.device.type == "cpu"
         if fast:
             inp = inp.pin_memory()
         if into is None:
@@ -648,9 +646,9 @@ class StaticDecoder(StaticKV):
     needs more."""
 
     def __init__(self, model: PreTrainedModel, graphs: bool | None = None, max_graph_width: int = MAX_GRAPH_WIDTH,
-                 strict: bool = False, compile: bool = False, min_width: int = 1):
+                 strict: bool = False, compile: bool = False, min_width: int = 1, settings: PassSettings = DEFAULT):
         super().__init__(model, 1, graphs, max_graph_width, strict, batched=False, compile=compile,
-                         min_width=min_width)
+                         min_width=min_width, settings=settings)
         self.length = 0
         self.encoded: dict = {}  # decoder-only: no encoder outputs (CachedDecoder's interface)
         self._start: torch.Tensor | None = None  # encoder-decoder: the decoder start ids (1, 1), on the device

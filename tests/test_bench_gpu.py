@@ -31,7 +31,7 @@ def test_every_section_runs_and_every_output_is_the_targets(tmp_path):
     for b in ("2", "4"):
         batch = result["batched"]["by_batch_size"][b]
         assert all(r["identical_to_hf"] == 5 and r["tokens"] == 50 for r in batch.values())
-    assert "ours, draft, per-row picks, cuDNN attention" not in result["batched"]["by_batch_size"]["2"]
+    assert "ours, draft, eager, cuDNN attention" not in result["batched"]["by_batch_size"]["2"]
     assert {"ours, draft, eager", "ours, target alone, eager", "ours, draft, chained, eager prefills",
             "ours, target alone, eager prefills"} <= set(result["batched"]["by_batch_size"]["2"])
     assert "ours, draft, eager" not in result["batched"]["by_batch_size"]["4"]  # eager at the first B only
@@ -89,7 +89,7 @@ def test_figures_are_saved_as_they_are_made(tmp_path):
     configurations that compile run last, so a run cut short while compiling keeps the others, and
     HF's compiled `generate()` after ours but the adaptive gamma's."""
     args = gpu.parse_args([*TINY, "--batched_before", "--torch_compile", "--hf_compile", "--include",
-                           "chained|per-row|static cache"])
+                           "chained|draft, eager, cuDNN|static cache"])
     target, draft = gpu.build_pair(gpu.SHAPES["tiny"], gpu.torch.device("cpu"), gpu.torch.float32)
     single, batched = [], []
     gpu.run_single(target, draft, args, single.append)
@@ -104,7 +104,7 @@ def test_figures_are_saved_as_they_are_made(tmp_path):
     assert at_two[0] == ["HF generate"] and at_two[-1][-2:] == [hf_compiled, f"{compiled}, adaptive gamma"]
     assert {compiled, f"{compiled}, uncompiled prefills", f"{compiled}, eager prefills of 4+ rows",
             f"{compiled}, eager prefills of 16+ rows"} <= set(at_two[-1])
-    assert "ours, draft, per-row picks, cuDNN attention" in at_two[-1]
+    assert "ours, draft, eager, cuDNN attention" in at_two[-1]
     assert batched[-1]["by_batch_size"]["4"][compiled]["identical_to_hf"] == 5
     ours_row, hf_row = batched[-1]["by_batch_size"]["4"][compiled], batched[-1]["by_batch_size"]["4"]["HF generate"]
     assert 0 < ours_row["admit_s"] < ours_row["seconds"] and "admit_s" not in hf_row  # ours' time in prefills

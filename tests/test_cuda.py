@@ -8,10 +8,10 @@ import copy
 import pytest
 import torch
 
-from specdec_core import attention
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
+from specdec_core.pass_settings import PassSettings
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
 
@@ -39,7 +39,7 @@ def reference(target, ids: list[int], max_new: int) -> list[int]:
 @pytest.mark.parametrize("cudnn", [False, True], ids=["engine-attention", "default-attention"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokenizer, monkeypatch):
-    monkeypatch.setattr(attention, "CUDNN_ATTENTION", cudnn)
+    settings = PassSettings(cudnn_attention=cudnn)
     target, draft = cuda_models[kind]
     prompts = [tokenizer(p).input_ids for p in PROMPTS]
     refs = [reference(target, ids, 24) for ids in prompts]
@@ -47,7 +47,7 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
         draft, cuda_graphs=graphs, chain=True), "ngram": NgramDrafter(), "none": NoDrafter()}
     for name, drafter in drafters.items():
         single = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=24,
-                                      cuda_graphs=graphs)
+                                      cuda_graphs=graphs, settings=settings)
         assert (single.static is not None) == (graphs == "auto")  # at batch 1 every family here
         assert [single.generate(ids).tokens for ids in prompts] == refs, (kind, name, "batch 1")
         if graphs == "auto":  # really through graphs: no capture failed or disagreed with its eager pass
@@ -56,7 +56,7 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
             assert any(isinstance(key, tuple) and key[0] == _prefill_key(target) for key in single.static._graphs)
         for batch_size in (2, 6):
             engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=4,
-                                               max_new_tokens=24, cuda_graphs=graphs)
+                                               max_new_tokens=24, cuda_graphs=graphs, settings=settings)
             assert (engine.slots[id(target)] is not None) == (graphs == "auto")
             out = engine.generate_many([(ids, 0) for ids in prompts])
             assert [g.tokens for g in out] == refs, (kind, name, batch_size)
@@ -72,8 +72,8 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
 
 @pytest.mark.parametrize("kind", ["llama", "t5"])
 def test_inputs_copied_from_pinned_memory_without_waiting_equal_generate_on_cuda(kind, cuda_models, tokenizer):
-    """Passes' inputs copied from pinned memory, non-blocking (`StaticKV.pinned_inputs`, set on
-    the caches as the GPU bench sets it): the host queues many rows' prefills and passes ahead of
+    """Passes' inputs copied from pinned memory, non-blocking (`PassSettings.pinned_inputs`, given
+    to the engines and the drafter as the GPU bench gives it): the host queues many rows' prefills and passes ahead of
     the GPU; batch 1, and batched with more prompts than slots (refills) of several prefill widths,
     twice (graphs reused)."""
     target, draft = cuda_models[kind]
@@ -81,21 +81,20 @@ def test_inputs_copied_from_pinned_memory_without_waiting_equal_generate_on_cuda
     prompts = [tokenizer(p).input_ids for p in PROMPTS] + [tokenizer((text * 4)[:c]).input_ids for c in (90, 230)]
     prompts = prompts * 2
     refs = [reference(target, ids, 16) for ids in prompts]
-    single = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=4, max_new_tokens=16)
-    for kv in (single.static, single.drafter.static):
-        kv.pinned_inputs = True
+    pinned = PassSettings(pinned_inputs=True)
+    single = SpeculativeGenerator(target, ModelDrafter(draft, settings=pinned), num_speculative_tokens=4,
+                                  max_new_tokens=16, settings=pinned)
+    assert single.static.settings.pinned_inputs and single.drafter.static.settings.pinned_inputs
     assert [single.generate(ids).tokens for ids in prompts[:4]] == refs[:4], (kind, "batch 1")
     for batch_size in (3, 8):
         engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=batch_size,
-                                           num_speculative_tokens=4, max_new_tokens=16)
-        for kv in engine.slots.values():
-            kv.pinned_inputs = True
+                                           num_speculative_tokens=4, max_new_tokens=16, settings=pinned)
         for order in (1, -1):
             out = engine.generate_many([(ids, 0) for ids in prompts[::order]])
             assert [g.tokens for g in out] == refs[::order], (kind, batch_size, order)
         slots = engine.slots[id(target)]
         # new rows' prefills went through the one-row cache's graphs, which took the setting
-        assert slots.graphs and slots._prefiller.captures > 0 and slots._prefiller.pinned_inputs
+        assert slots.graphs and slots._prefiller.captures > 0 and slots._prefiller.settings.pinned_inputs
 
 
 @pytest.mark.parametrize("kind", ["llama", "t5"])

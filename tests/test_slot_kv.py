@@ -18,6 +18,7 @@ from specdec_core.decoder import CachedDecoder
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma
+from specdec_core.pass_settings import PassSettings
 from specdec_core.plan import slot_kv_for
 from specdec_core.processing import SamplingSettings
 from specdec_core.slot_kv import SlotKV
@@ -762,11 +763,10 @@ def test_rows_admitted_one_by_one_prefill_through_graphs(models, prompts, kind, 
     monkeypatch.setattr(StaticDecoder, "_prefill", lambda self, tokens: prefilled.append((self, len(tokens)))
                         or prefill(self, tokens))
     engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=2,
-                                       num_speculative_tokens=3, max_new_tokens=12, cuda_graphs="on")
+                                       num_speculative_tokens=3, max_new_tokens=12, cuda_graphs="on",
+                                       settings=PassSettings(graph_prefills=graph_prefills))
     padded.clear()  # (the engine's self-checks at load, on a model's first engine, run a padded batch)
     kvs = [graphed(kv, True) for kv in engine.slots.values()]
-    for kv in kvs:
-        kv.graph_prefills = graph_prefills
     out = engine.generate_many([(p, 0) for p in items])
     assert [o.tokens for o in out] == [hf_greedy(target, p, 12) for p in items]
     if not graph_prefills:
@@ -784,7 +784,7 @@ def test_rows_admitted_one_by_one_prefill_through_graphs(models, prompts, kind, 
 @pytest.mark.parametrize("kind", ["llama", "t5"])
 def test_rows_admitted_together_beyond_a_count_prefill_in_a_padded_pass(kind, models, prompts, fake_graphs,
                                                                          monkeypatch):
-    """With `graph_prefill_rows` (the GPU bench's "eager prefills of 4+ rows"), rows admitted
+    """With `PassSettings.graph_prefill_rows` (the GPU bench's "eager prefills of 4+ rows"), rows admitted
     together beyond that many enter through a padded eager pass, fewer through one-row graphs:
     both in one job, and greedy output equals `generate()`."""
     from tests.test_batch_families import hf_greedy as hf_greedy_any
@@ -792,10 +792,9 @@ def test_rows_admitted_together_beyond_a_count_prefill_in_a_padded_pass(kind, mo
     target, draft = models[kind]
     items = [prompts[i] for i in (0, 3, 1, 4, 5, 6, 2)]
     engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=3,
-                                       num_speculative_tokens=3, max_new_tokens=10, cuda_graphs="on")
+                                       num_speculative_tokens=3, max_new_tokens=10, cuda_graphs="on",
+                                       settings=PassSettings(graph_prefill_rows=1))
     kvs = [graphed(kv, True) for kv in engine.slots.values()]
-    for kv in kvs:
-        kv.graph_prefill_rows = 1
     entered = []  # the target's admissions: (how, rows)
     for name, how in (("prefill", "graphs"), ("merge", "padded"), ("place", "padded")):
         own = getattr(SlotKV, name)

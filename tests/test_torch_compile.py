@@ -11,6 +11,7 @@ import torch
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.drafters import ModelDrafter
 from specdec_core.engine import SpeculativeGenerator
+from specdec_core.pass_settings import PassSettings
 from specdec_core.static_decoder import StaticKV
 from specdec_core.text import GeneratorSpec
 from tests.test_batch_engine import TEXTS, hf_greedy
@@ -188,8 +189,8 @@ def test_compiled_prefills_decode_what_generate_does(models):
     n = 8
     reference = [hf_greedy(target, p, n) for p in prompts]
     gen = SpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="on"), num_speculative_tokens=3,
-                               max_new_tokens=n, cuda_graphs="on", torch_compile=True)
-    gen.static.compile_prefills = True
+                               max_new_tokens=n, cuda_graphs="on", torch_compile=True,
+                               settings=PassSettings(compile_prefills=True))
     widths = []
     gen.static._prefill_pass = lambda inp, own=gen.static._prefill_pass: widths.append(inp.shape[1] - 2) or own(inp)
     assert [gen.generate(p).tokens for p in prompts] == reference

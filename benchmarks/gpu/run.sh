@@ -11,8 +11,8 @@
 # "workspace" checks that the engine's graphs survive cuBLAS workspaces cleared elsewhere,
 # "workspace-control" the same without the engine's own clearing; SINGLE_ARGS, SINGLE_INCLUDE:
 # the single step's sizes and configurations; BATCHED_INCLUDE: the batched step's configurations
-# (a regex; HF generate and ours alone always run); BEFORE=1 adds ours as it was (cuDNN attention,
-# per-row batched picks); SIZE=small runs each step at a size for a first try;
+# (a regex; HF generate and ours alone always run); BEFORE=1 adds ours eager with PyTorch's own attention
+# choice (cuDNN allowed); SIZE=small runs each step at a size for a first try;
 # DEVICE=cpu SHAPE=tiny PYTHON=.venv/bin/python try the script on a machine without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

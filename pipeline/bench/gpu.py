@@ -36,11 +36,11 @@ from pathlib import Path
 
 import torch
 
-from specdec_core import attention
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.drafters import ModelDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator, setup_seconds
 from specdec_core.gamma import AdaptiveGamma
+from specdec_core.pass_settings import PassSettings
 
 _LOG = logging.getLogger("pipeline.bench.gpu")
 
@@ -158,17 +158,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@contextlib.contextmanager
-def _cudnn(allowed: bool):
-    """Our engine with PyTorch's default attention choice (allowed) or with its own (not)."""
-    saved = attention.CUDNN_ATTENTION
-    attention.CUDNN_ATTENTION = allowed
-    try:
-        yield
-    finally:
-        attention.CUDNN_ATTENTION = saved
-
-
 # -- batch 1 ---------------------------------------------------------------------------------------
 
 def _prompt_in_output(model) -> Callable[[list[int]], int]:
@@ -198,19 +187,18 @@ def single_configs(target, draft, args) -> dict[str, Callable[[list[int]], tuple
             return out[0, skip(ids):].tolist(), {}
         return fn
 
-    def ours(drafter, cudnn: bool, graphs: str, compiled: bool = False, compiled_prefills: bool = False):
+    def ours(chain: bool | None, cudnn: bool, graphs: str, compiled: bool = False, compiled_prefills: bool = False):
+        """chain: None for the target alone, else the draft with its steps chained or not."""
+        settings = PassSettings(compile_prefills=compiled_prefills, cudnn_attention=cudnn)
+        drafter = NoDrafter() if chain is None else ModelDrafter(draft, cuda_graphs=graphs, chain=chain,
+                                                                  torch_compile=compiled, settings=settings)
         engine = SpeculativeGenerator(target, drafter, num_speculative_tokens=g, max_new_tokens=n, cuda_graphs=graphs,
-                                      torch_compile=compiled)
-
+                                      torch_compile=compiled, settings=settings)
         caches = (engine.static, getattr(drafter, "static", None))
-        for kv in caches:
-            if kv is not None:
-                kv.compile_prefills = compiled_prefills
 
         def fn(ids):
             setup = setup_seconds(*caches)
-            with _cudnn(cudnn):
-                out = engine.generate(ids)
+            out = engine.generate(ids)
             s = out.stats
             return out.tokens, {"drafted": s.draft_tokens, "accepted": s.accepted_tokens, "rounds": s.verify_steps,
                                 "setup_s": setup_seconds(*caches) - setup}
@@ -226,18 +214,16 @@ def single_configs(target, draft, args) -> dict[str, Callable[[list[int]], tuple
     # default attention kernels (cuDNN attention allowed): each with the target alone and the draft.
     for suffix, cudnn, graphs in (("", False, "auto"), (", eager", False, "off"),
                                   (", eager, cuDNN attention", True, "off")):
-        configs["ours, target alone" + suffix] = ours(NoDrafter(), cudnn, graphs)
-        configs["ours, draft" + suffix] = ours(ModelDrafter(draft, cuda_graphs=graphs), cudnn, graphs)
+        configs["ours, target alone" + suffix] = ours(None, cudnn, graphs)
+        configs["ours, draft" + suffix] = ours(False, cudnn, graphs)
     # A round's greedy drafts chained on the device, read back once (the job's default when compiled).
-    configs["ours, draft, chained"] = ours(ModelDrafter(draft, cuda_graphs="auto", chain=True), False, "auto")
+    configs["ours, draft, chained"] = ours(True, False, "auto")
     if args.torch_compile:  # each pass compiled (fused kernels) before its capture
-        configs["ours, target alone, compiled"] = ours(NoDrafter(), False, "auto", True)
-        configs["ours, draft, chained, compiled"] = ours(
-            ModelDrafter(draft, cuda_graphs="auto", chain=True, torch_compile=True), False, "auto", True)
+        configs["ours, target alone, compiled"] = ours(None, False, "auto", True)
+        configs["ours, draft, chained, compiled"] = ours(True, False, "auto", True)
         # Prompts' prefill graphs compiled too, as the batch engine's are (not a default at batch 1
         # until measured here).
-        configs["ours, draft, chained, compiled, compiled prefills"] = ours(
-            ModelDrafter(draft, cuda_graphs="auto", chain=True, torch_compile=True), False, "auto", True, True)
+        configs["ours, draft, chained, compiled, compiled prefills"] = ours(True, False, "auto", True, True)
     return configs
 
 
@@ -351,26 +337,20 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
     def hf_compiled(batch_size: int):
         return lambda items: hf(batch_size, items, **_hf_static_compiled(args, n))
 
-    def ours(batch_size: int, drafter, graphs: str = "auto", before: bool = False, compiled: bool = False,
+    def ours(batch_size: int, drafter, graphs: str = "auto", cudnn: bool = False, compiled: bool = False,
              graph_prefills: bool = True, compiled_prefills: bool | None = None, graph_prefill_rows: int | None = None,
              adaptive: bool = False, pinned: bool = False):
         # One engine per configuration: its static slots and graphs are made once, in the warm-up.
+        # compiled_prefills None: the engine's default (compiled with its passes).
+        settings = PassSettings(graph_prefills=graph_prefills, compile_prefills=compiled_prefills,
+                                graph_prefill_rows=graph_prefill_rows, pinned_inputs=pinned, cudnn_attention=cudnn)
         engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=g,
                                            max_new_tokens=n, cuda_graphs=graphs, torch_compile=compiled,
-                                           gamma_policy=AdaptiveGamma(max_gamma=g) if adaptive else None)
-        for kv in engine.slots.values():
-            if kv is not None:
-                kv.graph_prefills = graph_prefills
-                if compiled_prefills is not None:  # else the engine's default (compiled with its passes)
-                    kv.compile_prefills = compiled_prefills
-                kv.graph_prefill_rows = graph_prefill_rows
-                kv.pinned_inputs = pinned
-        if before:  # as the engine was: each row's picks read back on their own, cuDNN attention allowed
-            engine._argmax_rows = lambda live, logits: None
+                                           gamma_policy=AdaptiveGamma(max_gamma=g) if adaptive else None,
+                                           settings=settings)
 
         def fn(items: list[list[int]]) -> list[list[int]]:
-            with _cudnn(before):
-                gens = engine.generate_many([(p, 0) for p in items])
+            gens = engine.generate_many([(p, 0) for p in items])
             fn.drafts = [k for gen in gens for k in gen.stats.drafts]  # each round's drafted tokens
             return [gen.tokens for gen in gens]
         fn.engine = engine  # its seconds in admissions (prefills), for the table
@@ -419,8 +399,8 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
             configs["ours, target alone, eager"] = ours(b, NoDrafter(), "off")
             configs["ours, draft, eager"] = ours(b, ModelDrafter(draft, cuda_graphs="off"), "off")
             if args.batched_before:
-                configs["ours, draft, per-row picks, cuDNN attention"] = ours(
-                    b, ModelDrafter(draft, cuda_graphs="off"), "off", before=True)
+                configs["ours, draft, eager, cuDNN attention"] = ours(
+                    b, ModelDrafter(draft, cuda_graphs="off"), "off", cudnn=True)
         configs = {name: configs[name] for name in sorted(configs, key=_order)
                    if name in REFERENCES + ("ours, target alone",) or re.search(args.include, name)}
         row: dict[str, dict] = {}
@@ -509,14 +489,15 @@ def run_profile(target, draft, args, save: Callable[[dict], None] = lambda parti
     if args.batched_before:
         ways.append(("eager, cuDNN attention", True, "off", False, False))
     for i, (label, cudnn, graphs, chain, compiled) in enumerate(ways):
-        drafter = ModelDrafter(draft, cuda_graphs=graphs, chain=chain, torch_compile=compiled)
+        settings = PassSettings(cudnn_attention=cudnn)
+        drafter = ModelDrafter(draft, cuda_graphs=graphs, chain=chain, torch_compile=compiled, settings=settings)
         engine = SpeculativeGenerator(target, drafter, num_speculative_tokens=args.gamma,
-                                      max_new_tokens=args.max_new_tokens, cuda_graphs=graphs, torch_compile=compiled)
+                                      max_new_tokens=args.max_new_tokens, cuda_graphs=graphs, torch_compile=compiled,
+                                      settings=settings)
         ids = distinct_prompts(1, args.min_len, args.max_len, target.config.vocab_size, seed=3000 + i)[0]
-        with _cudnn(cudnn):
-            engine.generate(distinct_prompts(1, args.min_len, args.max_len, target.config.vocab_size, 4000)[0])
-            out[label] = _profiled(lambda engine=engine, ids=ids: engine.generate(ids), target.device,
-                                   lambda engine=engine, drafter=drafter: setup_seconds(engine.static, drafter.static))
+        engine.generate(distinct_prompts(1, args.min_len, args.max_len, target.config.vocab_size, 4000)[0])
+        out[label] = _profiled(lambda engine=engine, ids=ids: engine.generate(ids), target.device,
+                               lambda engine=engine, drafter=drafter: setup_seconds(engine.static, drafter.static))
     return out
 
 
@@ -704,7 +685,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch_max_new_tokens", type=int, default=None, help="batched set (default: --max_new_tokens)")
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--batched_before", action="store_true",
-                   help="also ours as it was (per-row picks, cuDNN attention): batched at the first batch size, "
+                   help="also ours eager with PyTorch's own attention choice (cuDNN attention allowed): batched at "
+                        "the first batch size, "
                         "and in the profile")
     p.add_argument("--include", default="", metavar="REGEX",
                    help="only the configurations whose names match (the references always run: HF generate, with "
