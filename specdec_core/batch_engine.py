@@ -29,18 +29,27 @@ from transformers import PreTrainedModel
 from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.attention import attention_kernels
 from specdec_core.batch_kv import BatchKV, sliding_window
-from specdec_core.decoder import initial_decoder_ids, synchronize
+from specdec_core.decoder import eos_ids, initial_decoder_ids, synchronize
 from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter, through_end
 from specdec_core.engine import (
     FinishCheck,
     Generation,
     ItemStats,
     ItemTimeout,
-    SpeculativeGenerator,
+    check_engine,
+    cut_at_end,
     setup_seconds,
     timing_tokens,
 )
-from specdec_core.gamma import LOOKUP_DRAFT_COST, AdaptiveGamma, Costs, GammaPolicy, GammaState, batch_gamma
+from specdec_core.gamma import (
+    LOOKUP_DRAFT_COST,
+    AdaptiveGamma,
+    Costs,
+    GammaPolicy,
+    GammaState,
+    batch_gamma,
+    fixed_gamma,
+)
 from specdec_core.loading import context_limit
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import batch_refusal, padded_width, slot_kv_for
@@ -157,16 +166,12 @@ class BatchSpeculativeGenerator:
         for model in (target, drafter.model if isinstance(drafter, ModelDrafter) else None):
             if model is not None and (why := batch_refusal(model, self.pad_id)):
                 raise ValueError(f"batch_size > 1: {type(model).__name__} {why} (use batch_size 1)")
-        # The batch-1 engine holds the settings, their validation, the cost measurement and the
-        # per-row finish rule (`_truncate`), so both engines stop rows the same way.
-        # It decodes nothing itself, so it holds no static cache ("off").
-        self.single = SpeculativeGenerator(target, drafter, num_speculative_tokens=num_speculative_tokens,
-                                           max_new_tokens=max_new_tokens, sampling=sampling,
-                                           gamma_policy=gamma_policy, cuda_graphs="off")
-        self.target, self.drafter = target, self.single.drafter
+        self.target = target
+        self.drafter = check_engine(target, drafter, num_speculative_tokens, max_new_tokens)
+        self.eos = eos_ids(target)
         self.batch_size = batch_size
         self.gamma, self.max_new_tokens = num_speculative_tokens, max_new_tokens
-        self.sampling, self.gamma_policy = sampling, self.single.gamma_policy
+        self.sampling, self.gamma_policy = sampling, gamma_policy or fixed_gamma
         self.draft_model = drafter.model if isinstance(drafter, ModelDrafter) else None
         self.encdec = bool(target.config.is_encoder_decoder)
         # A draft whose encoder is the target's own module: the target's encoder outputs serve both.
@@ -538,7 +543,7 @@ class BatchSpeculativeGenerator:
             if confs[b] is not None:
                 r.gamma_state.record_confidences(confs[b], n)
             remaining = self.max_new_tokens - len(r.new)
-            emitted, finish = self.single._truncate(d[:n] + [token], remaining, r.finish_check)
+            emitted, finish = cut_at_end(d[:n] + [token], remaining, self.eos, r.finish_check)
             s.accepted_tokens += min(n, len(emitted))
             if not r.new:
                 s.ttft_s = time.perf_counter() - r.start

@@ -110,6 +110,48 @@ class Generation:
     stats: ItemStats = field(default_factory=ItemStats)
 
 
+def check_engine(target: PreTrainedModel, drafter: Drafter | None, num_speculative_tokens: int,
+                 max_new_tokens: int) -> Drafter:
+    """The checks both engines make of their settings and models before any work; returns the
+    drafter (the target alone: `NoDrafter`)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if num_speculative_tokens < 1:
+        raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+    drafter = drafter or NoDrafter()
+    checks = [(target, state_failure)]  # (a draft's own numerics may part from an uncached pass)
+    if isinstance(drafter, ModelDrafter):
+        checks.append((drafter.model, cache_failure))
+    for model, failure in checks:
+        if why := failure(model):
+            raise ValueError(f"{type(model).__name__} {why}: the engines cannot decode it")
+    if not isinstance(drafter, NoDrafter) and (why := verify_disagreement(target)):
+        raise ValueError(f"{type(target).__name__} {why}: a draft's tokens cannot be verified in one pass "
+                         "(use the target alone: --drafter none)")
+    return drafter
+
+
+def cut_at_end(emitted: list[int], remaining: int, eos: set[int] | frozenset[int],
+               finish_check: FinishCheck | None = None) -> tuple[list[int], str]:
+    """A round's tokens cut at the first end: a stop (finish_check), an EOS, or the budget; both
+    engines stop rows here.
+
+    The round's tokens are the target's own up to the cut, so any rule that depends only on
+    the committed tokens stops where the target alone would (greedy and sampled alike).
+    """
+    emitted = emitted[:remaining]
+    end = next((i for i, tok in enumerate(emitted) if tok in eos), None)
+    kept = emitted if end is None else emitted[: end + 1]
+    stop = finish_check(kept) if finish_check else None
+    if stop is not None:
+        return kept[: stop + 1], "stop"
+    if end is not None:
+        return kept, "eos"
+    if len(emitted) >= remaining:
+        return emitted, "length"
+    return emitted, ""
+
+
 class SpeculativeGenerator:
     """Exact speculative decoding of one prompt at a time with a target and a drafter."""
 
@@ -130,26 +172,13 @@ class SpeculativeGenerator:
         (`specdec_core.static_decoder`): "auto" (on CUDA, for models that allow it), "on", "off".
         torch_compile: those passes compiled by `torch.compile` before they are captured.
         settings: how those passes run (`PassSettings`; a model drafter holds its own)."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if num_speculative_tokens < 1:
-            raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         self.target = target
-        self.drafter = drafter or NoDrafter()
+        self.drafter = check_engine(target, drafter, num_speculative_tokens, max_new_tokens)
         self.gamma = num_speculative_tokens
         self.max_new_tokens = max_new_tokens
         self.sampling = sampling
         self.gamma_policy = gamma_policy or fixed_gamma
         self.eos = eos_ids(target)
-        checks = [(target, state_failure)]  # (a draft's own numerics may part from an uncached pass)
-        if isinstance(self.drafter, ModelDrafter):
-            checks.append((self.drafter.model, cache_failure))
-        for model, failure in checks:
-            if why := failure(model):
-                raise ValueError(f"{type(model).__name__} {why}: the engines cannot decode it")
-        if not isinstance(self.drafter, NoDrafter) and (why := verify_disagreement(target)):
-            raise ValueError(f"{type(target).__name__} {why}: a draft's tokens cannot be verified in one pass "
-                             "(use the target alone: --drafter none)")
         self.settings = settings
         self.static = static_decoder_for(target, cuda_graphs, torch_compile, settings)
         # A draft running the target's own encoder module takes the target's encoder outputs.
@@ -280,7 +309,7 @@ class SpeculativeGenerator:
                 gamma_state.record_confidences(draft.confidences, n)
 
             emitted = drafts[:n] + [token]
-            emitted, finish = self._truncate(emitted, remaining, finish_check)
+            emitted, finish = cut_at_end(emitted, remaining, self.eos, finish_check)
             stats.accepted_tokens += min(n, len(emitted))
             if not new:
                 stats.ttft_s = clock.wall()
@@ -298,21 +327,3 @@ class SpeculativeGenerator:
         stats.latency_s, stats.setup_s = clock.wall(), clock.setup()
         return Generation(new, stats)
 
-    def _truncate(self, emitted: list[int], remaining: int, finish_check: FinishCheck | None = None
-                  ) -> tuple[list[int], str]:
-        """A round's tokens cut at the first end: a stop (finish_check), an EOS, or the budget.
-
-        The round's tokens are the target's own up to the cut, so any rule that depends only on
-        the committed tokens stops where the target alone would (greedy and sampled alike).
-        """
-        emitted = emitted[:remaining]
-        eos = next((i for i, tok in enumerate(emitted) if tok in self.eos), None)
-        kept = emitted if eos is None else emitted[: eos + 1]
-        stop = finish_check(kept) if finish_check else None
-        if stop is not None:
-            return kept[: stop + 1], "stop"
-        if eos is not None:
-            return kept, "eos"
-        if len(emitted) >= remaining:
-            return emitted, "length"
-        return emitted, ""
