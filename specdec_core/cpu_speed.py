@@ -284,4 +284,3 @@ def keeps_torch_threads(main: Callable[P, R]) -> Callable[P, R]:
             torch.set_num_threads(threads)
 
     return run
-

@@ -686,8 +686,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--batched_before", action="store_true",
                    help="also ours eager with PyTorch's own attention choice (cuDNN attention allowed): batched at "
-                        "the first batch size, "
-                        "and in the profile")
+                        "the first batch size, and in the profile")
     p.add_argument("--include", default="", metavar="REGEX",
                    help="only the configurations whose names match (the references always run: HF generate, with "
                         "--hf_compile also compiled, and ours alone, eager at batch 1, as it runs batched)")

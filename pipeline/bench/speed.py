@@ -60,7 +60,7 @@ from pipeline.bench.pairs import (  # noqa: F401 (re-exported: other modules imp
     load_pair,
     synthetic_prompts,
 )
-from pipeline.bench.report import machine, summarize, write_report  # noqa: F401 (machine: re-exported)
+from pipeline.bench.report import machine, replace_section, summarize, write_report  # noqa: F401 (machine: re-exported)
 from pipeline.flags import ArgumentParser
 from specdec_core.cpu_speed import keeps_torch_threads, packed_threshold, prepare_for_cpu, recommended_threads
 from specdec_core.drafters import ModelDrafter
@@ -267,12 +267,11 @@ def main(argv: list[str] | None = None) -> int:
 def cross_section(out: Path, cache: Path, args: argparse.Namespace, argv: list[str]) -> None:
     """The cross-tokenizer pair (pipeline.bench.cross) at this run's gamma, prompts and length."""
     from pipeline.bench import cross as bench_cross
-    from pipeline.bench.throughput import write_section
 
     res = bench_cross.run(argparse.Namespace(gamma=args.gamma, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                                              threads=args.threads or 0, cache_dir=str(cache / "cross")))
     begin, end = "<!-- cross:begin -->", "<!-- cross:end -->"
-    write_section(out, "\n".join([
+    replace_section(out, "\n".join([
         begin, "## Cross-tokenizer pair in this run (`pipeline.bench --cross`)\n",
         f"Command: `python -m pipeline.bench {shlex.join(argv)}`. Target {res['params'][0] / 1e6:.1f}M parameters and "
         f"{res['vocab'][0]} tokens, draft {res['params'][1] / 1e6:.2f}M and {res['vocab'][1]} tokens (trained by "

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.bench.report import replace_section
 from pipeline.flags import ArgumentParser
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cpu_speed import keeps_torch_threads, prepare_for_cpu, recommended_threads
@@ -185,18 +186,6 @@ def report(rows: list[dict], header: str, n_prompts: int, pair: str = "llama") -
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, section: str, begin: str = BEGIN, end: str = END) -> None:
-    """Replace the report's section between its markers (a section starts with `begin` and ends
-    with `end`), or append it."""
-    text = path.read_text() if path.exists() else ""
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + section.rstrip("\n") + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     p = ArgumentParser(prog="python -m pipeline.bench.throughput", description=__doc__)
     p.add_argument("--size", default="full", choices=("full", "quick", "tiny"),
@@ -272,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
               f"order; tokens/s is over all its runs. Run time {time.perf_counter() - t0:.0f} s. "
               f"Command: `python -m pipeline.bench.throughput {shlex.join(shown)}{' --note TEXT' if a.note else ''}`. "
               f"{a.note}")
-    write_section(Path(a.out), report(rows, header, a.prompts, a.pair), *markers(a.pair))
+    replace_section(Path(a.out), report(rows, header, a.prompts, a.pair), *markers(a.pair))
     return 0
 
 
