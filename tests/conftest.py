@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -55,6 +56,24 @@ def _leaves_the_process_as_it_found_it():
                 os.environ.pop(k, None)
         changed[changed.index("environment")] = f"environment ({', '.join(diff)})"
     pytest.fail(f"the test changed process-wide state it did not restore: {'; '.join(changed)}")
+
+
+@pytest.fixture(autouse=True)
+def _compiles_through_aot_eager(request):
+    """`torch.compile` through dynamo and AOT autograd only (backend "aot_eager"), except in tests
+    marked `inductor`: what our code meets in a compile (tracing through the hooks, guards,
+    recompiles, functionalized in-place writes to the buffers) is all there, and a tiny model's
+    cold inductor compile (C++ codegen, g++) cost 2-3x the rest of its test on 2 cores. The tests
+    marked `inductor` keep the real backend's numbers: one model of each kind, batch 1 and batched."""
+    if request.node.get_closest_marker("inductor") is not None:
+        yield
+        return
+    real = torch.compile  # (not monkeypatch: its undoing of a test's own patches must come before the guard's check)
+    torch.compile = functools.partial(real, backend="aot_eager")
+    try:
+        yield
+    finally:
+        torch.compile = real
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,8 @@ from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.pass_settings import PassSettings
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch sees none)"),
+              pytest.mark.inductor]  # the GPU's own compiler, Triton kernels
 
 PROMPTS = ["The quick brown", "def add(a, b):\n    return", "Summarize: the committee met on Tuesday", "Hi",
            "for i in range(10):", "Translate English to German: the house"]

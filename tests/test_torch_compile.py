@@ -1,7 +1,8 @@
-"""`--torch_compile`: the passes over static caches compiled by `torch.compile` (inductor, here its
-CPU code) give the target's own greedy output, at batch 1 and in slots, decoder-only and
-encoder-decoder; a compile that fails falls back to the uncompiled passes (or stops, strict);
-settings that would compile nothing are refused."""
+"""`--torch_compile`: the passes over static caches compiled by `torch.compile` (inductor's CPU code in
+the tests marked `inductor`, dynamo and AOT autograd alone in the others: tests/conftest.py) give
+the target's own greedy output, at batch 1 and in slots, decoder-only and encoder-decoder; a
+compile that fails falls back to the uncompiled passes (or stops, strict); settings that would
+compile nothing are refused."""
 
 import logging
 
@@ -37,6 +38,7 @@ def count_compiled(*kvs: StaticKV) -> list[tuple[int, int]]:
 
 
 @pytest.mark.slow
+@pytest.mark.inductor
 @pytest.mark.parametrize("kind", ["llama", "t5"])
 def test_compiled_passes_decode_what_generate_does(models, prompts, kind):
     """Batch 1 (target passes and chained draft rounds) and batched slots (an encoder-decoder's
@@ -90,7 +92,7 @@ def test_encoder_decoder_rows_at_their_own_positions_compiled(family):
         hf_greedy(target, p, 10) for p in prompts]
     assert {w for _, w in runs} >= {1, 4}  # draft steps and verify passes, compiled
     compiled = counters["stats"]["unique_graphs"]
-    assert compiled > before  # inductor compiled them (no silent eager fallback)
+    assert compiled > before  # dynamo compiled them (no silent eager fallback)
     assert [o.tokens for o in batch.generate_many([(p, 0) for p in prompts[::-1]])] == [
         hf_greedy(target, p, 10) for p in prompts[::-1]]
     assert counters["stats"]["unique_graphs"] == compiled  # nothing compiled again for new rows' positions
@@ -235,7 +237,7 @@ def test_compiled_passes_of_a_window_and_a_position_table(family):
     """--torch_compile over a mask per layer type (Gemma 2, rows past its window) and over
     position embeddings looked up on the device (M2M100's counted from the ids; LED's table, its
     one-token passes widened), batch 1 and in slots: what the GPU's compiled test checks with
-    Triton's kernels, here with inductor's CPU code."""
+    Triton's kernels, here traced by dynamo and AOT autograd (inductor's numbers: the tests above)."""
     from tests.family_models import V, family_model
     from tests.test_batch_families import hf_greedy as hf_greedy_any
 
