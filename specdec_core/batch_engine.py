@@ -63,7 +63,8 @@ log = logging.getLogger(__name__)
 # 2 threads (`benchmarks/prefill_passes.py`, four runs): 64 prompts of 511 tokens took 1.4-1.6x
 # as long in one pass as in passes of 4 rows, 128 prompts of 64 tokens 1.03-1.4x as long as in
 # passes of 32; the 325M pair, compute-bound, 1.0-1.2x. Whole jobs of 64 such long prompts at
-# B=64: 1.11-1.19x the tokens/s (`benchmarks/prefill_budget_ab.py`). GPUs want big passes.
+# B=64: 1.11-1.19x the tokens/s (`benchmarks/prefill_budget_ab.py`). Both are one-off scripts in
+# git history at 1a04c18. GPUs want big passes.
 CPU_PREFILL_TOKENS = 2048
 
 # When the adaptive policy finds that no drafting pays for the batch, it still drafts one token
@@ -402,10 +403,11 @@ class BatchSpeculativeGenerator:
 
         Batch-1 costs would mislead a batch: at one row a 2-token pass of the quick bench pair
         costs 1.06 plain steps on a 2-core CPU, at 128 rows 1.4, and a round of gamma 1 (with
-        its draft step) 1.7 (`benchmarks/batch_round_costs.py`). The rows' clocks leave this
-        time out, as the batch-1 engine measures before an item's clock starts. In a batch, a
-        row's gammas depend on its batch-mates, so adaptive sampling does not reproduce a
-        seed's batch-1 sample (greedy output never depends on gamma)."""
+        its draft step) 1.7 (`benchmarks/batch_round_costs.py`, a one-off script in git history
+        at 1a04c18). The rows' clocks leave this time out, as the batch-1 engine measures before
+        an item's clock starts. In a batch, a row's gammas depend on its batch-mates, so adaptive
+        sampling does not reproduce a seed's batch-1 sample (greedy output never depends on
+        gamma)."""
         t0, setup = time.perf_counter(), setup_seconds(tkv, dkv)
         n, ks = len(live), tuple(range(2, self.gamma + 2))
         fill = [timing_tokens(r.seq, max(ks)) for r in live]

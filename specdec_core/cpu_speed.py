@@ -11,7 +11,8 @@ blocked layout from that hint, and a layout packed for 1 row runs 5-row inputs a
 
 Where the packed copy starts to pay depends on the CPU, so `prepare_for_cpu` times both paths on
 the model's own linears at load (`packed_from_rows`). Microseconds per call of a DRAM-resident
-1024x2816 fp32 linear at k rows (`benchmarks/linear_paths.py`, 2 threads):
+1024x2816 fp32 linear at k rows (`benchmarks/linear_paths.py`, a one-off script in git history at
+1a04c18; 2 threads):
 
 | CPU | path | k=1 | 2 | 3 | 4 | 5 | 8 |
 |---|---|---|---|---|---|---|---|
@@ -204,7 +205,8 @@ class Bf16Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, weights=bf16 (oneDNN)"
 
 
-# As for packing fp32. One-row calls with the casts (`benchmarks/bf16_linears.py`, EPYC, 2 threads):
+# As for packing fp32. One-row calls with the casts (`benchmarks/bf16_linears.py`, a one-off script in
+# git history at 1a04c18; EPYC, 2 threads):
 # 512x512 took 44 us with bf16 weights against 28 in fp32, 2048x128 47 against 39, 1024x384 43
 # against 45, 1024x1024 50 against 88, 2816x1024 122 against 250.
 BF16_MIN_WEIGHT = 1_000_000

@@ -2,8 +2,9 @@
 
 transformers' `DynamicLayer` appends a step's keys and values with `torch.cat`, which copies
 the whole cache of every layer on every forward: on the 325M bench target (CPU, 1 thread,
-`benchmarks/cache_inplace.py`) avoiding it makes a pass 2-3% faster at 112 tokens of context
-and 10-11% at 512, and the copy grows with the rows of a batch too. `GrowingLayer` keeps each
+`benchmarks/cache_inplace.py`, a one-off script in git history at 1a04c18) avoiding it makes a
+pass 2-3% faster at 112 tokens of context and 10-11% at 512, and the copy grows with the rows
+of a batch too. `GrowingLayer` keeps each
 layer's cache in a buffer with spare columns and writes a step's columns into them;
 `keys`/`values` stay what transformers expects (the valid prefix, as a view), so attention,
 `crop`, masks and `get_seq_length` are untouched. The buffer grows by half its size when full,
