@@ -42,7 +42,7 @@ class ItemTimeout(TimeoutError):
 def setup_seconds(*caches) -> float:
     """Seconds these caches (static ones; others have none) have spent capturing graphs and, with
     `--torch_compile`, compiling: one-off work of a worker that no item's time limit counts."""
-    return sum(getattr(kv, "capture_s", 0.0) for kv in caches if kv is not None)
+    return sum(kv.passes.capture_s for kv in caches if hasattr(kv, "passes"))
 
 
 def timing_tokens(tokens: list[int], n: int) -> list[int]:

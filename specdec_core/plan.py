@@ -116,7 +116,7 @@ def static_decoder_for(model: PreTrainedModel, mode: str = "auto", compile: bool
     decoder = StaticDecoder(model, strict=mode == "on", compile=compile, min_width=width, settings=settings)
     log.info("%s decodes over a static cache%s%s", type(model).__name__,
              " with CUDA graphs (each pass width captured once, on first use; the log says what it costs)"
-             if decoder.graphs else ", eagerly (no CUDA device)",
+             if decoder.passes.on else ", eagerly (no CUDA device)",
              ", its passes compiled by torch.compile" if compile else "")
     return decoder
 
@@ -133,7 +133,7 @@ def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0, 
         return None
     kv = SlotKV(model, slots, pad_id, strict=mode == "on", compile=compile, min_width=width, settings=settings)
     log.info("%s batches decode in %d fixed slots%s%s", type(model).__name__, slots,
-             " with CUDA graphs (each pass width captured once, on first use)" if kv.graphs
+             " with CUDA graphs (each pass width captured once, on first use)" if kv.passes.on
              else ", eagerly (no CUDA device)", ", their passes compiled by torch.compile" if compile else "")
     return kv
 

@@ -45,9 +45,6 @@ class SlotKV(StaticKV):
         super().__init__(model, slots, graphs, max_graph_width, strict, batched=True, compile=compile,
                          min_width=min_width, settings=settings)
         self.pad_id = pad_id
-        # Compiled passes: new rows' one-row prefill graphs replay compiled passes too, unless the
-        # settings say otherwise (`PassSettings.compile_prefills`).
-        self.compile_prefills = compile if settings.compile_prefills is None else settings.compile_prefills
         self.lengths = [0] * slots  # per slot: its row's cached tokens (0 when free)
         self.slot_of: list[int] = []  # per row of the batch, in the engine's order: its slot
         self.logits: torch.Tensor | None = None  # the last pass's float32 logits (rows, fed, V)
@@ -110,7 +107,8 @@ class SlotKV(StaticKV):
             return [torch.empty(0) for _ in feeds]
         self._fit(self.width + w, self.width)
         inp = self._slot_inputs(feeds, w)
-        out = self._run(w, inp, lambda x: self._pass(x, w), f"a {w}-token pass over {self.buffer_rows} slots")
+        out = self.passes.run(w, inp, lambda x: self._pass(x, w), f"a {w}-token pass over {self.buffer_rows} slots",
+                              graphed=w <= self.max_graph_width)
         for slot, f in zip(self.slot_of, feeds, strict=True):
             self.lengths[slot] += len(f)
         if not logits:
@@ -136,8 +134,8 @@ class SlotKV(StaticKV):
             return [[] for _ in feeds]
         self._fit(self.width + w + k - 1, self.width)
         inp = self._slot_inputs(feeds, w)
-        picks = self._run((w, k), inp, lambda x: self._chain(x, k), f"{k} draft steps after {w} tokens over "
-                          f"{self.buffer_rows} slots").tolist()
+        picks = self.passes.run((w, k), inp, lambda x: self._chain(x, k), f"{k} draft steps after {w} tokens over "
+                                f"{self.buffer_rows} slots", graphed=w <= self.max_graph_width).tolist()
         out = []
         for slot, f in zip(self.slot_of, feeds, strict=True):
             if f:
@@ -201,7 +199,8 @@ class SlotKV(StaticKV):
         # Row by row pays while the pass each row needs replays (an encoder-decoder's cross-attention
         # pass; a failed capture of its encoder leaves that eager but still one pass per row).
         kind = "cross" if self.encdec else "prefill"
-        return self.prefill_graphs(kind) and (self._prefiller is None or self._prefiller.prefill_graphs(kind))
+        return self.passes.prompt_graphs(kind) and (self._prefiller is None
+                                                    or self._prefiller.passes.prompt_graphs(kind))
 
     @torch.inference_mode()
     def prefill(self, feeds: list[list[int]], into: list[int] | None = None, prompts: list[list[int]] | None = None,
@@ -216,10 +215,10 @@ class SlotKV(StaticKV):
         encoder-decoder's `encoded` per row (`StaticDecoder.encoded`)."""
         slots = self._take_free(len(feeds)) if into is None else [self.slot_of[b] for b in into]
         if self._prefiller is None:
+            settings = replace(self.settings, compile_prefills=self.passes.compile_prefills)
             self._prefiller = StaticDecoder(self.model, graphs=True, max_graph_width=self.max_graph_width,
-                                            strict=self.strict, min_width=self.min_width,
-                                            settings=replace(self.settings, compile_prefills=self.compile_prefills))
-        pre, setup, out = self._prefiller, self._prefiller.capture_s, []
+                                            strict=self.passes.strict, min_width=self.min_width, settings=settings)
+        pre, setup, out = self._prefiller, self._prefiller.passes.capture_s, []
         for j, (slot, feed) in enumerate(zip(slots, feeds, strict=True)):
             self.lengths[slot] = 0
             pre.rollback(0)
@@ -241,7 +240,7 @@ class SlotKV(StaticKV):
                 layer.keys[slot, :, :n] = theirs.keys[0, :, :n]
                 layer.values[slot, :, :n] = theirs.values[0, :, :n]
             self.lengths[slot] = n
-        self.capture_s += pre.capture_s - setup
+        self.passes.capture_s += pre.passes.capture_s - setup
         return out
 
     def merge(self, *others: BatchKV) -> None:

@@ -16,8 +16,9 @@ each a graph too, and prompts past the widest run eagerly through the same code.
 The numbers are those of the model's own attention over the same keys, with masked columns at
 exactly zero weight; only the kernels' summation order can differ from a growing cache's, as
 between any two attention kernels. Without CUDA the same decoder runs eagerly (tests use that).
-`StaticKV` holds the buffers and the graphs for any number of rows; `StaticDecoder` is one item
-at a time (decoder-only or encoder-decoder), `slot_kv.SlotKV` the batch engine's rows in slots.
+`StaticKV` holds the buffers and plain pass functions for any number of rows (`graphs.PassGraphs`
+runs them: graphs, compiled or eager); `StaticDecoder` is one item at a time (decoder-only or
+encoder-decoder), `slot_kv.SlotKV` the batch engine's rows in slots.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
-from dataclasses import dataclass
 
 import torch
 from transformers import EncoderDecoderCache, PretrainedConfig, PreTrainedModel
@@ -43,6 +42,7 @@ from specdec_core.decoder import (
     pass_lock,
     position_table,
 )
+from specdec_core.graphs import PassGraphs
 from specdec_core.loading import context_limit, positions
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.placement import decoder_layers
@@ -56,9 +56,8 @@ MAX_GRAPH_WIDTH = 16  # widest pass captured: a verify pass is gamma + 1 tokens
 # prompts prefill eagerly at their own width).
 PREFILL_STEP = 512
 MAX_PREFILL_GRAPH = 4096
-# Compiled passes: one code object serves every StaticKV (target, draft) and, with dynamo's
-# automatic dynamic shapes, every width after the second; capacity growth recompiles too.
-COMPILE_LIMIT = 64
+
+
 def capacity_for(n: int) -> int:
     """Columns a static buffer allocates to hold n: the next multiple of `CAPACITY_STEP`."""
     return -(-n // CAPACITY_STEP) * CAPACITY_STEP
@@ -189,31 +188,6 @@ class _Scratch(CacheLayerMixin):
         return -1
 
 
-class CaptureFailed(RuntimeError):
-    """With `--cuda_graphs on`, a pass that no CUDA graph can capture (a model that reads a value
-    on the host in its forward, such as DBRX's or JetMoE's expert routing)."""
-
-
-def _same(replayed: torch.Tensor, eager: torch.Tensor) -> bool:
-    """The same numbers, up to the rounding of another kernel choice (800 units in the last place
-    of the largest, as tests/numerics.py allows, and at most 10% of it: in bfloat16 800 units are
-    6 times the largest, which would pass any finite logits) for logits, exactly for tokens."""
-    if not eager.is_floating_point():
-        return torch.equal(replayed, eager)
-    tol = min(800 * torch.finfo(eager.dtype).eps, 0.1) * float(eager.abs().max())
-    return bool(torch.allclose(replayed.float(), eager.float(), rtol=0.0, atol=tol))
-
-
-@dataclass
-class _Graph:
-    graph: torch.cuda.CUDAGraph
-    inp: torch.Tensor  # (rows, w + 2): each row's tokens, first position and real token count
-    out: torch.Tensor  # what a replay leaves: a pass's logits (rows, w, V), or a draft chain's tokens (k,)
-
-    def replay(self) -> None:
-        self.graph.replay()
-
-
 class StaticKV:
     """Fixed-capacity key/value buffers for `rows` sequences, each at its own length, and the
     model passes over them, eager or replayed as CUDA graphs. A row's column i holds its token
@@ -222,25 +196,19 @@ class StaticKV:
     past its tokens and overwritten by its next pass) and attends through a 4D mask that hides
     every column after the query's own."""
 
-
     def __init__(self, model: PreTrainedModel, rows: int, graphs: bool | None = None,
                  max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, batched: bool = False,
                  compile: bool = False, min_width: int = 1, settings: PassSettings = DEFAULT):
         """min_width: the narrowest pass the model runs (`takes_static`); a narrower one is widened
         with pads, which land past the rows' tokens, hidden, like any pass's pads.
-        strict: a pass that cannot be captured raises (`--cuda_graphs on`); otherwise the log
-        says so and this model's passes run eagerly from then on, over the same buffers.
-        compile: passes up to `max_graph_width` wide go through `torch.compile` (inductor fuses a
-        layer's small kernels: a graph replays the launches, not their count) before capture; a
-        compile that fails is logged and the passes run uncompiled, strict or not (compiling is on
-        by default on a GPU: a worker that cannot compile still decodes the same)."""
+        graphs (default: on CUDA), strict, compile: how its passes run (`graphs.PassGraphs`),
+        compiled up to `max_graph_width` wide; a failed capture leaves them eager over the same
+        buffers."""
         self.model = model
         self.settings = settings
         self.device = model.device
         self.buffer_rows = rows
-        self.graphs = self.device.type == "cuda" if graphs is None else graphs
         self.max_graph_width = max_graph_width
-        self.strict = strict
         self.min_width = min_width
         self.layers = decoder_layers(model.config)
         # A chain's steps past a row's own drafts run at positions no real token reaches; kept
@@ -248,11 +216,13 @@ class StaticKV:
         limit = context_limit(model)
         self._last_position = None if limit is None else limit - 1
         self.capacity = 0
-        self.capture_s = 0.0  # seconds spent capturing graphs (and compiling passes run without one)
-        self.captures = 0
-        self._graphs: dict[int | tuple[int, int], _Graph] = {}
-        self._pool = None  # one memory pool for all graphs: one pass runs at a time, outputs stay held
-        self._stream: torch.cuda.Stream | None = None  # the side stream every warm-up and capture runs on
+        # How passes run (graphs, compiled, eagerly). Prompts' prefill passes compile too where the
+        # settings say so; None: in a batch's slots with their compiled passes (at B = 32 on an H200
+        # new rows' prefills ran 1.33x faster compiled), not at batch 1 (not measured there).
+        prefills = compile and batched if settings.compile_prefills is None else settings.compile_prefills
+        self.passes = PassGraphs(type(model).__name__, self.device, settings,
+                                 graphs=self.device.type == "cuda" if graphs is None else graphs, strict=strict,
+                                 compile=compile, compile_prefills=prefills)
         self._lock = threading.Lock()
         self.cache = Cache(layers=[_FixedLayer(self) for _ in range(self.layers)])
         self.own_layers = [self.cache.layers[i] for i in own_kv_layers(model.config, self.layers)]
@@ -280,20 +250,6 @@ class StaticKV:
         self._table: dict[torch.nn.Module, torch.Tensor] = {}
         self._forwards = {m: self._table_forward(m) for m in self._tables}
         self._forwards |= {m: self._lookup_forward(m) for m in embeds if position_table(m)}
-        self._compiled = torch.compile(self._packed_pass) if compile else None
-        # Prompts' prefill passes through torch.compile too (`PassSettings.compile_prefills`); off
-        # from then on if their compile fails.
-        self.compile_prefills = bool(settings.compile_prefills)
-        self._compiled_prefill = None
-        # With graphs, prompts prefill through graphs of padded widths (`StaticDecoder._prefill`,
-        # `StaticDecoder.encode`, `SlotKV.prefill`) unless `PassSettings.graph_prefills` is off.
-        # `uncaptured`: the kinds of those graphs ("prefill", "encode", "cross") that failed to
-        # capture, which then run eagerly.
-        self.uncaptured: set[str] = set()
-
-    def prefill_graphs(self, kind: str) -> bool:
-        """Whether prompts' passes of this kind ("prefill", "encode", "cross") replay graphs."""
-        return self.graphs and self.settings.graph_prefills and kind not in self.uncaptured
 
     def acquire(self) -> bool:
         """Take the buffers for one call, emptied; False while another call (thread) holds them,
@@ -321,13 +277,8 @@ class StaticKV:
         for layer in self.cache.layers:
             layer.grow(self.capacity, keep)
         self.columns = torch.arange(self.capacity, device=self.device)
-        self._keep_graphs("encode", "cross")  # (the only ones that never touch these buffers)
+        self.passes.drop("encode", "cross")  # (the only ones that never touch these buffers)
         self._copy_tables()
-
-    def _keep_graphs(self, *kinds: str) -> None:
-        """Drop every graph but those of prompts' passes of these kinds ("encode", "cross"): the
-        others hold addresses that just changed."""
-        self._graphs = {key: g for key, g in self._graphs.items() if isinstance(key, tuple) and key[0] in kinds}
 
     def _inputs(self, tokens: list[list[int]], bases: list[int], pad: int, width: int = 0) -> torch.Tensor:
         """The packed inputs of one pass, on the host: per row its tokens (padded to the widest,
@@ -337,31 +288,21 @@ class StaticKV:
                             dtype=torch.long)
 
     def _pass(self, inp: torch.Tensor, keep: int) -> torch.Tensor:
-        """`_packed_pass` inside `_by_row`, compiled when asked, for passes as narrow as a graph's
-        that keep every position's logits (and with `compile_prefills`, prompts' prefill passes,
-        which keep one), over buffers that exist (a first pass allocates them). The width is
-        marked dynamic, so that one compiled pass serves every width (a 1-token pass may get its
-        own)."""
+        """`_packed_pass` inside `_by_row`, compiled (`PassGraphs.compiled`) when asked, for passes
+        as narrow as a graph's that keep every position's logits and, with `compile_prefills`,
+        prompts' prefill passes, which keep one; over buffers that exist (a first pass allocates them)."""
         w = inp.shape[1] - 2
         with self._by_row():
-            prefill = self.compile_prefills and keep == 1 < w
-            decode = self._compiled is not None and w <= self.max_graph_width and keep == w
-            if not (prefill or decode) or not self.cache.layers[0].is_initialized:
-                return self._packed_pass(inp, keep)
-            if prefill and self._compiled_prefill is None:
-                self._compiled_prefill = torch.compile(self._prefill_pass)
-            try:
-                torch._dynamo.maybe_mark_dynamic(inp, 1)
-                with torch._dynamo.config.patch(recompile_limit=COMPILE_LIMIT):
-                    return self._compiled_prefill(inp) if prefill else self._compiled(inp, 0)  # 0: all logits
-            except torch.OutOfMemoryError:  # the pass's own failure, not the compiler's
-                raise
-            except Exception as e:  # e.g. no compiler for inductor's kernels on this machine
-                log.warning("%s: torch.compile failed (%s: %s); its passes run uncompiled from now on",
-                            type(self.model).__name__, type(e).__name__, str(e)[:200])
-                self._compiled = self._compiled_prefill = None
-                self.compile_prefills = False
-                return self._packed_pass(inp, keep)
+            if self.cache.layers[0].is_initialized:
+                if keep == 1 < w and self.passes.compiling("prefill"):
+                    out = self.passes.compiled("prefill", self._prefill_pass, inp)
+                elif keep == w <= self.max_graph_width and self.passes.compiling("decode"):
+                    out = self.passes.compiled("decode", self._packed_pass, inp, 0)  # 0: all logits
+                else:
+                    out = None
+                if out is not None:
+                    return out
+            return self._packed_pass(inp, keep)
 
     def _prefill_pass(self, inp: torch.Tensor) -> torch.Tensor:
         return self._packed_pass(inp, 1)
@@ -460,7 +401,7 @@ class StaticKV:
             own = module.weights
             more = module.get_embedding(max(need, own.shape[0]), own.shape[-1], module.padding_idx)[own.shape[0]:]
             self._table[module] = torch.cat([own, more.to(own)])
-            self._keep_graphs("encode")  # (decoder passes read the old copy)
+            self.passes.drop("encode")  # (decoder passes read the old copy)
 
     def _table_forward(self, module: torch.nn.Module):
         """A `counts_positions_from_ids` embedding's forward while this cache's passes run (its own
@@ -510,133 +451,7 @@ class StaticKV:
                 layer.lazy_initialization(k, v)
                 layer.keys[:, :, :old] = k
                 layer.values[:, :, :old] = v
-        self._graphs.clear()  # they hold the old buffers' addresses
-
-    def _run(self, key: int | tuple, inp: torch.Tensor, run, what: str, prefill: bool = False,
-             fallback=None) -> torch.Tensor:
-        """`run(inputs on the device)`: replayed through the graph kept under `key` (captured now
-        if it is new) when graphs are on and the pass is narrow enough (or a prompt's padded
-        `prefill`, encoder or cross-attention pass), else eagerly. A prompt's pass that cannot be
-        captured (out of memory for a long prompt, an encoder that reads a value on the host)
-        turns off that kind's graphs only (`uncaptured`, keyed by `key[0]`), even with `strict`:
-        decode passes keep theirs, and it runs as `fallback` (default `run`) eagerly."""
-        if not self.graphs or (inp.shape[1] - 2 > self.max_graph_width and not prefill):
-            if self._compiled is None:
-                return run(self._to_device(inp))
-            from torch._dynamo.utils import counters
-
-            compiled, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
-            out = run(self._to_device(inp))
-            # One-off work, counted as a capture is (dynamo's count is per process: items run one
-            # at a time per engine, so a compile meanwhile is this pass's).
-            if counters["stats"]["unique_graphs"] != compiled:
-                self.capture_s += time.perf_counter() - t0
-                log.info("%s: %s compiled (%.2f s with captures and compiles so far)", type(self.model).__name__,
-                         what, self.capture_s)
-            return out
-        with self._on_device():  # a graph is captured and replayed on its model's own GPU
-            g = self._graphs.get(key)
-            if g is None:
-                t0 = time.perf_counter()
-                try:
-                    g = self._graphs[key] = self._capture(run, inp)
-                except Exception as e:  # e.g. a model whose forward waits on a value from the device
-                    if prefill:
-                        log.warning("%s: no CUDA graph of %s (%s: %s); such passes of prompts run eagerly from "
-                                    "now on", type(self.model).__name__, what, type(e).__name__, str(e)[:200])
-                        self.uncaptured.add(key[0])
-                        return (fallback or run)(self._to_device(inp))
-                    if self.strict:  # a row's error (every row's, for such a model): say which flag insists
-                        raise CaptureFailed(f"--cuda_graphs on: {what} of {type(self.model).__name__} cannot be "
-                                            f"captured as a CUDA graph ({type(e).__name__}: {str(e)[:200]}); "
-                                            "--cuda_graphs auto runs such passes eagerly") from e
-                    log.warning("%s: no CUDA graph of %s (%s: %s); its passes run eagerly from now on",
-                                type(self.model).__name__, what, type(e).__name__, str(e)[:200])
-                    self.graphs = False
-                    self._graphs.clear()
-                    return run(self._to_device(inp))
-                self.capture_s += time.perf_counter() - t0
-                self.captures += 1
-                log.info("%s: CUDA graph of %s captured (%d so far, %.2f s in all)", type(self.model).__name__,
-                         what, self.captures, self.capture_s)
-            self._to_device(inp, g.inp)
-            g.replay()
-            return g.out
-
-    def _to_device(self, inp: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
-        """A pass's packed inputs (on the host) on the device, or copied `into` a graph's input.
-        A plain copy from the host makes PyTorch wait for the GPU's queued work, so the host
-        cannot queue a pass while the GPU runs the one before (new rows' prefills, which read
-        nothing back, alternate host and GPU work row by row). With `PassSettings.pinned_inputs` the copy is
-        from pinned memory and does not wait; PyTorch's pinned allocator reuses a block only
-        after its copy has run, and the stream orders the copy after the passes before it."""
-        fast = self.settings.pinned_inputs and self.device.type == "cuda" and inp.device.type == "cpu"
-        if fast:
-            inp = inp.pin_memory()
-        if into is None:
-            return inp.to(self.device, non_blocking=fast)
-        return into.copy_(inp, non_blocking=fast)
-
-    def _on_device(self):
-        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
-
-    def _capture(self, run, inp: torch.Tensor) -> _Graph:
-        """A graph of `run` over a static copy of `inp` (valid inputs: the warm-up passes write
-        where this pass would), checked by one replay against the eager pass: a capture that
-        recorded the wrong work fails here instead of changing outputs later."""
-        static = inp.to(self.device, copy=True)  # (an input already on the device stays its caller's)
-        with self._side_stream():  # warm-up off the capture stream, as torch.cuda.graphs asks
-            for _ in range(2):
-                expected = run(static).clone()
-        graph, out = self._record(run, static)
-        out.fill_(torch.nan if out.is_floating_point() else -1)  # what a replay that did nothing would leave
-        graph.replay()
-        if not _same(out, expected):
-            raise RuntimeError("a replay of the captured pass differs from the pass run eagerly")
-        return _Graph(graph, static, out)
-
-    def _side(self) -> torch.cuda.Stream:
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(self.device)
-        return self._stream
-
-    @contextlib.contextmanager
-    def _side_stream(self):
-        if self.device.type != "cuda":
-            yield
-            return
-        side, main = self._side(), torch.cuda.current_stream(self.device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            yield
-        main.wait_stream(side)
-
-    def _record(self, run, static: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """`run(static)` captured as a CUDA graph (into this decoder's one memory pool, from its one
-        side stream, as sharing a pool asks) and the output tensor its replays write."""
-        graph = torch.cuda.CUDAGraph()
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        previous = torch.cuda.current_stream(self.device)
-        _clear_cublas_workspaces()
-        try:
-            with torch.cuda.graph(graph, pool=self._pool, stream=self._side()):
-                out = run(static)
-        finally:
-            torch.cuda.set_stream(previous)  # a capture that failed would leave its stream current
-            _clear_cublas_workspaces()
-        return graph, out
-
-
-def _clear_cublas_workspaces() -> None:
-    """Drop cuBLAS's cached workspaces (every stream's), as torch.compile's own CUDA graphs do
-    around each recording. A capture then allocates the workspace its matmuls use inside its
-    graph's pool, which lives as long as the graph. Otherwise the graph keeps the address of a
-    workspace that PyTorch frees whenever anything clears them (torch.compile's
-    "reduce-overhead" graphs on each recording; in torch 2.11 the destruction of any graph
-    captured on the same pooled stream), and its next replay reads freed memory: an illegal
-    memory access seen on an H200 after HF's compiled `generate()` ran in the same process."""
-    torch._C._cuda_clearCublasWorkspaces()
+        self.passes.drop()  # they hold the old buffers' addresses
 
 
 class StaticDecoder(StaticKV):
@@ -672,7 +487,7 @@ class StaticDecoder(StaticKV):
         if not self.encdec:
             return
         n = len(prompt_ids)
-        graphed = self.prefill_graphs("cross") and n <= MAX_PREFILL_GRAPH
+        graphed = self.passes.prompt_graphs("cross") and n <= MAX_PREFILL_GRAPH
         if encoded is None:
             width = self._encoder_width(n) if graphed else n
         else:  # graphed where padded as this decoder pads (not, say, a growing cache's outputs)
@@ -693,19 +508,19 @@ class StaticDecoder(StaticKV):
             def eager(x: torch.Tensor) -> torch.Tensor:  # (without graphs unpadded: all ones, as `generate()` has it)
                 return self.model.get_encoder()(input_ids=x.to(self.device), attention_mask=visible).last_hidden_state
 
-            if graphed and self.prefill_graphs("encode") and not self._encoder_slides:
+            if graphed and self.passes.prompt_graphs("encode") and not self._encoder_slides:
                 # A copy: a graph's output is overwritten by the next item's replay. An encoder that
                 # cannot be captured (LED's reads its global attention on the host, and takes no 4D
                 # mask) runs `eager` over the padded prompt.
-                hidden = self._run(("encode", width), ids, self._encoder, f"the encoder over {width} tokens",
-                                   prefill=True, fallback=eager).clone()
+                hidden = self.passes.run(("encode", width), ids, self._encoder, f"the encoder over {width} tokens",
+                                         graphed=True, fallback=eager).clone()
             else:
                 hidden = eager(ids)
             encoded = {"encoder_outputs": BaseModelOutput(last_hidden_state=hidden), "attention_mask": visible}
         hidden = encoded["encoder_outputs"].last_hidden_state
         if graphed:
-            self._run(("cross", width), hidden, self._cross, f"the cross-attention of {width} encoder outputs",
-                      prefill=True)
+            self.passes.run(("cross", width), hidden, self._cross, f"the cross-attention of {width} encoder outputs",
+                            graphed=True)
         else:
             self._cross(hidden)
         self.encoded = encoded
@@ -752,14 +567,15 @@ class StaticDecoder(StaticKV):
         width = prefill_width(n) if padded else n
         self._fit(self.length + width, self.length)
         inp = self._inputs([tokens], [self.length], 0, width)
-        self._run(("prefill", width), inp, lambda x: self._pass(x, 1), f"a {width}-token prefill", prefill=padded)
+        self.passes.run(("prefill", width), inp, lambda x: self._pass(x, 1), f"a {width}-token prefill",
+                        graphed=padded)
         self.length += n
 
     def _prefill_head(self, new: list[int], tail: int) -> list[int]:
         """With graphs (decoder-only): a feed of no logits, or one wider than any decode graph,
         prefilled (`_prefill`) but for its last `tail` tokens, which are returned for the pass
         that needs their logits; else `new` as it is."""
-        if not self.prefill_graphs("prefill") or self.encdec:
+        if not self.passes.prompt_graphs("prefill") or self.encdec:
             return new
         if tail and (len(new) <= self.max_graph_width or tail > self.max_graph_width):
             return new  # a decode graph's width already, or more logits than a decode graph keeps
@@ -778,9 +594,10 @@ class StaticDecoder(StaticKV):
             return torch.empty(0, device=self.device)  # no logits asked for
         w = len(new)
         self._fit(self.length + w, self.length)
-        keep = w if (self.graphs or self._compiled) and w <= self.max_graph_width else max(num_logits, 1)
-        logits = self._run(w, self._inputs([new], [self.length], 0), lambda inp: self._pass(inp, keep),
-                           f"a {w}-token pass")
+        narrow = w <= self.max_graph_width
+        keep = w if (self.passes.on or self.passes.compiles) and narrow else max(num_logits, 1)
+        logits = self.passes.run(w, self._inputs([new], [self.length], 0), lambda inp: self._pass(inp, keep),
+                                 f"a {w}-token pass", graphed=narrow)
         self.length = len(tokens)
         out = logits[0, -num_logits:] if num_logits else logits[0, :0]
         # A copy either way: in fp32 `.float()` would return a view of a graph's output, which the
@@ -798,8 +615,8 @@ class StaticDecoder(StaticKV):
         new = self._prefill_head(new, 1)
         w = len(new)
         self._fit(self.length + w + k - 1, self.length)
-        picks = self._run((w, k), self._inputs([new], [self.length], 0), lambda inp: self._chain(inp, k),
-                          f"{k} draft steps after {w} tokens")
+        picks = self.passes.run((w, k), self._inputs([new], [self.length], 0), lambda inp: self._chain(inp, k),
+                                f"{k} draft steps after {w} tokens", graphed=w <= self.max_graph_width)
         self.length = len(tokens) + k - 1
         return picks[0].tolist()
 

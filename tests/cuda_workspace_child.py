@@ -23,4 +23,4 @@ clear()
 torch.cuda.empty_cache()
 again = engine.generate(prompt).tokens
 torch.cuda.synchronize()
-print("same" if first == again else "differ", engine.static.captures, "captures")
+print("same" if first == again else "differ", engine.static.passes.captures, "captures")

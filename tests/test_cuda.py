@@ -52,9 +52,9 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
         assert (single.static is not None) == (graphs == "auto")  # at batch 1 every family here
         assert [single.generate(ids).tokens for ids in prompts] == refs, (kind, name, "batch 1")
         if graphs == "auto":  # really through graphs: no capture failed or disagreed with its eager pass
-            assert single.static.graphs and single.static.captures > 0, (kind, name)
+            assert single.static.passes.on and single.static.passes.captures > 0, (kind, name)
             # prompts prefilled (an encoder-decoder's: encoded) through graphs of their padded widths
-            assert any(isinstance(key, tuple) and key[0] == _prefill_key(target) for key in single.static._graphs)
+            assert any(isinstance(key, tuple) and key[0] == _prefill_key(target) for key in single.static.passes.kept)
         for batch_size in (2, 6):
             engine = BatchSpeculativeGenerator(target, drafter, batch_size=batch_size, num_speculative_tokens=4,
                                                max_new_tokens=24, cuda_graphs=graphs, settings=settings)
@@ -65,9 +65,10 @@ def test_greedy_equals_generate_on_cuda(kind, cudnn, graphs, cuda_models, tokeni
             assert [g.tokens for g in again] == refs[::-1], (kind, name, batch_size, "second call")
             slots = engine.slots[id(target)]
             if slots is not None:
-                assert slots.graphs and slots.captures > 0, (kind, name, batch_size)
+                assert slots.passes.on and slots.passes.captures > 0, (kind, name, batch_size)
                 # new rows prefilled (or encoded) through graphs
-                assert not slots._prefiller.uncaptured and slots._prefiller.captures > 0, (kind, name, batch_size)
+                pre = slots._prefiller.passes
+                assert not pre.uncaptured and pre.captures > 0, (kind, name, batch_size)
 
 
 
@@ -95,7 +96,7 @@ def test_inputs_copied_from_pinned_memory_without_waiting_equal_generate_on_cuda
             assert [g.tokens for g in out] == refs[::order], (kind, batch_size, order)
         slots = engine.slots[id(target)]
         # new rows' prefills went through the one-row cache's graphs, which took the setting
-        assert slots.graphs and slots._prefiller.captures > 0 and slots._prefiller.settings.pinned_inputs
+        assert slots.passes.on and slots._prefiller.passes.captures > 0 and slots._prefiller.settings.pinned_inputs
 
 
 @pytest.mark.parametrize("kind", ["llama", "t5"])
@@ -109,12 +110,12 @@ def test_compiled_passes_equal_generate_on_cuda(kind, cuda_models, tokenizer):
     single = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=16, torch_compile=True)
     assert [single.generate(ids).tokens for ids in prompts] == refs, (kind, "batch 1")
     for kv in (single.static, drafter.static):
-        assert kv.graphs and kv.captures > 0 and kv._compiled is not None, (kind, "a compile or capture failed")
+        assert kv.passes.on and kv.passes.captures > 0 and kv.passes.compiles, (kind, "a compile or capture failed")
     engine = BatchSpeculativeGenerator(target, drafter, batch_size=3, num_speculative_tokens=4, max_new_tokens=16,
                                        torch_compile=True)
     assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, (kind, "batched")
     slots = engine.slots[id(target)]
-    assert slots.graphs and slots.captures > 0 and slots._compiled is not None
+    assert slots.passes.on and slots.passes.captures > 0 and slots.passes.compiles
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -130,13 +131,13 @@ def test_long_prompts_prefilled_through_graphs_equal_generate_on_cuda(kind, cuda
     single = SpeculativeGenerator(target, drafter, num_speculative_tokens=4, max_new_tokens=16)
     assert [single.generate(ids).tokens for ids in prompts] == refs, (kind, "batch 1")
     key = _prefill_key(target)
-    widths = {k[1] for k in single.static._graphs if isinstance(k, tuple) and k[0] == key}
-    assert len(widths) >= 3 and max(widths) > 64, (widths, single.static.uncaptured, single.static.graphs)
+    widths = {k[1] for k in single.static.passes.kept if isinstance(k, tuple) and k[0] == key}
+    assert len(widths) >= 3 and max(widths) > 64, (widths, single.static.passes.uncaptured, single.static.passes.on)
     engine = BatchSpeculativeGenerator(target, drafter, batch_size=2, num_speculative_tokens=4, max_new_tokens=16)
     assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, (kind, "batched")
-    pre = engine.slots[id(target)]._prefiller
-    assert not pre.uncaptured and any(k[0] == key and k[1] > 64 for k in pre._graphs if isinstance(k, tuple)), \
-        (pre.uncaptured, sorted(k for k in pre._graphs if isinstance(k, tuple)))
+    pre = engine.slots[id(target)]._prefiller.passes
+    assert not pre.uncaptured and any(k[0] == key and k[1] > 64 for k in pre.kept if isinstance(k, tuple)), \
+        (pre.uncaptured, sorted(k for k in pre.kept if isinstance(k, tuple)))
 
 
 def encoded_logits_differences(target, prompts: list[list[int]], device: str) -> list[str]:
@@ -198,9 +199,9 @@ def test_a_draft_sharing_the_encoder_replays_its_cross_attention_on_cuda(kind, m
     engine = BatchSpeculativeGenerator(target, drafter, batch_size=3, num_speculative_tokens=4, max_new_tokens=16)
     assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, (kind, "batched")
     for static in (drafter.static, engine.slots[id(draft)]._prefiller):
-        kinds = {key[0] for key in static._graphs if isinstance(key, tuple) and isinstance(key[0], str)}
-        assert kinds == {"cross"} and not static.uncaptured, (kind, kinds, static.uncaptured)
-    assert not engine.slots[id(target)]._prefiller.uncaptured
+        kinds = {key[0] for key in static.passes.kept if isinstance(key, tuple) and isinstance(key[0], str)}
+        assert kinds == {"cross"} and not static.passes.uncaptured, (kind, kinds, static.passes.uncaptured)
+    assert not engine.slots[id(target)]._prefiller.passes.uncaptured
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma2"])
@@ -217,11 +218,12 @@ def test_sliding_window_families_equal_generate_on_cuda(family):
     single = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=16)
     assert single.static is not None and single.static.window == WINDOW
     assert [single.generate(ids).tokens for ids in prompts] == refs, (family, "batch 1")
-    assert single.static.graphs and single.static.captures > 0
+    assert single.static.passes.on and single.static.passes.captures > 0
     engine = BatchSpeculativeGenerator(target, drafter, batch_size=3, num_speculative_tokens=3, max_new_tokens=16)
     assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, (family, "batched")
     slots = engine.slots[id(target)]
-    assert slots.graphs and slots.captures > 0 and slots._prefiller.captures > 0 and not slots._prefiller.uncaptured
+    assert slots.passes.on and slots.passes.captures > 0 and (pre := slots._prefiller.passes).captures > 0
+    assert not pre.uncaptured
 
 
 def test_m2m100_positions_are_looked_up_on_the_device_on_cuda():
@@ -245,9 +247,10 @@ def test_m2m100_positions_are_looked_up_on_the_device_on_cuda():
             embed = model.get_decoder().embed_positions
             embed.weights.fill_(float("nan"))
             embed(input_ids=torch.full((1, 1), 3, device="cuda"), cache_length=embed.weights.shape[0])
-    assert single.static.graphs and single.static.captures > 0 and not single.static.uncaptured
+    assert single.static.passes.on and single.static.passes.captures > 0 and not single.static.passes.uncaptured
     slots = engine.slots[id(target)]
-    assert slots.graphs and slots.captures > 0 and slots._prefiller.captures > 0 and not slots._prefiller.uncaptured
+    assert slots.passes.on and slots.passes.captures > 0 and (pre := slots._prefiller.passes).captures > 0
+    assert not pre.uncaptured
 
 
 def test_graphs_survive_cublas_workspaces_cleared_elsewhere():
@@ -292,15 +295,15 @@ def test_compiled_passes_of_a_window_and_a_position_table_equal_generate_on_cuda
     drafter = ModelDrafter(draft, chain=True, torch_compile=True)
     single = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=16, torch_compile=True)
     assert [single.generate(ids).tokens for ids in prompts] == refs, (family, "batch 1")
-    assert single.static.captures > 0 and single.static._compiled is not None, (family, "a compile or capture failed")
+    assert single.static.passes.captures > 0 and single.static.passes.compiles, (family, "a compile or capture failed")
     engine = BatchSpeculativeGenerator(target, drafter, batch_size=2, num_speculative_tokens=3, max_new_tokens=16,
                                        torch_compile=True)
     assert [g.tokens for g in engine.generate_many([(ids, 0) for ids in prompts])] == refs, (family, "batched")
     slots = engine.slots[id(target)]
-    if family == "led" and slots.captures > 0 and slots._compiled is None:
+    if family == "led" and slots.passes.captures > 0 and not slots.passes.compiles:
         pytest.xfail("LED's batched passes did not compile on torch 2.11 with CUDA (inductor AssertionError, "
                      "H200, 2026-11-27): they ran captured, uncompiled, and gave generate()'s tokens (above)")
-    assert slots.captures > 0 and slots._compiled is not None
+    assert slots.passes.captures > 0 and slots.passes.compiles
 
 
 def test_a_device_side_assert_is_told_apart_from_a_rows_own_cuda_error():

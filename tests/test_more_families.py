@@ -97,10 +97,10 @@ def test_greedy_equals_generate_at_batch_one_and_batched(family, monkeypatch):
     stand-in for CUDA graphs, which fails where a capture would: a value read on the host): every
     decode pass of a family the engines take is captured, none falls back to eager (only an
     encoder that cannot be captured runs eagerly, as LED's, LongT5's and PEGASUS-X's do)."""
-    from specdec_core.static_decoder import StaticKV
+    from specdec_core.graphs import PassGraphs
     from tests.test_slot_kv import trace
 
-    monkeypatch.setattr(StaticKV, "_record", trace)
+    monkeypatch.setattr(PassGraphs, "_record", trace)
     target, draft, prompts = _pair_and_prompts(family)
     skip = 1 if target.config.is_encoder_decoder else None
     with torch.inference_mode():
@@ -112,12 +112,12 @@ def test_greedy_equals_generate_at_batch_one_and_batched(family, monkeypatch):
     def graphed(*caches) -> list:
         caches = [c for c in caches if c is not None]
         for cache in caches:
-            cache.graphs = True  # (strict: a pass that cannot be captured fails the test)
+            cache.passes.on = True  # (strict: a pass that cannot be captured fails the test)
         return caches
 
     def captured(cache) -> bool:
         prefiller = getattr(cache, "_prefiller", None) or cache
-        return cache.graphs and cache.captures > 0 and prefiller.uncaptured <= {"encode"}
+        return cache.passes.on and cache.passes.captures > 0 and prefiller.passes.uncaptured <= {"encode"}
 
     for mode in {"off", single_mode}:
         drafter = ModelDrafter(draft, cuda_graphs=mode) if verified else NoDrafter()
@@ -220,10 +220,10 @@ def test_passes_that_read_values_on_the_host_run_eagerly_unless_graphs_are_insis
     capture can hold: through the graph stand-in their passes fall back to eager, exact, at batch 1
     and batched, as `auto` does on a GPU; `on` fails the row saying so. (The stand-in once traced
     JetMoE's `tolist` and froze its routing: other tokens.)"""
-    from specdec_core.static_decoder import CaptureFailed, StaticKV
+    from specdec_core.graphs import CaptureFailed, PassGraphs
     from tests.test_slot_kv import trace
 
-    monkeypatch.setattr(StaticKV, "_record", trace)
+    monkeypatch.setattr(PassGraphs, "_record", trace)
     target, draft, prompts = _pair_and_prompts(family)
     with torch.inference_mode():
         refs = [target.generate(torch.tensor([p]), do_sample=False, num_beams=1, max_new_tokens=12)[0, len(p):].tolist()
@@ -234,11 +234,11 @@ def test_passes_that_read_values_on_the_host_run_eagerly_unless_graphs_are_insis
                                         num_speculative_tokens=3, max_new_tokens=12, cuda_graphs="on")
     caches = [single.static, single.drafter.static, *batched.slots.values()]
     for kv in caches:
-        kv.graphs, kv.strict = True, False  # as `auto` makes them on a GPU
+        kv.passes.on, kv.passes.strict = True, False  # as `auto` makes them on a GPU
     assert [single.generate(p).tokens for p in prompts] == refs
     assert [g.tokens for g in batched.generate_many([(p, 0) for p in prompts])] == refs
-    assert not any(kv.graphs for kv in caches)  # every model's passes fell back to eager
-    single.static.graphs, single.static.strict = True, True
+    assert not any(kv.passes.on for kv in caches)  # every model's passes fell back to eager
+    single.static.passes.on, single.static.passes.strict = True, True
     with pytest.raises(CaptureFailed, match=f"of {type(target).__name__} cannot be captured"):
         single.generate(prompts[0])
 

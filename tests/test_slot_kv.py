@@ -18,11 +18,12 @@ from specdec_core.decoder import CachedDecoder
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma
+from specdec_core.graphs import CaptureFailed, PassGraphs
 from specdec_core.pass_settings import PassSettings
 from specdec_core.plan import slot_kv_for
 from specdec_core.processing import SamplingSettings
 from specdec_core.slot_kv import SlotKV
-from specdec_core.static_decoder import CaptureFailed, StaticDecoder, StaticKV
+from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticDecoder
 from tests.family_models import WINDOW_FAMILIES
 from tests.numerics import assert_logits_close, logit_tolerance
 from tests.test_batch_engine import TEXTS, check_a_round, drafter_for, hf_greedy
@@ -92,12 +93,12 @@ def trace(self, run, static):
 
 @pytest.fixture
 def fake_graphs(monkeypatch):
-    monkeypatch.setattr(StaticKV, "_record", trace)
+    monkeypatch.setattr(PassGraphs, "_record", trace)
 
 
 def graphed(kv, on: bool):
     if kv is not None:
-        kv.graphs = on
+        kv.passes.on = on
     return kv
 
 
@@ -138,7 +139,7 @@ def test_row_logits_in_slots_equal_the_row_alone(models, prompts, kind, graphs, 
             rows = [rows[i] for i in order]
     assert kv.capacity % 8 == 0 and kv.capacity >= max(len(r) for r in rows)
     if graphs:  # one graph per pass width, replayed (captured again after each growth)
-        assert kv.captures >= len(kv._graphs) > 0 and all(g.graph.replays for g in kv._graphs.values())
+        assert kv.passes.captures >= len(kv.passes.kept) > 0 and all(g.graph.replays for g in kv.passes.kept.values())
     kv.release()
 
 
@@ -193,9 +194,9 @@ def test_greedy_rows_in_slots_equal_generate(models, prompts, kind, drafter, gra
         assert all(isinstance(kv, SlotKV) for kv in kvs) and len(kvs) == (2 if drafter == "model" else 1)
         reference = [hf_greedy(target, p, n) for p in prompts]
         first = engine.generate_many([(p, 0) for p in prompts])
-        captured = [kv.captures for kv in kvs]
+        captured = [kv.passes.captures for kv in kvs]
         again = engine.generate_many([(p, 0) for p in prompts])  # slots reused, emptied: same rounds
-        recaptured = [kv.captures for kv in kvs]
+        recaptured = [kv.passes.captures for kv in kvs]
         fewer = engine.generate_many([(p, 0) for p in prompts[:2]])  # free slots pad along
     finally:
         target.generation_config.eos_token_id = saved
@@ -309,16 +310,16 @@ def test_batch_one_through_graph_replays_equals_generate(models, prompts, kind, 
     for chain in (False, True):
         drafter = ModelDrafter(draft, cuda_graphs="on", chain=chain)
         gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=16, cuda_graphs="on")
-        gen.static.graphs = drafter.static.graphs = True
+        gen.static.passes.on = drafter.static.passes.on = True
         assert [gen.generate(p).tokens for p in prompts] == [hf_greedy(target, p, 16) for p in prompts]
-        assert gen.static.captures and drafter.static.captures
+        assert gen.static.passes.captures and drafter.static.passes.captures
         if target.config.is_encoder_decoder:  # each prompt's encoder pass was a graph's replay
-            assert not gen.static.uncaptured and any(key[0] == "encode" for key in gen.static._graphs
+            assert not gen.static.passes.uncaptured and any(key[0] == "encode" for key in gen.static.passes.kept
                                                      if isinstance(key, tuple))
         if chain and kind != "bart":  # (BART's forced end token is a logits processor: per-step picks)
-            assert any(isinstance(key, tuple) for key in drafter.static._graphs)  # the chained rounds were graphs
+            assert any(isinstance(key, tuple) for key in drafter.static.passes.kept)  # the chained rounds were graphs
     gen = SpeculativeGenerator(target, NgramDrafter(), num_speculative_tokens=3, max_new_tokens=16, cuda_graphs="on")
-    gen.static.graphs = True
+    gen.static.passes.on = True
     assert [gen.generate(p).tokens for p in prompts] == [hf_greedy(target, p, 16) for p in prompts]
 
 
@@ -338,7 +339,7 @@ def test_chained_draft_rounds_equal_step_by_step_drafting(models, prompts, kind,
         for kv in engine.slots.values():
             graphed(kv, graphs)
         outs[chain] = engine.generate_many([(p, 0) for p in prompts])
-        chained = [key for key in engine.slots[id(draft)]._graphs if isinstance(key, tuple)]
+        chained = [key for key in engine.slots[id(draft)].passes.kept if isinstance(key, tuple)]
         assert bool(chained) == (chain and graphs)
     for a, b, p in zip(outs[False], outs[True], prompts, strict=True):
         assert a.tokens == b.tokens == hf_greedy(target, p, n)
@@ -399,7 +400,7 @@ def test_sliding_window_families_in_slots_equal_generate(family, graphs, fake_gr
     kv = engine.slots[id(target)]
     assert kv.window == 6
     if graphs:
-        assert kv._prefiller.captures > 0 and not kv._prefiller.uncaptured
+        assert kv._prefiller.passes.captures > 0 and not kv._prefiller.passes.uncaptured
 
 
 @pytest.mark.slow
@@ -418,7 +419,7 @@ def test_a_multimodal_gemma3_keeps_its_window_in_its_text_config(fake_graphs):
                                   max_new_tokens=12, cuda_graphs="on")
     graphed(single.static, True)
     assert single.static.window == WINDOW and single.static.layer_types == ["sliding_attention", "full_attention"]
-    assert [single.generate(p).tokens for p in prompts] == refs and single.static.captures > 0
+    assert [single.generate(p).tokens for p in prompts] == refs and single.static.passes.captures > 0
     for graphs in ("on", "off"):
         engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=3,
                                            num_speculative_tokens=3, max_new_tokens=12, cuda_graphs=graphs)
@@ -432,17 +433,17 @@ def test_a_pass_that_cannot_be_captured_runs_eagerly_unless_graphs_are_insisted_
     def refuse(self, run, static):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(StaticKV, "_record", refuse)
+    monkeypatch.setattr(PassGraphs, "_record", refuse)
     target, draft = models["llama"]
     engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=3,
                                        max_new_tokens=8, cuda_graphs="on")
     kv = engine.slots[id(target)]
-    kv.graphs, kv.strict = True, False  # as "auto" makes it on a GPU
+    kv.passes.on, kv.passes.strict = True, False  # as "auto" makes it on a GPU
     with caplog.at_level("WARNING"):
         out = engine.generate_many([(p, 0) for p in prompts])
     assert [o.tokens for o in out] == [hf_greedy(target, p, 8) for p in prompts]
-    assert not kv.graphs and "no CUDA graph of a 4-token pass over 3 slots (RuntimeError" in caplog.text
-    kv.graphs, kv.strict = True, True  # "on": the row fails, saying which flag insists
+    assert not kv.passes.on and "no CUDA graph of a 4-token pass over 3 slots (RuntimeError" in caplog.text
+    kv.passes.on, kv.passes.strict = True, True  # "on": the row fails, saying which flag insists
     said = (r"^--cuda_graphs on: a 4-token pass over 3 slots of LlamaForCausalLM cannot be captured as a CUDA graph "
             r"\(RuntimeError: operation not permitted when stream is capturing\); --cuda_graphs auto")
     with pytest.raises(CaptureFailed, match=said):
@@ -457,13 +458,13 @@ def test_a_capture_that_recorded_nothing_is_caught_by_its_check_replay(models, p
         def replay(self):
             pass
 
-    monkeypatch.setattr(StaticKV, "_record", lambda self, run, static: (Empty(), run(static)))
+    monkeypatch.setattr(PassGraphs, "_record", lambda self, run, static: (Empty(), run(static)))
     target, _ = models["gpt2"]
     gen = SpeculativeGenerator(target, NoDrafter(), max_new_tokens=8, cuda_graphs="on")
-    gen.static.graphs, gen.static.strict = True, False
+    gen.static.passes.on, gen.static.passes.strict = True, False
     with caplog.at_level("WARNING"):
         assert gen.generate(prompts[0]).tokens == hf_greedy(target, prompts[0], 8)
-    assert not gen.static.graphs and "differs from the pass run eagerly" in caplog.text
+    assert not gen.static.passes.on and "differs from the pass run eagerly" in caplog.text
 
 
 
@@ -473,25 +474,26 @@ def test_a_prefill_that_cannot_be_captured_leaves_the_decode_graphs(models, prom
     off prefill graphs only, even with graphs insisted on: prompts prefill eagerly, decode passes
     keep their graphs, at batch 1 and in slots (whose rows then enter through a padded cache)."""
     def record(self, run, static):
-        if static.shape[1] - 2 > self.max_graph_width:  # the prefills of these prompts
+        if static.shape[1] - 2 > MAX_GRAPH_WIDTH:  # the prefills of these prompts
             raise torch.OutOfMemoryError("CUDA out of memory (a stand-in)")
         return trace(self, run, static)
 
-    monkeypatch.setattr(StaticKV, "_record", record)
+    monkeypatch.setattr(PassGraphs, "_record", record)
     target, _ = models["llama"]
     items = [prompts[4], prompts[5], prompts[0]]
     refs = [hf_greedy(target, p, 8) for p in items]
     gen = SpeculativeGenerator(target, NoDrafter(), max_new_tokens=8, cuda_graphs="on")
-    gen.static.graphs = True
-    assert gen.static.strict
+    gen.static.passes.on = True
+    assert gen.static.passes.strict
     with caplog.at_level("WARNING"):
         assert [gen.generate(p).tokens for p in items] == refs
-    assert gen.static.graphs and gen.static.uncaptured == {"prefill"} and gen.static.captures > 0
+    assert gen.static.passes.on and gen.static.passes.uncaptured == {"prefill"} and gen.static.passes.captures > 0
     assert "no CUDA graph of a 64-token prefill (OutOfMemoryError" in caplog.text
     engine = BatchSpeculativeGenerator(target, NoDrafter(), batch_size=2, max_new_tokens=8, cuda_graphs="on")
     kv = graphed(engine.slots[id(target)], True)
     assert [o.tokens for o in engine.generate_many([(p, 0) for p in items])] == refs
-    assert kv.graphs and kv.captures > 0 and not kv.prefills_in_graphs and kv._prefiller.uncaptured == {"prefill"}
+    assert kv.passes.on and kv.passes.captures > 0 and not kv.prefills_in_graphs
+    assert kv._prefiller.passes.uncaptured == {"prefill"}
 
 
 @pytest.mark.slow
@@ -518,11 +520,11 @@ def test_encoder_decoder_rows_in_slots_equal_generate(family, graphs, fake_graph
             graphed(kv, graphs)
         out = engine.generate_many([(p, 0) for p in prompts])
         assert [o.tokens for o in out] == reference, (family, drafter.name)
-        assert (engine.slots[id(target)].captures > 0) == graphs
+        assert (engine.slots[id(target)].passes.captures > 0) == graphs
         for kv in engine.slots.values():  # with graphs, rows entered through their encoder's graphs
             eager = {"encode"} if family == "led" else set()
-            assert (kv._prefiller is not None and kv._prefiller.uncaptured == eager
-                    and kv._prefiller.captures > 0) == graphs, (family, drafter.name)
+            assert (kv._prefiller is not None and kv._prefiller.passes.uncaptured == eager
+                    and kv._prefiller.passes.captures > 0) == graphs, (family, drafter.name)
             assert kv.min_width == (2 if family == "led" else 1)
 
 
@@ -557,8 +559,8 @@ def test_encoder_decoder_rows_enter_slots_one_by_one_through_graphs(family, fake
         patch.setattr(BatchKV, "encode", no_padded_cache)
         tkv, dkv = (graphed(engine.slots[id(m)], True) for m in (target, draft))
         assert [o.tokens for o in engine.generate_many([(p, 0) for p in prompts])] == reference
-    assert set(tkv._prefiller._graphs) == {(kind, w) for w in widths for kind in ("encode", "cross")}
-    assert set(dkv._prefiller._graphs) == {("cross", w) for w in widths}  # the draft never ran its encoder
+    assert set(tkv._prefiller.passes.kept) == {(kind, w) for w in widths for kind in ("encode", "cross")}
+    assert set(dkv._prefiller.passes.kept) == {("cross", w) for w in widths}  # the draft never ran its encoder
     assert tkv.prefills_in_graphs and dkv.prefills_in_graphs
     assert dkv.acquire()  # another call holds the draft's slots: it prefills a padded cache, encoding itself
     try:
@@ -578,13 +580,13 @@ def test_encoder_outputs_of_a_growing_cache_are_not_captured_per_length(models, 
     decoder = StaticDecoder(target, graphs=True)
     assert decoder.acquire()
     decoder.encode(prompt, alone.encoded)
-    assert not decoder._graphs
+    assert not decoder.passes.kept
     start = [target.config.decoder_start_token_id]
     reference = alone.forward(start, 1)
     assert_logits_close(decoder.forward(start, 1), reference)
     decoder.rollback(0)
     decoder.encode(prompt)  # its own encoder: padded, a graph
-    assert {key for key in decoder._graphs if isinstance(key, tuple)} == {("encode", 32), ("cross", 32)}
+    assert {key for key in decoder.passes.kept if isinstance(key, tuple)} == {("encode", 32), ("cross", 32)}
     assert decoder.encoded["encoder_outputs"].last_hidden_state.shape[1] == 32
     assert_logits_close(decoder.forward(start, 1), reference)
     decoder.release()
@@ -597,14 +599,14 @@ def test_an_encoder_that_cannot_be_captured_runs_eagerly_under_the_cross_attenti
     from tests.family_models import V, family_model
     from tests.test_batch_families import hf_greedy as hf_greedy_seq2seq
 
-    monkeypatch.setattr(StaticKV, "_record", trace)
+    monkeypatch.setattr(PassGraphs, "_record", trace)
     half = family_model("bart", seed=1).to(torch.float16)
     decoder = StaticDecoder(half, graphs=True)
     assert decoder.acquire()
     prompt = list(range(3, 14))
     with caplog.at_level("WARNING"):
         decoder.encode(prompt)
-    assert decoder.uncaptured == {"encode"} and set(decoder._graphs) == {("cross", 16)}
+    assert decoder.passes.uncaptured == {"encode"} and set(decoder.passes.kept) == {("cross", 16)}
     assert "no CUDA graph of the encoder over 16 tokens" in caplog.text
     start = [half.config.decoder_start_token_id]
     expected = CachedDecoder(half, prompt).forward(start, 1)  # (float32 logits of a float16 model)
@@ -612,14 +614,14 @@ def test_an_encoder_that_cannot_be_captured_runs_eagerly_under_the_cross_attenti
                                atol=logit_tolerance(expected.to(torch.float16)))
     decoder.release()
 
-    original = StaticKV._record
+    original = PassGraphs._record
 
     def no_encoder(self, run, static):
         if getattr(run, "__name__", "") == "_encoder":
             raise RuntimeError("operation not permitted when stream is capturing (a stand-in)")
         return original(self, run, static)
 
-    monkeypatch.setattr(StaticKV, "_record", no_encoder)
+    monkeypatch.setattr(PassGraphs, "_record", no_encoder)
     target, draft = family_model("bart", seed=1), family_model("bart", seed=2)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3, 9)]
@@ -629,8 +631,8 @@ def test_an_encoder_that_cannot_be_captured_runs_eagerly_under_the_cross_attenti
     assert [o.tokens for o in engine.generate_many([(p, 0) for p in prompts])] == \
         [hf_greedy_seq2seq(target, p, 10) for p in prompts]
     for kv in kvs:
-        assert kv.prefills_in_graphs and kv._prefiller.uncaptured == {"encode"}
-        assert {key[0] for key in kv._prefiller._graphs if isinstance(key, tuple)} == {"cross"}
+        assert kv.prefills_in_graphs and kv._prefiller.passes.uncaptured == {"encode"}
+        assert {key[0] for key in kv._prefiller.passes.kept if isinstance(key, tuple)} == {"cross"}
 
 
 def test_position_hooks_hold_the_model_and_leave_it_as_it_was(models):
@@ -676,27 +678,27 @@ def test_time_limits_do_not_count_capturing_and_compiling(models, prompts, fake_
         now[0] += 1e-6
         return now[0]
 
-    original = StaticKV._capture
+    original = PassGraphs._capture
 
     def slow_capture(self, run, inp):
         now[0] += 100.0
         return original(self, run, inp)
 
     monkeypatch.setattr(time, "perf_counter", clock)
-    monkeypatch.setattr(StaticKV, "_capture", slow_capture)
+    monkeypatch.setattr(PassGraphs, "_capture", slow_capture)
     target, draft = models["llama"]
     drafter = ModelDrafter(draft, cuda_graphs="on")
     single = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=8, cuda_graphs="on")
     batch = BatchSpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="on"), batch_size=2,
                                       num_speculative_tokens=3, max_new_tokens=8, cuda_graphs="on")
     for kv in (single.static, drafter.static, *batch.slots.values()):
-        kv.graphs = True
+        kv.passes.on = True
     out = single.generate(prompts[0], max_seconds=50)
     assert out.tokens == hf_greedy(target, prompts[0], 8) and out.stats.latency_s > 100  # its wall time
-    assert single.static.capture_s >= 100  # it did capture
+    assert single.static.passes.capture_s >= 100  # it did capture
     rows = batch.generate_many([(p, 0) for p in prompts[:3]], max_seconds=50)
     assert [o.tokens for o in rows] == [hf_greedy(target, p, 8) for p in prompts[:3]]
-    assert batch.slots[id(target)].capture_s >= 100
+    assert batch.slots[id(target)].passes.capture_s >= 100
     started = drafter.start
 
     def slow_start(*args):  # an item whose own work takes 100 s: that still counts
@@ -730,17 +732,17 @@ def test_prefills_replay_one_graph_per_padded_width(models, prompts, kind, fake_
         extra = torch.randint(5, 300, (3,), generator=g).tolist()
         assert_logits_close(static.forward(ids + extra, 4), dynamic.forward(ids + extra, 4))
         static.release()
-    assert ("prefill", 32) in static._graphs and static._graphs["prefill", 32].graph.replays == 1 + 3  # its check
-    captured = static.captures
+    assert static.passes.kept["prefill", 32].graph.replays == 1 + 3  # its check
+    captured = static.passes.captures
     # A wide feed whose last logits are asked for (a draft's first step): its head is a prefill.
     long = prompts[4] + prompts[6]
     assert static.acquire()
     assert_logits_close(static.forward(long, 1), CachedDecoder(target, long).forward(long, 1))
-    assert static.length == len(long) and ("prefill", 128) in static._graphs
+    assert static.length == len(long) and ("prefill", 128) in static.passes.kept
     static.rollback(0)
     assert static.draft_greedy(prompts[5], 3) == hf_greedy(target, prompts[5], 3)
     static.release()
-    assert static.captures == captured + 3  # the 128-token prefill, a 1-token pass, a chain after 1 token
+    assert static.passes.captures == captured + 3  # the 128-token prefill, a 1-token pass, a chain after 1 token
 
 
 @pytest.mark.parametrize("graph_prefills", [True, False], ids=["prefill-graphs", "padded-prefills"])
@@ -777,8 +779,8 @@ def test_rows_admitted_one_by_one_prefill_through_graphs(models, prompts, kind, 
         pre = kv._prefiller
         assert sorted(n for who, n in prefilled if who is pre) == [3, 12, 17, 24, 27, 47]  # the 1-token prompt: none
         # (each growth of the one-row decoder drops its graphs: those since the last one)
-        assert {key for key in pre._graphs if key[0] == "prefill"} <= {("prefill", w) for w in (4, 16, 32, 64)}
-        assert pre.captures > 0 and kv.capture_s >= pre.capture_s
+        assert {key for key in pre.passes.kept if key[0] == "prefill"} <= {("prefill", w) for w in (4, 16, 32, 64)}
+        assert pre.passes.captures > 0 and kv.passes.capture_s >= pre.passes.capture_s
 
 
 @pytest.mark.parametrize("kind", ["llama", "t5"])
@@ -828,7 +830,7 @@ def test_a_chain_never_positions_a_row_past_the_models_limit(models, prompts, fa
         graphed(kv, True)
     out = engine.generate_many([(p, 0) for p in rows])
     assert [o.tokens for o in out] == [hf_greedy(target, p, n) for p in rows]
-    assert any(isinstance(key, tuple) for key in engine.slots[id(draft)]._graphs)  # chained rounds ran
+    assert any(isinstance(key, tuple) for key in engine.slots[id(draft)].passes.kept)  # chained rounds ran
 
 
 def test_adaptive_costs_are_timed_after_a_one_token_prompt(models):
@@ -864,6 +866,6 @@ def test_adaptive_costs_are_timed_inside_the_models_positions(models, prompts, e
             graphed(kv, True)
         out = [o.tokens for o in gen.generate_many([(p, 0) for p in rows])]
         if engine == "slots-chained":
-            assert any(isinstance(key, tuple) for key in gen.slots[id(draft)]._graphs)
+            assert any(isinstance(key, tuple) for key in gen.slots[id(draft)].passes.kept)
     assert out == [hf_greedy(target, p, n) for p in rows]
     assert policy.costs is not None

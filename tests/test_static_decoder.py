@@ -8,6 +8,7 @@ from specdec_core import plan, static_decoder
 from specdec_core.decoder import CachedDecoder, initial_decoder_ids
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
+from specdec_core.graphs import PassGraphs
 from specdec_core.plan import graph_support, static_decoder_for
 from specdec_core.static_decoder import StaticDecoder
 from tests.numerics import assert_logits_close
@@ -253,7 +254,7 @@ def test_every_seq2seq_family_through_static_caches_equals_generate(family, monk
     from tests.test_batch_families import hf_greedy
     from tests.test_slot_kv import trace
 
-    monkeypatch.setattr(static_decoder.StaticKV, "_record", trace)
+    monkeypatch.setattr(PassGraphs, "_record", trace)
     target, draft = family_model(family, seed=1), family_model(family, seed=2)
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3)]
@@ -263,10 +264,10 @@ def test_every_seq2seq_family_through_static_caches_equals_generate(family, monk
                                        cuda_graphs="on")
             for static in (gen.static, getattr(drafter, "static", None)):
                 if static is not None:
-                    static.graphs = graphs
+                    static.passes.on = graphs
             for ids in prompts:
                 assert gen.generate(ids).tokens == hf_greedy(target, ids, 12), (family, drafter.name, ids, graphs)
-            assert (gen.static.captures > 0) == graphs
+            assert (gen.static.passes.captures > 0) == graphs
             assert gen.static.min_width == (2 if family == "led" else 1)
 
 
@@ -281,7 +282,7 @@ def test_sliding_window_families_through_static_caches_equal_generate(family, mo
     from tests.test_batch_families import hf_greedy
     from tests.test_slot_kv import trace
 
-    monkeypatch.setattr(static_decoder.StaticKV, "_record", trace)
+    monkeypatch.setattr(PassGraphs, "_record", trace)
     target, draft = family_model(family, seed=1), family_model(family, seed=2)
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3)]
@@ -293,9 +294,9 @@ def test_sliding_window_families_through_static_caches_equal_generate(family, mo
             assert gen.static.window == WINDOW
             for static in (gen.static, getattr(drafter, "static", None)):
                 if static is not None:
-                    static.graphs = graphs
+                    static.passes.on = graphs
             assert [gen.generate(ids).tokens for ids in prompts] == refs, (family, drafter.name, graphs)
-            assert (gen.static.captures > 0) == graphs
+            assert (gen.static.passes.captures > 0) == graphs
 
 
 def test_layers_other_than_full_or_sliding_attention_are_refused(models):
@@ -429,7 +430,7 @@ def test_a_replay_that_recorded_other_work_is_told_apart_in_every_dtype(dtype):
     """The check of a captured graph's first replay against the pass run eagerly: rounding passes,
     other logits (a capture reading a wrong buffer) do not, in bfloat16 too (its allowance of 800
     units in the last place was 6 times the largest logit)."""
-    from specdec_core.static_decoder import _same
+    from specdec_core.graphs import _same
 
     gen = torch.Generator().manual_seed(0)
     eager = (torch.randn(4, 300, generator=gen) * 8).to(dtype)

@@ -12,6 +12,7 @@ import torch
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.drafters import ModelDrafter
 from specdec_core.engine import SpeculativeGenerator
+from specdec_core.graphs import PassGraphs
 from specdec_core.pass_settings import PassSettings
 from specdec_core.static_decoder import StaticKV
 from specdec_core.text import GeneratorSpec
@@ -24,16 +25,17 @@ def prompts(tokenizer):
 
 
 def count_compiled(*kvs: StaticKV) -> list[tuple[int, int]]:
-    """The (rows, width) of each pass the compiled code of these caches ran."""
+    """The (rows, width) of each decode pass the compiled code of these caches ran."""
     runs = []
     for kv in kvs:
-        compiled = kv._compiled
+        compiled = kv.passes.compiled
 
-        def counted(inp, keep, compiled=compiled):
-            runs.append((inp.shape[0], inp.shape[1] - 2))
-            return compiled(inp, keep)
+        def counted(kind, fn, inp, *args, compiled=compiled):
+            if kind == "decode":
+                runs.append((inp.shape[0], inp.shape[1] - 2))
+            return compiled(kind, fn, inp, *args)
 
-        kv._compiled = counted
+        kv.passes.compiled = counted
     return runs
 
 
@@ -109,19 +111,20 @@ def test_a_compile_that_fails_falls_back_even_when_strict(models, prompts, caplo
 
     for strict in (False, True):
         gen = SpeculativeGenerator(target, None, max_new_tokens=6, cuda_graphs="on", torch_compile=True)
-        gen.static.strict = strict
-        gen.static._compiled = broken
+        gen.static.passes.strict = strict
+        gen.static.passes._compiled["decode"] = broken
         with caplog.at_level(logging.WARNING):
             assert gen.generate(prompts[0]).tokens == reference
-        assert gen.static._compiled is None and "torch.compile failed (RuntimeError: no C compiler)" in caplog.text
+        assert not gen.static.passes.compiles and "torch.compile failed (RuntimeError: no C compiler)" in caplog.text
 
     def out_of_memory(*args):
         raise torch.OutOfMemoryError("CUDA out of memory")
 
-    gen.static._compiled = out_of_memory  # the pass's own failure: raised, compiling kept
+    gen.static.passes.compiles = True
+    gen.static.passes._compiled["decode"] = out_of_memory  # the pass's own failure: raised, compiling kept
     with pytest.raises(torch.OutOfMemoryError):
         gen.generate(prompts[0])
-    assert gen.static._compiled is out_of_memory
+    assert gen.static.passes.compiles and gen.static.passes._compiled["decode"] is out_of_memory
 
 
 def test_an_engine_with_nothing_to_compile_says_so(models, caplog):
@@ -172,12 +175,12 @@ def test_compiling_without_a_graph_counts_as_one_off_work(models, prompts, caplo
     with caplog.at_level(logging.INFO, logger="specdec_core"):
         # the first allocates the buffers; then passes compile
         stats = [gen.generate(p).stats for p in prompts]
-    setup = gen.static.capture_s
+    setup = gen.static.passes.capture_s
     assert setup > 0 and "-token pass compiled" in caplog.text
     assert sum(s.setup_s for s in stats) == pytest.approx(setup)
     assert all(0 <= s.prefill_setup_s <= s.setup_s <= s.latency_s for s in stats)
     again = [gen.generate(p).stats for p in prompts[::-1]]  # nothing new to compile, nothing added
-    assert gen.static.capture_s == setup and all(s.setup_s == s.prefill_setup_s == 0 for s in again)
+    assert gen.static.passes.capture_s == setup and all(s.setup_s == s.prefill_setup_s == 0 for s in again)
 
 
 @pytest.mark.slow
@@ -196,7 +199,7 @@ def test_compiled_prefills_decode_what_generate_does(models):
     widths = []
     gen.static._prefill_pass = lambda inp, own=gen.static._prefill_pass: widths.append(inp.shape[1] - 2) or own(inp)
     assert [gen.generate(p).tokens for p in prompts] == reference
-    assert gen.static._compiled_prefill is not None and widths[-2:] == [32, 26]  # (the first pass allocates)
+    assert "prefill" in gen.static.passes._compiled and widths[-2:] == [32, 26]  # (the first pass allocates)
 
 
 @pytest.mark.slow
@@ -214,7 +217,7 @@ def test_new_rows_in_compiled_slots_prefill_through_compiled_graphs(models, monk
         def replay(self):
             self.out.copy_(self.run(self.static))
 
-    monkeypatch.setattr(StaticKV, "_record", lambda self, run, static: (graph := Rerun(run, static), graph.out))
+    monkeypatch.setattr(PassGraphs, "_record", lambda self, run, static: (graph := Rerun(run, static), graph.out))
     torch._dynamo.reset()
     target, draft = models["llama"]
     g = torch.Generator().manual_seed(8)
@@ -224,11 +227,11 @@ def test_new_rows_in_compiled_slots_prefill_through_compiled_graphs(models, monk
     engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=2, num_speculative_tokens=3,
                                        max_new_tokens=n, cuda_graphs="on", torch_compile=True)
     slots = engine.slots[id(target)]
-    assert slots.compile_prefills
-    slots.graphs = engine.slots[id(draft)].graphs = True
+    assert slots.passes.compile_prefills
+    slots.passes.on = engine.slots[id(draft)].graphs = True
     assert [o.tokens for o in engine.generate_many([(p, 0) for p in prompts])] == reference
     pre = slots._prefiller
-    assert pre.compile_prefills and pre._compiled_prefill is not None and pre.captures > 0
+    assert pre.passes.compile_prefills and "prefill" in pre.passes._compiled and pre.passes.captures > 0
 
 
 @pytest.mark.slow

@@ -219,7 +219,7 @@ def test_batched_times_leave_out_graph_captures(monkeypatch):
     from types import SimpleNamespace
 
     clock = [100.0]
-    kv = SimpleNamespace(capture_s=1.0)
+    kv = SimpleNamespace(passes=SimpleNamespace(capture_s=1.0))
 
     class Engine:
         def __init__(self, *args, **kwargs):
@@ -227,7 +227,7 @@ def test_batched_times_leave_out_graph_captures(monkeypatch):
 
         def generate_many(self, items):
             clock[0] += 10.0
-            kv.capture_s += 4.0  # captured while decoding
+            kv.passes.capture_s += 4.0  # captured while decoding
             stats = SimpleNamespace(draft_tokens=0, accepted_tokens=0, rejections=0)
             return [SimpleNamespace(tokens=[1, 2, 3], stats=stats) for _ in items]
 

@@ -241,7 +241,7 @@ def _order(name: str) -> int:
     """When a configuration runs (`run_single`, `run_batched`): 0 those that compile nothing, 1 ours
     compiled (a run cut short while compiling keeps the others' figures), 2 HF's compiled
     `generate()`: its CUDA graph trees clear every cuBLAS workspace each time they record, which
-    ours survive (`StaticKV._record`) but which no other configuration then meets; 3 the adaptive
+    ours survive (`graphs.PassGraphs._record`) but which no other configuration then meets; 3 the adaptive
     gamma, last, as it compiles a chained draft per gamma it picks (the comparison lands first)."""
     if "adaptive" in name:
         return 3

@@ -1,0 +1,240 @@
+"""How a cache's passes run: replayed as CUDA graphs, compiled, or eagerly, at the edge of the cache.
+
+A static cache (`static_decoder.StaticKV`) exposes plain pass functions over packed inputs (one
+tensor per pass, device ops only); `PassGraphs` runs them. It owns everything about graphs and
+compiling: one graph per key (a pass kind and its shape: a width, (width, draft steps), or
+("prefill" | "encode" | "cross", padded width)), captured the first time a key occurs from one side
+stream into one memory pool, checked by a replay against the eager pass; the passes' inputs copied
+in (from pinned memory when asked); cuBLAS's workspaces cleared around each capture; the passes
+compiled by `torch.compile`; and what all of it cost (`capture_s`), which item time limits leave
+out. A cache's buffers moving invalidates the graphs over them (`drop`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specdec_core.pass_settings import PassSettings
+
+log = logging.getLogger(__name__)
+
+# Compiled passes: one code object serves every cache (target, draft) and, with dynamo's
+# automatic dynamic shapes, every width after the second; capacity growth recompiles too.
+COMPILE_LIMIT = 64
+PROMPT_KINDS = ("prefill", "encode", "cross")  # prompts' passes, graphed at padded widths
+
+
+class CaptureFailed(RuntimeError):
+    """With `--cuda_graphs on`, a pass that no CUDA graph can capture (a model that reads a value
+    on the host in its forward, such as DBRX's or JetMoE's expert routing)."""
+
+
+def _same(replayed: torch.Tensor, eager: torch.Tensor) -> bool:
+    """The same numbers, up to the rounding of another kernel choice (800 units in the last place
+    of the largest, and at most 10% of it: in bfloat16 800 units are 6 times the largest, which
+    would pass any finite logits) for logits, exactly for tokens."""
+    if not eager.is_floating_point():
+        return torch.equal(replayed, eager)
+    tol = min(800 * torch.finfo(eager.dtype).eps, 0.1) * float(eager.abs().max())
+    return bool(torch.allclose(replayed.float(), eager.float(), rtol=0.0, atol=tol))
+
+
+@dataclass
+class Graph:
+    graph: torch.cuda.CUDAGraph
+    inp: torch.Tensor  # (rows, w + 2): each row's tokens, first position and real token count
+    out: torch.Tensor  # what a replay leaves: a pass's logits (rows, w, V), or a draft chain's tokens (k,)
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+def clear_cublas_workspaces() -> None:
+    """Drop cuBLAS's cached workspaces (every stream's), as torch.compile's own CUDA graphs do
+    around each recording. A capture then allocates the workspace its matmuls use inside its
+    graph's pool, which lives as long as the graph. Otherwise the graph keeps the address of a
+    workspace that PyTorch frees whenever anything clears them (torch.compile's
+    "reduce-overhead" graphs on each recording; in torch 2.11 the destruction of any graph
+    captured on the same pooled stream), and its next replay reads freed memory: an illegal
+    memory access seen on an H200 after HF's compiled `generate()` ran in the same process."""
+    torch._C._cuda_clearCublasWorkspaces()
+
+
+class PassGraphs:
+    """The graphs and compiled passes of one cache's model on one device."""
+
+    def __init__(self, name: str, device: torch.device, settings: PassSettings, graphs: bool, strict: bool,
+                 compile: bool, compile_prefills: bool):
+        """graphs: passes replay CUDA graphs (off for good after a decode pass fails to capture,
+        unless `strict`, which raises `CaptureFailed`). compile: decode passes go through
+        `torch.compile` (inductor fuses a layer's small kernels: a graph replays the launches, not
+        their count) before capture; compile_prefills: prompts' prefill passes too. A compile that
+        fails is logged and the passes run uncompiled, strict or not (compiling is on by default on a
+        GPU: a worker that cannot compile still decodes the same)."""
+        self.name, self.device, self.settings = name, device, settings
+        self.on, self.strict = graphs, strict
+        self.compiles, self.compile_prefills = compile, compile_prefills
+        self.kept: dict[int | tuple, Graph] = {}
+        self.uncaptured: set[str] = set()  # prompts' pass kinds whose capture failed: they run eagerly
+        self.capture_s = 0.0  # seconds spent capturing graphs (and compiling passes run without one)
+        self.captures = 0
+        self._compiled: dict[str, object] = {}  # per pass kind ("decode", "prefill"): its compiled function
+        self._pool = None  # one memory pool for all graphs: one pass runs at a time, outputs stay held
+        self._stream: torch.cuda.Stream | None = None  # the side stream every warm-up and capture runs on
+
+    def prompt_graphs(self, kind: str) -> bool:
+        """Whether prompts' passes of this kind ("prefill", "encode", "cross") replay graphs."""
+        return self.on and self.settings.graph_prefills and kind not in self.uncaptured
+
+    def drop(self, *keep: str) -> None:
+        """Drop every graph but those of prompts' passes of the kinds `keep`: the others hold
+        addresses of buffers that just moved."""
+        self.kept = {key: g for key, g in self.kept.items() if isinstance(key, tuple) and key[0] in keep}
+
+    # -- compiled passes ---------------------------------------------------------------------------
+
+    def compiling(self, kind: str) -> bool:
+        """Whether passes of this kind ("decode", "prefill") go through torch.compile."""
+        return self.compiles if kind == "decode" else self.compile_prefills
+
+    def compiled(self, kind: str, fn, inp: torch.Tensor, *args) -> torch.Tensor | None:
+        """`fn(inp, *args)` through `torch.compile` (one compiled function per kind, made on first
+        use; the width, dim 1 of `inp`, marked dynamic so that one serves every width, a 1-token
+        pass perhaps getting its own); None after a compile fails, which turns compiling off."""
+        if kind not in self._compiled:
+            self._compiled[kind] = torch.compile(fn)
+        try:
+            torch._dynamo.maybe_mark_dynamic(inp, 1)
+            with torch._dynamo.config.patch(recompile_limit=COMPILE_LIMIT):
+                return self._compiled[kind](inp, *args)
+        except torch.OutOfMemoryError:  # the pass's own failure, not the compiler's
+            raise
+        except Exception as e:  # e.g. no compiler for inductor's kernels on this machine
+            log.warning("%s: torch.compile failed (%s: %s); its passes run uncompiled from now on",
+                        self.name, type(e).__name__, str(e)[:200])
+            self.compiles = self.compile_prefills = False
+            self._compiled.clear()
+            return None
+
+    # -- graphs ------------------------------------------------------------------------------------
+
+    def run(self, key: int | tuple, inp: torch.Tensor, run, what: str, graphed: bool,
+            fallback=None) -> torch.Tensor:
+        """`run(inputs on the device)`: replayed through the graph kept under `key` (captured now
+        if it is new) when graphs are on and the pass is `graphed`, else eagerly. A prompt's pass
+        (`key` a tuple of a `PROMPT_KINDS` kind) that cannot be captured (out of memory for a long
+        prompt, an encoder that reads a value on the host) turns off that kind's graphs only
+        (`uncaptured`), even with `strict`: decode passes keep theirs, and it runs as `fallback`
+        (default `run`) eagerly."""
+        if not (self.on and graphed):
+            if not self.compiles:
+                return run(self.to_device(inp))
+            from torch._dynamo.utils import counters
+
+            compiled, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
+            out = run(self.to_device(inp))
+            # One-off work, counted as a capture is (dynamo's count is per process: items run one
+            # at a time per engine, so a compile meanwhile is this pass's).
+            if counters["stats"]["unique_graphs"] != compiled:
+                self.capture_s += time.perf_counter() - t0
+                log.info("%s: %s compiled (%.2f s with captures and compiles so far)", self.name, what,
+                         self.capture_s)
+            return out
+        prompt = isinstance(key, tuple) and key[0] in PROMPT_KINDS
+        with self._on_device():  # a graph is captured and replayed on its model's own GPU
+            g = self.kept.get(key)
+            if g is None:
+                t0 = time.perf_counter()
+                try:
+                    g = self.kept[key] = self._capture(run, inp)
+                except Exception as e:  # e.g. a model whose forward waits on a value from the device
+                    if prompt:
+                        log.warning("%s: no CUDA graph of %s (%s: %s); such passes of prompts run eagerly from "
+                                    "now on", self.name, what, type(e).__name__, str(e)[:200])
+                        self.uncaptured.add(key[0])
+                        return (fallback or run)(self.to_device(inp))
+                    if self.strict:  # a row's error (every row's, for such a model): say which flag insists
+                        raise CaptureFailed(f"--cuda_graphs on: {what} of {self.name} cannot be captured as a "
+                                            f"CUDA graph ({type(e).__name__}: {str(e)[:200]}); --cuda_graphs auto "
+                                            "runs such passes eagerly") from e
+                    log.warning("%s: no CUDA graph of %s (%s: %s); its passes run eagerly from now on",
+                                self.name, what, type(e).__name__, str(e)[:200])
+                    self.on = False
+                    self.kept.clear()
+                    return run(self.to_device(inp))
+                self.capture_s += time.perf_counter() - t0
+                self.captures += 1
+                log.info("%s: CUDA graph of %s captured (%d so far, %.2f s in all)", self.name, what,
+                         self.captures, self.capture_s)
+            self.to_device(inp, g.inp)
+            g.replay()
+            return g.out
+
+    def to_device(self, inp: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
+        """A pass's packed inputs (on the host) on the device, or copied `into` a graph's input.
+        A plain copy from the host makes PyTorch wait for the GPU's queued work, so the host
+        cannot queue a pass while the GPU runs the one before (new rows' prefills, which read
+        nothing back, alternate host and GPU work row by row). With `PassSettings.pinned_inputs`
+        the copy is from pinned memory and does not wait; PyTorch's pinned allocator reuses a
+        block only after its copy has run, and the stream orders the copy after the passes before it."""
+        fast = self.settings.pinned_inputs and self.device.type == "cuda" and inp.device.type == "cpu"
+        if fast:
+            inp = inp.pin_memory()
+        if into is None:
+            return inp.to(self.device, non_blocking=fast)
+        return into.copy_(inp, non_blocking=fast)
+
+    def _on_device(self):
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+
+    def _capture(self, run, inp: torch.Tensor) -> Graph:
+        """A graph of `run` over a static copy of `inp` (valid inputs: the warm-up passes write
+        where this pass would), checked by one replay against the eager pass: a capture that
+        recorded the wrong work fails here instead of changing outputs later."""
+        static = inp.to(self.device, copy=True)  # (an input already on the device stays its caller's)
+        with self._side_stream():  # warm-up off the capture stream, as torch.cuda.graphs asks
+            for _ in range(2):
+                expected = run(static).clone()
+        graph, out = self._record(run, static)
+        out.fill_(torch.nan if out.is_floating_point() else -1)  # what a replay that did nothing would leave
+        graph.replay()
+        if not _same(out, expected):
+            raise RuntimeError("a replay of the captured pass differs from the pass run eagerly")
+        return Graph(graph, static, out)
+
+    def _side(self) -> torch.cuda.Stream:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        return self._stream
+
+    @contextlib.contextmanager
+    def _side_stream(self):
+        if self.device.type != "cuda":
+            yield
+            return
+        side, main = self._side(), torch.cuda.current_stream(self.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            yield
+        main.wait_stream(side)
+
+    def _record(self, run, static: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """`run(static)` captured as a CUDA graph (into this cache's one memory pool, from its one
+        side stream, as sharing a pool asks) and the output tensor its replays write."""
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        previous = torch.cuda.current_stream(self.device)
+        clear_cublas_workspaces()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._side()):
+                out = run(static)
+        finally:
+            torch.cuda.set_stream(previous)  # a capture that failed would leave its stream current
+            clear_cublas_workspaces()
+        return graph, out
