@@ -166,15 +166,18 @@ def graph_bytes(opts: SpecDecOptions, config, rows: int, dtype: torch.dtype, dra
     return max(rows, 1) * vocab * (widest * (widest + 1) // 2 * placement.DTYPE_BYTES.get(dtype, 4) + widest * 4)
 
 
-def prefill_row_bytes(opts: SpecDecOptions, config, prompt_tokens: int, dtype: torch.dtype) -> int:
-    """Batched with CUDA graphs, a model prefills each new row through a one-row static cache of
-    its own (`SlotKV.prefill`), as long as the longest prompt padded to its prefill width (an
-    encoder-decoder's cross-attention columns): one more row of prompt columns."""
+def prefill_bytes(opts: SpecDecOptions, config, prompt_tokens: int, dtype: torch.dtype) -> int:
+    """Batched with CUDA graphs, a model prefills new rows together through a static cache of its
+    own (`SlotKV.prefill`: up to `ADMIT_ROWS` rows), as long as the longest prompt padded to its
+    prefill width (an encoder-decoder's cross-attention columns): that many more rows of prompt
+    columns."""
+    from specdec_core.slot_kv import ADMIT_ROWS
     from specdec_core.static_decoder import capacity_for, prefill_width
 
     if opts.batch_size <= 1 or not _static(opts, config):
         return 0
-    return placement.kv_bytes(config, 1, capacity_for(prefill_width(max(prompt_tokens, 1))), 0, dtype)
+    rows = min(opts.batch_size, ADMIT_ROWS)
+    return placement.kv_bytes(config, rows, capacity_for(prefill_width(max(prompt_tokens, 1))), 0, dtype)
 
 
 def weights_need(opts: SpecDecOptions, target, rows: int = 0, prompt_tokens: int = 0) -> Footprint:
@@ -190,8 +193,8 @@ def weights_need(opts: SpecDecOptions, target, rows: int = 0, prompt_tokens: int
         need = replace(need, draft_weights=int(need.draft_weights * scale), draft_kv=int(need.draft_kv * scale))
     graphs = graph_bytes(opts, target, rows, dtype) + (graph_bytes(opts, draft, rows, draft_dtype, draft=True)
                                                        if draft is not None else 0)
-    prefill = prefill_row_bytes(opts, target, prompt_tokens, dtype)
-    draft_prefill = prefill_row_bytes(opts, draft, prompt_tokens, draft_dtype) if draft is not None else 0
+    prefill = prefill_bytes(opts, target, prompt_tokens, dtype)
+    draft_prefill = prefill_bytes(opts, draft, prompt_tokens, draft_dtype) if draft is not None else 0
     need = replace(need, target_kv=need.target_kv + prefill, draft_kv=need.draft_kv + draft_prefill,
                    prefill=prefill + draft_prefill)
     return replace(need, graphs=graphs)

@@ -90,7 +90,7 @@ def prefill_chunks(lengths: list[int], budget: int | None) -> list[list[int]]:
 
 
 def _by_rows(kv: BatchKV | SlotKV | None, rows: int) -> bool:
-    """Whether these many new rows enter this cache one by one through graphs (`SlotKV.prefill`)
+    """Whether these many new rows enter this cache through graphs (`SlotKV.prefill`)
     rather than in padded eager passes (`PassSettings.graph_prefill_rows`)."""
     return (isinstance(kv, SlotKV) and kv.prefills_in_graphs
             and (kv.settings.graph_prefill_rows is None or rows <= kv.settings.graph_prefill_rows))
@@ -345,7 +345,7 @@ class BatchSpeculativeGenerator:
     def _prefill(self, model: PreTrainedModel, kv: BatchKV | SlotKV, rows: list[_Row], into: list[int] | None,
                  encoded: list | None = None) -> list:
         """Each row's committed tokens but the newest into `kv`, in passes of at most
-        `prefill_tokens` tokens (slots with graphs: row by row, `SlotKV.prefill`), merged after
+        `prefill_tokens` tokens (slots with graphs: `SlotKV.prefill`'s passes), merged after
         the rows there or written over the rows `into`.
         Encoder-decoder: returns the encoder's outputs per pass (tensors), or per row through
         graphs (`StaticDecoder.encoded` dicts);

@@ -17,7 +17,7 @@ class PassSettings:
     # None: with the compiled passes in the batch engine's slots (at B = 32 on an H200 its new
     # rows' prefills ran 1.33x faster compiled), not at batch 1 (not measured there).
     compile_prefills: bool | None = None
-    # Rows admitted together beyond this many prefill in padded eager passes instead of one-row
+    # Rows admitted together beyond this many prefill in padded eager passes instead of
     # graphs (None: never).
     graph_prefill_rows: int | None = None
     # Passes' inputs copied to the GPU from pinned memory without waiting for it (CUDA only).

@@ -97,7 +97,7 @@ class Footprint:
     largest_block: int
     target_params: int = 0
     graphs: int = 0  # what CUDA graphs keep besides the caches: their passes' logits
-    prefill: int = 0  # of the KV caches: the one-row prefillers' (once, whatever the batch size)
+    prefill: int = 0  # of the KV caches: the new rows' prefill caches' (once, whatever the batch size)
 
     @property
     def total(self) -> int:

@@ -10,9 +10,10 @@ width serves every round. Free slots and short rows feed pads that land past the
 lengths and are overwritten later.
 
 It keeps `BatchKV`'s interface for the batch engine (rows in the engine's order, `forward`,
-`rollback`, `drop`, `place`, `merge`). With graphs, a row's prompt is prefilled through a
-one-row `StaticDecoder`'s padded graphs (a decoder-only model's prefill, an encoder-decoder's
-encoder pass and cross-attention keys/values) and its columns copied into its slot (`prefill`);
+`rollback`, `drop`, `place`, `merge`). With graphs, new rows' prompts are prefilled together
+through a static cache's graphs of padded widths and row counts (a decoder-only model's prefill,
+an encoder-decoder's encoder pass and cross-attention keys/values) and their columns copied into
+their slots (`prefill`);
 otherwise prompts are prefilled into a `BatchKV` (eagerly, in passes as wide as the budget
 allows) and their columns copied into free slots, with an encoder-decoder row's cross-attention
 keys/values and encoder mask. Decoder-only and encoder-decoder models with full or sliding-window
@@ -31,9 +32,11 @@ from transformers import PreTrainedModel
 from specdec_core.batch_kv import BatchKV, bias_by_row, drop_order
 from specdec_core.decoder import decoder_position_modules, hooked
 from specdec_core.pass_settings import DEFAULT, PassSettings
-from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticDecoder, StaticKV
+from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticKV
 
 log = logging.getLogger(__name__)
+
+ADMIT_ROWS = 16  # the most new rows prefilled in one pass (`SlotKV.prefill`)
 
 
 class SlotKV(StaticKV):
@@ -51,7 +54,7 @@ class SlotKV(StaticKV):
         # Encoder-decoder: each relative position bias at each row's own positions (`_by_row`), made once.
         biases = decoder_position_modules(model)[1] if self.encdec else []
         self._bias_by_row = {m: bias_by_row(m, lambda: self.positions, self._key_columns) for m in biases}
-        self._prefiller: StaticDecoder | None = None  # new rows' prefills (`prefill`), made on first use
+        self._prefiller: StaticKV | None = None  # new rows' prefills (`prefill`), made on first use
 
     def _reset(self) -> None:
         self.lengths = [0] * self.buffer_rows
@@ -206,40 +209,49 @@ class SlotKV(StaticKV):
     def prefill(self, feeds: list[list[int]], into: list[int] | None = None, prompts: list[list[int]] | None = None,
                 encoded: list[dict] | None = None) -> list[dict]:
         """New rows' tokens (all but their newest), merged after the batch's rows in free slots or
-        written over the rows `into`. Each row is prefilled through a one-row static decoder of
-        this model, whose prefills replay a graph per padded width (`StaticDecoder._prefill`;
-        an encoder-decoder's encoder pass and cross-attention keys/values of its `prompts`,
-        `StaticDecoder.encode`, given `encoded`: those of a model sharing the encoder), and its
-        columns copied into its slot: an eager prefill costs the host a decode step's launches,
-        and a batch whose rows finish at different rounds admits rows one by one. Returns an
-        encoder-decoder's `encoded` per row (`StaticDecoder.encoded`)."""
+        written over the rows `into`. The rows are prefilled together, up to `ADMIT_ROWS` a pass,
+        in a static cache of this model's own (`StaticKV.prefill_rows`: a graph per padded width and
+        row count; an encoder-decoder's encoder pass and cross-attention keys/values of its
+        `prompts`, `StaticKV.encode_rows`, given `encoded`: those of a model sharing the encoder),
+        and their columns copied into their slots: an eager prefill costs the host a decode step's
+        launches, and one pass per row cost a wide batch most of its time. Returns an
+        encoder-decoder's `encoded` per row."""
         slots = self._take_free(len(feeds)) if into is None else [self.slot_of[b] for b in into]
         if self._prefiller is None:
             settings = replace(self.settings, compile_prefills=self.passes.compile_prefills)
-            self._prefiller = StaticDecoder(self.model, graphs=True, max_graph_width=self.max_graph_width,
-                                            strict=self.passes.strict, min_width=self.min_width, settings=settings)
-        pre, setup, out = self._prefiller, self._prefiller.passes.capture_s, []
-        for j, (slot, feed) in enumerate(zip(slots, feeds, strict=True)):
-            self.lengths[slot] = 0
-            pre.rollback(0)
+            self._prefiller = StaticKV(self.model, min(self.buffer_rows, ADMIT_ROWS), graphs=True,
+                                       max_graph_width=self.max_graph_width, strict=self.passes.strict,
+                                       min_width=self.min_width, settings=settings)
+        pre, out = self._prefiller, []
+        setup = pre.passes.capture_s
+        for first in range(0, len(slots), pre.buffer_rows):
+            part = slice(first, first + pre.buffer_rows)
+            into_slots, part_feeds = slots[part], feeds[part]
+            for slot in into_slots:
+                self.lengths[slot] = 0
             if self.encdec:
-                pre.encode(prompts[j], encoded[j] if encoded else None)
-                out.append(pre.encoded)
-                visible = pre.encoded["attention_mask"]  # (1, the padded width the encoder wrote)
-                w = visible.shape[1]
-                self._copy_cross([slot], [(c.keys[:, :, :w], c.values[:, :, :w]) for c in pre.cross.layers], visible)
-            if not feed:
+                rows = pre.encode_rows(prompts[part], encoded[part] if encoded else None)
+                out += rows
+                visible = torch.cat([e["attention_mask"] for e in rows])  # (rows, the padded width written)
+                r, w = visible.shape
+                self._copy_cross(into_slots, [(c.keys[:r, :, :w], c.values[:r, :, :w]) for c in pre.cross.layers],
+                                 visible)
+            fed = [j for j, f in enumerate(part_feeds) if f]  # (a one-token prompt prefills nothing)
+            if not fed:
                 continue
-            pre.forward(feed, 0)
-            n = len(feed)
+            pre.prefill_rows([part_feeds[j] for j in fed], [0] * len(fed))
+            n = max(len(part_feeds[j]) for j in fed)
             if n > self.capacity:
                 self._grow(n, self.width)
+            # All rows in one write per buffer, a row's pads landing past its length (hidden).
+            index = torch.tensor([into_slots[j] for j in fed], device=self.device)
             for layer, theirs in zip(self.own_layers, pre.own_layers, strict=True):
                 if not layer.is_initialized:
                     layer.lazy_initialization(theirs.keys, theirs.values)
-                layer.keys[slot, :, :n] = theirs.keys[0, :, :n]
-                layer.values[slot, :, :n] = theirs.values[0, :, :n]
-            self.lengths[slot] = n
+                layer.keys[index, :, :n] = theirs.keys[: len(fed), :, :n]
+                layer.values[index, :, :n] = theirs.values[: len(fed), :, :n]
+            for j in fed:
+                self.lengths[into_slots[j]] = len(part_feeds[j])
         self.passes.capture_s += pre.passes.capture_s - setup
         return out
 

@@ -71,6 +71,18 @@ def prefill_width(n: int) -> int:
     return -(-n // PREFILL_STEP) * PREFILL_STEP
 
 
+def admission_rows(rows: int, most: int) -> int:
+    """The rows a pass that admits this many new rows runs over (its graph's): 1, 4 or 16, at most
+    `most`. Dummy rows fill the rest, in scratch rows of the admitting cache."""
+    return min(next(r for r in (1, 4, 16, rows) if r >= rows), most)
+
+
+def _first_rows(keys: torch.Tensor, values: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pass over the first `rows` rows of the buffers (new rows admitted together) writes and reads
+    those: views of the buffers, so the writes land in them."""
+    return (keys, values) if rows == keys.shape[0] else (keys[:rows], values[:rows])
+
+
 class _Buffers(CacheLayerMixin):
     """One layer's keys/values in fixed buffers (rows, heads, columns, dim) sized by its owner."""
 
@@ -112,10 +124,11 @@ class _FixedLayer(_Buffers):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        keys, values = _first_rows(self.keys, self.values, key_states.shape[0])
         slots = self.owner.slots[:, None, :, None]  # (rows, 1, width, 1): distinct columns per row
-        self.keys.scatter_(2, slots.expand(-1, key_states.shape[1], -1, key_states.shape[-1]), key_states)
-        self.values.scatter_(2, slots.expand(-1, value_states.shape[1], -1, value_states.shape[-1]), value_states)
-        return self.keys, self.values
+        keys.scatter_(2, slots.expand(-1, key_states.shape[1], -1, key_states.shape[-1]), key_states)
+        values.scatter_(2, slots.expand(-1, value_states.shape[1], -1, value_states.shape[-1]), value_states)
+        return keys, values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.capacity, 0
@@ -144,12 +157,13 @@ class _CrossLayer(_Buffers):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized or self.keys.shape[2] != self.owner.enc_capacity:
             self.lazy_initialization(key_states, value_states)
+        keys, values = _first_rows(self.keys, self.values, key_states.shape[0])
         n = key_states.shape[2]
-        self.keys[:, :, :n] = key_states
-        self.values[:, :, :n] = value_states
-        self.keys[:, :, n:] = 0
-        self.values[:, :, n:] = 0
-        return self.keys, self.values
+        keys[:, :, :n] = key_states
+        values[:, :, :n] = value_states
+        keys[:, :, n:] = 0
+        values[:, :, n:] = 0
+        return keys, values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.enc_capacity, 0
@@ -241,6 +255,8 @@ class StaticKV:
         # (rows, 1, 1, enc_capacity), in place for every pass (`_grow_encoder` sizes them).
         self.encdec = bool(model.config.is_encoder_decoder)
         self.enc_capacity = 0
+        self._start: torch.Tensor | None = None  # the decoder start ids (1, 1), on the device
+        self._first = torch.zeros((1, 1), dtype=torch.long, device=self.device)  # the start token's position
         self.cross = Cache(layers=[_CrossLayer(self) for _ in range(self.layers)]) if self.encdec else None
         # Encoder-decoder position embeddings that count positions from ids (M2M100, NLLB), and
         # this cache's copy of each one's table (`_copy_tables`).
@@ -333,8 +349,8 @@ class StaticKV:
             self.positions = positions  # read by relative biases in slots (`SlotKV._by_row`), and `_table_forward`
             # (the encoder mask at the pass's own query count: some attention modules check its size)
             out = self.model(decoder_input_ids=ids, decoder_attention_mask=mask,
-                             attention_mask=self.enc_mask.expand(-1, -1, w, -1),
-                             encoder_outputs=BaseModelOutput(last_hidden_state=self.unused),
+                             attention_mask=self.enc_mask[: ids.shape[0]].expand(-1, -1, w, -1),
+                             encoder_outputs=BaseModelOutput(last_hidden_state=self.unused[: ids.shape[0]]),
                              cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
         else:
             out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
@@ -454,6 +470,121 @@ class StaticKV:
         self.passes.drop()  # they hold the old buffers' addresses
 
 
+    # -- prompts: new rows' prefills, together in one pass ----------------------------------------
+
+    @torch.inference_mode()
+    def encode_rows(self, prompts: list[list[int]], encoded: list[dict] | None = None) -> list[dict]:
+        """Encoder-decoder: these prompts' encoder outputs (run now, or `encoded`: another decoder's
+        per row, from this model's own encoder module) and their cross-attention keys/values, written
+        into the first rows of the fixed buffers (row j's in row j) by a one-token decoder pass whose
+        self-attention is thrown away (`_cross`). With graphs, the prompts are padded
+        (`_encoder_width`) and the rows (`admission_rows`), and the encoder pass and that decoder pass
+        each replay a graph per (width, rows): eagerly, they cost the host as many launches as two
+        decode steps, paid again for every admission. The pads are masked everywhere, so a prompt's
+        encoder outputs and keys/values are its own, up to the rounding of other kernel shapes. An
+        encoder that cannot be captured (BART's in float16 checks its outputs on the host) runs
+        eagerly over the padded prompts. Returns each row's outputs and mask (for a draft sharing the
+        encoder)."""
+        r = len(prompts)
+        rows = admission_rows(r, self.buffer_rows)
+        n = max(len(p) for p in prompts)
+        graphed = self.passes.prompt_graphs("cross") and n <= MAX_PREFILL_GRAPH
+        if encoded is None:
+            width = self._encoder_width(n) if graphed else n
+        else:  # graphed where padded as this decoder pads (not, say, a growing cache's outputs)
+            width = encoded[0]["encoder_outputs"].last_hidden_state.shape[1]
+            same = all(e["encoder_outputs"].last_hidden_state.shape[1] == width for e in encoded)
+            if not same:  # (rows prefilled another way: the encoder runs again)
+                return self.encode_rows(prompts)
+            graphed = graphed and width == self._encoder_width(n)
+        if width > self.enc_capacity:  # new buffers (and graphs over them)
+            self._grow_encoder(width)
+        seen = torch.tensor([len(p) for p in prompts] + [1] * (rows - r))  # (a dummy row sees its first pad)
+        self.enc_mask[:rows] = torch.zeros((), dtype=self.enc_mask.dtype).masked_fill(
+            torch.arange(self.enc_capacity)[None] >= seen[:, None], self._low).to(self.device)[:, None, None]
+        if self._start is None:
+            self._start = torch.tensor([initial_decoder_ids(self.model, [])], device=self.device)
+        self._copy_tables()
+        key = (lambda kind: (kind, width)) if rows == 1 else (lambda kind: (kind, width, rows))
+        of = "" if rows == 1 else f" of {rows} rows"
+        if encoded is None:
+            pad = getattr(self.model.config, "pad_token_id", None) or 0
+            ids = torch.tensor([p + [pad] * (width - len(p)) for p in prompts] + [[pad] * width] * (rows - r))
+            visible = (torch.arange(width)[None] < seen[:, None]).long().to(self.device)
+
+            def eager(x: torch.Tensor) -> torch.Tensor:  # (without graphs unpadded: all ones, as `generate()` has it)
+                return self.model.get_encoder()(input_ids=x.to(self.device), attention_mask=visible).last_hidden_state
+
+            if graphed and self.passes.prompt_graphs("encode") and not self._encoder_slides:
+                # A copy: a graph's output is overwritten by the next admission's replay. An encoder
+                # that cannot be captured (LED's reads its global attention on the host, and takes
+                # no 4D mask) runs `eager` over the padded prompts.
+                hidden = self.passes.run(key("encode"), ids, self._encoder, f"the encoder over {width} tokens{of}",
+                                         graphed=True, fallback=eager).clone()
+            else:
+                hidden = eager(ids)
+        else:
+            hidden = torch.cat([e["encoder_outputs"].last_hidden_state for e in encoded])
+            visible = torch.cat([e["attention_mask"] for e in encoded])
+            if rows > r:
+                hidden = torch.cat([hidden, hidden[-1:].expand(rows - r, -1, -1)])
+        if graphed:
+            self.passes.run(key("cross"), hidden, self._cross,
+                            f"the cross-attention of {width} encoder outputs{of}", graphed=True)
+        else:
+            self._cross(hidden)
+        return [{"encoder_outputs": BaseModelOutput(last_hidden_state=hidden[j:j + 1]),
+                 "attention_mask": visible[j:j + 1]} for j in range(r)]
+
+    def _encoder_width(self, n: int) -> int:
+        """The width a graphed encoder pass of an n-token prompt is padded to: `prefill_width`,
+        within the encoder's position table where it has one (`loading.positions`: BART's learned
+        positions, Marian's and Pegasus's sinusoidal ones; T5's are relative)."""
+        limit = positions(self.model.config, encoder=True)
+        return max(n, min(prefill_width(n), limit or prefill_width(n)))
+
+    def _encoder(self, ids: torch.Tensor) -> torch.Tensor:
+        """The encoder's outputs over padded prompts (rows, w), the pads hidden by `enc_mask` (a 4D
+        mask, which the model takes as it is, never reading it on the host); device ops only."""
+        rows, w = ids.shape  # (the mask at the pass's own query count: some attention modules check its size)
+        return self.model.get_encoder()(input_ids=ids, attention_mask=self.enc_mask[:rows, ..., :w].expand(
+            -1, -1, w, -1)).last_hidden_state
+
+    def _cross(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Every layer's cross-attention keys/values of these encoder outputs (rows, w, d) into the
+        first rows of the fixed buffers, by a one-token decoder pass; device ops only. Returns its
+        logits (a graph's output, which its check replay compares)."""
+        rows = hidden.shape[0]
+        cache = EncoderDecoderCache(Cache(layers=[_Scratch() for _ in range(self.layers)]), self.cross)
+        cache.is_updated = dict.fromkeys(range(self.layers), False)  # every layer computes its keys and writes them
+        kwargs = {"logits_to_keep": 1} if self._logits_kwarg else {}
+        # A 4D decoder mask (the token sees itself), taken as it is: nothing is read on the host.
+        alone = torch.zeros((rows, 1, 1, 1), dtype=self.model.dtype, device=self.device)
+        self.positions = self._first.expand(rows, 1)  # the token's position, for `_tables` (`_by_row`)
+        with self._by_row():
+            return self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden),
+                              attention_mask=self.enc_mask[:rows], decoder_input_ids=self._start.expand(rows, 1),
+                              decoder_attention_mask=alone, cache=cache, use_cache=True, **kwargs).logits
+
+    def prefill_rows(self, feeds: list[list[int]], bases: list[int]) -> None:
+        """These rows' tokens into the first rows of the cache (row j's from column bases[j] on), no
+        logits kept, in one pass: padded to `prefill_width` and (`admission_rows`) rows, and with
+        graphs replayed as that (width, rows) graph. Eagerly, a prefill is as many launches as a
+        decode step (our eager 1.1B target alone decoded at 16 ms per token on an H200, launch-bound:
+        BENCHMARKS.md), paid again for every admission. The pads land past the tokens' columns,
+        hidden, and later passes overwrite them; causal attention keeps the tokens' own keys and
+        values those of the unpadded pass, up to the rounding of other matmul shapes."""
+        r = len(feeds)
+        rows = admission_rows(r, self.buffer_rows)
+        n = max(len(f) for f in feeds)
+        padded = n <= MAX_PREFILL_GRAPH
+        width = prefill_width(n) if padded else n
+        self._fit(max(bases) + width, max(bases))
+        inp = self._inputs(feeds + [[]] * (rows - r), bases + [0] * (rows - r), 0, width)
+        key, of = (("prefill", width), "") if rows == 1 else (("prefill", width, rows), f" of {rows} rows")
+        self.passes.run(key, inp, lambda x: self._pass(x, 1), f"a {width}-token prefill{of}", graphed=padded)
+
+
 class StaticDecoder(StaticKV):
     """`CachedDecoder`'s interface (forward, rollback, length) over a one-row static cache, for
     one item at a time: `acquire` takes it for an item (empty), `release` gives it back. The
@@ -466,110 +597,21 @@ class StaticDecoder(StaticKV):
                          min_width=min_width, settings=settings)
         self.length = 0
         self.encoded: dict = {}  # decoder-only: no encoder outputs (CachedDecoder's interface)
-        self._start: torch.Tensor | None = None  # encoder-decoder: the decoder start ids (1, 1), on the device
-        self._first = torch.zeros((1, 1), dtype=torch.long, device=self.device)  # the start token's position
 
     def _reset(self) -> None:
         self.length = 0
 
-    @torch.inference_mode()
     def encode(self, prompt_ids: list[int], encoded: dict | None = None) -> None:
-        """Encoder-decoder: this item's encoder outputs (run now, or `encoded`: another decoder's,
-        from this model's own encoder module) and its cross-attention keys/values, written into
-        the fixed buffers by a one-token decoder pass whose self-attention is thrown away
-        (`_cross`). With graphs, the prompt is padded (`_encoder_width`) and the encoder pass and
-        that decoder pass each replay a graph per width: eagerly, they cost the host as many
-        launches as two decode steps, paid again for every prompt. The pads are masked
-        everywhere, so a prompt's encoder outputs and keys/values are its own, up to the rounding
-        of other kernel shapes. An encoder that cannot be captured (BART's in float16 checks its
-        outputs on the host) runs eagerly over the padded prompt. `self.encoded` then holds the
-        outputs (and their mask) for a draft sharing the encoder. A no-op for a decoder-only model."""
-        if not self.encdec:
-            return
-        n = len(prompt_ids)
-        graphed = self.passes.prompt_graphs("cross") and n <= MAX_PREFILL_GRAPH
-        if encoded is None:
-            width = self._encoder_width(n) if graphed else n
-        else:  # graphed where padded as this decoder pads (not, say, a growing cache's outputs)
-            width = encoded["encoder_outputs"].last_hidden_state.shape[1]
-            graphed = graphed and width == self._encoder_width(n)
-        if width > self.enc_capacity:  # new buffers (and graphs over them)
-            self._grow_encoder(width)
-        self.enc_mask.zero_()
-        self.enc_mask[..., n:] = self._low
-        if self._start is None:
-            self._start = torch.tensor([initial_decoder_ids(self.model, [])], device=self.device)
-        self._copy_tables()
-        if encoded is None:
-            pad = getattr(self.model.config, "pad_token_id", None) or 0
-            ids = torch.tensor([prompt_ids + [pad] * (width - n)])
-            visible = (torch.arange(width) < n).long()[None].to(self.device)
-
-            def eager(x: torch.Tensor) -> torch.Tensor:  # (without graphs unpadded: all ones, as `generate()` has it)
-                return self.model.get_encoder()(input_ids=x.to(self.device), attention_mask=visible).last_hidden_state
-
-            if graphed and self.passes.prompt_graphs("encode") and not self._encoder_slides:
-                # A copy: a graph's output is overwritten by the next item's replay. An encoder that
-                # cannot be captured (LED's reads its global attention on the host, and takes no 4D
-                # mask) runs `eager` over the padded prompt.
-                hidden = self.passes.run(("encode", width), ids, self._encoder, f"the encoder over {width} tokens",
-                                         graphed=True, fallback=eager).clone()
-            else:
-                hidden = eager(ids)
-            encoded = {"encoder_outputs": BaseModelOutput(last_hidden_state=hidden), "attention_mask": visible}
-        hidden = encoded["encoder_outputs"].last_hidden_state
-        if graphed:
-            self.passes.run(("cross", width), hidden, self._cross, f"the cross-attention of {width} encoder outputs",
-                            graphed=True)
-        else:
-            self._cross(hidden)
-        self.encoded = encoded
-
-    def _encoder_width(self, n: int) -> int:
-        """The width a graphed encoder pass of an n-token prompt is padded to: `prefill_width`,
-        within the encoder's position table where it has one (`loading.positions`: BART's learned
-        positions, Marian's and Pegasus's sinusoidal ones; T5's are relative)."""
-        limit = positions(self.model.config, encoder=True)
-        return max(n, min(prefill_width(n), limit or prefill_width(n)))
-
-    def _encoder(self, ids: torch.Tensor) -> torch.Tensor:
-        """The encoder's outputs over a padded prompt (1, w), the pads hidden by `enc_mask` (a 4D
-        mask, which the model takes as it is, never reading it on the host); device ops only."""
-        w = ids.shape[1]  # (the mask at the pass's own query count: some attention modules check its size)
-        return self.model.get_encoder()(input_ids=ids, attention_mask=self.enc_mask[..., :w].expand(-1, -1, w, -1)
-                                        ).last_hidden_state
-
-    def _cross(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Every layer's cross-attention keys/values of these encoder outputs into the fixed
-        buffers, by a one-token decoder pass; device ops only. Returns its logits (a graph's
-        output, which its check replay compares)."""
-        cache = EncoderDecoderCache(Cache(layers=[_Scratch() for _ in range(self.layers)]), self.cross)
-        cache.is_updated = dict.fromkeys(range(self.layers), False)  # every layer computes its keys and writes them
-        kwargs = {"logits_to_keep": 1} if self._logits_kwarg else {}
-        # A 4D decoder mask (the token sees itself), taken as it is: nothing is read on the host.
-        alone = torch.zeros((1, 1, 1, 1), dtype=self.model.dtype, device=self.device)
-        self.positions = self._first  # the token's position, for `_tables` (`_by_row`)
-        with self._by_row():
-            return self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=self.enc_mask,
-                              decoder_input_ids=self._start, decoder_attention_mask=alone, cache=cache,
-                              use_cache=True, **kwargs).logits
+        """Encoder-decoder: this item's encoder outputs and cross-attention keys/values
+        (`encode_rows`), its outputs kept in `encoded` for a draft sharing the encoder; a no-op for
+        a decoder-only model."""
+        if self.encdec:
+            self.encoded = self.encode_rows([prompt_ids], None if encoded is None else [encoded])[0]
 
     def _prefill(self, tokens: list[int]) -> None:
-        """`tokens` into the cache after its `length`, no logits kept, for `_prefill_head` (graphs
-        and prefill graphs on, decoder-only): padded to `prefill_width` and replayed as that width's
-        graph. Eagerly, a prefill is as many launches as a decode step (our eager 1.1B target alone
-        decoded at 16 ms per token on an H200, launch-bound: BENCHMARKS.md), paid again for every
-        prompt. The pads land past the tokens' columns, hidden, and later passes overwrite them;
-        causal attention keeps the tokens' own keys and values those of the unpadded pass, up to
-        the rounding of other matmul shapes."""
-        n = len(tokens)
-        padded = n <= MAX_PREFILL_GRAPH
-        width = prefill_width(n) if padded else n
-        self._fit(self.length + width, self.length)
-        inp = self._inputs([tokens], [self.length], 0, width)
-        self.passes.run(("prefill", width), inp, lambda x: self._pass(x, 1), f"a {width}-token prefill",
-                        graphed=padded)
-        self.length += n
+        """`tokens` into the cache after its `length` (`prefill_rows`), for `_prefill_head`."""
+        self.prefill_rows([tokens], [self.length])
+        self.length += len(tokens)
 
     def _prefill_head(self, new: list[int], tail: int) -> list[int]:
         """With graphs (decoder-only): a feed of no logits, or one wider than any decode graph,

@@ -148,7 +148,7 @@ def test_fit_problem_names_the_flag_with_the_numbers():
     msg = fit_problem(kv, one_l4, plan_copies("cuda", "none", one_l4), batch_size=16, device_map="none", tokens=900)
     assert msg.startswith("--batch_size 16: ") and "use --batch_size 6 or less" in msg
     assert "\n" not in msg
-    # A one-row prefiller's cache is there once, whatever the batch: the advice then fits.
+    # The prefills' cache is there once, whatever the batch: the advice then fits.
     prefilled = replace(kv, target_kv=kv.target_kv + 2 * GIB, prefill=2 * GIB)
     msg = fit_problem(prefilled, one_l4, plan_copies("cuda", "none", one_l4), batch_size=16, device_map="none",
                       tokens=900)
@@ -392,20 +392,23 @@ def test_static_caches_are_counted_in_their_allocation_steps(tmp_path, tokenizer
     assert graph_bytes(SpecDecOptions([*base, "--batch_size", "4"]), config, 4, torch.bfloat16) == \
         4 * vocab * (15 * 2 + 5 * 4)
     assert graph_bytes(SpecDecOptions([*base, "--cuda_graphs", "off"]), config, 4, torch.bfloat16) == 0
-    # Batched, each new row is prefilled through a one-row cache of the longest prompt's padded width.
-    from pipeline.fit import prefill_row_bytes, weights_need
+    # Batched, new rows are prefilled together (up to 16 a pass) through a cache of the longest
+    # prompt's padded width.
+    from pipeline.fit import prefill_bytes, weights_need
     from specdec_core.placement import kv_bytes
 
     batched = SpecDecOptions([*base, "--batch_size", "4"])
-    assert prefill_row_bytes(batched, config, 600, torch.bfloat16) == kv_bytes(config, 1, 1024, 0, torch.bfloat16)
-    assert prefill_row_bytes(SpecDecOptions(base), config, 600, torch.bfloat16) == 0  # batch 1: no second cache
-    assert prefill_row_bytes(SpecDecOptions([*base, "--batch_size", "4", "--cuda_graphs", "off"]), config, 600,
-                             torch.bfloat16) == 0
-    # An encoder-decoder row's prefill cache: its cross-attention columns, 600 padded to 1024.
-    assert prefill_row_bytes(batched, t5, 600, torch.bfloat16) == kv_bytes(t5, 1, 1024, 0, torch.bfloat16)
-    # Four rows of 600 + 105 columns in 1024, and the prefill row of 600 padded to 1024 (bfloat16 for a GPU).
+    assert prefill_bytes(batched, config, 600, torch.bfloat16) == kv_bytes(config, 4, 1024, 0, torch.bfloat16)
+    wide = SpecDecOptions([*base, "--batch_size", "64"])
+    assert prefill_bytes(wide, config, 600, torch.bfloat16) == kv_bytes(config, 16, 1024, 0, torch.bfloat16)
+    assert prefill_bytes(SpecDecOptions(base), config, 600, torch.bfloat16) == 0  # batch 1: no second cache
+    assert prefill_bytes(SpecDecOptions([*base, "--batch_size", "4", "--cuda_graphs", "off"]), config, 600,
+                         torch.bfloat16) == 0
+    # An encoder-decoder's prefill cache: its cross-attention columns, 600 padded to 1024.
+    assert prefill_bytes(batched, t5, 600, torch.bfloat16) == kv_bytes(t5, 4, 1024, 0, torch.bfloat16)
+    # Four rows of 600 + 105 columns in 1024, and four prefill rows of 600 padded to 1024 (bfloat16 for a GPU).
     assert weights_need(batched, config, rows=4, prompt_tokens=600).target_kv == \
-        kv_bytes(config, 5, 1024, 0, torch.bfloat16)
+        kv_bytes(config, 8, 1024, 0, torch.bfloat16)
 
 
 def test_a_gs_model_of_its_own_code_skips_the_fit_check(monkeypatch, caplog):

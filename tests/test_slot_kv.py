@@ -23,7 +23,7 @@ from specdec_core.pass_settings import PassSettings
 from specdec_core.plan import slot_kv_for
 from specdec_core.processing import SamplingSettings
 from specdec_core.slot_kv import SlotKV
-from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticDecoder
+from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticDecoder, StaticKV
 from tests.family_models import WINDOW_FAMILIES
 from tests.numerics import assert_logits_close, logit_tolerance
 from tests.test_batch_engine import TEXTS, check_a_round, drafter_for, hf_greedy
@@ -384,7 +384,7 @@ def test_sliding_window_families_in_slots_equal_generate(family, graphs, fake_gr
     a sliding window (6 tokens) that every row passes, all layers' (Mistral, Phi-3, StarCoder2)
     or every other one's (Gemma 2/3/3n/4, GPT-OSS with its attention sinks; Gemma 3n's and 4's
     last layers reuse earlier layers' keys and values, which no cache holds), eagerly and through
-    graph replays: rows enter slots through the one-row prefiller's graphs or in a padded
+    graph replays: rows enter slots together through the prefills' graphs or in a padded
     prefill, and each slot's mask hides what its row's window leaves."""
     from tests.family_models import V, family_model
 
@@ -529,11 +529,12 @@ def test_encoder_decoder_rows_in_slots_equal_generate(family, graphs, fake_graph
 
 
 @pytest.mark.parametrize("family", ["t5", "bart"])
-def test_encoder_decoder_rows_enter_slots_one_by_one_through_graphs(family, fake_graphs, monkeypatch):
-    """With graphs, each new row's encoder pass and cross-attention keys/values replay a graph per
-    padded prompt width (no padded cache is made), BART's width kept within its position table;
-    a draft sharing the target's encoder replays only the cross-attention of the target's
-    outputs, or runs its own encoder where it prefills another way (its slots busy)."""
+def test_encoder_decoder_rows_enter_slots_together_through_graphs(family, fake_graphs, monkeypatch):
+    """With graphs, new rows' encoder pass and cross-attention keys/values replay a graph per
+    padded prompt width and row count, the rows admitted together in one pass (no padded cache is
+    made), BART's width kept within its position table; a draft sharing the target's encoder
+    replays only the cross-attention of the target's outputs, or runs its own encoder where it
+    prefills another way (its slots busy)."""
     from specdec_core.loading import share_encoder
     from tests.family_models import V, family_model
     from tests.test_batch_families import hf_greedy as hf_greedy_seq2seq
@@ -555,12 +556,20 @@ def test_encoder_decoder_rows_enter_slots_one_by_one_through_graphs(family, fake
     # (built first: its self-checks at load run a padded batch of their own)
     engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=3,
                                        max_new_tokens=10, cuda_graphs="on")
+    admissions = []
+    encode_rows = StaticKV.encode_rows
     with monkeypatch.context() as patch:
         patch.setattr(BatchKV, "encode", no_padded_cache)
+        patch.setattr(StaticKV, "encode_rows", lambda self, p, *a: admissions.append((self, len(p)))
+                      or encode_rows(self, p, *a))
         tkv, dkv = (graphed(engine.slots[id(m)], True) for m in (target, draft))
         assert [o.tokens for o in engine.generate_many([(p, 0) for p in prompts])] == reference
-    assert set(tkv._prefiller.passes.kept) == {(kind, w) for w in widths for kind in ("encode", "cross")}
-    assert set(dkv._prefiller.passes.kept) == {("cross", w) for w in widths}  # the draft never ran its encoder
+    target_rows = [n for who, n in admissions if who is tkv._prefiller]
+    assert target_rows[0] == 3 and sum(target_rows) == len(prompts)  # the first three in one pass
+    kept = tkv._prefiller.passes.kept
+    assert {key[0] for key in kept} == {"encode", "cross"} and {key[1] for key in kept} <= widths
+    assert ("encode", max(widths), 3) in kept  # three rows, BART's width within its table
+    assert {key[0] for key in dkv._prefiller.passes.kept} == {"cross"}  # the draft never ran its encoder
     assert tkv.prefills_in_graphs and dkv.prefills_in_graphs
     assert dkv.acquire()  # another call holds the draft's slots: it prefills a padded cache, encoding itself
     try:
@@ -747,23 +756,24 @@ def test_prefills_replay_one_graph_per_padded_width(models, prompts, kind, fake_
 
 @pytest.mark.parametrize("graph_prefills", [True, False], ids=["prefill-graphs", "padded-prefills"])
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
-def test_rows_admitted_one_by_one_prefill_through_graphs(models, prompts, kind, graph_prefills, fake_graphs,
-                                                         monkeypatch):
-    """Slots with graphs take new rows through a one-row static decoder's padded prefill graphs
-    (no padded batch cache is made for them) and copy them into their slots, growing the slots
-    beside live rows: rows that finish at different rounds are refilled one by one, each prefill a
-    replay, a one-token prompt prefills nothing, and greedy output equals `generate()`; with
-    prefill graphs off (the GPU bench's comparison), rows enter through a padded cache again."""
+def test_rows_admitted_together_prefill_through_graphs(models, prompts, kind, graph_prefills, fake_graphs,
+                                                       monkeypatch):
+    """Slots with graphs take new rows through a static cache's prefill graphs, a graph per padded
+    width and row count (no padded batch cache is made for them), and copy them into their slots,
+    growing the slots beside live rows: the first rows enter together in one pass, rows that
+    finish at different rounds are refilled as they finish, each prefill a replay, a one-token
+    prompt prefills nothing, and greedy output equals `generate()`; with prefill graphs off (the
+    GPU bench's comparison), rows enter through a padded cache again."""
     monkeypatch.setattr(static_decoder, "CAPACITY_STEP", 8)  # slots grow as longer rows come in
     target, draft = models[kind]
     padded = []
     forward = BatchKV.forward
     monkeypatch.setattr(BatchKV, "forward", lambda self, *a, **k: padded.append(self) or forward(self, *a, **k))
-    items = [prompts[i] for i in (0, 3, 1, 4, 5, 6, 2)]
+    items = [prompts[i] for i in (0, 1, 3, 4, 5, 6, 2)]
     prefilled = []
-    prefill = StaticDecoder._prefill
-    monkeypatch.setattr(StaticDecoder, "_prefill", lambda self, tokens: prefilled.append((self, len(tokens)))
-                        or prefill(self, tokens))
+    prefill = StaticKV.prefill_rows
+    monkeypatch.setattr(StaticKV, "prefill_rows", lambda self, feeds, bases: prefilled.append(
+        (self, [len(f) for f in feeds])) or prefill(self, feeds, bases))
     engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=2,
                                        num_speculative_tokens=3, max_new_tokens=12, cuda_graphs="on",
                                        settings=PassSettings(graph_prefills=graph_prefills))
@@ -777,9 +787,12 @@ def test_rows_admitted_one_by_one_prefill_through_graphs(models, prompts, kind, 
     assert not padded
     for kv in kvs:
         pre = kv._prefiller
-        assert sorted(n for who, n in prefilled if who is pre) == [3, 12, 17, 24, 27, 47]  # the 1-token prompt: none
-        # (each growth of the one-row decoder drops its graphs: those since the last one)
-        assert {key for key in pre.passes.kept if key[0] == "prefill"} <= {("prefill", w) for w in (4, 16, 32, 64)}
+        passes = [ns for who, ns in prefilled if who is pre]
+        assert sorted(sum(passes, [])) == [3, 12, 17, 24, 27, 47]  # the 1-token prompt: none
+        assert len(passes[0]) == 2  # the first two rows in one pass
+        # (each growth of the prefills' cache drops its graphs: those since the last one)
+        assert {key[:2] for key in pre.passes.kept} <= {("prefill", w) for w in (4, 16, 32, 64)}
+        assert {len(key) for key in pre.passes.kept} <= {2, 3}  # (one row, or several: their count)
         assert pre.passes.captures > 0 and kv.passes.capture_s >= pre.passes.capture_s
 
 

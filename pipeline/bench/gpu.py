@@ -368,10 +368,9 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
         if args.torch_compile:
             configs["ours, target alone, compiled"] = ours(b, NoDrafter(), compiled=True)
             configs["ours, draft, chained, compiled"] = ours(b, ModelDrafter(draft, chain=True), compiled=True)
-            # New rows' prefill graphs uncompiled (as before they were compiled with the passes); or
-            # rows admitted 4 (16) or more at a time prefilled in one padded eager pass (on the H200
-            # an eager pass of the 1.1B target took 13-15 ms, launch-bound), not a default: at B = 64
-            # and 128 one-row prefills took 60% of the time, where HF prefills a batch in one pass.
+            # New rows' prefill graphs uncompiled; or rows admitted 4 (16) or more at a time
+            # prefilled in one padded eager pass (on the H200 an eager pass of the 1.1B target took
+            # 13-15 ms, launch-bound) instead of the default's graphs of up to 16 rows a pass.
             configs["ours, draft, chained, compiled, uncompiled prefills"] = ours(
                 b, ModelDrafter(draft, chain=True), compiled=True, compiled_prefills=False)
             configs["ours, draft, chained, compiled, eager prefills of 4+ rows"] = ours(
@@ -379,7 +378,7 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
             configs["ours, draft, chained, compiled, eager prefills of 16+ rows"] = ours(
                 b, ModelDrafter(draft, chain=True), compiled=True, graph_prefill_rows=15)
             # Passes' inputs copied from pinned memory without waiting, so that the host queues
-            # new rows' one-row prefills while the GPU runs them (a plain copy waits for the GPU:
+            # new rows' prefills while the GPU runs them (a plain copy waits for the GPU:
             # the batched profiles had 117-184 ms in cudaStreamSynchronize per call); not a default.
             configs["ours, draft, chained, compiled, pinned inputs"] = ours(
                 b, ModelDrafter(draft, chain=True), compiled=True, pinned=True)
