@@ -882,3 +882,38 @@ def test_adaptive_costs_are_timed_inside_the_models_positions(models, prompts, e
             assert any(isinstance(key, tuple) for key in gen.slots[id(draft)].passes.kept)
     assert out == [hf_greedy(target, p, n) for p in rows]
     assert policy.costs is not None
+
+
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_many_new_rows_enter_in_few_graphed_passes(kind, models, prompts, fake_graphs, monkeypatch):
+    """More new rows than one prefill pass takes (`ADMIT_ROWS`, here 4): they enter in passes of
+    at most that many, padded to 1 or 4 rows with dummy rows in the prefills' scratch rows, and
+    every row's greedy output equals `generate()`, decoder-only and encoder-decoder."""
+    from specdec_core import slot_kv
+    from tests.test_batch_families import hf_greedy as hf_greedy_any
+
+    monkeypatch.setattr(slot_kv, "ADMIT_ROWS", 4)
+    target, draft = models[kind]
+    items = [prompts[i % len(prompts)] for i in range(11)]
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=7,
+                                       num_speculative_tokens=3, max_new_tokens=10, cuda_graphs="on")
+    kvs = [graphed(kv, True) for kv in engine.slots.values()]
+    passes = []  # the target's prefill passes: rows in each
+    name = "encode_rows" if target.config.is_encoder_decoder else "prefill_rows"
+    own = getattr(StaticKV, name)
+
+    def watched(self, rows, *args):
+        if self is kvs[0]._prefiller:
+            passes.append(len(rows))
+        return own(self, rows, *args)
+
+    monkeypatch.setattr(StaticKV, name, watched)
+    out = engine.generate_many([(p, 0) for p in items])
+    assert [o.tokens for o in out] == [hf_greedy_any(target, p, 10) for p in items]
+    # The first 7 rows in two passes (4 and 3), each row encoded or prefilled once (a decoder-only
+    # one-token prompt prefills nothing).
+    takes = [1 if target.config.is_encoder_decoder or len(p) > 1 else 0 for p in items]
+    assert passes[:2] == [sum(takes[:4]), sum(takes[4:7])] and all(n <= 4 for n in passes)
+    assert sum(passes) == sum(takes)
+    assert kvs[0]._prefiller.buffer_rows == 4
+    assert {key[2] for key in kvs[0]._prefiller.passes.kept if len(key) == 3} <= {4}
