@@ -194,6 +194,7 @@ class BatchSpeculativeGenerator:
         self._draft_prefill = [0.0, 0]  # seconds, prompts
         self._row_tokens = [0, 0]  # new tokens, finished rows
         self.admit_s = 0.0  # wall seconds spent admitting rows (their prefills), since construction
+        self.admitted = [0, 0]  # rows admitted, and the target's prefill passes that took them in
 
     # -- one row --------------------------------------------------------------------------------
 
@@ -247,10 +248,15 @@ class BatchSpeculativeGenerator:
                         in enumerate(zip(items, checks, strict=True)))
         results: list[Generation | None] = [None] * len(items)
         live: list[_Row] = []
+        t0, admit_s, (rows, passes) = time.perf_counter(), self.admit_s, self.admitted
         with contextlib.ExitStack() as held:
             tkv = self._cache(self.target, held)
             dkv = self._cache(self.draft_model, held) if self.draft_model is not None else None
             self._decode(waiting, results, live, tkv, dkv, max_seconds)
+        spent = time.perf_counter() - t0
+        log.info("%d rows admitted in %d prefill passes of the target, %.2f s admitting (%.0f%% of the call's %.2f s)",
+                 self.admitted[0] - rows, self.admitted[1] - passes, self.admit_s - admit_s,
+                 100 * (self.admit_s - admit_s) / max(spent, 1e-9), spent)
         return results  # type: ignore[return-value]
 
     def _cache(self, model: PreTrainedModel, held: contextlib.ExitStack) -> BatchKV | SlotKV:
@@ -359,10 +365,13 @@ class BatchSpeculativeGenerator:
         prompts = [self.drafter.encoder_prompt(r.prompt) if drafts and not encoded else r.prompt for r in rows]
         if _by_rows(kv, len(rows)):
             hidden = kv.prefill(feeds, into, prompts if self.encdec else None, encoded)
+            passes = -(-len(rows) // kv.admit_rows)
         else:
             parts, hidden = [], []
             lengths = [len(p) for p in prompts] if self.encdec else [len(f) for f in feeds]
-            for i, chunk in enumerate(prefill_chunks(lengths, self.prefill_tokens)):
+            chunks = prefill_chunks(lengths, self.prefill_tokens)
+            passes = len(chunks)
+            for i, chunk in enumerate(chunks):
                 fresh = BatchKV(model, len(chunk), self.pad_id)
                 if self.encdec:  # the decoder holds no prompt: the encoder runs, the cross cache fills
                     hidden.append(fresh.encode([prompts[j] for j in chunk], encoded[i] if encoded else None))
@@ -373,6 +382,9 @@ class BatchSpeculativeGenerator:
                 parts.append(fresh)
             if into is None:
                 kv.merge(*parts)
+        if model is self.target:
+            self.admitted[0] += len(rows)
+            self.admitted[1] += passes
         if model is self.draft_model:  # what drafting costs per prompt: one-off graph captures left out
             self._draft_prefill[0] += time.perf_counter() - t0 - (setup_seconds(kv) - setup)
             self._draft_prefill[1] += len(rows)

@@ -196,6 +196,11 @@ class SlotKV(StaticKV):
         self._copy([self.slot_of[b] for b in rows], fresh)
 
     @property
+    def admit_rows(self) -> int:
+        """The most new rows one prefill pass takes (`prefill`)."""
+        return min(self.buffer_rows, ADMIT_ROWS)
+
+    @property
     def prefills_in_graphs(self) -> bool:
         """Whether `prefill` takes the batch's new rows (with graphs); else they are prefilled
         into a `BatchKV` and copied (`place`, `merge`)."""
@@ -219,7 +224,7 @@ class SlotKV(StaticKV):
         slots = self._take_free(len(feeds)) if into is None else [self.slot_of[b] for b in into]
         if self._prefiller is None:
             settings = replace(self.settings, compile_prefills=self.passes.compile_prefills)
-            self._prefiller = StaticKV(self.model, min(self.buffer_rows, ADMIT_ROWS), graphs=True,
+            self._prefiller = StaticKV(self.model, self.admit_rows, graphs=True,
                                        max_graph_width=self.max_graph_width, strict=self.passes.strict,
                                        min_width=self.min_width, settings=settings)
         pre, out = self._prefiller, []

@@ -4,6 +4,7 @@ passes, rollbacks, refills, merges and drops; greedy rows equal `generate()`; sa
 what the padded cache draws; a busy cache falls back; models it cannot take are refused."""
 
 import contextlib
+import logging
 import threading
 
 import pytest
@@ -885,7 +886,7 @@ def test_adaptive_costs_are_timed_inside_the_models_positions(models, prompts, e
 
 
 @pytest.mark.parametrize("kind", ["llama", "t5"])
-def test_many_new_rows_enter_in_few_graphed_passes(kind, models, prompts, fake_graphs, monkeypatch):
+def test_many_new_rows_enter_in_few_graphed_passes(kind, models, prompts, fake_graphs, monkeypatch, caplog):
     """More new rows than one prefill pass takes (`ADMIT_ROWS`, here 4): they enter in passes of
     at most that many, padded to 1 or 4 rows with dummy rows in the prefills' scratch rows, and
     every row's greedy output equals `generate()`, decoder-only and encoder-decoder."""
@@ -908,8 +909,12 @@ def test_many_new_rows_enter_in_few_graphed_passes(kind, models, prompts, fake_g
         return own(self, rows, *args)
 
     monkeypatch.setattr(StaticKV, name, watched)
-    out = engine.generate_many([(p, 0) for p in items])
+    with caplog.at_level(logging.INFO, logger="specdec_core.batch_engine"):
+        out = engine.generate_many([(p, 0) for p in items])
     assert [o.tokens for o in out] == [hf_greedy_any(target, p, 10) for p in items]
+    rows, passes_in_all = engine.admitted
+    assert rows == len(items) and passes_in_all < len(items)  # the log says so, per call
+    assert f"{rows} rows admitted in {passes_in_all} prefill passes of the target" in caplog.text
     # The first 7 rows in two passes (4 and 3), each row encoded or prefilled once (a decoder-only
     # one-token prompt prefills nothing).
     takes = [1 if target.config.is_encoder_decoder or len(p) > 1 else 0 for p in items]
