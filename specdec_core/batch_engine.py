@@ -354,7 +354,7 @@ class BatchSpeculativeGenerator:
         `prefill_tokens` tokens (slots with graphs: `SlotKV.prefill`'s passes), merged after
         the rows there or written over the rows `into`.
         Encoder-decoder: returns the encoder's outputs per pass (tensors), or per row through
-        graphs (`StaticDecoder.encoded` dicts);
+        graphs (`StaticKV.encode_rows` dicts);
         `encoded` (those of a model with the same encoder module, over the same rows, prefilled
         the same way) spares running the encoder again."""
         t0, setup = time.perf_counter(), setup_seconds(kv)

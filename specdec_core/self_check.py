@@ -226,7 +226,7 @@ def _rows_growing(model: PreTrainedModel) -> list[list[torch.Tensor]]:
 
 def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = True, min_width: int = 1) -> str | None:
     """Why rows decoded together would not get each row's own logits, or None: in fixed slots
-    (`slots`; after `static_disagreement`, the one-row static decoder that prefills rows on a GPU)
+    (`slots`, their new rows prefilled together: `SlotKV.prefill`; after `static_disagreement`)
     or in an eager padded batch (`BatchKV`). Two rows of different lengths, each at its own
     positions (a position embedding that cannot take them per row fails here), four drafts
     rejected in one (holes that a pass of one token per row must not see), against each row's own
@@ -240,15 +240,16 @@ def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = Tru
         try:
             want = _rows_growing(model)
             with torch.inference_mode():
-                kv = fresh = BatchKV(model, 2, pad_id, 1 if slots else min_width)
-                if fresh.encdec:  # (the batch engine's admission without graphs)
-                    fresh.encode(prompts)
-                else:
-                    fresh.forward([s[:-1] for s in seqs], logits=False)
-                if slots:
+                if slots:  # (rows admitted together, as the batch engine's slots take them on a GPU)
                     kv = SlotKV(model, 2, pad_id, graphs=False, min_width=min_width)
                     kv.acquire()
-                    kv.merge(fresh)
+                    kv.prefill([s[:-1] for s in seqs], prompts=prompts if kv.encdec else None)
+                else:  # (the batch engine's admission without slots)
+                    kv = BatchKV(model, 2, pad_id, min_width)
+                    if kv.encdec:
+                        kv.encode(prompts)
+                    else:
+                        kv.forward([s[:-1] for s in seqs], logits=False)
                 got: list[list[torch.Tensor]] = [[], []]
                 # row 0's last 4 drafts rejected; the second pass feeds one token per row, over the holes
                 for feeds in ([[seqs[0][-1], *e[:5]], [seqs[1][-1], e[0]]], [[e[1]], [e[1]]], [e[2:4], e[2:4]]):

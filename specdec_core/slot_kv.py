@@ -224,7 +224,7 @@ class SlotKV(StaticKV):
         slots = self._take_free(len(feeds)) if into is None else [self.slot_of[b] for b in into]
         if self._prefiller is None:
             settings = replace(self.settings, compile_prefills=self.passes.compile_prefills)
-            self._prefiller = StaticKV(self.model, self.admit_rows, graphs=True,
+            self._prefiller = StaticKV(self.model, self.admit_rows, graphs=self.passes.on,
                                        max_graph_width=self.max_graph_width, strict=self.passes.strict,
                                        min_width=self.min_width, settings=settings)
         pre, out = self._prefiller, []

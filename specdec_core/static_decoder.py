@@ -29,7 +29,7 @@ import threading
 
 import torch
 from transformers import EncoderDecoderCache, PretrainedConfig, PreTrainedModel
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutput
 
 from specdec_core.batch_kv import mixed_layer_types, own_kv_layers, sliding_window
@@ -46,6 +46,7 @@ from specdec_core.graphs import PassGraphs
 from specdec_core.loading import context_limit, positions
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.placement import decoder_layers
+from specdec_core.static_layers import CrossLayer, FixedLayer, ScratchLayer
 
 log = logging.getLogger(__name__)
 
@@ -75,131 +76,6 @@ def admission_rows(rows: int, most: int) -> int:
     """The rows a pass that admits this many new rows runs over (its graph's): 1, 4 or 16, at most
     `most`. Dummy rows fill the rest, in scratch rows of the admitting cache."""
     return min(next(r for r in (1, 4, 16, rows) if r >= rows), most)
-
-
-def _first_rows(keys: torch.Tensor, values: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A pass over the first `rows` rows of the buffers (new rows admitted together) writes and reads
-    those: views of the buffers, so the writes land in them."""
-    return (keys, values) if rows == keys.shape[0] else (keys[:rows], values[:rows])
-
-
-class _Buffers(CacheLayerMixin):
-    """One layer's keys/values in fixed buffers (rows, heads, columns, dim) sized by its owner."""
-
-    is_compileable = True
-    is_sliding = False
-
-    def __init__(self, owner: StaticKV):
-        super().__init__()
-        self.owner = owner
-
-    def size(self) -> tuple[int, int]:
-        """(rows, columns) of the buffers."""
-        raise NotImplementedError
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        rows, columns = self.size()
-        self.keys = key_states.new_zeros((rows, key_states.shape[1], columns, key_states.shape[-1]))
-        self.values = value_states.new_zeros((rows, value_states.shape[1], columns, value_states.shape[-1]))
-        self.is_initialized = True
-
-
-class _FixedLayer(_Buffers):
-    """A decoder layer's own keys/values; a pass writes each row's tokens at that row's columns,
-    its owner's `slots` (rows, width)."""
-
-    def size(self) -> tuple[int, int]:
-        return self.owner.buffer_rows, self.owner.capacity
-
-    def grow(self, capacity: int, keep: int) -> None:
-        """Larger buffers holding the first `keep` columns."""
-        if self.is_initialized:
-            k, v = self.keys, self.values
-            self.keys = k.new_zeros((*k.shape[:2], capacity, k.shape[-1]))
-            self.values = v.new_zeros((*v.shape[:2], capacity, v.shape[-1]))
-            self.keys[:, :, :keep] = k[:, :, :keep]
-            self.values[:, :, :keep] = v[:, :, :keep]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        keys, values = _first_rows(self.keys, self.values, key_states.shape[0])
-        slots = self.owner.slots[:, None, :, None]  # (rows, 1, width, 1): distinct columns per row
-        keys.scatter_(2, slots.expand(-1, key_states.shape[1], -1, key_states.shape[-1]), key_states)
-        values.scatter_(2, slots.expand(-1, value_states.shape[1], -1, value_states.shape[-1]), value_states)
-        return keys, values
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.capacity, 0
-
-    def get_seq_length(self) -> int | torch.Tensor:
-        # A graph would freeze a number read here. Decoder-only models take positions from
-        # position_ids and visibility from the explicit mask, so they get 0; an encoder-decoder's
-        # decoder takes none and counts positions (BART) or relative distances (T5) from this, so
-        # it gets the pass's first position as a tensor on the device, which a replay updates
-        # (in slots, each row's: `SlotKV._starts`, and T5's distances come from `SlotKV._by_row`).
-        return self.owner.seen
-
-    def get_max_length(self) -> int:
-        return self.owner.capacity
-
-
-class _CrossLayer(_Buffers):
-    """An encoder-decoder layer's cross-attention keys/values in `enc_capacity` columns: the
-    encoder's L columns first, the rest zeros that its encoder mask hides. Written once per item
-    (`StaticDecoder.encode`), then only read."""
-
-    def size(self) -> tuple[int, int]:
-        return self.owner.buffer_rows, self.owner.enc_capacity
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized or self.keys.shape[2] != self.owner.enc_capacity:
-            self.lazy_initialization(key_states, value_states)
-        keys, values = _first_rows(self.keys, self.values, key_states.shape[0])
-        n = key_states.shape[2]
-        keys[:, :, :n] = key_states
-        values[:, :, :n] = value_states
-        keys[:, :, n:] = 0
-        values[:, :, n:] = 0
-        return keys, values
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.enc_capacity, 0
-
-    def get_seq_length(self) -> int:
-        # Filled (by `encode` or a copy) before any pass reads it: the model then reuses the
-        # cached keys/values instead of computing them from the encoder outputs it is not given.
-        return self.owner.enc_capacity if self.is_initialized else 0
-
-    def get_max_length(self) -> int:
-        return self.owner.enc_capacity
-
-
-class _Scratch(CacheLayerMixin):
-    """Self-attention for `StaticDecoder.encode`'s one-token decoder pass, which is run only for
-    the cross-attention keys/values it writes: the token attends to itself and nothing is kept
-    (a `DynamicCache` would build its start from host data, which a CUDA graph cannot capture)."""
-
-    is_compileable = False
-    is_sliding = False
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        pass
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        return key_states, value_states
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return query_length, 0
-
-    def get_seq_length(self) -> int:
-        return 0
-
-    def get_max_length(self) -> int:
-        return -1
 
 
 class StaticKV:
@@ -238,7 +114,7 @@ class StaticKV:
                                  graphs=self.device.type == "cuda" if graphs is None else graphs, strict=strict,
                                  compile=compile, compile_prefills=prefills)
         self._lock = threading.Lock()
-        self.cache = Cache(layers=[_FixedLayer(self) for _ in range(self.layers)])
+        self.cache = Cache(layers=[FixedLayer(self) for _ in range(self.layers)])
         self.own_layers = [self.cache.layers[i] for i in own_kv_layers(model.config, self.layers)]
         self._low = torch.finfo(model.dtype).min
         # Sliding-window layers (Mistral, Gemma 2/3, Phi-3, StarCoder2, Qwen2): their keys stay in
@@ -250,14 +126,14 @@ class StaticKV:
         encoder = getattr(model.config, "encoder", None)
         self._encoder_slides = isinstance(encoder, PretrainedConfig) and sliding_window(encoder) is not None
         self._logits_kwarg = _accepts_logits_to_keep(type(model))
-        self.seen: int | torch.Tensor = 0  # what the layers report as their length (`_FixedLayer`)
+        self.seen: int | torch.Tensor = 0  # what the layers report as their length (`FixedLayer`)
         # Encoder-decoder: each row's cross-attention cache and its additive encoder mask
         # (rows, 1, 1, enc_capacity), in place for every pass (`_grow_encoder` sizes them).
         self.encdec = bool(model.config.is_encoder_decoder)
         self.enc_capacity = 0
         self._start: torch.Tensor | None = None  # the decoder start ids (1, 1), on the device
         self._first = torch.zeros((1, 1), dtype=torch.long, device=self.device)  # the start token's position
-        self.cross = Cache(layers=[_CrossLayer(self) for _ in range(self.layers)]) if self.encdec else None
+        self.cross = Cache(layers=[CrossLayer(self) for _ in range(self.layers)]) if self.encdec else None
         # Encoder-decoder position embeddings that count positions from ids (M2M100, NLLB), and
         # this cache's copy of each one's table (`_copy_tables`).
         # Every other position table is looked up at each row's positions (`_lookup_forward`).
@@ -555,7 +431,7 @@ class StaticKV:
         first rows of the fixed buffers, by a one-token decoder pass; device ops only. Returns its
         logits (a graph's output, which its check replay compares)."""
         rows = hidden.shape[0]
-        cache = EncoderDecoderCache(Cache(layers=[_Scratch() for _ in range(self.layers)]), self.cross)
+        cache = EncoderDecoderCache(Cache(layers=[ScratchLayer() for _ in range(self.layers)]), self.cross)
         cache.is_updated = dict.fromkeys(range(self.layers), False)  # every layer computes its keys and writes them
         kwargs = {"logits_to_keep": 1} if self._logits_kwarg else {}
         # A 4D decoder mask (the token sees itself), taken as it is: nothing is read on the host.

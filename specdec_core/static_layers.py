@@ -1,0 +1,141 @@
+"""A static cache's layers as transformers cache layers: fixed buffers that a pass writes at each
+row's own columns (`FixedLayer`), an encoder-decoder's cross-attention columns written once per
+prompt (`CrossLayer`), and the throw-away self-attention of the pass that writes them
+(`ScratchLayer`). Their owner (`static_decoder.StaticKV`) sizes the buffers and sets the columns a
+pass writes (`slots`); a pass over its first rows (new rows admitted together) writes and reads
+those rows only."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from transformers.cache_utils import CacheLayerMixin
+
+if TYPE_CHECKING:
+    from specdec_core.static_decoder import StaticKV
+
+
+def _first_rows(keys: torch.Tensor, values: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pass over the first `rows` rows of the buffers (new rows admitted together) writes and reads
+    those: views of the buffers, so the writes land in them."""
+    return (keys, values) if rows == keys.shape[0] else (keys[:rows], values[:rows])
+
+
+class Buffers(CacheLayerMixin):
+    """One layer's keys/values in fixed buffers (rows, heads, columns, dim) sized by its owner."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, owner: StaticKV):
+        super().__init__()
+        self.owner = owner
+
+    def size(self) -> tuple[int, int]:
+        """(rows, columns) of the buffers."""
+        raise NotImplementedError
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        rows, columns = self.size()
+        self.keys = key_states.new_zeros((rows, key_states.shape[1], columns, key_states.shape[-1]))
+        self.values = value_states.new_zeros((rows, value_states.shape[1], columns, value_states.shape[-1]))
+        self.is_initialized = True
+
+
+class FixedLayer(Buffers):
+    """A decoder layer's own keys/values; a pass writes each row's tokens at that row's columns,
+    its owner's `slots` (rows, width)."""
+
+    def size(self) -> tuple[int, int]:
+        return self.owner.buffer_rows, self.owner.capacity
+
+    def grow(self, capacity: int, keep: int) -> None:
+        """Larger buffers holding the first `keep` columns."""
+        if self.is_initialized:
+            k, v = self.keys, self.values
+            self.keys = k.new_zeros((*k.shape[:2], capacity, k.shape[-1]))
+            self.values = v.new_zeros((*v.shape[:2], capacity, v.shape[-1]))
+            self.keys[:, :, :keep] = k[:, :, :keep]
+            self.values[:, :, :keep] = v[:, :, :keep]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys, values = _first_rows(self.keys, self.values, key_states.shape[0])
+        slots = self.owner.slots[:, None, :, None]  # (rows, 1, width, 1): distinct columns per row
+        keys.scatter_(2, slots.expand(-1, key_states.shape[1], -1, key_states.shape[-1]), key_states)
+        values.scatter_(2, slots.expand(-1, value_states.shape[1], -1, value_states.shape[-1]), value_states)
+        return keys, values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.capacity, 0
+
+    def get_seq_length(self) -> int | torch.Tensor:
+        # A graph would freeze a number read here. Decoder-only models take positions from
+        # position_ids and visibility from the explicit mask, so they get 0; an encoder-decoder's
+        # decoder takes none and counts positions (BART) or relative distances (T5) from this, so
+        # it gets the pass's first position as a tensor on the device, which a replay updates
+        # (in slots, each row's: `SlotKV._starts`, and T5's distances come from `SlotKV._by_row`).
+        return self.owner.seen
+
+    def get_max_length(self) -> int:
+        return self.owner.capacity
+
+
+class CrossLayer(Buffers):
+    """An encoder-decoder layer's cross-attention keys/values in `enc_capacity` columns: the
+    encoder's L columns first, the rest zeros that its encoder mask hides. Written once per item
+    (`StaticKV.encode_rows`), then only read."""
+
+    def size(self) -> tuple[int, int]:
+        return self.owner.buffer_rows, self.owner.enc_capacity
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized or self.keys.shape[2] != self.owner.enc_capacity:
+            self.lazy_initialization(key_states, value_states)
+        keys, values = _first_rows(self.keys, self.values, key_states.shape[0])
+        n = key_states.shape[2]
+        keys[:, :, :n] = key_states
+        values[:, :, :n] = value_states
+        keys[:, :, n:] = 0
+        values[:, :, n:] = 0
+        return keys, values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.enc_capacity, 0
+
+    def get_seq_length(self) -> int:
+        # Filled (by `encode` or a copy) before any pass reads it: the model then reuses the
+        # cached keys/values instead of computing them from the encoder outputs it is not given.
+        return self.owner.enc_capacity if self.is_initialized else 0
+
+    def get_max_length(self) -> int:
+        return self.owner.enc_capacity
+
+
+class ScratchLayer(CacheLayerMixin):
+    """Self-attention for `StaticKV.encode_rows`'s one-token decoder pass, which is run only for
+    the cross-attention keys/values it writes: the token attends to itself and nothing is kept
+    (a `DynamicCache` would build its start from host data, which a CUDA graph cannot capture)."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        pass
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return query_length, 0
+
+    def get_seq_length(self) -> int:
+        return 0
+
+    def get_max_length(self) -> int:
+        return -1
