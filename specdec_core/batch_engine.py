@@ -28,7 +28,7 @@ from transformers import PreTrainedModel
 
 from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.attention import attention_kernels
-from specdec_core.batch_kv import BatchKV, sliding_window
+from specdec_core.batch_kv import CPU_PREFILL_TOKENS, BatchKV, prefill_chunks, window_note
 from specdec_core.decoder import eos_ids, initial_decoder_ids, synchronize
 from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter, through_end
 from specdec_core.engine import (
@@ -58,35 +58,12 @@ from specdec_core.slot_kv import SlotKV
 
 log = logging.getLogger(__name__)
 
-# On a CPU one pass over many prompts is slower than several smaller passes: its activations
-# outgrow the caches, and every elementwise op then streams them from memory. Quick bench pair,
-# 2 threads (`benchmarks/prefill_passes.py`, four runs): 64 prompts of 511 tokens took 1.4-1.6x
-# as long in one pass as in passes of 4 rows, 128 prompts of 64 tokens 1.03-1.4x as long as in
-# passes of 32; the 325M pair, compute-bound, 1.0-1.2x. Whole jobs of 64 such long prompts at
-# B=64: 1.11-1.19x the tokens/s (`benchmarks/prefill_budget_ab.py`). Both are one-off scripts in
-# git history at 1a04c18. GPUs want big passes.
-CPU_PREFILL_TOKENS = 2048
-
 # When the adaptive policy finds that no drafting pays for the batch, it still drafts one token
 # per row every this many rounds, doubling after each such probe up to the maximum.
 FIRST_BATCH_PROBE_WAIT, MAX_BATCH_PROBE_WAIT = 8, 256
 # Prompts admitted while the batch does not draft skip the draft's prefill; a probe drafts on
 # the rows that have a draft cache, catching up others until at least this many rows take part.
 PROBE_ROWS = 8
-
-
-def prefill_chunks(lengths: list[int], budget: int | None) -> list[list[int]]:
-    """Consecutive row indices per prefill pass: rows x longest row <= budget (one row at least)."""
-    chunks: list[list[int]] = []
-    longest = 0
-    for j, n in enumerate(lengths):
-        if chunks and (budget is None or (len(chunks[-1]) + 1) * max(longest, n) <= budget):
-            chunks[-1].append(j)
-            longest = max(longest, n)
-        else:
-            chunks.append([j])
-            longest = n
-    return chunks
 
 
 def _by_rows(kv: BatchKV | SlotKV | None, rows: int) -> bool:
@@ -100,20 +77,6 @@ def pad_id_of(target: PreTrainedModel) -> int:
     """The id a batch pads its rows with: the target's (a multimodal model's: its text's), or 0."""
     pad = getattr(target.config.get_text_config(decoder=True), "pad_token_id", None)
     return int(pad) if isinstance(pad, int) else 0
-
-
-def window_note(model: PreTrainedModel, longest: int) -> str | None:
-    """A log line on a sliding-window model: whether rows of at most `longest` decoder tokens
-    (prompt + new tokens + drafts) can reach its window; None for a model without one."""
-    window = sliding_window(model.config)
-    if window is None:
-        return None
-    name = type(model).__name__
-    if longest <= window:
-        return (f"{name}: sliding window of {window} tokens is never reached (rows of at most {longest} tokens): "
-                "full attention for every row")
-    return (f"{name}: sliding window of {window} tokens can be reached (rows up to {longest} tokens): rows past it "
-            "get per-row window masks by position")
 
 
 @dataclass

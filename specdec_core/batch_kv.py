@@ -542,3 +542,41 @@ class BatchKV:
         self.cache = holder.cache
         self.mask = torch.cat([m for m, _ in masks], dim=0)
         self.cols = [c for _, cols in masks for c in cols]
+
+
+# On a CPU one pass over many prompts is slower than several smaller passes: its activations
+# outgrow the caches, and every elementwise op then streams them from memory. Quick bench pair,
+# 2 threads (`benchmarks/prefill_passes.py`, four runs): 64 prompts of 511 tokens took 1.4-1.6x
+# as long in one pass as in passes of 4 rows, 128 prompts of 64 tokens 1.03-1.4x as long as in
+# passes of 32; the 325M pair, compute-bound, 1.0-1.2x. Whole jobs of 64 such long prompts at
+# B=64: 1.11-1.19x the tokens/s (`benchmarks/prefill_budget_ab.py`). Both are one-off scripts in
+# git history at 1a04c18. GPUs want big passes.
+CPU_PREFILL_TOKENS = 2048
+
+
+def prefill_chunks(lengths: list[int], budget: int | None) -> list[list[int]]:
+    """Consecutive row indices per prefill pass: rows x longest row <= budget (one row at least)."""
+    chunks: list[list[int]] = []
+    longest = 0
+    for j, n in enumerate(lengths):
+        if chunks and (budget is None or (len(chunks[-1]) + 1) * max(longest, n) <= budget):
+            chunks[-1].append(j)
+            longest = max(longest, n)
+        else:
+            chunks.append([j])
+            longest = n
+    return chunks
+
+
+def window_note(model: PreTrainedModel, longest: int) -> str | None:
+    """A log line on a sliding-window model: whether rows of at most `longest` decoder tokens
+    (prompt + new tokens + drafts) can reach its window; None for a model without one."""
+    window = sliding_window(model.config)
+    if window is None:
+        return None
+    name = type(model).__name__
+    if longest <= window:
+        return (f"{name}: sliding window of {window} tokens is never reached (rows of at most {longest} tokens): "
+                "full attention for every row")
+    return (f"{name}: sliding window of {window} tokens can be reached (rows up to {longest} tokens): rows past it "
+            "get per-row window masks by position")
