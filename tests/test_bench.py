@@ -20,8 +20,9 @@ def test_bench_quick_tiny_writes_report(tmp_path):
     out = tmp_path / "BENCHMARKS.md"
     kept = "<!-- by-hand:begin -->\n## A run by hand\nkept\n<!-- by-hand:end -->"
     out.write_text(f"# Old report\n\nby hand\n\n<!-- bench:begin -->\nstale table\n<!-- bench:end -->\n\n{kept}\n")
+    # (one thread, as the test's worker has: two would contend with the other worker's on 2 cores)
     rc = bench.main(["--tiny", "--out", str(out), "--cache_dir", str(tmp_path / "cache"), "--prompts", "2",
-                     "--max_new_tokens", "12"])
+                     "--max_new_tokens", "12", "--threads", "1"])
     assert rc == 0  # every greedy output identical to the target alone
     text = out.read_text()
     assert "stale table" not in text and kept in text and "by hand" in text  # its own section replaced, in place
