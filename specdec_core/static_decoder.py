@@ -345,7 +345,6 @@ class StaticKV:
                 layer.values[:, :, :old] = v
         self.passes.drop()  # they hold the old buffers' addresses
 
-
     # -- prompts: new rows' prefills, together in one pass ----------------------------------------
 
     @torch.inference_mode()
