@@ -245,18 +245,9 @@ class SlotKV(StaticKV):
             if not fed:
                 continue
             pre.prefill_rows([part_feeds[j] for j in fed], [0] * len(fed))
-            n = max(len(part_feeds[j]) for j in fed)
-            if n > self.capacity:
-                self._grow(n, self.width)
-            # All rows in one write per buffer, a row's pads landing past its length (hidden).
-            index = torch.tensor([into_slots[j] for j in fed], device=self.device)
-            for layer, theirs in zip(self.own_layers, pre.own_layers, strict=True):
-                if not layer.is_initialized:
-                    layer.lazy_initialization(theirs.keys, theirs.values)
-                layer.keys[index, :, :n] = theirs.keys[: len(fed), :, :n]
-                layer.values[index, :, :n] = theirs.values[: len(fed), :, :n]
-            for j in fed:
-                self.lengths[into_slots[j]] = len(part_feeds[j])
+            self._write_rows([into_slots[j] for j in fed],
+                             [(layer.keys[: len(fed)], layer.values[: len(fed)]) for layer in pre.own_layers],
+                             [len(part_feeds[j]) for j in fed])
         self.passes.capture_s += pre.passes.capture_s - setup
         return out
 
@@ -283,30 +274,40 @@ class SlotKV(StaticKV):
         lengths = [len(c) for c in fresh.cols]
         for s in slots:
             self.lengths[s] = 0
-        if max(lengths, default=0) > self.capacity:
-            self._grow(max(lengths), self.width)
         theirs = fresh._layers()
         if theirs and all(cols == list(range(len(cols))) for cols in fresh.cols):
-            # A fresh prefill's rows hold their tokens in columns 0..n-1 (pads after): all rows in
-            # one write per buffer, a row's pads landing past its length, where a slot's columns
-            # are hidden until written (as a finished row's are). Row by row, an admission of R
-            # rows cost 2 x layers x R indexing ops: host time a GPU waits on at wide batches.
-            m, index = max(lengths), torch.tensor(slots, device=self.device)
-            for layer, (fk, fv) in zip(self.own_layers, theirs, strict=True):
-                if not layer.is_initialized:
-                    layer.lazy_initialization(fk, fv)
-                layer.keys[index, :, :m] = fk[:, :, :m]
-                layer.values[index, :, :m] = fv[:, :, :m]
-        else:
-            # Each row's valid columns, moved to the device once for all layers (one copy each on a GPU).
-            index = [torch.tensor(cols, device=self.device) if n else None
-                     for cols, n in zip(fresh.cols, lengths, strict=True)]
-            for layer, (fk, fv) in zip(self.own_layers, theirs, strict=True) if theirs else ():
-                if not layer.is_initialized:
-                    layer.lazy_initialization(fk, fv)
-                for j, (slot, n) in enumerate(zip(slots, lengths, strict=True)):
-                    if n:
-                        layer.keys[slot, :, :n] = fk[j, :, index[j]]
-                        layer.values[slot, :, :n] = fv[j, :, index[j]]
+            self._write_rows(slots, theirs, lengths)  # a fresh prefill's rows: tokens in columns 0..n-1
+            return
+        if max(lengths, default=0) > self.capacity:
+            self._grow(max(lengths), self.width)
+        # Each row's valid columns, moved to the device once for all layers (one copy each on a GPU).
+        index = [torch.tensor(cols, device=self.device) if n else None
+                 for cols, n in zip(fresh.cols, lengths, strict=True)]
+        for layer, (fk, fv) in zip(self.own_layers, theirs, strict=True) if theirs else ():
+            if not layer.is_initialized:
+                layer.lazy_initialization(fk, fv)
+            for j, (slot, n) in enumerate(zip(slots, lengths, strict=True)):
+                if n:
+                    layer.keys[slot, :, :n] = fk[j, :, index[j]]
+                    layer.values[slot, :, :n] = fv[j, :, index[j]]
+        for s, n in zip(slots, lengths, strict=True):
+            self.lengths[s] = n
+
+    def _write_rows(self, slots: list[int], theirs: list[tuple[torch.Tensor, torch.Tensor]],
+                    lengths: list[int]) -> None:
+        """Rows whose tokens sit in columns 0..n-1 of `theirs` (per own layer, keys and values
+        (rows, heads, columns, dim)) into these slots (emptied), with these lengths: all rows in
+        one write per buffer, a row's pads landing past its length, where a slot's columns are
+        hidden until written (as a finished row's are). Row by row, an admission of R rows cost
+        2 x layers x R indexing ops: host time a GPU waits on at wide batches."""
+        m = max(lengths, default=0)
+        if m > self.capacity:
+            self._grow(m, self.width)
+        index = torch.tensor(slots, device=self.device)
+        for layer, (fk, fv) in zip(self.own_layers, theirs, strict=True):
+            if not layer.is_initialized:
+                layer.lazy_initialization(fk, fv)
+            layer.keys[index, :, :m] = fk[:, :, :m]
+            layer.values[index, :, :m] = fv[:, :, :m]
         for s, n in zip(slots, lengths, strict=True):
             self.lengths[s] = n
