@@ -235,7 +235,7 @@ class BatchSpeculativeGenerator:
                 dkv: BatchKV | SlotKV | None, max_seconds: float | None) -> None:
         while waiting or live:
             if waiting and len(live) < self.batch_size:
-                live += self._admit(waiting, self.batch_size - len(live), tkv, dkv)
+                live += self._admit(waiting, self.batch_size - len(live), live, tkv, dkv)
                 if self._wants_costs(len(live)):
                     self._measure_costs(live, tkv, dkv)
             self._round(live, tkv, dkv)
@@ -262,7 +262,8 @@ class BatchSpeculativeGenerator:
                 # go on are not copied; places that nobody takes are dropped.
                 refill = done[: len(waiting)]
                 if refill:
-                    for b, row in zip(refill, self._admit(waiting, len(refill), tkv, dkv, into=refill), strict=True):
+                    new = self._admit(waiting, len(refill), live, tkv, dkv, into=refill)
+                    for b, row in zip(refill, new, strict=True):
                         live[b] = row
                 if len(done) > len(refill):  # the last rows move into the places left
                     gone = [b for b, r in enumerate(live) if r.finish]
@@ -275,13 +276,15 @@ class BatchSpeculativeGenerator:
                 if kv is not None and kv.rows and kv.wasted() > 8 + kv.width // 8:
                     kv.compact()
 
-    def _admit(self, waiting: deque, slots: int, tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None,
-               into: list[int] | None = None) -> list[_Row]:
+    def _admit(self, waiting: deque, slots: int, live: list[_Row], tkv: BatchKV | SlotKV,
+               dkv: BatchKV | SlotKV | None, into: list[int] | None = None) -> list[_Row]:
         """Prefill up to `slots` waiting prompts (`_prefill`), then merge them in after the live
-        rows, or write them over the finished rows `into` (one per prompt)."""
-        t0 = time.perf_counter()
+        rows, or write them over the finished rows `into` (one per prompt). The admission's time
+        counts in each row's `admit_s`, the live rows' that waited for it and the new rows' own."""
+        t0, passes = time.perf_counter(), self.admitted[1]
         rows = [self._new_row(i, list(ids), seed, check) for i, (ids, seed, check) in
                 (waiting.popleft() for _ in range(min(slots, len(waiting))))]
+        waited = live + rows
         setup = setup_seconds(tkv, dkv)
         for r in rows:
             r.setup = setup
@@ -306,9 +309,14 @@ class BatchSpeculativeGenerator:
                 else:
                     dkv.place(into, BatchKV(self.draft_model, len(rows), self.pad_id))
         now = time.perf_counter()
+        spent = now - t0 - (setup_seconds(tkv, dkv) - setup)  # one-off graph captures left out
         for r in rows:
             r.stats.prefill_s = now - r.start
-        self.admit_s += now - t0 - (setup_seconds(tkv, dkv) - setup)  # one-off graph captures left out
+            r.stats.admitted_with, r.stats.admit_passes = len(rows), self.admitted[1] - passes
+        for r in waited:  # the rows that go on waited for the new ones
+            if not r.finish:
+                r.stats.admit_s += spent
+        self.admit_s += spent
         return rows
 
     def _prefill(self, model: PreTrainedModel, kv: BatchKV | SlotKV, rows: list[_Row], into: list[int] | None,

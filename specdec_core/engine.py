@@ -88,6 +88,12 @@ class ItemStats:
     verify_s: float = 0.0
     finish_reason: str = ""
     rejections: int = 0  # rounds that ended at a rejected draft (for the geometric estimate of a)
+    # Admissions: seconds the item waited while items entered its batch (its own prefill
+    # included: at batch 1, its prefill), the items that entered with it (itself included), and
+    # the target's prefill passes that took them in.
+    admit_s: float = 0.0
+    admitted_with: int = 1
+    admit_passes: int = 1
     # Not output columns: the one-off graph captures and compiles (`setup_seconds`) inside
     # latency_s, and those inside prefill_s, which measurements leave out (`pipeline.tune`).
     setup_s: float = 0.0
@@ -323,6 +329,7 @@ class SpeculativeGenerator:
             session.rollback(valid)
 
         stats.draft_steps = session.steps
+        stats.admit_s = stats.prefill_s - stats.prefill_setup_s
         stats.new_tokens = len(new)
         stats.latency_s, stats.setup_s = clock.wall(), clock.setup()
         return Generation(new, stats)

@@ -106,14 +106,17 @@ def check_a_round(kv, target, rows: list[list[int]], gen: torch.Generator, idle:
         rows[b] = full[: keep + 1]
 
 
-def _admissions(engine):
-    """Wrap _admit to record (live rows before, rows admitted) per call."""
+def _admissions(engine, admitted: list | None = None):
+    """Wrap _admit to record (live rows before, rows admitted) per call; and into `admitted`,
+    the callers' indices of the rows each call admitted."""
     calls, admit = [], engine._admit
 
-    def wrapped(waiting, slots, tkv, dkv, **kwargs):
+    def wrapped(waiting, slots, live, tkv, dkv, **kwargs):
         before = tkv.rows
-        rows = admit(waiting, slots, tkv, dkv, **kwargs)
+        rows = admit(waiting, slots, live, tkv, dkv, **kwargs)
         calls.append((before, len(rows)))
+        if admitted is not None:
+            admitted.append([r.index for r in rows])
         return rows
     engine._admit = wrapped
     return calls
@@ -136,7 +139,9 @@ def test_greedy_rows_equal_batch_one_and_target_generate(models, prompts, kind, 
         alone = [single.generate(p) for p in prompts]
         engine = BatchSpeculativeGenerator(target, drafter_for(drafter, draft), batch_size=3,
                                            num_speculative_tokens=3, max_new_tokens=n)
-        calls = _admissions(engine)
+        groups = []
+        calls = _admissions(engine, groups)
+        passes = engine.admitted[1]
         batched = engine.generate_many([(p, 0) for p in prompts])
         reference = [hf_greedy(target, p, n) for p in prompts]
     finally:
@@ -154,6 +159,18 @@ def test_greedy_rows_equal_batch_one_and_target_generate(models, prompts, kind, 
     assert calls[0] == (0, 3)
     assert any(before > 0 for before, _ in calls[1:])
     assert sum(k for _, k in calls) == len(prompts)
+    # Each row says how it entered: with whom, in how many of the target's prefill passes, and
+    # how long it waited on admissions (its own, and those of the rows that came in after it).
+    for group in groups:
+        for i in group:
+            s = batched[i].stats
+            assert s.admitted_with == len(group)
+            assert 1 <= s.admit_passes <= len(group)
+            assert s.admit_s >= s.prefill_s > 0  # (no graphs captured meanwhile, which admit_s leaves out)
+    assert sum(b.stats.admit_passes / b.stats.admitted_with for b in batched) == pytest.approx(
+        engine.admitted[1] - passes)
+    assert all((a.stats.admitted_with, a.stats.admit_passes) == (1, 1) and 0 < a.stats.admit_s <= a.stats.prefill_s
+               for a in alone)
 
 
 def test_prefill_passes_keep_rows_times_longest_within_the_budget():

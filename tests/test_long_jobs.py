@@ -21,7 +21,9 @@ from tests.test_pipeline import GOOD, write_prompts
 from transforms.durable import read_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMING = {"latency_s", "ttft_s", "tokens_per_s", "prefill_s", "draft_s", "verify_s"}
+# Columns of when and with which rows an item ran, which differ between runs of the same items.
+TIMING = {"latency_s", "ttft_s", "tokens_per_s", "prefill_s", "draft_s", "verify_s", "admit_s", "admitted_with",
+          "admit_passes"}
 
 
 def _args(src, out, target, draft, *extra):

@@ -70,7 +70,8 @@ def test_every_row_ends_as_one_result_or_one_failed_row(tmp_path, saved_pairs):
     assert failed.schema.names == ["id", "prompt", "error_type", "error_message"]
     expected = ["id", "generation", "new_tokens", "draft_tokens", "accepted_tokens", "acceptance_rate",
                 "verify_steps", "latency_s", "ttft_s", "tokens_per_s", "finish_reason", "seed", "prompt_tokens",
-                "draft_steps", "prefill_s", "draft_s", "verify_s", "topic"]
+                "draft_steps", "prefill_s", "draft_s", "verify_s", "admit_s", "admitted_with", "admit_passes",
+                "topic"]
     assert results.schema.names == expected
     assert results.schema.field("new_tokens").type == pa.int32()
     assert results["topic"].to_pylist() == ["t"] * len(GOOD)

@@ -29,7 +29,8 @@ def result_table(rows: list[dict]) -> pa.Table:
     full = []
     for r in rows:
         row = {"generation": "", "finish_reason": "length", "seed": 0, "ttft_s": 0.01, "prefill_s": 0.01,
-               "ref": None, "draft_s": 0.0, "draft_steps": 0, "draft_tokens": 0, "accepted_tokens": 0, **r}
+               "ref": None, "draft_s": 0.0, "draft_steps": 0, "draft_tokens": 0, "accepted_tokens": 0,
+               "admit_s": 0.01, "admitted_with": 1, "admit_passes": 1, **r}
         row["acceptance_rate"] = row["accepted_tokens"] / row["draft_tokens"] if row["draft_tokens"] else None
         row["tokens_per_s"] = row["new_tokens"] / row["latency_s"]
         full.append(row)
@@ -73,6 +74,22 @@ def test_run_figures_follow_from_the_rows():
     assert s.summary.tokens_per_s == pytest.approx(28 / 0.75)
     assert s.draft_step_s == pytest.approx(0.036 / 36) and s.verify_pass_s == pytest.approx(0.3 / 15)
     assert s.summary.draft_target_cost == pytest.approx((0.036 / 36) / (0.3 / 15))
+
+
+def test_admissions_follow_from_the_rows_and_older_files_have_none():
+    # a and b entered together in one prefill pass, c and d together in two; each row's admit_s
+    # counts its own admission and those it waited on.
+    admits = [dict(admit_s=0.02, admitted_with=2, admit_passes=1), dict(admit_s=0.03, admitted_with=2, admit_passes=1),
+              dict(admit_s=0.05, admitted_with=2, admit_passes=2), dict(admit_s=0.05, admitted_with=2, admit_passes=2)]
+    results = result_table([{**r, **a} for r, a in zip(RUN, admits, strict=True)])
+    a = run_stats(results).admissions
+    assert (a.rows, a.passes) == (4, 3) and a.share == pytest.approx(0.15 / 0.75)
+    text = dict(sections(run_stats(results))[2][1])
+    assert text["rows admitted / target prefill passes"] == "4 / 3 (1.3 rows a pass)"
+    assert text["time waiting on admissions (share of generation time)"] == "20.0%"
+    older = results.drop_columns(["admit_s", "admitted_with", "admit_passes"])
+    assert run_stats(older).admissions is None
+    assert "rows admitted / target prefill passes" not in dict(sections(run_stats(older))[2][1])
 
 
 def test_comparison_joins_on_id_and_finds_where_speculation_did_not_help():

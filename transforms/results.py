@@ -33,6 +33,9 @@ _STATS = [
     ("prefill_s", pa.float64()),
     ("draft_s", pa.float64()),
     ("verify_s", pa.float64()),
+    ("admit_s", pa.float64()),
+    ("admitted_with", pa.int32()),
+    ("admit_passes", pa.int32()),
 ]
 _FAILED = [("prompt", pa.string()), ("error_type", pa.string()), ("error_message", pa.string())]
 

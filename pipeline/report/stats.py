@@ -141,6 +141,24 @@ def format_rows(columns: dict[str, list[tuple[str, str]]]) -> str:
 
 
 @dataclass
+class Admissions:
+    """How the rows entered their batches (columns `admit_s`, `admitted_with`, `admit_passes`)."""
+
+    rows: int
+    passes: int  # the target's prefill passes that took them in
+    share: float | None  # summed admit_s / summed latency_s: the rows' time spent waiting on admissions
+
+    @classmethod
+    def of(cls, results: pa.Table) -> Admissions | None:
+        """None for files written before these columns."""
+        if not {"admit_s", "admitted_with", "admit_passes"} <= set(results.schema.names):
+            return None
+        passes = column(results, "admit_passes") / np.maximum(column(results, "admitted_with"), 1)
+        return cls(results.num_rows, round(float(passes.sum())),
+                   _ratio(float(column(results, "admit_s").sum()), float(column(results, "latency_s").sum())))
+
+
+@dataclass
 class RunStats:
     """Everything `pipeline.report` says about one run, with the per-item values the plots draw."""
 
@@ -163,6 +181,7 @@ class RunStats:
     item_latency: np.ndarray = field(repr=False)
     item_prompt_tokens: np.ndarray = field(repr=False)
     item_new_tokens: np.ndarray = field(repr=False)
+    admissions: Admissions | None = None
 
 
 def run_stats(results: pa.Table, failed: pa.Table | None = None) -> RunStats:
@@ -192,6 +211,7 @@ def run_stats(results: pa.Table, failed: pa.Table | None = None) -> RunStats:
         item_latency=column(results, "latency_s"),
         item_prompt_tokens=column(results, "prompt_tokens"),
         item_new_tokens=new,
+        admissions=Admissions.of(results),
     )
 
 
@@ -281,7 +301,7 @@ def quality_scores(results: pa.Table, references: str, metric: str) -> dict[str,
 
 _OUTPUT_COLUMNS = {"id", "generation", "new_tokens", "draft_tokens", "accepted_tokens", "acceptance_rate",
                    "verify_steps", "latency_s", "ttft_s", "tokens_per_s", "finish_reason", "seed", "prompt_tokens",
-                   "draft_steps", "prefill_s", "draft_s", "verify_s"}
+                   "draft_steps", "prefill_s", "draft_s", "verify_s", "admit_s", "admitted_with", "admit_passes"}
 
 
 Section = tuple[str, list[tuple[str, str]]]
@@ -331,6 +351,13 @@ def sections(stats: RunStats, comparison: Comparison | None = None,
         ("throughput (new tokens / summed generation time)",
          _f(s.tokens_per_s if stats.results else None, ".1f", " tokens/s")),
     ]
+    if (a := stats.admissions) is not None and a.rows:
+        speed += [
+            ("rows admitted / target prefill passes",
+             f"{a.rows} / {a.passes} ({a.rows / max(a.passes, 1):.1f} rows a pass)"),
+            ("time waiting on admissions (share of generation time)", _f(None if a.share is None else 100 * a.share,
+                                                                         ".1f", "%")),
+        ]
     out: list[Section] = [("Run", run), ("Speculation", spec), ("Speed", speed)]
     if comparison is not None:
         c = comparison
