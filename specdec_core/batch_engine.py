@@ -21,7 +21,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
@@ -29,31 +28,22 @@ from transformers import PreTrainedModel
 from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.attention import attention_kernels
 from specdec_core.batch_kv import CPU_PREFILL_TOKENS, BatchKV, prefill_chunks, window_note
-from specdec_core.decoder import eos_ids, initial_decoder_ids, synchronize
-from specdec_core.drafters import Drafter, DraftSession, ModelDrafter, NoDrafter, through_end
-from specdec_core.engine import (
-    FinishCheck,
-    Generation,
-    ItemStats,
-    ItemTimeout,
-    check_engine,
-    cut_at_end,
-    setup_seconds,
-    timing_tokens,
-)
+from specdec_core.decoder import eos_ids, synchronize
+from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter, through_end
+from specdec_core.engine import check_engine, setup_seconds, timing_tokens
 from specdec_core.gamma import (
     LOOKUP_DRAFT_COST,
     AdaptiveGamma,
     Costs,
     GammaPolicy,
-    GammaState,
     batch_gamma,
     fixed_gamma,
 )
 from specdec_core.loading import context_limit
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import batch_refusal, padded_width, slot_kv_for
-from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors, draft_pick
+from specdec_core.processing import SamplingSettings
+from specdec_core.rows import FinishCheck, Generation, ItemTimeout, Row
 from specdec_core.slot_kv import SlotKV
 
 log = logging.getLogger(__name__)
@@ -77,28 +67,6 @@ def pad_id_of(target: PreTrainedModel) -> int:
     """The id a batch pads its rows with: the target's (a multimodal model's: its text's), or 0."""
     pad = getattr(target.config.get_text_config(decoder=True), "pad_token_id", None)
     return int(pad) if isinstance(pad, int) else 0
-
-
-@dataclass
-class _Row:
-    """One prompt in the batch: its sequence, its own RNG, processors, gamma state and stats."""
-
-    index: int  # position in the caller's list
-    seed: int
-    prompt: list[int]  # the prompt's ids (an encoder-decoder's encoder input)
-    seq: list[int]
-    start: float
-    transform: LogitsTransform
-    generator: torch.Generator
-    gamma_state: GammaState
-    stats: ItemStats
-    session: DraftSession | None = None  # per-row drafters (prompt lookup); None for a model draft
-    new: list[int] = field(default_factory=list)
-    finish: str = ""
-    draft_steps: int = 0
-    finish_check: FinishCheck | None = None  # the row's own end rule (stop strings)
-    draft_behind: bool = False  # admitted without the draft's prefill (the batch was not drafting)
-    setup: float = 0.0  # the caches' one-off seconds (`engine.setup_seconds`) when it entered
 
 
 class BatchSpeculativeGenerator:
@@ -159,26 +127,13 @@ class BatchSpeculativeGenerator:
         self.admit_s = 0.0  # wall seconds spent admitting rows (their prefills), since construction
         self.admitted = [0, 0]  # rows admitted, and the target's prefill passes that took them in
 
-    # -- one row --------------------------------------------------------------------------------
-
     def _new_row(self, index: int, prompt_ids: list[int], seed: int, finish_check: FinishCheck | None = None
-                 ) -> _Row:
-        device = self.target.device
-        seq = initial_decoder_ids(self.target, prompt_ids)
-        procs = build_processors(self.sampling, self.target.generation_config, len(seq), self.max_new_tokens, device)
-        row = _Row(index=index, seed=seed, prompt=list(prompt_ids), seq=seq, start=time.perf_counter(),
-                   transform=LogitsTransform(procs),
-                   generator=torch.Generator(device=device).manual_seed(seed),
-                   gamma_state=self.gamma_policy.start(self.gamma),
-                   stats=ItemStats(prompt_tokens=len(prompt_ids)), finish_check=finish_check)
+                 ) -> Row:
+        row = Row.begin(self.target, prompt_ids, seed, self.sampling, self.max_new_tokens,
+                        self.gamma_policy.start(self.gamma), index, finish_check)
         if self.draft_model is None:
-            row.session = self.drafter.start(prompt_ids, seq, self._picker(row))
+            row.session = self.drafter.start(prompt_ids, row.seq, row.picker(self.sampling.greedy))
         return row
-
-    def _picker(self, row: _Row):
-        def pick(cur: list[int], logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-            return draft_pick(row.transform(cur, logits), self.sampling.greedy, row.generator)
-        return pick
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -210,7 +165,7 @@ class BatchSpeculativeGenerator:
         waiting = deque((i, (ids, seed, check)) for i, ((ids, seed), check)
                         in enumerate(zip(items, checks, strict=True)))
         results: list[Generation | None] = [None] * len(items)
-        live: list[_Row] = []
+        live: list[Row] = []
         t0, admit_s, (rows, passes) = time.perf_counter(), self.admit_s, self.admitted
         with contextlib.ExitStack() as held:
             tkv = self._cache(self.target, held)
@@ -231,7 +186,7 @@ class BatchSpeculativeGenerator:
             return slots
         return BatchKV(model, 0, self.pad_id, padded_width(model, self.pad_id) or 1)
 
-    def _decode(self, waiting: deque, results: list, live: list[_Row], tkv: BatchKV | SlotKV,
+    def _decode(self, waiting: deque, results: list, live: list[Row], tkv: BatchKV | SlotKV,
                 dkv: BatchKV | SlotKV | None, max_seconds: float | None) -> None:
         while waiting or live:
             if waiting and len(live) < self.batch_size:
@@ -276,8 +231,8 @@ class BatchSpeculativeGenerator:
                 if kv is not None and kv.rows and kv.wasted() > 8 + kv.width // 8:
                     kv.compact()
 
-    def _admit(self, waiting: deque, slots: int, live: list[_Row], tkv: BatchKV | SlotKV,
-               dkv: BatchKV | SlotKV | None, into: list[int] | None = None) -> list[_Row]:
+    def _admit(self, waiting: deque, slots: int, live: list[Row], tkv: BatchKV | SlotKV,
+               dkv: BatchKV | SlotKV | None, into: list[int] | None = None) -> list[Row]:
         """Prefill up to `slots` waiting prompts (`_prefill`), then merge them in after the live
         rows, or write them over the finished rows `into` (one per prompt). The admission's time
         counts in each row's `admit_s`, the live rows' that waited for it and the new rows' own."""
@@ -319,7 +274,7 @@ class BatchSpeculativeGenerator:
         self.admit_s += spent
         return rows
 
-    def _prefill(self, model: PreTrainedModel, kv: BatchKV | SlotKV, rows: list[_Row], into: list[int] | None,
+    def _prefill(self, model: PreTrainedModel, kv: BatchKV | SlotKV, rows: list[Row], into: list[int] | None,
                  encoded: list | None = None) -> list:
         """Each row's committed tokens but the newest into `kv`, in passes of at most
         `prefill_tokens` tokens (slots with graphs: `SlotKV.prefill`'s passes), merged after
@@ -381,7 +336,7 @@ class BatchSpeculativeGenerator:
             return False
         return self.gamma_policy.needs_costs or 0 < self._costs_width < width
 
-    def _measure_costs(self, live: list[_Row], tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None) -> None:
+    def _measure_costs(self, live: list[Row], tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None) -> None:
         """c and v(k) at this batch width, timed on the live caches and rolled back.
 
         Batch-1 costs would mislead a batch: at one row a 2-token pass of the quick bench pair
@@ -459,7 +414,7 @@ class BatchSpeculativeGenerator:
         for r in live:
             r.start += spent
 
-    def _batch_gamma(self, policy: AdaptiveGamma, live: list[_Row]) -> int:
+    def _batch_gamma(self, policy: AdaptiveGamma, live: list[Row]) -> int:
         """One gamma for all rows (`gamma.batch_gamma`): the verify pass is as wide as its
         longest row, so a row drafting less than the others would waste its share of it."""
         k = batch_gamma(policy.costs, [r.gamma_state.acceptance for r in live], min(self.gamma, policy.max_gamma),
@@ -479,7 +434,7 @@ class BatchSpeculativeGenerator:
 
     # -- one round --------------------------------------------------------------------------------
 
-    def _round(self, live: list[_Row], tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None) -> None:
+    def _round(self, live: list[Row], tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None) -> None:
         greedy = self.sampling.greedy
         policy = self.gamma_policy
         batch_k = isinstance(policy, AdaptiveGamma) and policy.costs is not None and len(live) > 1
@@ -517,25 +472,9 @@ class BatchSpeculativeGenerator:
                     n, token = verify_greedy(d, scores.argmax(-1))
                 else:
                     n, token = verify_sampled(d, scores.softmax(-1), qs[b], r.generator)
-            s = r.stats
-            s.draft_s += t1 - t0  # the row waited for the whole batched pass
-            s.verify_s += t2 - t1
-            s.verify_steps += 1
-            s.draft_tokens += len(d)
-            s.drafts.append(len(d))
-            r.gamma_state.update(len(d), n)
-            s.rejections += n < len(d)
-            if confs[b] is not None:
-                r.gamma_state.record_confidences(confs[b], n)
-            remaining = self.max_new_tokens - len(r.new)
-            emitted, finish = cut_at_end(d[:n] + [token], remaining, self.eos, r.finish_check)
-            s.accepted_tokens += min(n, len(emitted))
-            if not r.new:
-                s.ttft_s = time.perf_counter() - r.start
-            r.new += emitted
-            r.finish = finish
-            valid = len(r.seq) + n  # cached tokens that are still on the committed path
-            r.seq += emitted
+            r.stats.draft_s += t1 - t0  # the row waited for the whole batched pass
+            r.stats.verify_s += t2 - t1
+            valid = r.commit(d, n, token, confs[b], self.max_new_tokens, self.eos)
             tkv.rollback(b, valid)
             if dkv is not None:
                 # A row past the draft's positions is never drafted again: its draft cache is let
@@ -544,7 +483,7 @@ class BatchSpeculativeGenerator:
             elif r.session is not None:
                 r.session.rollback(valid)
 
-    def _argmax_rows(self, live: list[_Row], logits: torch.Tensor) -> list[list[int]] | None:
+    def _argmax_rows(self, live: list[Row], logits: torch.Tensor) -> list[list[int]] | None:
         """Greedy with no logits processor on any row: every row's argmax at every fed position,
         read back in one transfer (per row, it was a read-back each, which a GPU waits for).
         None when some row's picks need its own processing."""
@@ -552,16 +491,16 @@ class BatchSpeculativeGenerator:
             return None
         return logits.argmax(-1).tolist()
 
-    def _chains(self, live: list[_Row], dkv: BatchKV | SlotKV | None) -> bool:
+    def _chains(self, live: list[Row], dkv: BatchKV | SlotKV | None) -> bool:
         """Whether a round's draft steps can run chained on the device: slots, a chaining drafter,
         and picks that are plain argmaxes."""
         return isinstance(dkv, SlotKV) and getattr(self.drafter, "chain", False) and self._plain_greedy(live)
 
-    def _plain_greedy(self, live: list[_Row]) -> bool:
+    def _plain_greedy(self, live: list[Row]) -> bool:
         """Greedy, and no row's picks go through a logits processor: a pick is an argmax."""
         return self.sampling.greedy and not any(r.transform.processors for r in live)
 
-    def _draft(self, live: list[_Row], ks: list[int], dkv: BatchKV | SlotKV | None, batch_k: bool = False):
+    def _draft(self, live: list[Row], ks: list[int], dkv: BatchKV | SlotKV | None, batch_k: bool = False):
         """Each row's drafts (its tokens, q and confidences): prompt lookup per row, a model
         draft in one batched pass per draft step over the rows still drafting (or, in slots with
         a chaining drafter and plain greedy picks, every step chained on the device). batch_k: the
@@ -578,8 +517,7 @@ class BatchSpeculativeGenerator:
         greedy = self.sampling.greedy
         keeps = []
         for b, r in enumerate(live):
-            # As in batch 1: stopping on the draft's confidence is exact only for greedy drafting.
-            keeps.append(r.gamma_state.keep_drafting if greedy and r.gamma_state.stops_early and not batch_k else None)
+            keeps.append(None if batch_k else r.keep(greedy))
             if keeps[b] is not None:
                 confs[b] = []
         ends = self.drafter.ends if isinstance(self.drafter, ModelDrafter) else set()
@@ -591,7 +529,7 @@ class BatchSpeculativeGenerator:
                 r.draft_steps += k
             return [through_end(p[:k], ends) for p, k in zip(picks, ks, strict=True)], qs, confs
         curs = [list(r.seq) for r in live]  # each row's tokens and its drafts so far (a picker reads them)
-        picks = [self._picker(r) for r in live]
+        picks = [r.picker(greedy) for r in live]
         draft_q: list[list[torch.Tensor]] = [[] for _ in live]
         active = [k > 0 for k in ks]
         for i in range(max(ks, default=0)):

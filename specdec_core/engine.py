@@ -12,9 +12,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
-import torch
 from transformers import PreTrainedModel
 
 from specdec_core.acceptance import verify_greedy, verify_sampled
@@ -25,18 +23,10 @@ from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamm
 from specdec_core.loading import context_limit
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import static_decoder_for
-from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors, draft_pick
+from specdec_core.processing import SamplingSettings
+from specdec_core.rows import FinishCheck, Generation, ItemTimeout, Row
 from specdec_core.self_check import cache_failure, state_failure, verify_disagreement
 from specdec_core.static_decoder import StaticDecoder
-
-# An item's own end condition (e.g. stop strings, specdec_core/stopping.py): called with each
-# round's committed tokens, once each and in order; returns the index of the token that ends
-# the item (kept), or None. Stateful per item, and free of tokenizers as far as the engine goes.
-FinishCheck = Callable[[list[int]], int | None]
-
-
-class ItemTimeout(TimeoutError):
-    """An item ran past its time limit; the class name is the failed row's error_type."""
 
 
 def setup_seconds(*caches) -> float:
@@ -71,51 +61,6 @@ class ItemClock:
         return self.wall() - self.setup()
 
 
-@dataclass
-class ItemStats:
-    """Per-item statistics; DESIGN.md defines each column."""
-
-    new_tokens: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    verify_steps: int = 0
-    draft_steps: int = 0
-    prompt_tokens: int = 0
-    latency_s: float = 0.0
-    ttft_s: float = 0.0
-    prefill_s: float = 0.0
-    draft_s: float = 0.0
-    verify_s: float = 0.0
-    finish_reason: str = ""
-    rejections: int = 0  # rounds that ended at a rejected draft (for the geometric estimate of a)
-    # Admissions: seconds the item waited while items entered its batch (its own prefill
-    # included: at batch 1, its prefill), the items that entered with it (itself included), and
-    # the target's prefill passes that took them in.
-    admit_s: float = 0.0
-    admitted_with: int = 1
-    admit_passes: int = 1
-    # Not output columns: the one-off graph captures and compiles (`setup_seconds`) inside
-    # latency_s, and those inside prefill_s, which measurements leave out (`pipeline.tune`).
-    setup_s: float = 0.0
-    prefill_setup_s: float = 0.0
-    gammas: list[int] = field(default_factory=list)  # drafts asked for in each round
-    drafts: list[int] = field(default_factory=list)  # drafts proposed in each round
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.latency_s if self.latency_s > 0 else 0.0
-
-
-@dataclass
-class Generation:
-    tokens: list[int]  # new tokens only, EOS included if produced
-    stats: ItemStats = field(default_factory=ItemStats)
-
-
 def check_engine(target: PreTrainedModel, drafter: Drafter | None, num_speculative_tokens: int,
                  max_new_tokens: int) -> Drafter:
     """The checks both engines make of their settings and models before any work; returns the
@@ -135,27 +80,6 @@ def check_engine(target: PreTrainedModel, drafter: Drafter | None, num_speculati
         raise ValueError(f"{type(target).__name__} {why}: a draft's tokens cannot be verified in one pass "
                          "(use the target alone: --drafter none)")
     return drafter
-
-
-def cut_at_end(emitted: list[int], remaining: int, eos: set[int] | frozenset[int],
-               finish_check: FinishCheck | None = None) -> tuple[list[int], str]:
-    """A round's tokens cut at the first end: a stop (finish_check), an EOS, or the budget; both
-    engines stop rows here.
-
-    The round's tokens are the target's own up to the cut, so any rule that depends only on
-    the committed tokens stops where the target alone would (greedy and sampled alike).
-    """
-    emitted = emitted[:remaining]
-    end = next((i for i, tok in enumerate(emitted) if tok in eos), None)
-    kept = emitted if end is None else emitted[: end + 1]
-    stop = finish_check(kept) if finish_check else None
-    if stop is not None:
-        return kept[: stop + 1], "stop"
-    if end is not None:
-        return kept, "eos"
-    if len(emitted) >= remaining:
-        return emitted, "length"
-    return emitted, ""
 
 
 class SpeculativeGenerator:
@@ -239,26 +163,16 @@ class SpeculativeGenerator:
             # Once per process, before this item's clock starts.
             self.gamma_policy.set_costs(self.measure_costs(prompt_ids))
         clock = ItemClock(lambda: setup_seconds(self.static, getattr(self.drafter, "static", None)))
-        target, sampling = self.target, self.sampling
-        device = target.device
-        seq = initial_decoder_ids(target, prompt_ids)
-        transform = LogitsTransform(build_processors(sampling, target.generation_config, len(seq), self.max_new_tokens,
-                                                     device))
-        generator = torch.Generator(device=device).manual_seed(seed)
-        stats = ItemStats(prompt_tokens=len(prompt_ids))
-
-        def pick(cur: list[int], logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-            return draft_pick(transform(cur, logits), sampling.greedy, generator)
-
-        pick.argmax_only = sampling.greedy and not transform.processors  # see drafters.Picker
+        row = Row.begin(self.target, prompt_ids, seed, self.sampling, self.max_new_tokens,
+                        self.gamma_policy.start(self.gamma), finish_check=finish_check, start=clock.start)
         with contextlib.ExitStack() as held:
             verifier = self._verifier(prompt_ids, held)
-            if len(seq) > 1:
-                verifier.forward(seq[:-1], 0)
-            session = self.drafter.start(prompt_ids, seq, pick, verifier.encoded if self.shared_encoder else None)
+            if len(row.seq) > 1:
+                verifier.forward(row.seq[:-1], 0)
+            session = self.drafter.start(prompt_ids, row.seq, row.picker(self.sampling.greedy),
+                                         verifier.encoded if self.shared_encoder else None)
             held.callback(session.close)
-            return self._rounds(seq, verifier, session, transform, generator, stats, clock, finish_check,
-                                max_seconds)
+            return self._rounds(row, verifier, session, clock, max_seconds)
 
     def _verifier(self, prompt_ids: list[int], held: contextlib.ExitStack) -> CachedDecoder | StaticDecoder:
         """The target's static decoder for this item when free (`held` gives it back), else a new
@@ -269,68 +183,44 @@ class SpeculativeGenerator:
             return self.static
         return CachedDecoder(self.target, prompt_ids)
 
-    def _rounds(self, seq: list[int], verifier, session, transform: LogitsTransform, generator: torch.Generator,
-                stats: ItemStats, clock: ItemClock, finish_check: FinishCheck | None, max_seconds: float | None
-                ) -> Generation:
+    def _rounds(self, row: Row, verifier, session, clock: ItemClock, max_seconds: float | None) -> Generation:
         """Draft, verify, accept until the item ends; both caches hold its prompt."""
-        sampling = self.sampling
-        gamma_state = self.gamma_policy.start(self.gamma)
-        # Stopping a round on the draft's confidence in the token it just drew changes the
-        # distribution the kept drafts come from: that is exact only for greedy drafting.
-        keep = gamma_state.keep_drafting if sampling.greedy and gamma_state.stops_early else None
+        greedy, stats = self.sampling.greedy, row.stats
+        keep = row.keep(greedy)
         stats.prefill_s, stats.prefill_setup_s = clock.wall(), clock.setup()
-
-        new: list[int] = []
-        while True:
+        while not row.finish:
             if max_seconds is not None and clock.own() > max_seconds:
-                raise ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after {len(new)} new tokens)")
-            remaining = self.max_new_tokens - len(new)
+                raise ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after {len(row.new)} new tokens)")
+            seq = row.seq
             # Never draft past the budget (the round's extra target token needs one slot), nor past
             # a model draft's positions (the target goes on alone after them).
-            k = min(gamma_state.next(), remaining - 1, self.drafter.room(len(seq)))
+            k = min(row.gamma_state.next(), self.max_new_tokens - len(row.new) - 1, self.drafter.room(len(seq)))
             t0 = time.perf_counter()
             draft = session.propose(seq, k, keep) if k > 0 else None
             drafts = draft.tokens if draft else []
             stats.gammas.append(k)
             t1 = time.perf_counter()
             logits = verifier.forward(seq + drafts, len(drafts) + 1)
-            scores = transform(seq + drafts, logits)
-            if sampling.greedy:
+            scores = row.transform(seq + drafts, logits)
+            if greedy:
                 n, token = verify_greedy(drafts, scores.argmax(-1))
             else:
-                n, token = verify_sampled(drafts, scores.softmax(-1), draft.q if draft else None, generator)
+                n, token = verify_sampled(drafts, scores.softmax(-1), draft.q if draft else None, row.generator)
             t2 = time.perf_counter()
             # The draft reads the prompt lazily, in its first proposal: that pass is its prefill.
-            caught = 0.0 if new else session.catch_up_s  # (later gaps it reads stay drafting time)
+            caught = 0.0 if row.new else session.catch_up_s  # (later gaps it reads stay drafting time)
             session.catch_up_s = 0.0
             stats.prefill_s += caught
             stats.draft_s += t1 - t0 - caught
             stats.verify_s += t2 - t1
-            stats.verify_steps += 1
-            stats.draft_tokens += len(drafts)
-            stats.drafts.append(len(drafts))
-            gamma_state.update(len(drafts), n)
-            stats.rejections += n < len(drafts)
-            if draft is not None and draft.confidences is not None:
-                gamma_state.record_confidences(draft.confidences, n)
-
-            emitted = drafts[:n] + [token]
-            emitted, finish = cut_at_end(emitted, remaining, self.eos, finish_check)
-            stats.accepted_tokens += min(n, len(emitted))
-            if not new:
-                stats.ttft_s = clock.wall()
-            new += emitted
-            if finish:
-                stats.finish_reason = finish
-                break
-            valid = len(seq) + n  # cached tokens that are still on the committed path
-            seq += emitted
-            verifier.rollback(valid)
-            session.rollback(valid)
+            valid = row.commit(drafts, n, token, draft.confidences if draft else None, self.max_new_tokens, self.eos)
+            if not row.finish:
+                verifier.rollback(valid)
+                session.rollback(valid)
 
         stats.draft_steps = session.steps
         stats.admit_s = stats.prefill_s - stats.prefill_setup_s
-        stats.new_tokens = len(new)
+        stats.new_tokens = len(row.new)
+        stats.finish_reason = row.finish
         stats.latency_s, stats.setup_s = clock.wall(), clock.setup()
-        return Generation(new, stats)
-
+        return Generation(row.new, stats)

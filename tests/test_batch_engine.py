@@ -401,7 +401,7 @@ def test_stop_strings_end_each_row_where_batch_one_does(models, prompts, tokeniz
 
 
 def test_rows_past_the_time_limit_leave_as_item_timeouts(models, prompts):
-    from specdec_core.engine import ItemTimeout
+    from specdec_core.rows import ItemTimeout
 
     target, draft = models["llama"]
     engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=3,

@@ -142,7 +142,8 @@ def test_items_past_the_time_limit_fail_and_the_job_goes_on(tmp_path, saved_pair
 
 def test_engine_deadline_is_checked_between_rounds(models):
     from specdec_core.drafters import ModelDrafter
-    from specdec_core.engine import ItemTimeout, SpeculativeGenerator
+    from specdec_core.engine import SpeculativeGenerator
+    from specdec_core.rows import ItemTimeout
 
     target, draft = models["llama"]
     engine = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=10)

@@ -680,7 +680,7 @@ def test_time_limits_do_not_count_capturing_and_compiling(models, prompts, fake_
     and in slots: here every capture takes 100 s of a fake clock, and the limit is 50 s."""
     import time
 
-    from specdec_core.engine import ItemTimeout
+    from specdec_core.rows import ItemTimeout
 
     now = [0.0]
 

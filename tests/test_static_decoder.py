@@ -139,7 +139,7 @@ def test_adaptive_gamma_times_the_static_passes_and_stays_exact(models, tokenize
 
 
 def test_an_item_that_fails_gives_its_static_decoders_back(models, tokenizer):
-    from specdec_core.engine import ItemTimeout
+    from specdec_core.rows import ItemTimeout
 
     target, draft = models["llama"]
     drafter = ModelDrafter(draft, cuda_graphs="on")

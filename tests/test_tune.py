@@ -272,7 +272,7 @@ def test_batch_one_times_leave_out_graph_captures_and_compiles():
     left out of tune's times: out of the prefill's share and the decode's each."""
     from types import SimpleNamespace
 
-    from specdec_core.engine import ItemStats
+    from specdec_core.rows import ItemStats
 
     run = tune.SampleRun(new_tokens=0, total_s=0.0, decode_s=0.0)
     stats = ItemStats(new_tokens=5, latency_s=10.0, prefill_s=3.0, setup_s=4.0, prefill_setup_s=1.0)

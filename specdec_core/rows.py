@@ -1,0 +1,165 @@
+"""One item while it decodes, and what a round does to it: the row both engines step.
+
+A row holds its sequence, its own random generator, logits processors, gamma state and
+statistics. Each round ends in `Row.commit` (drafts kept, the target's token, the cut at the
+row's end, the statistics), the one accept-side rule of the batch-1 and the batch engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec_core.decoder import initial_decoder_ids
+from specdec_core.drafters import DraftSession, KeepDrafting, Picker
+from specdec_core.gamma import GammaState
+from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors, draft_pick
+
+# An item's own end condition (e.g. stop strings, specdec_core/stopping.py): called with each
+# round's committed tokens, once each and in order; returns the index of the token that ends
+# the item (kept), or None. Stateful per item, and free of tokenizers as far as the engine goes.
+FinishCheck = Callable[[list[int]], int | None]
+
+
+class ItemTimeout(TimeoutError):
+    """An item ran past its time limit; the class name is the failed row's error_type."""
+
+
+@dataclass
+class ItemStats:
+    """Per-item statistics; DESIGN.md defines each column."""
+
+    new_tokens: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_steps: int = 0
+    draft_steps: int = 0
+    prompt_tokens: int = 0
+    latency_s: float = 0.0
+    ttft_s: float = 0.0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    finish_reason: str = ""
+    rejections: int = 0  # rounds that ended at a rejected draft (for the geometric estimate of a)
+    # Admissions: seconds the item waited while items entered its batch (its own prefill
+    # included: at batch 1, its prefill), the items that entered with it (itself included), and
+    # the target's prefill passes that took them in.
+    admit_s: float = 0.0
+    admitted_with: int = 1
+    admit_passes: int = 1
+    # Not output columns: the one-off graph captures and compiles (`engine.setup_seconds`) inside
+    # latency_s, and those inside prefill_s, which measurements leave out (`pipeline.tune`).
+    setup_s: float = 0.0
+    prefill_setup_s: float = 0.0
+    gammas: list[int] = field(default_factory=list)  # drafts asked for in each round
+    drafts: list[int] = field(default_factory=list)  # drafts proposed in each round
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.latency_s if self.latency_s > 0 else 0.0
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # new tokens only, EOS included if produced
+    stats: ItemStats = field(default_factory=ItemStats)
+
+
+def cut_at_end(emitted: list[int], remaining: int, eos: set[int] | frozenset[int],
+               finish_check: FinishCheck | None = None) -> tuple[list[int], str]:
+    """A round's tokens cut at the first end: a stop (finish_check), an EOS, or the budget.
+
+    The round's tokens are the target's own up to the cut, so any rule that depends only on
+    the committed tokens stops where the target alone would (greedy and sampled alike).
+    """
+    emitted = emitted[:remaining]
+    end = next((i for i, tok in enumerate(emitted) if tok in eos), None)
+    kept = emitted if end is None else emitted[: end + 1]
+    stop = finish_check(kept) if finish_check else None
+    if stop is not None:
+        return kept[: stop + 1], "stop"
+    if end is not None:
+        return kept, "eos"
+    if len(emitted) >= remaining:
+        return emitted, "length"
+    return emitted, ""
+
+
+@dataclass
+class Row:
+    """One prompt being decoded: its sequence, its own RNG, processors, gamma state and stats."""
+
+    index: int  # position in the caller's list
+    seed: int
+    prompt: list[int]  # the prompt's ids (an encoder-decoder's encoder input)
+    seq: list[int]  # the decoder's tokens: prompt (decoder-only) or start token, then the new ones
+    start: float
+    transform: LogitsTransform
+    generator: torch.Generator
+    gamma_state: GammaState
+    stats: ItemStats
+    finish_check: FinishCheck | None = None
+    session: DraftSession | None = None  # the row's own drafting (prompt lookup, another tokenizer)
+    new: list[int] = field(default_factory=list)
+    finish: str = ""
+    draft_steps: int = 0
+    draft_behind: bool = False  # admitted without the draft's prefill (the batch was not drafting)
+    setup: float = 0.0  # the caches' one-off seconds (`engine.setup_seconds`) when it entered
+
+    @classmethod
+    def begin(cls, target: PreTrainedModel, prompt_ids: list[int], seed: int, sampling: SamplingSettings,
+              max_new_tokens: int, gamma_state: GammaState, index: int = 0,
+              finish_check: FinishCheck | None = None, start: float | None = None) -> Row:
+        device = target.device
+        seq = initial_decoder_ids(target, prompt_ids)
+        procs = build_processors(sampling, target.generation_config, len(seq), max_new_tokens, device)
+        return cls(index=index, seed=seed, prompt=list(prompt_ids), seq=seq,
+                   start=time.perf_counter() if start is None else start, transform=LogitsTransform(procs),
+                   generator=torch.Generator(device=device).manual_seed(seed), gamma_state=gamma_state,
+                   stats=ItemStats(prompt_tokens=len(prompt_ids)), finish_check=finish_check)
+
+    def picker(self, greedy: bool) -> Picker:
+        """The row's draft picks: its processors, then argmax or a sample from its generator."""
+        def pick(cur: list[int], logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+            return draft_pick(self.transform(cur, logits), greedy, self.generator)
+
+        pick.argmax_only = greedy and not self.transform.processors  # see drafters.Picker
+        return pick
+
+    def keep(self, greedy: bool) -> KeepDrafting | None:
+        """The gamma state's rule to stop a round's drafting early, or None. Stopping on the
+        draft's confidence in the token it just drew changes the distribution the kept drafts
+        come from: that is exact only for greedy drafting."""
+        return self.gamma_state.keep_drafting if greedy and self.gamma_state.stops_early else None
+
+    def commit(self, drafts: list[int], n: int, token: int, confidences: list[float] | None, budget: int,
+               eos: set[int] | frozenset[int]) -> int:
+        """A round's outcome: the first `n` of the row's `drafts` kept and the target's `token`
+        after them, cut at the row's end (`cut_at_end`: its `budget` of new tokens, `eos`, its
+        finish check); its statistics and gamma state told. Returns the cached length that is
+        still on the committed path, which the row's caches roll back to."""
+        s = self.stats
+        s.verify_steps += 1
+        s.draft_tokens += len(drafts)
+        s.drafts.append(len(drafts))
+        self.gamma_state.update(len(drafts), n)
+        s.rejections += n < len(drafts)
+        if confidences is not None:
+            self.gamma_state.record_confidences(confidences, n)
+        emitted, self.finish = cut_at_end(drafts[:n] + [token], budget - len(self.new), eos, self.finish_check)
+        s.accepted_tokens += min(n, len(emitted))
+        if not self.new:
+            s.ttft_s = time.perf_counter() - self.start
+        self.new += emitted
+        valid = len(self.seq) + n
+        self.seq += emitted
+        return valid
