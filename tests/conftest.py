@@ -64,7 +64,7 @@ def _compiles_through_aot_eager(request):
     marked `inductor`: what our code meets in a compile (tracing through the hooks, guards,
     recompiles, functionalized in-place writes to the buffers) is all there, and a tiny model's
     cold inductor compile (C++ codegen, g++) cost 2-3x the rest of its test on 2 cores. The tests
-    marked `inductor` keep the real backend's numbers: one model of each kind, batch 1 and batched."""
+    marked `inductor` keep the real backend's numbers: Llama at batch 1 and batched, and the CUDA tests."""
     if request.node.get_closest_marker("inductor") is not None:
         yield
         return
