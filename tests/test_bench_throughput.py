@@ -10,15 +10,16 @@ def test_throughput_section_is_written_and_replaced(tmp_path):
     out.write_text("# Report\n\nearlier text\n")
     args = ["--size", "tiny", "--cache_dir", str(tmp_path / "cache"), "--out", str(out), "--prompts", "4",
             "--prompt_tokens", "12", "--max_new_tokens", "6", "--batches", "1,3", "--gammas", "2,adaptive",
-            "--drafters", "model,none", "--reps", "1", "--threads", "1"]
+            "--drafters", "model,bad,none", "--reps", "1", "--threads", "1"]
     assert bench_throughput.main(args) == 0
     assert bench_throughput.main(args) == 0  # a second run replaces the section
     text = out.read_text()
     assert text.startswith("# Report\n\nearlier text\n")
     assert text.count(bench_throughput.BEGIN) == text.count(bench_throughput.END) == 1
     rows = [line for line in text.splitlines() if line.startswith("| ours")]
-    assert len(rows) == 6  # model (gamma 2 and adaptive) and none at B=1 and B=3
-    assert sum("adaptive gamma (at most 4)" in line for line in rows) == 2
+    assert len(rows) == 10  # model and the disagreeing draft (gamma 2 and adaptive), none; at B=1 and B=3
+    assert sum("adaptive gamma (at most 4)" in line for line in rows) == 4
+    assert sum("drafter model that never agrees" in line for line in rows) == 4
     assert all(line.rstrip(" |").endswith("4/4") for line in rows), rows  # greedy equal to HF, per prompt
 
 
@@ -47,6 +48,10 @@ def test_a_mistyped_setting_stops_before_any_work(tmp_path, capsys, flag, value,
     assert e.value.code == 2
     assert f"{flag}: {value.split(',')[-1]} {says}" in capsys.readouterr().err
     assert not (tmp_path / "cache").exists()  # stopped before building the pair
+    with pytest.raises(SystemExit):  # (only the llama pair has a draft that never agrees)
+        bench_throughput.main(["--pair", "t5", "--size", "tiny", "--cache_dir", str(tmp_path / "cache"),
+                               "--drafters", "bad"])
+    assert "--drafters bad: only the llama pair has a draft that never agrees" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("pair", ["t5", "mistral"])

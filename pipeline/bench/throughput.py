@@ -92,7 +92,8 @@ def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int,
 
 def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: list[int], gammas: list[int | str],
         max_new: int, drafters: list[str], hf_kernels: list[str], reps: int,
-        hf_caches: tuple[str, ...] = ("dynamic", "static"), share_encoder: bool = False) -> list[dict]:
+        hf_caches: tuple[str, ...] = ("dynamic", "static"), share_encoder: bool = False,
+        bad_draft_dir: Path | None = None) -> list[dict]:
     """Every config at every B, `reps` times, alternating the order within a B (ABBA) so that
     load drifting on a shared machine does not favour whichever config runs last."""
     from transformers import AutoTokenizer
@@ -109,7 +110,13 @@ def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: l
         draft_p = prepare_for_cpu(load_model(str(draft_dir), cpu, torch.float32))
         if share_encoder and target.config.is_encoder_decoder:
             draft_p.encoder = target_p.get_encoder()  # one encoder pass per prompt serves both models
-    makers = {"model": lambda: ModelDrafter(draft_p), "ngram": lambda: NgramDrafter(), "none": lambda: NoDrafter()}
+    bad_p = None
+    if "bad" in drafters:
+        if bad_draft_dir is None:
+            raise ValueError("--drafters bad: this pair has no disagreeing draft (the llama pair has)")
+        bad_p = prepare_for_cpu(load_model(str(bad_draft_dir), cpu, torch.float32))
+    makers = {"model": lambda: ModelDrafter(draft_p), "bad": lambda: ModelDrafter(bad_p),
+              "ngram": lambda: NgramDrafter(), "none": lambda: NoDrafter()}
     models = {"stock": target, "prepacked": target_p}
     n_tokens = len(ids) * max_new
     rows, reference = [], None
@@ -121,8 +128,10 @@ def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: l
     for b in batches:
         configs = [(f"HF generate, target alone ({k} kernels" + (f", {c} cache)" if c != "dynamic" else ")"),
                     "hf", (k, c), None) for k in hf_kernels for c in hf_caches]
-        configs += [(f"ours, drafter {d}" + ("" if d == "none" else f", gamma {g}" if g != "adaptive"
-                                             else f", adaptive gamma (at most {ADAPTIVE_MAX})"), d, None, g)
+        names = {"bad": "model that never agrees"}
+        configs += [(f"ours, drafter {names.get(d, d)}" + ("" if d == "none" else f", gamma {g}" if g != "adaptive"
+                                                            else f", adaptive gamma (at most {ADAPTIVE_MAX})"),
+                     d, None, g)
                     for d in drafters for g in (gammas if d != "none" else [1])]
         acc: dict[str, dict] = {label: {"seconds": 0.0, "runs": [], "acceptance": None, "equal": None}
                                 for label, *_ in configs}
@@ -207,13 +216,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         "place: the faster at large B) or both")
     p.add_argument("--reps", type=int, default=2, help="runs of every config, order alternating")
     p.add_argument("--batches", default="1,4,8,16", help="comma-separated batch sizes")
-    p.add_argument("--drafters", default="model,none", help="comma-separated: model, ngram, none")
+    p.add_argument("--drafters", default="model,none",
+                   help="comma-separated: model, ngram, none, bad (the llama pair's random draft, which never "
+                        "agrees: what speculation costs where it cannot pay)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--note", default="", help="free text added to the report (e.g. that the machine was shared)")
     a = p.parse_args(argv)
     # Checked here, in one line, rather than after the models load.
     for flag, allowed in (("hf_kernels", ("stock", "prepacked")), ("hf_cache", ("dynamic", "static")),
-                          ("drafters", ("model", "ngram", "none"))):
+                          ("drafters", ("model", "ngram", "none", "bad"))):
         values = [x.strip() for x in getattr(a, flag).split(",")]
         bad = [x for x in values if x not in allowed]
         if bad:
@@ -224,6 +235,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if bad:
         p.error(f"--gammas: {', '.join(bad)} is neither a gamma >= 1 nor adaptive")
     a.gammas = [g if g == "adaptive" else int(g) for g in gammas]
+    if "bad" in a.drafters and a.pair != "llama":
+        p.error(f"--drafters bad: only the llama pair has a draft that never agrees, not --pair {a.pair}")
     return a
 
 
@@ -253,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     shown = [x for i, x in enumerate(argv) if x != "--note" and (i == 0 or argv[i - 1] != "--note")]
     t0 = time.perf_counter()
     rows = run(dirs["target"], dirs["draft"], prompts, batches, a.gammas,
-               a.max_new_tokens, a.drafters, a.hf_kernels, a.reps, tuple(a.hf_cache), share_encoder=a.pair == "t5")
+               a.max_new_tokens, a.drafters, a.hf_kernels, a.reps, tuple(a.hf_cache), share_encoder=a.pair == "t5",
+               bad_draft_dir=dirs.get("bad_draft"))
     header = (f"{described}, {a.prompts} prompts of {a.prompt_tokens} tokens "
               f"(mixed random/repetitive, as in the bench), {a.max_new_tokens} new tokens each, greedy, "
               f"{torch.get_num_threads()} thread(s); {machine()}. Each run decodes all prompts; ours runs with "
