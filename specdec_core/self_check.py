@@ -184,7 +184,7 @@ def static_disagreement(model: PreTrainedModel, min_width: int = 1) -> str | Non
         try:
             want = _growing(model)
             with torch.inference_mode():
-                static = StaticDecoder(model, graphs=False, min_width=min_width)
+                static = StaticDecoder(model, graphs=False, min_width=min_width, full_width=True)
                 static.acquire()
                 static.encode(prompt)
                 got = probe_passes(static, seq, extra)
@@ -241,7 +241,7 @@ def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = Tru
             want = _rows_growing(model)
             with torch.inference_mode():
                 if slots:  # (rows admitted together, as the batch engine's slots take them on a GPU)
-                    kv = SlotKV(model, 2, pad_id, graphs=False, min_width=min_width)
+                    kv = SlotKV(model, 2, pad_id, graphs=False, min_width=min_width, full_width=True)
                     kv.acquire()
                     kv.prefill([s[:-1] for s in seqs], prompts=prompts if kv.encdec else None)
                 else:  # (the batch engine's admission without slots)

@@ -44,9 +44,9 @@ class SlotKV(StaticKV):
 
     def __init__(self, model: PreTrainedModel, slots: int, pad_id: int = 0, graphs: bool | None = None,
                  max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, compile: bool = False,
-                 min_width: int = 1, settings: PassSettings = DEFAULT):
+                 min_width: int = 1, settings: PassSettings = DEFAULT, full_width: bool = False):
         super().__init__(model, slots, graphs, max_graph_width, strict, batched=True, compile=compile,
-                         min_width=min_width, settings=settings)
+                         min_width=min_width, settings=settings, full_width=full_width)
         self.pad_id = pad_id
         self.lengths = [0] * slots  # per slot: its row's cached tokens (0 when free)
         self.slot_of: list[int] = []  # per row of the batch, in the engine's order: its slot
@@ -226,7 +226,7 @@ class SlotKV(StaticKV):
             settings = replace(self.settings, compile_prefills=self.passes.compile_prefills)
             self._prefiller = StaticKV(self.model, self.admit_rows, graphs=self.passes.on,
                                        max_graph_width=self.max_graph_width, strict=self.passes.strict,
-                                       min_width=self.min_width, settings=settings)
+                                       min_width=self.min_width, settings=settings, full_width=self.full_width)
         pre, out = self._prefiller, []
         setup = pre.passes.capture_s
         for first in range(0, len(slots), pre.buffer_rows):

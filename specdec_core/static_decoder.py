@@ -88,9 +88,12 @@ class StaticKV:
 
     def __init__(self, model: PreTrainedModel, rows: int, graphs: bool | None = None,
                  max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, batched: bool = False,
-                 compile: bool = False, min_width: int = 1, settings: PassSettings = DEFAULT):
+                 compile: bool = False, min_width: int = 1, settings: PassSettings = DEFAULT,
+                 full_width: bool = False):
         """min_width: the narrowest pass the model runs (`takes_static`); a narrower one is widened
         with pads, which land past the rows' tokens, hidden, like any pass's pads.
+        full_width: eager passes attend over every column too, as graphed ones do (the self-checks:
+        a model that ignores a mask sees the most columns it can).
         graphs (default: on CUDA), strict, compile: how its passes run (`graphs.PassGraphs`),
         compiled up to `max_graph_width` wide; a failed capture leaves them eager over the same
         buffers."""
@@ -106,6 +109,8 @@ class StaticKV:
         limit = context_limit(model)
         self._last_position = None if limit is None else limit - 1
         self.capacity = 0
+        self.visible = 0  # the columns a pass attends over (`_fit`)
+        self.full_width = full_width
         # How passes run (graphs, compiled, eagerly). Prompts' prefill passes compile too where the
         # settings say so; None: in a batch's slots with their compiled passes (at B = 32 on an H200
         # new rows' prefills ran 1.33x faster compiled), not at batch 1 (not measured there).
@@ -162,6 +167,11 @@ class StaticKV:
         keeping the first `keep` columns."""
         if end + self.min_width - 1 > self.capacity:
             self._grow(end + self.min_width - 1, keep)
+        # A graph or a compiled pass attends over every column (one shape per capacity); an eager
+        # pass only over those up to its end: a capacity step of 512 columns against rows of ~70
+        # made eager passes in slots 0.68-0.82x a padded batch's on a CPU.
+        fixed = self.full_width or self.passes.on or self.passes.compiles or self.passes.compile_prefills
+        self.visible = self.capacity if fixed else end + self.min_width - 1
 
     def _grow(self, need: int, keep: int) -> None:
         """Room for `need` columns per row, keeping the first `keep`."""
@@ -234,11 +244,11 @@ class StaticKV:
         return out.logits
 
     def _masks(self) -> torch.Tensor | dict[str, torch.Tensor]:
-        """The pass's 4D additive masks over the buffers (rows, 1, w, capacity), from `slots`: a
+        """The pass's 4D additive masks over the buffers (rows, 1, w, visible), from `slots`: a
         column is hidden after the query's own (a column is a position here) and, for sliding
         layers, `window` or more behind it, as the models' own window masks count. One mask for
         a model whose every layer is alike, a dict by layer type for a hybrid (Gemma 2/3)."""
-        behind = self.slots[:, None, :, None] - self.columns[None, None, None, :]
+        behind = self.slots[:, None, :, None] - self.columns[None, None, None, : self.visible]
         full = torch.zeros(behind.shape, dtype=self.model.dtype, device=self.device).masked_fill_(behind < 0, self._low)
         if self.window is None:
             return full
@@ -467,9 +477,10 @@ class StaticDecoder(StaticKV):
     needs more."""
 
     def __init__(self, model: PreTrainedModel, graphs: bool | None = None, max_graph_width: int = MAX_GRAPH_WIDTH,
-                 strict: bool = False, compile: bool = False, min_width: int = 1, settings: PassSettings = DEFAULT):
+                 strict: bool = False, compile: bool = False, min_width: int = 1, settings: PassSettings = DEFAULT,
+                 full_width: bool = False):
         super().__init__(model, 1, graphs, max_graph_width, strict, batched=False, compile=compile,
-                         min_width=min_width, settings=settings)
+                         min_width=min_width, settings=settings, full_width=full_width)
         self.length = 0
         self.encoded: dict = {}  # decoder-only: no encoder outputs (CachedDecoder's interface)
 

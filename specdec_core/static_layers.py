@@ -67,10 +67,13 @@ class FixedLayer(Buffers):
         slots = self.owner.slots[:, None, :, None]  # (rows, 1, width, 1): distinct columns per row
         keys.scatter_(2, slots.expand(-1, key_states.shape[1], -1, key_states.shape[-1]), key_states)
         values.scatter_(2, slots.expand(-1, value_states.shape[1], -1, value_states.shape[-1]), value_states)
+        visible = self.owner.visible  # (all columns in a graph: `StaticKV._fit`)
+        if visible < keys.shape[2]:
+            return keys[:, :, :visible], values[:, :, :visible]
         return keys, values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.owner.capacity, 0
+        return self.owner.visible, 0
 
     def get_seq_length(self) -> int | torch.Tensor:
         # A graph would freeze a number read here. Decoder-only models take positions from
