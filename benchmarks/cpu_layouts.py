@@ -3,7 +3,10 @@ against fixed slots run eagerly (`SlotKV`, `--cuda_graphs on`, which on a CPU ru
 graphs), and at batch 1 the growing cache against the one-row static cache; same prompts, the two
 alternating, outputs checked equal. The quick synthetic pair of `pipeline.bench`.
 
-    python benchmarks/cpu_layouts.py [--threads 1] [--batches 8,16,32] [--prompts 64] [--reps 2]
+    python benchmarks/cpu_layouts.py [--threads 1] [--batches 8,16,32] [--prompts 64] [--reps 2] [--adaptive]
+
+--adaptive: the draft under `--gamma_policy adaptive` (its costs learnt at the batch's width before the
+clock, as `pipeline.bench.throughput` does), not at gamma 2.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cpu_speed import prepare_for_cpu
 from specdec_core.drafters import ModelDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
+from specdec_core.gamma import AdaptiveGamma
 from specdec_core.loading import load_model
 
 
@@ -39,6 +43,7 @@ def main() -> None:
     p.add_argument("--max_new_tokens", type=int, default=24)
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--cache_dir", default="benchmarks/.cache")
+    p.add_argument("--adaptive", action="store_true")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     logging.disable(logging.INFO)
@@ -62,8 +67,14 @@ def main() -> None:
                                                cuda_graphs=mode)
                     runs[mode] = lambda g=gen: [g.generate(q).tokens for q in ids]
                 else:
-                    gen = BatchSpeculativeGenerator(target, drafter, batch_size=b, num_speculative_tokens=2,
-                                                    max_new_tokens=new, cuda_graphs=mode)
+                    policy = AdaptiveGamma(max_gamma=4) if a.adaptive and name == "model" else None
+                    gamma = 4 if policy else 2
+                    if policy:  # one new token: the rows never draft, so only the costs are learnt
+                        BatchSpeculativeGenerator(target, drafter, batch_size=b, num_speculative_tokens=gamma,
+                                                  max_new_tokens=1, gamma_policy=policy, cuda_graphs=mode
+                                                  ).generate_many([(q, 0) for q in ids[:b]])
+                    gen = BatchSpeculativeGenerator(target, drafter, batch_size=b, num_speculative_tokens=gamma,
+                                                    max_new_tokens=new, cuda_graphs=mode, gamma_policy=policy)
                     runs[mode] = lambda g=gen: [o.tokens for o in g.generate_many([(q, 0) for q in ids])]
                 runs[mode]()  # warm-up: first-call allocations, kernel choice
             speed, outs = {"off": [], "on": []}, {}
