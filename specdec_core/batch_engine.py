@@ -201,18 +201,13 @@ class BatchSpeculativeGenerator:
                         r.finish = "timeout"
             done = [b for b, r in enumerate(live) if r.finish]
             if done:
-                now = time.perf_counter()
                 for b in done:
                     r = live[b]
                     self._row_tokens[0] += len(r.new)
                     self._row_tokens[1] += 1
-                    r.stats.latency_s = now - r.start
-                    r.stats.new_tokens = len(r.new)
-                    r.stats.finish_reason = r.finish
-                    r.stats.draft_steps = r.draft_steps if r.session is None else r.session.steps
+                    out = r.result(r.draft_steps if r.session is None else r.session.steps)
                     results[r.index] = (ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after "
-                                                    f"{len(r.new)} new tokens)") if r.finish == "timeout"
-                                        else Generation(r.new, r.stats))
+                                                    f"{len(r.new)} new tokens)") if r.finish == "timeout" else out)
                 # Waiting prompts take the finished rows' places in the caches, so the rows that
                 # go on are not copied; places that nobody takes are dropped.
                 refill = done[: len(waiting)]
@@ -291,7 +286,7 @@ class BatchSpeculativeGenerator:
         prompts = [self.drafter.encoder_prompt(r.prompt) if drafts and not encoded else r.prompt for r in rows]
         if _by_rows(kv, len(rows)):
             hidden = kv.prefill(feeds, into, prompts if self.encdec else None, encoded)
-            passes = -(-len(rows) // kv.admit_rows)
+            passes = len(kv.admission_parts(len(rows)))
         else:
             parts, hidden = [], []
             lengths = [len(p) for p in prompts] if self.encdec else [len(f) for f in feeds]

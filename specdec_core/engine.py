@@ -218,9 +218,6 @@ class SpeculativeGenerator:
                 verifier.rollback(valid)
                 session.rollback(valid)
 
-        stats.draft_steps = session.steps
         stats.admit_s = stats.prefill_s - stats.prefill_setup_s
-        stats.new_tokens = len(row.new)
-        stats.finish_reason = row.finish
-        stats.latency_s, stats.setup_s = clock.wall(), clock.setup()
-        return Generation(row.new, stats)
+        stats.setup_s = clock.setup()
+        return row.result(session.steps)

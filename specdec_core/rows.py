@@ -163,3 +163,10 @@ class Row:
         valid = len(self.seq) + n
         self.seq += emitted
         return valid
+
+    def result(self, draft_steps: int) -> Generation:
+        """The row's generation, its statistics completed: it ends now."""
+        s = self.stats
+        s.latency_s = time.perf_counter() - self.start
+        s.new_tokens, s.finish_reason, s.draft_steps = len(self.new), self.finish, draft_steps
+        return Generation(self.new, s)

@@ -200,6 +200,10 @@ class SlotKV(StaticKV):
         """The most new rows one prefill pass takes (`prefill`)."""
         return min(self.buffer_rows, ADMIT_ROWS)
 
+    def admission_parts(self, n: int) -> list[slice]:
+        """The new rows each pass of an admission of n rows takes (`prefill`): `admit_rows` at most."""
+        return [slice(first, first + self.admit_rows) for first in range(0, n, self.admit_rows)]
+
     @property
     def prefills_in_graphs(self) -> bool:
         """Whether `prefill` takes the batch's new rows (with graphs); else they are prefilled
@@ -229,8 +233,7 @@ class SlotKV(StaticKV):
                                        min_width=self.min_width, settings=settings, full_width=self.full_width)
         pre, out = self._prefiller, []
         setup = pre.passes.capture_s
-        for first in range(0, len(slots), pre.buffer_rows):
-            part = slice(first, first + pre.buffer_rows)
+        for part in self.admission_parts(len(slots)):
             into_slots, part_feeds = slots[part], feeds[part]
             for slot in into_slots:
                 self.lengths[slot] = 0
