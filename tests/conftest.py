@@ -61,15 +61,19 @@ def _leaves_the_process_as_it_found_it():
 @pytest.fixture(autouse=True)
 def _compiles_through_aot_eager(request):
     """`torch.compile` through dynamo and AOT autograd only (backend "aot_eager"), except in tests
-    marked `inductor`: what our code meets in a compile (tracing through the hooks, guards,
+    marked `inductor` or `dynamo`: what our code meets in a compile (tracing through the hooks, guards,
     recompiles, functionalized in-place writes to the buffers) is all there, and a tiny model's
     cold inductor compile (C++ codegen, g++) cost 2-3x the rest of its test on 2 cores. The tests
-    marked `inductor` keep the real backend's numbers: Llama at batch 1 and batched, and the CUDA tests."""
+    marked `inductor` keep the real backend's numbers: Llama at batch 1 and batched, and the CUDA tests.
+    Those marked `dynamo` (backend "eager") check what a family brings to a compile, its hooks and
+    per-row positions traced by dynamo; AOT autograd's part, the writes into the buffers, is the same
+    code for every family, and took half of such a test's time."""
     if request.node.get_closest_marker("inductor") is not None:
         yield
         return
+    backend = "eager" if request.node.get_closest_marker("dynamo") is not None else "aot_eager"
     real = torch.compile  # (not monkeypatch: its undoing of a test's own patches must come before the guard's check)
-    torch.compile = functools.partial(real, backend="aot_eager")
+    torch.compile = functools.partial(real, backend=backend)
     try:
         yield
     finally:

@@ -98,7 +98,7 @@ def test_greedy_equals_generate_at_batch_one_and_batched(family, monkeypatch):
     decode pass of a family the engines take is captured, none falls back to eager (only an
     encoder that cannot be captured runs eagerly, as LED's, LongT5's and PEGASUS-X's do)."""
     from specdec_core.graphs import PassGraphs
-    from tests.test_slot_kv import trace
+    from tests.graph_stand_in import trace
 
     monkeypatch.setattr(PassGraphs, "_record", trace)
     target, draft, prompts = _pair_and_prompts(family)
@@ -221,7 +221,7 @@ def test_passes_that_read_values_on_the_host_run_eagerly_unless_graphs_are_insis
     and batched, as `auto` does on a GPU; `on` fails the row saying so. (The stand-in once traced
     JetMoE's `tolist` and froze its routing: other tokens.)"""
     from specdec_core.graphs import CaptureFailed, PassGraphs
-    from tests.test_slot_kv import trace
+    from tests.graph_stand_in import trace
 
     monkeypatch.setattr(PassGraphs, "_record", trace)
     target, draft, prompts = _pair_and_prompts(family)

@@ -3,14 +3,10 @@ and through a stand-in for CUDA graphs: each row's logits are those of the row a
 passes, rollbacks, refills, merges and drops; greedy rows equal `generate()`; sampled rows draw
 what the padded cache draws; a busy cache falls back; models it cannot take are refused."""
 
-import contextlib
 import logging
-import threading
 
 import pytest
 import torch
-from torch.fx.experimental import proxy_tensor
-from torch.fx.experimental.proxy_tensor import make_fx
 
 from specdec_core import static_decoder
 from specdec_core.batch_engine import BatchSpeculativeGenerator
@@ -26,70 +22,9 @@ from specdec_core.processing import SamplingSettings
 from specdec_core.slot_kv import SlotKV
 from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticDecoder, StaticKV
 from tests.family_models import WINDOW_FAMILIES
+from tests.graph_stand_in import trace
 from tests.numerics import assert_logits_close, logit_tolerance
 from tests.test_batch_engine import TEXTS, check_a_round, drafter_for, hf_greedy
-
-
-class TracedGraph:
-    """What the engines rely on in a CUDA graph, on a CPU: the pass is traced once (`make_fx`, so
-    that numbers, Python branches and the tensors read from attributes are frozen as a capture
-    freezes them, and reading a tensor's value on the host fails as it does in a capture), and a
-    replay runs only the recorded ops over the static input, leaving its result in the same
-    output tensor every time (a caller that forgets an input, or keeps an output past the next
-    replay, goes wrong here as on a GPU)."""
-
-    def __init__(self, run, static: torch.Tensor):
-        self.static = static
-        with _no_fake_values():  # (a lambda: make_fx counts a bound method's self)
-            self.traced = make_fx(lambda x: run(x), tracing_mode="real")(static)
-        self.out = self.traced(static).clone()
-        self.replays = 0
-
-    def replay(self) -> None:
-        self.out.copy_(self.traced(self.static))
-        self.replays += 1
-
-
-_tracing = threading.local()
-_extract_val = proxy_tensor.extract_val
-
-
-def _extract_val_while_tracing(val, include_real=False):
-    """make_fx stores a fake copy of each real intermediate as its node's metadata (a new fake
-    tensor mode per tensor: two thirds of the tracing time); the stand-in never reads it, so its
-    traces skip it. Every other trace, in any thread, gets make_fx's own."""
-    if getattr(_tracing, "on", False) and isinstance(val, torch.Tensor) and not proxy_tensor.is_fake(val):
-        return None
-    return _extract_val(val, include_real)
-
-
-proxy_tensor.extract_val = _extract_val_while_tracing
-_tolist = torch.Tensor.tolist
-
-
-def _tolist_unless_tracing(self):
-    """`tolist()` reads values without an op make_fx sees (a real trace would freeze them, as
-    JetMoE's routing by `gates.sum(0).tolist()`); a capture fails on it, and so does the stand-in."""
-    if getattr(_tracing, "on", False):
-        raise RuntimeError("a tensor's values read on the host (tolist) while capturing")
-    return _tolist(self)
-
-
-torch.Tensor.tolist = _tolist_unless_tracing
-
-
-@contextlib.contextmanager
-def _no_fake_values():
-    _tracing.on = True
-    try:
-        yield
-    finally:
-        _tracing.on = False
-
-
-def trace(self, run, static):
-    graph = TracedGraph(run, static)
-    return graph, graph.out
 
 
 @pytest.fixture

@@ -251,8 +251,8 @@ def test_every_seq2seq_family_through_static_caches_equals_generate(family, monk
     host, runs eagerly), eagerly and through traced graph replays (the decoder's start position is
     a device tensor, which a capture must not freeze)."""
     from tests.family_models import V, family_model
+    from tests.graph_stand_in import trace
     from tests.test_batch_families import hf_greedy
-    from tests.test_slot_kv import trace
 
     monkeypatch.setattr(PassGraphs, "_record", trace)
     target, draft = family_model(family, seed=1), family_model(family, seed=2)
@@ -279,8 +279,8 @@ def test_sliding_window_families_through_static_caches_equal_generate(family, mo
     without. Without the window in the masks every case here differs from `generate()`. (The
     other sliding-window families, in slots: tests/test_slot_kv.py.)"""
     from tests.family_models import WINDOW, V, family_model
+    from tests.graph_stand_in import trace
     from tests.test_batch_families import hf_greedy
-    from tests.test_slot_kv import trace
 
     monkeypatch.setattr(PassGraphs, "_record", trace)
     target, draft = family_model(family, seed=1), family_model(family, seed=2)

@@ -70,6 +70,7 @@ def test_compiled_passes_decode_what_generate_does(models, prompts, kind):
 
 
 @pytest.mark.slow
+@pytest.mark.dynamo
 @pytest.mark.parametrize("family", ["bart", "umt5"])
 def test_encoder_decoder_rows_at_their_own_positions_compiled(family):
     """Batched rows of an encoder-decoder, each at its own position: BART's learned position
@@ -236,12 +237,13 @@ def test_new_rows_in_compiled_slots_prefill_through_compiled_graphs(models, monk
 
 
 @pytest.mark.slow
+@pytest.mark.dynamo
 @pytest.mark.parametrize("family", ["gemma2", "m2m100", "led"])
 def test_compiled_passes_of_a_window_and_a_position_table(family):
     """--torch_compile over a mask per layer type (Gemma 2, rows past its window) and over
     position embeddings looked up on the device (M2M100's counted from the ids; LED's table, its
     one-token passes widened), batch 1 and in slots: what the GPU's compiled test checks with
-    Triton's kernels, here traced by dynamo and AOT autograd (inductor's numbers: Llama's test above)."""
+    Triton's kernels, here traced by dynamo (inductor's numbers: Llama's test above)."""
     from tests.family_models import V, family_model
     from tests.test_batch_families import hf_greedy as hf_greedy_any
 
