@@ -75,6 +75,7 @@ def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int,
             BatchSpeculativeGenerator(target, drafter, batch_size=batch, num_speculative_tokens=cap, max_new_tokens=1,
                                       gamma_policy=policy).generate_many([(p, 0) for p in prompts[:batch]])
     t0 = time.perf_counter()
+    admit_s = None
     if batch == 1:
         gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=cap, max_new_tokens=max_new,
                                    gamma_policy=policy)
@@ -83,10 +84,12 @@ def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int,
         bgen = BatchSpeculativeGenerator(target, drafter, batch_size=batch, num_speculative_tokens=cap,
                                          max_new_tokens=max_new, gamma_policy=policy)
         outs = bgen.generate_many([(p, 0) for p in prompts])
+        admit_s = bgen.admit_s
     secs = time.perf_counter() - t0
     drafted = sum(o.stats.draft_tokens for o in outs)
     stats = {"acceptance": sum(o.stats.accepted_tokens for o in outs) / drafted if drafted else None,
-             "steps": sum(o.stats.verify_steps for o in outs)}
+             "steps": sum(o.stats.verify_steps for o in outs),
+             "admitting": None if admit_s is None else admit_s / secs}
     return [o.tokens for o in outs], secs, stats
 
 
@@ -133,7 +136,8 @@ def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: l
                                                             else f", adaptive gamma (at most {ADAPTIVE_MAX})"),
                      d, None, g)
                     for d in drafters for g in (gammas if d != "none" else [1])]
-        acc: dict[str, dict] = {label: {"seconds": 0.0, "runs": [], "acceptance": None, "equal": None}
+        acc: dict[str, dict] = {label: {"seconds": 0.0, "runs": [], "acceptance": None, "equal": None,
+                                        "admitting": []}
                                 for label, *_ in configs}
         for rep in range(reps):
             for label, kind, setting, g in (configs if rep % 2 == 0 else configs[::-1]):
@@ -141,13 +145,15 @@ def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: l
                     outs, secs = hf_batched(models[setting[0]], ids, b, max_new, setting[1])
                     if reference is None and b == 1:
                         reference = outs
-                    st = {"acceptance": None}
+                    st = {"acceptance": None, "admitting": None}
                 else:
                     outs, secs, st = ours_batched(target_p, makers[kind](), ids, b, g, max_new)
                 a = acc[label]
                 a["seconds"] += secs
                 a["runs"].append(n_tokens / secs)
                 a["acceptance"] = st["acceptance"]
+                if st["admitting"] is not None:
+                    a["admitting"].append(st["admitting"])
                 if reference is not None:  # HF's own batched rows too: padding may round differently
                     equal = sum(o == r for o, r in zip(outs, reference, strict=True))
                     a["equal"] = equal if a["equal"] is None else min(a["equal"], equal)
@@ -156,6 +162,7 @@ def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: l
             a = acc[label]
             rows.append({"config": label, "B": b, "seconds": a["seconds"], "runs": a["runs"],
                          "tokens_per_s": reps * n_tokens / a["seconds"], "acceptance": a["acceptance"],
+                         "admitting": sum(a["admitting"]) / len(a["admitting"]) if a["admitting"] else None,
                          "equal": a["equal"]})
         gc.collect()
     return rows
@@ -180,13 +187,14 @@ def report(rows: list[dict], header: str, n_prompts: int, pair: str = "llama") -
     title = "" if pair == "llama" else f", {pair} pair"
     lines = [begin, f"## Throughput per worker: batched (`pipeline.bench.throughput`{title})\n", header, "",
              f"| config | B | tokens/s | each run | x plain HF at this B | x plain HF at its best (B={best_b}) | "
-             "acceptance | greedy equal to HF B=1 |", "|---|---|---|---|---|---|---|---|"]
+             "acceptance | time admitting rows | greedy equal to HF B=1 |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         equal = "–" if r["equal"] is None else f"{r['equal']}/{n_prompts}"
         runs = " / ".join(f"{x:.1f}" for x in r["runs"])
         lines.append(f"| {r['config']} | {r['B']} | {f(r['tokens_per_s'])} | {runs} | "
                      f"{f(r['tokens_per_s'] / plain[r['B']], '{:.2f}')} | "
-                     f"{f(r['tokens_per_s'] / best_plain, '{:.2f}')} | {f(r['acceptance'], '{:.2f}')} | {equal} |")
+                     f"{f(r['tokens_per_s'] / best_plain, '{:.2f}')} | {f(r['acceptance'], '{:.2f}')} | "
+                     f"{f(r.get('admitting'), '{:.0%}')} | {equal} |")
     ours = [r for r in rows if r["config"].startswith("ours")]
     best = max(ours, key=lambda r: r["tokens_per_s"])
     lines += ["", f"Plain batching at its best: {best_plain:.1f} tokens/s (B={best_b}). Ours at its best: "
