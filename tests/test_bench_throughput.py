@@ -23,8 +23,9 @@ def test_throughput_section_is_written_and_replaced(tmp_path):
     assert all(line.rstrip(" |").endswith("4/4") for line in rows), rows  # greedy equal to HF, per prompt
     # The share of the time spent admitting rows, for the batched engine (B=3) only.
     admitting = [line.split("|")[-3].strip() for line in rows]
-    assert all(a == "–" for line, a in zip(rows, admitting) if "| 1 |" in line), admitting
-    assert all(a.endswith("%") and 0 < int(a[:-1]) < 100 for line, a in zip(rows, admitting) if "| 3 |" in line)
+    assert all(a == "–" for line, a in zip(rows, admitting, strict=True) if "| 1 |" in line), admitting
+    batched = [a for line, a in zip(rows, admitting, strict=True) if "| 3 |" in line]
+    assert batched and all(a.endswith("%") and 0 < int(a[:-1]) < 100 for a in batched), batched
 
 
 def test_plain_batching_with_hf_static_cache_is_a_baseline(tmp_path):

@@ -13,47 +13,23 @@ from apache_beam.ml.inference.base import PredictionResult
 
 from specdec_core.text import NotUtf8
 from transforms.durable import delete_chunks
-
-# The contract's columns, then the engine's timing split (so the draft/target cost ratio
-# can be computed from the files), then passthrough columns.
-_STATS = [
-    ("generation", pa.string()),
-    ("new_tokens", pa.int32()),
-    ("draft_tokens", pa.int32()),
-    ("accepted_tokens", pa.int32()),
-    ("acceptance_rate", pa.float64()),
-    ("verify_steps", pa.int32()),
-    ("latency_s", pa.float64()),
-    ("ttft_s", pa.float64()),
-    ("tokens_per_s", pa.float64()),
-    ("finish_reason", pa.string()),
-    ("seed", pa.int64()),
-    ("prompt_tokens", pa.int32()),
-    ("draft_steps", pa.int32()),
-    ("prefill_s", pa.float64()),
-    ("draft_s", pa.float64()),
-    ("verify_s", pa.float64()),
-    ("admit_s", pa.float64()),
-    ("admitted_with", pa.int32()),
-    ("admit_passes", pa.int32()),
-]
-_FAILED = [("prompt", pa.string()), ("error_type", pa.string()), ("error_message", pa.string())]
+from transforms.schema import FAILED, STATS
 
 
 def result_schema(input_schema: pa.Schema, id_column: str, passthrough: list[str]) -> pa.Schema:
     fields = [pa.field("id", input_schema.field(id_column).type)]
-    fields += [pa.field(name, typ) for name, typ in _STATS]
+    fields += [pa.field(name, typ) for name, typ in STATS]
     fields += [input_schema.field(c) for c in passthrough]
     return pa.schema(fields)
 
 
 def failed_schema(input_schema: pa.Schema, id_column: str) -> pa.Schema:
-    return pa.schema([pa.field("id", input_schema.field(id_column).type)] + [pa.field(n, t) for n, t in _FAILED])
+    return pa.schema([pa.field("id", input_schema.field(id_column).type)] + [pa.field(n, t) for n, t in FAILED])
 
 
 def result_row(pred: PredictionResult, id_column: str, passthrough: list[str]) -> dict[str, Any]:
     row, out = pred.example, pred.inference
-    return {"id": row[id_column], **{name: out[name] for name, _ in _STATS}, **{c: row[c] for c in passthrough}}
+    return {"id": row[id_column], **{name: out[name] for name, _ in STATS}, **{c: row[c] for c in passthrough}}
 
 
 def prompt_text(prompt: Any) -> str | None:

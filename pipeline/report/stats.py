@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import quality
+from transforms.schema import STATS
 
 PERCENTILES = (50, 95, 99)
 
@@ -299,9 +300,7 @@ def quality_scores(results: pa.Table, references: str, metric: str) -> dict[str,
                                      metric=metric)
 
 
-_OUTPUT_COLUMNS = {"id", "generation", "new_tokens", "draft_tokens", "accepted_tokens", "acceptance_rate",
-                   "verify_steps", "latency_s", "ttft_s", "tokens_per_s", "finish_reason", "seed", "prompt_tokens",
-                   "draft_steps", "prefill_s", "draft_s", "verify_s", "admit_s", "admitted_with", "admit_passes"}
+_OUTPUT_COLUMNS = {"id", *(name for name, _ in STATS)}
 
 
 Section = tuple[str, list[tuple[str, str]]]

@@ -1,0 +1,29 @@
+"""The output's columns, which the job writes (`transforms.results`) and `pipeline.report` reads:
+kept apart from the writing so that reading them needs neither torch nor Beam (DESIGN.md, "Output")."""
+
+import pyarrow as pa
+
+# The contract's columns, then the engine's timing split (so the draft/target cost ratio
+# can be computed from the files), then passthrough columns.
+STATS = [
+    ("generation", pa.string()),
+    ("new_tokens", pa.int32()),
+    ("draft_tokens", pa.int32()),
+    ("accepted_tokens", pa.int32()),
+    ("acceptance_rate", pa.float64()),
+    ("verify_steps", pa.int32()),
+    ("latency_s", pa.float64()),
+    ("ttft_s", pa.float64()),
+    ("tokens_per_s", pa.float64()),
+    ("finish_reason", pa.string()),
+    ("seed", pa.int64()),
+    ("prompt_tokens", pa.int32()),
+    ("draft_steps", pa.int32()),
+    ("prefill_s", pa.float64()),
+    ("draft_s", pa.float64()),
+    ("verify_s", pa.float64()),
+    ("admit_s", pa.float64()),
+    ("admitted_with", pa.int32()),
+    ("admit_passes", pa.int32()),
+]
+FAILED = [("prompt", pa.string()), ("error_type", pa.string()), ("error_message", pa.string())]
