@@ -14,7 +14,7 @@ from apache_beam.options.pipeline_options import TestOptions
 
 from pipeline.options import SpecDecOptions
 from transforms.durable import match, output_files, result_patterns, sink_deletes
-from transforms.results import result_schema
+from transforms.schema import result_schema
 
 log = logging.getLogger(__name__)
 

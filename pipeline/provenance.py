@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from pipeline.options import SpecDecOptions
+if TYPE_CHECKING:  # (the options import torch through the engine's choices; reading a record needs neither)
+    from pipeline.options import SpecDecOptions
 
 KEY = "specdec_run"
 PACKAGES = ("specdec-beam", "torch", "transformers", "apache-beam")
@@ -31,6 +33,8 @@ def run_record(opts: SpecDecOptions) -> dict:
     """Every flag of this pipeline (model locations and generation flags included, by their
     flag names), the package versions under "versions", and under "placement" the device of
     every copy of the pair on a worker, as planned at launch."""
+    from pipeline.options import SpecDecOptions
+
     parser = argparse.ArgumentParser(add_help=False)
     SpecDecOptions._add_argparse_args(parser)  # noqa: SLF001
     flags = {a.dest: getattr(opts, a.dest) for a in parser._actions}  # noqa: SLF001

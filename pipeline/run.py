@@ -21,7 +21,8 @@ from transforms.generate import GenerateRows
 from transforms.ids import SelectRows
 from transforms.model_handler import SpecDecModelHandler
 from transforms.prompts import ReadPrompts
-from transforms.results import WriteResults, failed_schema, result_schema
+from transforms.results import WriteResults
+from transforms.schema import failed_schema, result_schema
 
 log = logging.getLogger(__name__)  # (the root logger stays at WARNING: `setup_logging`)
 

@@ -1,5 +1,5 @@
-"""Output rows and their Parquet schemas: one result row per generated prompt, one failed
-row per prompt that could not be generated (DESIGN.md, "Output")."""
+"""Output rows: one result row per generated prompt, one failed row per prompt that could not be
+generated (DESIGN.md, "Output"; their columns and Parquet schemas: `transforms.schema`)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,7 @@ from apache_beam.ml.inference.base import PredictionResult
 
 from specdec_core.text import NotUtf8
 from transforms.durable import delete_chunks
-from transforms.schema import FAILED, STATS
-
-
-def result_schema(input_schema: pa.Schema, id_column: str, passthrough: list[str]) -> pa.Schema:
-    fields = [pa.field("id", input_schema.field(id_column).type)]
-    fields += [pa.field(name, typ) for name, typ in STATS]
-    fields += [input_schema.field(c) for c in passthrough]
-    return pa.schema(fields)
-
-
-def failed_schema(input_schema: pa.Schema, id_column: str) -> pa.Schema:
-    return pa.schema([pa.field("id", input_schema.field(id_column).type)] + [pa.field(n, t) for n, t in FAILED])
+from transforms.schema import STATS
 
 
 def result_row(pred: PredictionResult, id_column: str, passthrough: list[str]) -> dict[str, Any]:

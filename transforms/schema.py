@@ -27,3 +27,14 @@ STATS = [
     ("admit_passes", pa.int32()),
 ]
 FAILED = [("prompt", pa.string()), ("error_type", pa.string()), ("error_message", pa.string())]
+
+
+def result_schema(input_schema: pa.Schema, id_column: str, passthrough: list[str]) -> pa.Schema:
+    fields = [pa.field("id", input_schema.field(id_column).type)]
+    fields += [pa.field(name, typ) for name, typ in STATS]
+    fields += [input_schema.field(c) for c in passthrough]
+    return pa.schema(fields)
+
+
+def failed_schema(input_schema: pa.Schema, id_column: str) -> pa.Schema:
+    return pa.schema([pa.field("id", input_schema.field(id_column).type)] + [pa.field(n, t) for n, t in FAILED])

@@ -30,7 +30,7 @@ from pipeline.report.stats import (
     summarize,
 )
 from transforms.durable import output_files, read_outputs
-from transforms.results import result_schema
+from transforms.schema import result_schema
 
 __all__ = ["Summary", "format_table", "main", "read_results", "summarize"]  # the demo imports these from here
 
