@@ -30,7 +30,8 @@ for module in sys.argv[1:]:
         except SystemExit as e:
             code = e.code or 0
         except BaseException:
-            code, _ = 1, traceback.print_exc()
+            traceback.print_exc()
+            code = 1
     said[module] = {"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()[-2000:]}
 print(json.dumps(said))
 """

@@ -93,8 +93,8 @@ def test_refusals_name_the_reason(family):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f not in RUNS_NOWHERE])
 def test_greedy_equals_generate_at_batch_one_and_batched(family, monkeypatch):
-    """Eagerly, and over static caches through traced graph replays (tests/test_slot_kv.py's
-    stand-in for CUDA graphs, which fails where a capture would: a value read on the host): every
+    """Eagerly, and over static caches through recorded graph replays (tests/graph_stand_in.py,
+    the stand-in for CUDA graphs, which fails where a capture would: a value read on the host): every
     decode pass of a family the engines take is captured, none falls back to eager (only an
     encoder that cannot be captured runs eagerly, as LED's, LongT5's and PEGASUS-X's do)."""
     from specdec_core.graphs import PassGraphs

@@ -22,7 +22,7 @@ STATS = ["new_tokens", "draft_tokens", "accepted_tokens", "verify_steps", "draft
 
 
 def result_table(rows: list[dict]) -> pa.Table:
-    """Result rows in the output schema (transforms/results.py), from a few given fields."""
+    """Result rows in the output schema (transforms/schema.py), from a few given fields."""
     from transforms.schema import result_schema
 
     schema = result_schema(pa.schema([("id", pa.string()), ("ref", pa.string())]), "id", ["ref"])

@@ -194,7 +194,7 @@ def report(rows: list[dict], header: str, n_prompts: int, pair: str = "llama") -
         lines.append(f"| {r['config']} | {r['B']} | {f(r['tokens_per_s'])} | {runs} | "
                      f"{f(r['tokens_per_s'] / plain[r['B']], '{:.2f}')} | "
                      f"{f(r['tokens_per_s'] / best_plain, '{:.2f}')} | {f(r['acceptance'], '{:.2f}')} | "
-                     f"{f(r.get('admitting'), '{:.0%}')} | {equal} |")
+                     f"{f(r['admitting'], '{:.0%}')} | {equal} |")
     ours = [r for r in rows if r["config"].startswith("ours")]
     best = max(ours, key=lambda r: r["tokens_per_s"])
     lines += ["", f"Plain batching at its best: {best_plain:.1f} tokens/s (B={best_b}). Ours at its best: "
