@@ -22,27 +22,24 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-import torch
 from transformers import PreTrainedModel
 
-from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.attention import attention_kernels
 from specdec_core.batch_kv import CPU_PREFILL_TOKENS, BatchKV, prefill_chunks, window_note
-from specdec_core.decoder import eos_ids, synchronize
-from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter, through_end
-from specdec_core.engine import check_engine, setup_seconds, timing_tokens
+from specdec_core.decoder import synchronize
+from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
 from specdec_core.gamma import (
     LOOKUP_DRAFT_COST,
     AdaptiveGamma,
     Costs,
     GammaPolicy,
     batch_gamma,
-    fixed_gamma,
 )
 from specdec_core.loading import context_limit
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import batch_refusal, padded_width, slot_kv_for
 from specdec_core.processing import SamplingSettings
+from specdec_core.rounds import RoundEngine, setup_seconds, timing_tokens
 from specdec_core.rows import FinishCheck, Generation, ItemTimeout, Row
 from specdec_core.slot_kv import SlotKV
 
@@ -69,7 +66,7 @@ def pad_id_of(target: PreTrainedModel) -> int:
     return int(pad) if isinstance(pad, int) else 0
 
 
-class BatchSpeculativeGenerator:
+class BatchSpeculativeGenerator(RoundEngine):
     """Exact speculative decoding of many prompts, up to `batch_size` rows per model pass."""
 
     def __init__(
@@ -98,23 +95,15 @@ class BatchSpeculativeGenerator:
         for model in (target, drafter.model if isinstance(drafter, ModelDrafter) else None):
             if model is not None and (why := batch_refusal(model, self.pad_id)):
                 raise ValueError(f"batch_size > 1: {type(model).__name__} {why} (use batch_size 1)")
-        self.target = target
-        self.drafter = check_engine(target, drafter, num_speculative_tokens, max_new_tokens)
-        self.eos = eos_ids(target)
+        super().__init__(target, drafter, num_speculative_tokens, max_new_tokens, sampling, gamma_policy, settings)
         self.batch_size = batch_size
-        self.gamma, self.max_new_tokens = num_speculative_tokens, max_new_tokens
-        self.sampling, self.gamma_policy = sampling, gamma_policy or fixed_gamma
         self.draft_model = drafter.model if isinstance(drafter, ModelDrafter) else None
         self.encdec = bool(target.config.is_encoder_decoder)
-        # A draft whose encoder is the target's own module: the target's encoder outputs serve both.
-        self.shared_encoder = (self.encdec and self.draft_model is not None
-                               and self.draft_model.get_encoder() is target.get_encoder())
         self._noted: set[tuple[str, int]] = set()
         if prefill_tokens is None and target.device.type == "cpu":
             prefill_tokens = CPU_PREFILL_TOKENS
         self.prefill_tokens = prefill_tokens
         # Kept across calls: a worker captures each pass width once, not once per batch of items.
-        self.settings = settings
         self.slots = {id(m): slot_kv_for(m, cuda_graphs, batch_size, self.pad_id, torch_compile, settings)
                       for m in (target, self.draft_model) if m is not None}
         self._costs_width = 0  # the batch width of the costs this engine measured (0: none yet)
@@ -429,16 +418,14 @@ class BatchSpeculativeGenerator:
 
     # -- one round --------------------------------------------------------------------------------
 
-    def _round(self, live: list[Row], tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None) -> None:
-        greedy = self.sampling.greedy
+    def _gammas(self, live: list[Row], dkv: BatchKV | SlotKV | None) -> tuple[list[int], bool]:
+        """Each row's drafts this round: one gamma for the batch under the adaptive policy with
+        measured costs (`_batch_gamma`), else each row's own. Rows admitted while the batch did
+        not draft have their draft cache prefilled first (a probe: only a few of them)."""
         policy = self.gamma_policy
         batch_k = isinstance(policy, AdaptiveGamma) and policy.costs is not None and len(live) > 1
         k = self._batch_gamma(policy, live) if batch_k else 0
-        # Never draft past the budget: the round's extra target token needs one slot.
-        # Nor past a model draft's positions (`ModelDrafter.room`): the target goes on alone after.
-        ks = [max(min(k if batch_k else r.gamma_state.next(), self.max_new_tokens - len(r.new) - 1,
-                      self.drafter.room(len(r.seq))), 0)
-              for r in live]
+        ks = self._row_gammas(live, (lambda r: k) if batch_k else (lambda r: r.gamma_state.next()))
         behind = [b for b, r in enumerate(live) if r.draft_behind and ks[b] > 0]
         if behind and dkv is not None:
             if not self._drafting:  # a probe: the rows with a draft cache, and a few caught up
@@ -448,111 +435,4 @@ class BatchSpeculativeGenerator:
                 behind = behind[:room]
             if behind:  # their draft cache, written over their (empty) places
                 self._prefill(self.draft_model, dkv, [live[b] for b in behind], behind)
-        for r, k in zip(live, ks, strict=True):
-            r.stats.gammas.append(k)
-        t0 = time.perf_counter()
-        drafts, qs, confs = self._draft(live, ks, dkv, batch_k)
-        t1 = time.perf_counter()
-        feeds = [r.seq[tkv.length(b):] + drafts[b] for b, r in enumerate(live)]
-        logits = tkv.forward(feeds)
-        choices = self._argmax_rows(live, tkv.logits)
-        t2 = time.perf_counter()
-        for b, r in enumerate(live):
-            d = drafts[b]
-            if choices is not None:
-                n, token = verify_greedy(d, choices[b][len(feeds[b]) - len(d) - 1: len(feeds[b])])
-            else:
-                scores = r.transform(r.seq + d, logits[b][-(len(d) + 1):])
-                if greedy:
-                    n, token = verify_greedy(d, scores.argmax(-1))
-                else:
-                    n, token = verify_sampled(d, scores.softmax(-1), qs[b], r.generator)
-            r.stats.draft_s += t1 - t0  # the row waited for the whole batched pass
-            r.stats.verify_s += t2 - t1
-            valid = r.commit(d, n, token, confs[b], self.max_new_tokens, self.eos)
-            tkv.rollback(b, valid)
-            if dkv is not None:
-                # A row past the draft's positions is never drafted again: its draft cache is let
-                # go, so that the pads it takes in the draft's passes stay inside the positions.
-                dkv.rollback(b, valid if self.drafter.room(len(r.seq)) > 0 else 0)
-            elif r.session is not None:
-                r.session.rollback(valid)
-
-    def _argmax_rows(self, live: list[Row], logits: torch.Tensor) -> list[list[int]] | None:
-        """Greedy with no logits processor on any row: every row's argmax at every fed position,
-        read back in one transfer (per row, it was a read-back each, which a GPU waits for).
-        None when some row's picks need its own processing."""
-        if not self._plain_greedy(live):
-            return None
-        return logits.argmax(-1).tolist()
-
-    def _chains(self, live: list[Row], dkv: BatchKV | SlotKV | None) -> bool:
-        """Whether a round's draft steps can run chained on the device: slots, a chaining drafter,
-        and picks that are plain argmaxes."""
-        return isinstance(dkv, SlotKV) and getattr(self.drafter, "chain", False) and self._plain_greedy(live)
-
-    def _plain_greedy(self, live: list[Row]) -> bool:
-        """Greedy, and no row's picks go through a logits processor: a pick is an argmax."""
-        return self.sampling.greedy and not any(r.transform.processors for r in live)
-
-    def _draft(self, live: list[Row], ks: list[int], dkv: BatchKV | SlotKV | None, batch_k: bool = False):
-        """Each row's drafts (its tokens, q and confidences): prompt lookup per row, a model
-        draft in one batched pass per draft step over the rows still drafting (or, in slots with
-        a chaining drafter and plain greedy picks, every step chained on the device). batch_k: the
-        batch chose one gamma for all rows, and a row that stopped early on its draft's
-        confidence would save nothing (the passes run while any row drafts)."""
-        n = len(live)
-        qs: list[torch.Tensor | None] = [None] * n
-        confs: list[list[float] | None] = [None] * n
-        if dkv is None:
-            drafts = []
-            for r, k in zip(live, ks, strict=True):
-                drafts.append(r.session.propose(r.seq, k).tokens if k > 0 and r.session else [])
-            return drafts, qs, confs
-        greedy = self.sampling.greedy
-        keeps = []
-        for b, r in enumerate(live):
-            keeps.append(None if batch_k else r.keep(greedy))
-            if keeps[b] is not None:
-                confs[b] = []
-        ends = self.drafter.ends if isinstance(self.drafter, ModelDrafter) else set()
-        if self._chains(live, dkv) and all(keep is None for keep in keeps) and max(ks, default=0) > 0:
-            # The round's steps chained on the device for every row, read back once.
-            feeds = [r.seq[dkv.length(b):] if k > 0 else [] for b, (r, k) in enumerate(zip(live, ks, strict=True))]
-            picks = dkv.draft_greedy(feeds, max(ks))
-            for r, k in zip(live, ks, strict=True):
-                r.draft_steps += k
-            return [through_end(p[:k], ends) for p, k in zip(picks, ks, strict=True)], qs, confs
-        curs = [list(r.seq) for r in live]  # each row's tokens and its drafts so far (a picker reads them)
-        picks = [r.picker(greedy) for r in live]
-        draft_q: list[list[torch.Tensor]] = [[] for _ in live]
-        active = [k > 0 for k in ks]
-        for i in range(max(ks, default=0)):
-            rows = [b for b in range(n) if active[b] and i < ks[b]]
-            if not rows:
-                break
-            feeds = [curs[b][dkv.length(b):] if b in rows else [] for b in range(n)]
-            logits = dkv.forward(feeds)
-            choices = self._argmax_rows(live, dkv.logits) if all(keep is None for keep in keeps) else None
-            for b in rows:
-                live[b].draft_steps += 1
-                if choices is not None:
-                    token, q = choices[b][len(feeds[b]) - 1], None
-                else:
-                    token, q = picks[b](curs[b], logits[b][-1:])
-                if keeps[b] is not None:
-                    conf = float(q[0, token]) if q is not None else float(torch.softmax(logits[b][-1], -1)[token])
-                    if not keeps[b](i, conf):
-                        active[b] = False
-                        continue
-                    confs[b].append(conf)
-                curs[b].append(token)
-                if q is not None:
-                    draft_q[b].append(q)
-                if token in ends:  # as at batch 1: nothing after an end is ever kept
-                    active[b] = False
-        drafts = [curs[b][len(r.seq):] for b, r in enumerate(live)]
-        for b in range(n):
-            if draft_q[b]:
-                qs[b] = torch.cat(draft_q[b])
-        return drafts, qs, confs
+        return ks, batch_k

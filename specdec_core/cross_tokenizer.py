@@ -37,9 +37,8 @@ import time
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specdec_core.decoder import CachedDecoder, initial_decoder_ids
+from specdec_core.decoder import CachedDecoder, eos_ids, initial_decoder_ids
 from specdec_core.drafters import Draft, Drafter, DraftSession, KeepDrafting, Picker, StepTimer
-from specdec_core.engine import eos_ids
 
 _PARTIAL = "\ufffd"  # what an incomplete UTF-8 sequence decodes to
 CONTEXT = 4  # tokens of context before a decoded suffix

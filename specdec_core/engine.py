@@ -1,43 +1,26 @@
-"""The speculative decoding loop, batch size 1 (Leviathan, Kalman, Matias 2023).
-
-Per round: the drafter proposes k tokens; the target scores [last token, drafts] in ONE
-forward pass over its cached prefix; the accept/reject rule keeps a prefix of the drafts
-plus one target token; both caches roll back to the kept length. Invariant between
-rounds: each cache holds every committed decoder token except the newest one.
-"""
+"""Speculative decoding of one prompt at a time (Leviathan, Kalman, Matias 2023): the round loop
+(`rounds.RoundEngine`) over one row, whose target cache is a one-item decoder (a static cache when
+the plan takes one, else a growing cache) and whose drafter runs a session of its own."""
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import time
 from collections.abc import Callable
 
 from transformers import PreTrainedModel
 
-from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.attention import attention_kernels
-from specdec_core.decoder import CachedDecoder, eos_ids, initial_decoder_ids, synchronize
+from specdec_core.decoder import CachedDecoder, initial_decoder_ids, synchronize
 from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
-from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
+from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy
 from specdec_core.loading import context_limit
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import static_decoder_for
 from specdec_core.processing import SamplingSettings
+from specdec_core.rounds import OneRow, RoundEngine, setup_seconds, timing_tokens
 from specdec_core.rows import FinishCheck, Generation, ItemTimeout, Row
-from specdec_core.self_check import cache_failure, state_failure, verify_disagreement
 from specdec_core.static_decoder import StaticDecoder
-
-
-def setup_seconds(*caches) -> float:
-    """Seconds these caches (static ones; others have none) have spent capturing graphs and, with
-    `--torch_compile`, compiling: one-off work of a worker that no item's time limit counts."""
-    return sum(kv.passes.capture_s for kv in caches if hasattr(kv, "passes"))
-
-
-def timing_tokens(tokens: list[int], n: int) -> list[int]:
-    """n tokens to time passes with (`measure_costs`): `tokens`, repeated as often as that takes."""
-    return list(itertools.islice(itertools.cycle(tokens), n))
 
 
 class ItemClock:
@@ -61,29 +44,9 @@ class ItemClock:
         return self.wall() - self.setup()
 
 
-def check_engine(target: PreTrainedModel, drafter: Drafter | None, num_speculative_tokens: int,
-                 max_new_tokens: int) -> Drafter:
-    """The checks both engines make of their settings and models before any work; returns the
-    drafter (the target alone: `NoDrafter`)."""
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
-    drafter = drafter or NoDrafter()
-    checks = [(target, state_failure)]  # (a draft's own numerics may part from an uncached pass)
-    if isinstance(drafter, ModelDrafter):
-        checks.append((drafter.model, cache_failure))
-    for model, failure in checks:
-        if why := failure(model):
-            raise ValueError(f"{type(model).__name__} {why}: the engines cannot decode it")
-    if not isinstance(drafter, NoDrafter) and (why := verify_disagreement(target)):
-        raise ValueError(f"{type(target).__name__} {why}: a draft's tokens cannot be verified in one pass "
-                         "(use the target alone: --drafter none)")
-    return drafter
-
-
-class SpeculativeGenerator:
-    """Exact speculative decoding of one prompt at a time with a target and a drafter."""
+class SpeculativeGenerator(RoundEngine):
+    """Exact speculative decoding of one prompt at a time with a target and a drafter: the round
+    loop (`rounds.RoundEngine._round`) over one row."""
 
     def __init__(
         self,
@@ -102,18 +65,8 @@ class SpeculativeGenerator:
         (`specdec_core.static_decoder`): "auto" (on CUDA, for models that allow it), "on", "off".
         torch_compile: those passes compiled by `torch.compile` before they are captured.
         settings: how those passes run (`PassSettings`; a model drafter holds its own)."""
-        self.target = target
-        self.drafter = check_engine(target, drafter, num_speculative_tokens, max_new_tokens)
-        self.gamma = num_speculative_tokens
-        self.max_new_tokens = max_new_tokens
-        self.sampling = sampling
-        self.gamma_policy = gamma_policy or fixed_gamma
-        self.eos = eos_ids(target)
-        self.settings = settings
+        super().__init__(target, drafter, num_speculative_tokens, max_new_tokens, sampling, gamma_policy, settings)
         self.static = static_decoder_for(target, cuda_graphs, torch_compile, settings)
-        # A draft running the target's own encoder module takes the target's encoder outputs.
-        self.shared_encoder = (target.config.is_encoder_decoder and isinstance(self.drafter, ModelDrafter)
-                               and self.drafter.model.get_encoder() is target.get_encoder())
 
     def measure_costs(self, prompt_ids: list[int], ks: tuple[int, ...] | None = None, reps: int = 2) -> Costs:
         """Time this pair on this machine: target passes over k tokens and one draft step, both
@@ -184,40 +137,14 @@ class SpeculativeGenerator:
         return CachedDecoder(self.target, prompt_ids)
 
     def _rounds(self, row: Row, verifier, session, clock: ItemClock, max_seconds: float | None) -> Generation:
-        """Draft, verify, accept until the item ends; both caches hold its prompt."""
-        greedy, stats = self.sampling.greedy, row.stats
-        keep = row.keep(greedy)
-        stats.prefill_s, stats.prefill_setup_s = clock.wall(), clock.setup()
+        """Rounds (`_round`) until the item ends; both caches hold its prompt."""
+        row.session = session
+        cache = OneRow(verifier, row)
+        row.stats.prefill_s, row.stats.prefill_setup_s = clock.wall(), clock.setup()
         while not row.finish:
             if max_seconds is not None and clock.own() > max_seconds:
                 raise ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after {len(row.new)} new tokens)")
-            seq = row.seq
-            # Never draft past the budget (the round's extra target token needs one slot), nor past
-            # a model draft's positions (the target goes on alone after them).
-            k = min(row.gamma_state.next(), self.max_new_tokens - len(row.new) - 1, self.drafter.room(len(seq)))
-            t0 = time.perf_counter()
-            draft = session.propose(seq, k, keep) if k > 0 else None
-            drafts = draft.tokens if draft else []
-            stats.gammas.append(k)
-            t1 = time.perf_counter()
-            logits = verifier.forward(seq + drafts, len(drafts) + 1)
-            scores = row.transform(seq + drafts, logits)
-            if greedy:
-                n, token = verify_greedy(drafts, scores.argmax(-1))
-            else:
-                n, token = verify_sampled(drafts, scores.softmax(-1), draft.q if draft else None, row.generator)
-            t2 = time.perf_counter()
-            # The draft reads the prompt lazily, in its first proposal: that pass is its prefill.
-            caught = 0.0 if row.new else session.catch_up_s  # (later gaps it reads stay drafting time)
-            session.catch_up_s = 0.0
-            stats.prefill_s += caught
-            stats.draft_s += t1 - t0 - caught
-            stats.verify_s += t2 - t1
-            valid = row.commit(drafts, n, token, draft.confidences if draft else None, self.max_new_tokens, self.eos)
-            if not row.finish:
-                verifier.rollback(valid)
-                session.rollback(valid)
-
-        stats.admit_s = stats.prefill_s - stats.prefill_setup_s
-        stats.setup_s = clock.setup()
+            self._round([row], cache, None)
+        row.stats.admit_s = row.stats.prefill_s - row.stats.prefill_setup_s
+        row.stats.setup_s = clock.setup()
         return row.result(session.steps)

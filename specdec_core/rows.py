@@ -52,7 +52,7 @@ class ItemStats:
     admit_s: float = 0.0
     admitted_with: int = 1
     admit_passes: int = 1
-    # Not output columns: the one-off graph captures and compiles (`engine.setup_seconds`) inside
+    # Not output columns: the one-off graph captures and compiles (`rounds.setup_seconds`) inside
     # latency_s, and those inside prefill_s, which measurements leave out (`pipeline.tune`).
     setup_s: float = 0.0
     prefill_setup_s: float = 0.0
@@ -113,7 +113,7 @@ class Row:
     finish: str = ""
     draft_steps: int = 0
     draft_behind: bool = False  # admitted without the draft's prefill (the batch was not drafting)
-    setup: float = 0.0  # the caches' one-off seconds (`engine.setup_seconds`) when it entered
+    setup: float = 0.0  # the caches' one-off seconds (`rounds.setup_seconds`) when it entered
 
     @classmethod
     def begin(cls, target: PreTrainedModel, prompt_ids: list[int], seed: int, sampling: SamplingSettings,

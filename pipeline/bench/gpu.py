@@ -38,9 +38,10 @@ import torch
 
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.drafters import ModelDrafter, NoDrafter
-from specdec_core.engine import SpeculativeGenerator, setup_seconds
+from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma
 from specdec_core.pass_settings import PassSettings
+from specdec_core.rounds import setup_seconds
 
 _LOG = logging.getLogger("pipeline.bench.gpu")
 

@@ -37,11 +37,12 @@ from specdec_core.batch_engine import BatchSpeculativeGenerator, pad_id_of
 from specdec_core.cpu_speed import DRAFT_DTYPES, keeps_torch_threads
 from specdec_core.cross_tokenizer import CrossTokenizerDrafter
 from specdec_core.drafters import Drafter, NgramDrafter, NoDrafter
-from specdec_core.engine import SpeculativeGenerator, setup_seconds
+from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma, Costs, GammaPolicy
 from specdec_core.loading import ModelRefused, resolve_device, resolve_dtype
 from specdec_core.plan import GRAPH_MODES, batch_refusal, compiles
 from specdec_core.processing import SamplingSettings
+from specdec_core.rounds import setup_seconds
 from specdec_core.self_check import verify_disagreement
 from specdec_core.text import CPU_KERNELS, GeneratorSpec, PromptError, TextGenerator, load_model_drafter
 from transforms.durable import match

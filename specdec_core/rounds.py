@@ -1,0 +1,240 @@
+"""One round of speculative decoding for any number of rows (Leviathan, Kalman, Matias 2023), the
+one loop both engines run: batch 1 (`engine.SpeculativeGenerator`) is a batch of one row.
+
+Per round: each row's drafter proposes up to k tokens; the target scores every row's [tokens its
+cache lacks, drafts] in ONE forward pass; each row keeps a prefix of its drafts plus one target
+token by the accept/reject rule (its own gamma state and random generator); every cache rolls back
+to what each row kept. Invariant between rounds: each row's target cache holds every committed
+token except the newest. A model draft runs one pass per draft step over every row of its cache
+(`BatchKV`, `SlotKV`), or chained on the device; a row's own session drafts for it otherwise
+(prompt lookup, a draft with another tokenizer, a model draft at batch 1 over its own cache).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+
+import torch
+from transformers import PreTrainedModel
+
+from specdec_core.acceptance import verify_greedy, verify_sampled
+from specdec_core.decoder import CachedDecoder, eos_ids
+from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter, through_end
+from specdec_core.gamma import GammaPolicy, fixed_gamma
+from specdec_core.pass_settings import PassSettings
+from specdec_core.processing import SamplingSettings
+from specdec_core.rows import Row
+from specdec_core.self_check import cache_failure, state_failure, verify_disagreement
+from specdec_core.slot_kv import SlotKV
+from specdec_core.static_decoder import StaticDecoder
+
+
+def setup_seconds(*caches) -> float:
+    """Seconds these caches (static ones; others have none) have spent capturing graphs and, with
+    `--torch_compile`, compiling: one-off work of a worker that no item's time limit counts."""
+    return sum(kv.passes.capture_s for kv in caches if hasattr(kv, "passes"))
+
+
+def timing_tokens(tokens: list[int], n: int) -> list[int]:
+    """n tokens to time passes with (the engines' `measure_costs`): `tokens`, repeated as often as
+    that takes."""
+    return list(itertools.islice(itertools.cycle(tokens), n))
+
+
+def check_engine(target: PreTrainedModel, drafter: Drafter | None, num_speculative_tokens: int,
+                 max_new_tokens: int) -> Drafter:
+    """The checks both engines make of their settings and models before any work; returns the
+    drafter (the target alone: `NoDrafter`)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if num_speculative_tokens < 1:
+        raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+    drafter = drafter or NoDrafter()
+    checks = [(target, state_failure)]  # (a draft's own numerics may part from an uncached pass)
+    if isinstance(drafter, ModelDrafter):
+        checks.append((drafter.model, cache_failure))
+    for model, failure in checks:
+        if why := failure(model):
+            raise ValueError(f"{type(model).__name__} {why}: the engines cannot decode it")
+    if not isinstance(drafter, NoDrafter) and (why := verify_disagreement(target)):
+        raise ValueError(f"{type(target).__name__} {why}: a draft's tokens cannot be verified in one pass "
+                         "(use the target alone: --drafter none)")
+    return drafter
+
+
+class OneRow:
+    """A one-item decoder (`CachedDecoder`, `StaticDecoder`: the row's tokens in, logits of the last
+    n out) as a cache of one row for the round: `forward(feeds)`, `rollback(b, n)`, `length(b)`."""
+
+    def __init__(self, decoder: CachedDecoder | StaticDecoder, row: Row):
+        self.decoder, self.row = decoder, row
+        self.device = row.generator.device
+        self.logits: torch.Tensor | None = None  # the last pass's logits (1, fed, V), as the batch caches keep
+
+    def length(self, b: int) -> int:
+        return self.decoder.length
+
+    def forward(self, feeds: list[list[int]]) -> list[torch.Tensor]:
+        (feed,) = feeds  # the row's tokens the decoder lacks, then its drafts
+        logits = self.decoder.forward(self.row.seq[: self.decoder.length] + feed, len(feed))
+        self.logits = logits[None]
+        return [logits]
+
+    def rollback(self, b: int, length: int) -> None:
+        self.decoder.rollback(length)
+
+
+class RoundEngine:
+    """What both engines share: the checked settings and models, and the round (`_round`)."""
+
+    def __init__(self, target: PreTrainedModel, drafter: Drafter | None, num_speculative_tokens: int,
+                 max_new_tokens: int, sampling: SamplingSettings, gamma_policy: GammaPolicy | None,
+                 settings: PassSettings):
+        self.target = target
+        self.drafter = check_engine(target, drafter, num_speculative_tokens, max_new_tokens)
+        self.eos = eos_ids(target)
+        self.gamma, self.max_new_tokens = num_speculative_tokens, max_new_tokens
+        self.sampling, self.gamma_policy = sampling, gamma_policy or fixed_gamma
+        self.settings = settings
+        # A draft running the target's own encoder module takes the target's encoder outputs.
+        self.shared_encoder = (bool(target.config.is_encoder_decoder) and isinstance(self.drafter, ModelDrafter)
+                               and self.drafter.model.get_encoder() is target.get_encoder())
+
+    def _row_gammas(self, live: list[Row], pick: Callable[[Row], int]) -> list[int]:
+        """Each row's drafts this round, `pick`ed, but never past its budget (the round's extra
+        target token needs one slot) nor past a model draft's positions (`ModelDrafter.room`:
+        the target goes on alone after them)."""
+        return [max(min(pick(r), self.max_new_tokens - len(r.new) - 1, self.drafter.room(len(r.seq))), 0)
+                for r in live]
+
+    def _gammas(self, live: list[Row], dkv) -> tuple[list[int], bool]:
+        """Each row's drafts this round (its own gamma state's choice), and whether the batch
+        chose one gamma for all rows (the batch engine's policy)."""
+        return self._row_gammas(live, lambda r: r.gamma_state.next()), False
+
+    def _round(self, live: list[Row], tkv, dkv) -> None:
+        """One round over the rows `live`: target cache `tkv` (`BatchKV`, `SlotKV` or a `OneRow`),
+        a model draft's cache `dkv` or None (each row's `session` drafts)."""
+        greedy = self.sampling.greedy
+        ks, batch_k = self._gammas(live, dkv)
+        for r, k in zip(live, ks, strict=True):
+            r.stats.gammas.append(k)
+        t0 = time.perf_counter()
+        drafts, qs, confs = self._draft(live, ks, dkv, batch_k)
+        t1 = time.perf_counter()
+        feeds = [r.seq[tkv.length(b):] + drafts[b] for b, r in enumerate(live)]
+        logits = tkv.forward(feeds)
+        choices = self._argmax_rows(live, tkv.logits)
+        t2 = time.perf_counter()
+        for b, r in enumerate(live):
+            d = drafts[b]
+            if choices is not None:
+                n, token = verify_greedy(d, choices[b][len(feeds[b]) - len(d) - 1: len(feeds[b])])
+            else:
+                scores = r.transform(r.seq + d, logits[b][-(len(d) + 1):])
+                if greedy:
+                    n, token = verify_greedy(d, scores.argmax(-1))
+                else:
+                    n, token = verify_sampled(d, scores.softmax(-1), qs[b], r.generator)
+            # A session reads the prompt lazily, in its first proposal: that pass is the row's
+            # prefill (later gaps it reads stay drafting time).
+            caught = 0.0
+            if r.session is not None:
+                caught = 0.0 if r.new else r.session.catch_up_s
+                r.session.catch_up_s = 0.0
+            r.stats.prefill_s += caught
+            r.stats.draft_s += t1 - t0 - caught  # the row waited for the whole batched pass
+            r.stats.verify_s += t2 - t1
+            valid = r.commit(d, n, token, confs[b], self.max_new_tokens, self.eos)
+            tkv.rollback(b, valid)
+            if dkv is not None:
+                # A row past the draft's positions is never drafted again: its draft cache is let
+                # go, so that the pads it takes in the draft's passes stay inside the positions.
+                dkv.rollback(b, valid if self.drafter.room(len(r.seq)) > 0 else 0)
+            elif r.session is not None:
+                r.session.rollback(valid)
+
+    def _argmax_rows(self, live: list[Row], logits: torch.Tensor) -> list[list[int]] | None:
+        """Greedy with no logits processor on any row: every row's argmax at every fed position,
+        read back in one transfer (per row, it was a read-back each, which a GPU waits for).
+        None when some row's picks need its own processing."""
+        if not self._plain_greedy(live):
+            return None
+        return logits.argmax(-1).tolist()
+
+    def _chains(self, live: list[Row], dkv) -> bool:
+        """Whether a round's draft steps can run chained on the device: slots, a chaining drafter,
+        and picks that are plain argmaxes."""
+        return isinstance(dkv, SlotKV) and getattr(self.drafter, "chain", False) and self._plain_greedy(live)
+
+    def _plain_greedy(self, live: list[Row]) -> bool:
+        """Greedy, and no row's picks go through a logits processor: a pick is an argmax."""
+        return self.sampling.greedy and not any(r.transform.processors for r in live)
+
+    def _draft(self, live: list[Row], ks: list[int], dkv, batch_k: bool = False):
+        """Each row's drafts (its tokens, q and confidences): a row's own session per row (prompt
+        lookup, another tokenizer, a model draft at batch 1), or a model draft in one batched pass
+        per draft step over the rows still drafting (in slots with a chaining drafter and plain
+        greedy picks, every step chained on the device). batch_k: the batch chose one gamma for
+        all rows, and a row that stopped early on its draft's confidence would save nothing (the
+        passes run while any row drafts)."""
+        n = len(live)
+        qs: list[torch.Tensor | None] = [None] * n
+        confs: list[list[float] | None] = [None] * n
+        greedy = self.sampling.greedy
+        if dkv is None:
+            drafts = []
+            for b, (r, k) in enumerate(zip(live, ks, strict=True)):
+                draft = r.session.propose(r.seq, k, None if batch_k else r.keep(greedy)) if k > 0 else None
+                drafts.append(draft.tokens if draft else [])
+                if draft:
+                    qs[b], confs[b] = draft.q, draft.confidences
+            return drafts, qs, confs
+        keeps = []
+        for b, r in enumerate(live):
+            keeps.append(None if batch_k else r.keep(greedy))
+            if keeps[b] is not None:
+                confs[b] = []
+        ends = self.drafter.ends if isinstance(self.drafter, ModelDrafter) else set()
+        if self._chains(live, dkv) and all(keep is None for keep in keeps) and max(ks, default=0) > 0:
+            # The round's steps chained on the device for every row, read back once.
+            feeds = [r.seq[dkv.length(b):] if k > 0 else [] for b, (r, k) in enumerate(zip(live, ks, strict=True))]
+            picks = dkv.draft_greedy(feeds, max(ks))
+            for r, k in zip(live, ks, strict=True):
+                r.draft_steps += k
+            return [through_end(p[:k], ends) for p, k in zip(picks, ks, strict=True)], qs, confs
+        curs = [list(r.seq) for r in live]  # each row's tokens and its drafts so far (a picker reads them)
+        picks = [r.picker(greedy) for r in live]
+        draft_q: list[list[torch.Tensor]] = [[] for _ in live]
+        active = [k > 0 for k in ks]
+        for i in range(max(ks, default=0)):
+            rows = [b for b in range(n) if active[b] and i < ks[b]]
+            if not rows:
+                break
+            feeds = [curs[b][dkv.length(b):] if b in rows else [] for b in range(n)]
+            logits = dkv.forward(feeds)
+            choices = self._argmax_rows(live, dkv.logits) if all(keep is None for keep in keeps) else None
+            for b in rows:
+                live[b].draft_steps += 1
+                if choices is not None:
+                    token, q = choices[b][len(feeds[b]) - 1], None
+                else:
+                    token, q = picks[b](curs[b], logits[b][-1:])
+                if keeps[b] is not None:
+                    conf = float(q[0, token]) if q is not None else float(torch.softmax(logits[b][-1], -1)[token])
+                    if not keeps[b](i, conf):
+                        active[b] = False
+                        continue
+                    confs[b].append(conf)
+                curs[b].append(token)
+                if q is not None:
+                    draft_q[b].append(q)
+                if token in ends:  # as at batch 1: nothing after an end is ever kept
+                    active[b] = False
+        drafts = [curs[b][len(r.seq):] for b, r in enumerate(live)]
+        for b in range(n):
+            if draft_q[b]:
+                qs[b] = torch.cat(draft_q[b])
+        return drafts, qs, confs
