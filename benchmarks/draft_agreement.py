@@ -14,6 +14,7 @@ probability; share of positions whose top two are within 0.1).
 
     python benchmarks/draft_agreement.py                 # the committed demo pair
     python benchmarks/draft_agreement.py --pair DIR      # a pair `--retrain` wrote (DIR.rejected too)
+    python benchmarks/draft_agreement.py --rows 12       # the first 12 prompts only
 """
 
 from __future__ import annotations
@@ -61,11 +62,12 @@ def output_logits(model, x: torch.Tensor, mask: torch.Tensor, y: torch.Tensor) -
 
 
 @torch.inference_mode()
-def measure(pair: Path, gamma: int, max_new_tokens: int) -> dict:
+def measure(pair: Path, gamma: int, max_new_tokens: int, first: int | None = None) -> dict:
+    """first: the first this many demo prompts only (None: all)."""
     tok = AutoTokenizer.from_pretrained(pair / "target")
     target, draft = (load_model(str(pair / name), torch.device("cpu"), torch.float32) for name in ("target", "draft"))
     eos = target.generation_config.eos_token_id
-    rows = demo_models.demo_prompt_rows(pair)
+    rows = demo_models.demo_prompt_rows(pair)[:first]
     kinds = {k: [0, 0] for k in ("first", "number word", "other", "end")}
     top1, near_ties, drafted, accepted = [], [], 0, 0
     for row in rows:
@@ -106,9 +108,10 @@ def main() -> None:
     ap.add_argument("--pair", default=str(demo_models.ASSETS))
     ap.add_argument("--gamma", type=int, default=4, help="drafts per round (the demo's --num_speculative_tokens)")
     ap.add_argument("--max_new_tokens", type=int, default=demo_models.FULL.max_new_tokens)
+    ap.add_argument("--rows", type=int, default=None, help="the first this many demo prompts (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    print(json.dumps(measure(Path(args.pair), args.gamma, args.max_new_tokens), indent=1))
+    print(json.dumps(measure(Path(args.pair), args.gamma, args.max_new_tokens, args.rows), indent=1))
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ for side in ("old", "new"):
             f = raw / f"tp-{pair}-{side}-{rep}.md"
             for line in f.read_text().splitlines() if f.exists() else []:
                 c = [x.strip() for x in line.strip().strip("|").split("|")]
-                if len(c) == 8 and c[1].isdigit():
+                if len(c) >= 8 and c[1].isdigit():
                     put(f"{pair} B={c[1]}: {c[0]}, tokens/s", side, rep, float(c[2]))
         f = raw / f"demo-{side}-{rep}.log"
         for line in f.read_text().splitlines() if f.exists() else []:  # its table: model draft, lookup, alone

@@ -1,7 +1,7 @@
 """Run by tests/test_pipeline.py in a process of its own: `pipeline.run` whose engines meet a CUDA
 error (a stand-in: `torch.AcceleratorError`, as an illegal memory access raises), after which the
-device fails every call (`STANDIN=device`: the probe fails too) or still works (`row`: one row's
-error), or whose every copy of the pair is gone (`pair`)."""
+device fails every call (`STANDIN=device`: the probe fails too), or whose every copy of the pair is
+gone (`pair`): either ends the process."""
 
 import os
 import sys
