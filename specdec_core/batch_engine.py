@@ -26,10 +26,8 @@ from transformers import PreTrainedModel
 
 from specdec_core.attention import attention_kernels
 from specdec_core.batch_kv import CPU_PREFILL_TOKENS, BatchKV, prefill_chunks, window_note
-from specdec_core.decoder import synchronize
 from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
 from specdec_core.gamma import (
-    LOOKUP_DRAFT_COST,
     AdaptiveGamma,
     Costs,
     GammaPolicy,
@@ -333,31 +331,8 @@ class BatchSpeculativeGenerator(RoundEngine):
         t0, setup = time.perf_counter(), setup_seconds(tkv, dkv)
         n, ks = len(live), tuple(range(2, self.gamma + 2))
         fill = [timing_tokens(r.seq, max(ks)) for r in live]
-
-        def room(kv: BatchKV | SlotKV) -> list[int]:
-            """Each row's positions left in kv's model: a row near the end of them times fewer
-            tokens (where a round would feed pads at its last position)."""
-            limit = context_limit(kv.model)
-            return [max(ks) + 1 if limit is None else limit - kv.length(b) for b in range(n)]
-
-        target_room = [max(1, r) for r in room(tkv)]  # (a pending token always has its position)
-
-        # Each pass is timed as a round runs it, with the per-row work after it (the picks read
-        # back at once, or each row's processors; rollback), which grows with the rows.
-        def target_step(k: int) -> float:
-            bases = [tkv.length(b) for b in range(n)]
-            feeds = [([r.seq[-1]] + fill[b][: k - 1])[: target_room[b]] for b, r in enumerate(live)]
-            t = time.perf_counter()
-            logits = tkv.forward(feeds)
-            if self._argmax_rows(live, tkv.logits) is None:
-                for b, r in enumerate(live):
-                    r.transform(r.seq + feeds[b][1:], logits[b]).argmax(-1)
-            for b in range(n):
-                tkv.rollback(b, bases[b])
-            synchronize(tkv.device)
-            return time.perf_counter() - t
-
-        draft_room = room(dkv) if dkv is not None else []
+        limit = context_limit(dkv.model) if dkv is not None else None
+        draft_room = [max(ks) + 1 if limit is None else limit - dkv.length(b) for b in range(n)] if dkv else []
 
         def draft_step() -> float:  # consecutive steps, as in a round (a lone step runs cold)
             bases = [dkv.length(b) for b in range(n)]
@@ -379,15 +354,7 @@ class BatchSpeculativeGenerator(RoundEngine):
                 dkv.rollback(b, bases[b])
             return (time.perf_counter() - t) / self.gamma
 
-        target_step(1)  # warm-up
-        if getattr(tkv, "graphs", False) or getattr(dkv, "graphs", False):  # each width's graph captured untimed
-            for k in ks:
-                target_step(k)
-            if dkv is not None:
-                draft_step()
-        costs = Costs.measure(target_step, draft_step if dkv is not None else None, ks, reps=2)
-        if dkv is None:
-            costs.c = LOOKUP_DRAFT_COST
+        costs = self._time_passes(live, tkv, draft_step if dkv is not None else None, ks, reps=2, warm=(dkv,))
         for kv in (tkv, dkv):
             if kv is not None:
                 kv.compact()  # the timing passes left holes

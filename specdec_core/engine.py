@@ -11,9 +11,9 @@ from collections.abc import Callable
 from transformers import PreTrainedModel
 
 from specdec_core.attention import attention_kernels
-from specdec_core.decoder import CachedDecoder, initial_decoder_ids, synchronize
+from specdec_core.decoder import CachedDecoder
 from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
-from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy
+from specdec_core.gamma import Costs, GammaPolicy, fixed_gamma
 from specdec_core.loading import context_limit
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import static_decoder_for
@@ -77,31 +77,16 @@ class SpeculativeGenerator(RoundEngine):
             limit = context_limit(*models)
             if limit is not None:
                 prompt_ids = prompt_ids[: max(1, limit - max(ks) + 1)]
-        seq = initial_decoder_ids(self.target, prompt_ids)
+        row = Row.begin(self.target, prompt_ids, 0, self.sampling, self.max_new_tokens, fixed_gamma.start(self.gamma))
+        seq = row.seq
         vocab = self.target.get_output_embeddings().weight.shape[0]
-        extra = [int(t) % vocab for t in timing_tokens(list(prompt_ids), max(ks) + 1)]
+        extra = [int(t) % vocab for t in timing_tokens(list(prompt_ids), max(ks) + 1)]  # (the draft's steps)
         with contextlib.ExitStack() as held:
             verifier = self._verifier(prompt_ids, held)  # the passes the items will run (graphs or not)
-            base = len(seq) - 1
-            if base > 0:
+            if len(seq) > 1:
                 verifier.forward(seq[:-1], 0)
-
-            def target_step(k: int) -> float:
-                verifier.rollback(base)
-                t0 = time.perf_counter()
-                verifier.forward(seq[:base] + [seq[-1]] + extra[: k - 1], k)
-                synchronize(self.target.device)  # a GPU runs the pass after the call returns
-                return time.perf_counter() - t0
-
             draft_step = self.drafter.step_timer(prompt_ids, seq, extra, max(max(ks) - 1, 1))
-            target_step(1)  # warm-up
-            if getattr(verifier, "graphs", False):  # each width's graph captured untimed
-                for k in ks:
-                    target_step(k)
-            costs = Costs.measure(target_step, draft_step, ks, reps)
-        if draft_step is None and not isinstance(self.drafter, NoDrafter):
-            costs.c = LOOKUP_DRAFT_COST
-        return costs
+            return self._time_passes([row], OneRow(verifier, row), draft_step, ks, reps, warm=(verifier,))
 
     def generate(self, prompt_ids: list[int], seed: int = 0, finish_check: FinishCheck | None = None,
                  max_seconds: float | None = None) -> Generation:

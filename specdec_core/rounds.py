@@ -20,9 +20,10 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec_core.acceptance import verify_greedy, verify_sampled
-from specdec_core.decoder import CachedDecoder, eos_ids
-from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter, through_end
-from specdec_core.gamma import GammaPolicy, fixed_gamma
+from specdec_core.decoder import CachedDecoder, eos_ids, synchronize
+from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter, StepTimer, through_end
+from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
+from specdec_core.loading import context_limit
 from specdec_core.pass_settings import PassSettings
 from specdec_core.processing import SamplingSettings
 from specdec_core.rows import Row
@@ -41,6 +42,12 @@ def timing_tokens(tokens: list[int], n: int) -> list[int]:
     """n tokens to time passes with (the engines' `measure_costs`): `tokens`, repeated as often as
     that takes."""
     return list(itertools.islice(itertools.cycle(tokens), n))
+
+
+def one_off_work(*caches) -> bool:
+    """Whether a cache's first pass of a new width does one-off work (a CUDA graph captured, a pass
+    compiled), which a cost timer runs before timing."""
+    return any(kv is not None and hasattr(kv, "passes") and (kv.passes.on or kv.passes.compiles) for kv in caches)
 
 
 def check_engine(target: PreTrainedModel, drafter: Drafter | None, num_speculative_tokens: int,
@@ -155,6 +162,44 @@ class RoundEngine:
                 dkv.rollback(b, valid if self.drafter.room(len(r.seq)) > 0 else 0)
             elif r.session is not None:
                 r.session.rollback(valid)
+
+    def _time_passes(self, live: list[Row], tkv, draft_step: StepTimer | None, ks: tuple[int, ...], reps: int,
+                     warm: tuple = ()) -> Costs:
+        """c and v(k) (`gamma.Costs`) of these rows' passes, timed on their target cache `tkv` and rolled
+        back: each k-token pass as a round runs it, with the per-row work after it (the picks read back
+        at once, or each row's processors), which grows with the rows; `draft_step` times one draft
+        step (None: c is prompt lookup's, or 0 for the target alone). The first pass of each width
+        over `tkv` and the caches `warm` runs untimed where it captures a graph or compiles."""
+        n = len(live)
+        fill = [timing_tokens(r.seq, max(ks)) for r in live]
+        limit = context_limit(self.target)
+        # A row near the end of its positions times fewer tokens (where a round would feed pads at
+        # its last position); a pending token always has its position.
+        room = [max(1, max(ks) + 1 if limit is None else limit - tkv.length(b)) for b in range(n)]
+
+        def target_step(k: int) -> float:
+            bases = [tkv.length(b) for b in range(n)]
+            feeds = [([r.seq[-1]] + fill[b][: k - 1])[: room[b]] for b, r in enumerate(live)]
+            t = time.perf_counter()
+            logits = tkv.forward(feeds)
+            if self._argmax_rows(live, tkv.logits) is None:
+                for b, r in enumerate(live):
+                    r.transform(r.seq + feeds[b][1:], logits[b]).argmax(-1)
+            for b in range(n):
+                tkv.rollback(b, bases[b])
+            synchronize(self.target.device)  # a GPU runs the pass after the call returns
+            return time.perf_counter() - t
+
+        target_step(1)  # warm-up
+        if one_off_work(tkv, *warm):
+            for k in ks:
+                target_step(k)
+            if draft_step is not None:
+                draft_step()
+        costs = Costs.measure(target_step, draft_step, ks, reps)
+        if draft_step is None and not isinstance(self.drafter, NoDrafter):
+            costs.c = LOOKUP_DRAFT_COST
+        return costs
 
     def _argmax_rows(self, live: list[Row], logits: torch.Tensor) -> list[list[int]] | None:
         """Greedy with no logits processor on any row: every row's argmax at every fed position,

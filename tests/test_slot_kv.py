@@ -857,3 +857,37 @@ def test_many_new_rows_enter_in_few_graphed_passes(kind, models, prompts, fake_g
     assert sum(passes) == sum(takes)
     assert kvs[0]._prefiller.buffer_rows == 4
     assert {key[2] for key in kvs[0]._prefiller.passes.kept if len(key) == 3} <= {4}
+
+
+def test_costs_are_timed_after_every_width_is_captured(models, prompts, fake_graphs, monkeypatch):
+    """A width's first pass over graphed (or compiled) caches captures (or compiles): one-off work,
+    seconds against a pass's milliseconds on a GPU. The cost timers run each width once first, at
+    batch 1 and batched, so that no timed pass captures (v(k) would read as hundreds of steps, and
+    adaptive gamma would never draft)."""
+    from specdec_core.gamma import Costs
+
+    target, draft = models["llama"]
+    caches: list = []
+    timed: list[int] = []  # captures during each timed target pass
+    real = Costs.measure.__func__
+
+    def measure(cls, target_step, draft_step, ks, reps):
+        def watched(k: int) -> float:
+            before = sum(kv.passes.captures for kv in caches)
+            seconds = target_step(k)
+            timed.append(sum(kv.passes.captures for kv in caches) - before)
+            return seconds
+
+        return real(cls, watched, draft_step, ks, reps)
+
+    monkeypatch.setattr(Costs, "measure", classmethod(measure))
+    gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, cuda_graphs="on")
+    caches[:] = [graphed(gen.static, True)]
+    gen.measure_costs(prompts[0])
+    batch = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=2, num_speculative_tokens=3,
+                                      max_new_tokens=4, cuda_graphs="on", gamma_policy=AdaptiveGamma())
+    caches[:] = [graphed(kv, True) for kv in batch.slots.values()]
+    batch.generate_many([(p, 0) for p in prompts[:2]])
+    # (batch 1 and batched) x 2 reps x (a 1-token and a k-token pass for k = 2..4, a 1-token pass before a draft step)
+    assert len(timed) == 2 * 2 * (2 * 3 + 1)
+    assert not any(timed) and all(kv.passes.captures for kv in caches)
