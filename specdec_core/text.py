@@ -268,7 +268,9 @@ def load_model_drafter(path: str, target: PreTrainedModel, tokenizer: PreTrained
             log.info("--draft_model %s: its encoder holds the target's weights; one encoder pass per prompt "
                      "serves both", path)
         # Compiled, a round's draft steps run chained on the device: the pairing measured fastest.
-        return ModelDrafter(draft, cuda_graphs=cuda_graphs, chain=torch_compile, torch_compile=torch_compile)
+        # (Its own static cache, "off" in batched jobs, is the only thing it compiles.)
+        return ModelDrafter(draft, cuda_graphs=cuda_graphs, chain=torch_compile,
+                            torch_compile=torch_compile and cuda_graphs != "off")
     return CrossTokenizerDrafter(draft, tokenizer, draft_tokenizer)
 
 
@@ -301,6 +303,10 @@ class TextGenerator:
         self.system_prompt = system_prompt
         self.stop = check_stop_strings(stop)
         self.max_item_seconds = max_item_seconds
+        # A batched worker decodes through the batch engine only: the batch-1 engine (`generate`, one
+        # item) then runs eagerly, so that no static cache is made, nor self-checked at load, for
+        # passes that never run.
+        one = batch_size == 1
         self.engine = SpeculativeGenerator(
             target,
             drafter,
@@ -308,8 +314,8 @@ class TextGenerator:
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             gamma_policy=gamma_policy,
-            cuda_graphs=cuda_graphs,
-            torch_compile=torch_compile,
+            cuda_graphs=cuda_graphs if one else "off",
+            torch_compile=torch_compile and one,
         )
         self.batch_engine = None
         if batch_size > 1 and isinstance(drafter, CrossTokenizerDrafter):
@@ -379,8 +385,9 @@ class TextGenerator:
         if spec.drafter == "model":
             drafter: Drafter = load_model_drafter(spec.draft_model, target, tokenizer, device=device, dtype=dtype,
                                                   draft_dtype=spec.draft_dtype, cpu_kernels=spec.cpu_kernels,
-                                                  trust_remote_code=trust, cuda_graphs=spec.cuda_graphs,
-                                                  torch_compile=compiled)
+                                                  trust_remote_code=trust, torch_compile=compiled,
+                                                  # (its own static cache serves one item at a time)
+                                                  cuda_graphs=spec.cuda_graphs if spec.batch_size == 1 else "off")
         elif spec.drafter == "ngram":
             drafter = NgramDrafter(spec.ngram_max_size, spec.ngram_min_size)
         else:

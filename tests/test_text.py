@@ -1,5 +1,6 @@
 """Prompt checks, pair checks and loading from saved directories."""
 
+import dataclasses
 import re
 import shutil
 
@@ -53,6 +54,22 @@ def test_text_generator_from_saved_dirs_equals_generate(kind, saved_pairs):
     assert out["generation"] == gen.tokenizer.decode(ref, skip_special_tokens=True)
     assert out["new_tokens"] == 12 and out["seed"] == 5 and out["finish_reason"] == "length"
     assert out["verify_steps"] <= 12 and out["draft_tokens"] >= out["accepted_tokens"]
+
+
+def test_a_batched_generator_makes_static_caches_for_its_batches_only(saved_pairs):
+    """--batch_size > 1 with static caches (--cuda_graphs on: eagerly on a CPU): the batch engine's
+    slots for the target and the draft, and no one-item static cache for either, which a batched
+    worker never decodes through (each would be self-checked at load). Outputs equal batch 1's."""
+    target_dir, draft_dir = saved_pairs["llama"]
+    spec = GeneratorSpec(str(target_dir), str(draft_dir), max_new_tokens=8, cuda_graphs="on")
+    batched = TextGenerator.load(dataclasses.replace(spec, batch_size=2))
+    assert batched.engine.static is None and batched.engine.drafter.static is None
+    assert len(batched.batch_engine.slots) == 2 and None not in batched.batch_engine.slots.values()
+    one = TextGenerator.load(spec)
+    assert one.engine.static is not None and one.engine.drafter.static is not None
+    prompts = ["The quick brown", "Summarize: the committee met on"]
+    assert ([o["token_ids"] for o in batched.generate_batch([(p, 0) for p in prompts])]
+            == [one.generate(p)["token_ids"] for p in prompts])
 
 
 def test_prompt_longer_than_context_fails_the_row(saved_pairs, caplog):
