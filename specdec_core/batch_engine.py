@@ -331,8 +331,10 @@ class BatchSpeculativeGenerator(RoundEngine):
         t0, setup = time.perf_counter(), setup_seconds(tkv, dkv)
         n, ks = len(live), tuple(range(2, self.gamma + 2))
         fill = [timing_tokens(r.seq, max(ks)) for r in live]
-        limit = context_limit(dkv.model) if dkv is not None else None
-        draft_room = [max(ks) + 1 if limit is None else limit - dkv.length(b) for b in range(n)] if dkv else []
+        draft_room: list[int] = []
+        if dkv is not None:  # each row's draft positions left: a row near their end drafts fewer steps
+            limit = context_limit(dkv.model)
+            draft_room = [max(ks) + 1 if limit is None else limit - dkv.length(b) for b in range(n)]
 
         def draft_step() -> float:  # consecutive steps, as in a round (a lone step runs cold)
             bases = [dkv.length(b) for b in range(n)]

@@ -77,7 +77,6 @@ class OneRow:
 
     def __init__(self, decoder: CachedDecoder | StaticDecoder, row: Row):
         self.decoder, self.row = decoder, row
-        self.device = row.generator.device
         self.logits: torch.Tensor | None = None  # the last pass's logits (1, fed, V), as the batch caches keep
 
     def length(self, b: int) -> int:
