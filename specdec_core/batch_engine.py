@@ -33,11 +33,10 @@ from specdec_core.gamma import (
     GammaPolicy,
     batch_gamma,
 )
-from specdec_core.loading import context_limit
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import batch_refusal, padded_width, slot_kv_for
 from specdec_core.processing import SamplingSettings
-from specdec_core.rounds import RoundEngine, setup_seconds, timing_tokens
+from specdec_core.rounds import RoundEngine, setup_seconds
 from specdec_core.rows import FinishCheck, Generation, ItemTimeout, Row
 from specdec_core.slot_kv import SlotKV
 
@@ -192,7 +191,7 @@ class BatchSpeculativeGenerator(RoundEngine):
                     r = live[b]
                     self._row_tokens[0] += len(r.new)
                     self._row_tokens[1] += 1
-                    out = r.result(r.draft_steps if r.session is None else r.session.steps)
+                    out = r.result()
                     results[r.index] = (ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after "
                                                     f"{len(r.new)} new tokens)") if r.finish == "timeout" else out)
                 # Waiting prompts take the finished rows' places in the caches, so the rows that
@@ -329,39 +328,14 @@ class BatchSpeculativeGenerator(RoundEngine):
         sampling does not reproduce a seed's batch-1 sample (greedy output never depends on
         gamma)."""
         t0, setup = time.perf_counter(), setup_seconds(tkv, dkv)
-        n, ks = len(live), tuple(range(2, self.gamma + 2))
-        fill = [timing_tokens(r.seq, max(ks)) for r in live]
-        draft_room: list[int] = []
-        if dkv is not None:  # each row's draft positions left: a row near their end drafts fewer steps
-            limit = context_limit(dkv.model)
-            draft_room = [max(ks) + 1 if limit is None else limit - dkv.length(b) for b in range(n)]
-
-        def draft_step() -> float:  # consecutive steps, as in a round (a lone step runs cold)
-            bases = [dkv.length(b) for b in range(n)]
-            t = time.perf_counter()
-            if self._chains(live, dkv):  # the round's steps in one replay, read back once
-                dkv.draft_greedy([fill[b][:1] for b in range(n)], self.gamma)  # (its steps kept in positions)
-            else:
-                for i in range(self.gamma):
-                    # (a row that feeds nothing pads at its next position: kept inside the positions too)
-                    feeds = [[fill[b][i]] if i < draft_room[b] - 1 else [] for b in range(n)]
-                    if not any(feeds):
-                        break
-                    logits = dkv.forward(feeds)
-                    if self._argmax_rows(live, dkv.logits) is None:
-                        for b, r in enumerate(live):
-                            if feeds[b]:
-                                int(r.transform(r.seq + fill[b][: i + 1], logits[b][-1:]).argmax(-1).item())
-            for b in range(n):
-                dkv.rollback(b, bases[b])
-            return (time.perf_counter() - t) / self.gamma
-
-        costs = self._time_passes(live, tkv, draft_step if dkv is not None else None, ks, reps=2, warm=(dkv,))
+        ks = tuple(range(2, self.gamma + 2))
+        draft_step = self._draft_timer(live, dkv) if dkv is not None else None
+        costs = self._time_passes(live, tkv, draft_step, ks, reps=2, warm=(dkv,))
         for kv in (tkv, dkv):
             if kv is not None:
                 kv.compact()  # the timing passes left holes
         self.gamma_policy.set_costs(costs, replace=True)
-        self._costs_width = n
+        self._costs_width = len(live)
         # (Graphs captured meanwhile are left out of the rows' limits with the others: `r.setup`.)
         spent = time.perf_counter() - t0 - (setup_seconds(tkv, dkv) - setup)
         for r in live:

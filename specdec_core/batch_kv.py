@@ -218,9 +218,9 @@ class BatchKV:
         return hidden
 
     @torch.inference_mode()
-    def forward(self, feeds: list[list[int]], logits: bool = True) -> list[torch.Tensor]:
+    def forward(self, feeds: list[list[int]], logits: bool = True, last: bool = False) -> list[torch.Tensor]:
         """Feed each row its tokens (a row may feed none) in ONE model pass; return each row's
-        float32 logits at its fed positions, (len(feeds[b]), V)."""
+        float32 logits at its fed positions, (len(feeds[b]), V), or (last) at its last, (1, V)."""
         assert len(feeds) == self.rows
         m = max((len(f) for f in feeds), default=0)
         if m == 0:
@@ -272,8 +272,8 @@ class BatchKV:
         if not logits:
             self.logits = None
             return []
-        self.logits = out.logits.float()  # one conversion for all rows; the rows below are views
-        return [self.logits[b, : len(f)] for b, f in enumerate(feeds)]
+        self.logits = last_logits(out.logits, feeds) if last else out.logits.float()  # (the rows below: views)
+        return [self.logits[b, : min(len(f), 1) if last else len(f)] for b, f in enumerate(feeds)]
 
     def _column_positions(self, pos: torch.Tensor, width: int) -> torch.Tensor:
         """(rows, width + fed) the position of the token in each column (holes: 0, masked)."""
@@ -552,6 +552,14 @@ class BatchKV:
 # B=64: 1.11-1.19x the tokens/s (`benchmarks/prefill_budget_ab.py`). Both are one-off scripts in
 # git history at 1a04c18. GPUs want big passes.
 CPU_PREFILL_TOKENS = 2048
+
+
+def last_logits(logits: torch.Tensor, feeds: list[list[int]], rows: list[int] | None = None) -> torch.Tensor:
+    """(rows, 1, V) float32, a copy: each row's logits (in `logits` at `rows`, else in order) at its
+    last fed position (a row that fed none: at its first, unread)."""
+    at = torch.tensor([max(len(f) - 1, 0) for f in feeds], device=logits.device)
+    rows_at = torch.tensor(range(len(feeds)) if rows is None else rows, device=logits.device)
+    return logits[rows_at, at][:, None].float()
 
 
 def prefill_chunks(lengths: list[int], budget: int | None) -> list[list[int]]:

@@ -38,7 +38,7 @@ import time
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec_core.decoder import CachedDecoder, eos_ids, initial_decoder_ids
-from specdec_core.drafters import Draft, Drafter, DraftSession, KeepDrafting, Picker, StepTimer
+from specdec_core.drafters import Draft, DraftSession, KeepDrafting, Picker, SessionDrafter, StepTimer
 
 _PARTIAL = "\ufffd"  # what an incomplete UTF-8 sequence decodes to
 CONTEXT = 4  # tokens of context before a decoded suffix
@@ -120,7 +120,7 @@ class CommittedText:
         return self.text
 
 
-class CrossTokenizerDrafter(Drafter):
+class CrossTokenizerDrafter(SessionDrafter):
     """A small language model with its own tokenizer: drafts text, proposes target tokens."""
 
     name = "model"
@@ -159,8 +159,7 @@ class CrossTokenizerDrafter(Drafter):
 
         return timer
 
-    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker,
-              encoded: dict | None = None) -> CrossTokenizerSession:
+    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> CrossTokenizerSession:
         if self.model.config.is_encoder_decoder:
             # The draft encodes the prompt's text in its own tokens; its decoder starts afresh.
             # A prompt longer in the draft's tokens than its encoder takes is cut to what it takes

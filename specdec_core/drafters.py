@@ -1,14 +1,16 @@
 """Drafters: who proposes the tokens the target verifies.
 
-A drafter starts one session per item; a session proposes up to k tokens after a given
-decoder sequence and rolls back when the target rejects some. `Picker` is the engine's
-choice rule (argmax, or sampling from the processed distribution with the item's RNG),
-so a model drafter draws its tokens exactly from the q the accept/reject step uses.
+A model draft (`ModelDrafter`) is a cache the engines step themselves, for one row or many
+(`rounds.RoundEngine._draft`). Other drafters start one session per item (`SessionDrafter`); a
+session proposes up to k tokens after a given decoder sequence and rolls back when the target
+rejects some. `Picker` is the engine's choice rule (argmax, or sampling from the processed
+distribution with the item's RNG), so a drafter draws its tokens exactly from the q the
+accept/reject step uses.
 """
 
 from __future__ import annotations
 
-import time
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from specdec_core.decoder import CachedDecoder, eos_ids, synchronize
+from specdec_core.decoder import CachedDecoder, eos_ids
 from specdec_core.loading import context_limit
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import static_decoder_for
@@ -50,7 +52,6 @@ class Draft:
 
 class DraftSession(ABC):
     steps = 0  # draft model forward passes, for statistics
-    catch_up_s = 0.0  # seconds of proposals spent feeding the draft what it had not read (its prefill)
 
     @abstractmethod
     def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
@@ -60,29 +61,27 @@ class DraftSession(ABC):
     def rollback(self, valid_len: int) -> None:  # noqa: B027 (an optional hook: stateless drafters keep nothing)
         """The first `valid_len` tokens of the decoder sequence are now final."""
 
-    def close(self) -> None:  # noqa: B027 (an optional hook: most sessions hold nothing shared)
-        """The item is over: give back what the session held (a model draft's static cache)."""
-
 
 # Seconds of drafting per proposed token, timed on this machine (the paper's c, before dividing by
-# a target step); see Drafter.step_timer.
+# a target step); see SessionDrafter.step_timer.
 StepTimer = Callable[[], float]
 
 
-class Drafter(ABC):
+class Drafter:
     name: str
-
-    @abstractmethod
-    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker,
-              encoded: dict | None = None) -> DraftSession:
-        """A drafting session for one item. `encoded`: the target's encoder outputs for this prompt
-        (`CachedDecoder.encoded`), given when the drafter's model runs the target's own encoder
-        module (`specdec_core.loading.share_encoder`); other drafters ignore it."""
 
     def room(self, seq_len: int) -> int:
         """The most tokens this drafter may propose after a decoder sequence of `seq_len` (a model
         draft: within its own positions, `ModelDrafter.room`); the engines never ask for more."""
         return NO_LIMIT
+
+
+class SessionDrafter(Drafter, ABC):
+    """A drafter that drafts for each row apart, through a session of its own."""
+
+    @abstractmethod
+    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession:
+        """A drafting session for one item."""
 
     def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer | None:
         """A timer of this drafter's cost per proposed token after `seq` (`extra`: tokens to feed,
@@ -91,13 +90,12 @@ class Drafter(ABC):
         return None
 
 
-class NoDrafter(Drafter):
+class NoDrafter(SessionDrafter):
     """Target-only decoding through the same loop: the baseline."""
 
     name = "none"
 
-    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker,
-              encoded: dict | None = None) -> DraftSession:
+    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession:
         return _EmptySession()
 
 
@@ -145,7 +143,6 @@ class ModelDrafter(Drafter):
         self.settings = settings
         self.static = static_decoder_for(model, cuda_graphs, torch_compile, settings)
         self.chain = chain
-        self.torch_compile = torch_compile
         # The draft's decoder positions (None: relative, as T5's): a draft with fewer than the
         # target drafts while a row fits them, and the target goes on alone after (`room`).
         self.limit = context_limit(model)
@@ -168,104 +165,22 @@ class ModelDrafter(Drafter):
             return prompt_ids
         return prompt_ids[: limit - 1] + prompt_ids[-1:]
 
-    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker,
-              encoded: dict | None = None) -> DraftSession:
+    def open(self, prompt_ids: list[int], held: contextlib.ExitStack,
+             encoded: dict | None = None) -> CachedDecoder | StaticDecoder:
+        """The draft's decoder for one item, its prompt encoded (encoder-decoder) and its decoder
+        empty: the draft's static decoder when free (`held` gives it back), else a new growing
+        cache. `encoded`: the target's encoder outputs for this prompt (`CachedDecoder.encoded`),
+        when the draft runs the target's own encoder module (`loading.share_encoder`)."""
         if encoded is None:
             prompt_ids = self.encoder_prompt(prompt_ids)
         if self.static is not None and self.static.acquire():
-            try:
-                self.static.encode(prompt_ids, encoded)
-            except BaseException:
-                self.static.release()
-                raise
-            return _ModelSession(self.static, decoder_ids, pick, self.ends, release=self.static.release,
-                                 chain=self.chain and getattr(pick, "argmax_only", False))
-        return _ModelSession(CachedDecoder(self.model, prompt_ids, encoded), decoder_ids, pick, self.ends)
-
-    def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer:
-        # Steps as the items run them: through a static decoder of its own when graphs are used.
-        prompt_ids = self.encoder_prompt(prompt_ids)
-        if self.static is None:
-            decoder = CachedDecoder(self.model, prompt_ids)
-        else:
-            decoder = StaticDecoder(self.model, compile=self.torch_compile, min_width=self.static.min_width,
-                                    settings=self.settings)
-            decoder.encode(prompt_ids)
-        decoder.forward(seq, 1)
-        decoder.forward(seq + extra[:1], 1)  # a step's graph (with graphs) captured before any timing
-
-        def timer() -> float:
-            # Consecutive steps, as in a round: a small draft's weights stay in cache
-            # between them (one step timed alone after a target pass cost 1.6x more).
-            decoder.rollback(len(seq))
-            t0 = time.perf_counter()
-            for j in range(1, burst + 1):
-                decoder.forward(seq + extra[:j], 1)
-            synchronize(decoder.device)
-            return (time.perf_counter() - t0) / burst
-
-        return timer
+            held.callback(self.static.release)
+            self.static.encode(prompt_ids, encoded)
+            return self.static
+        return CachedDecoder(self.model, prompt_ids, encoded)
 
 
-class _ModelSession(DraftSession):
-    """The draft's cache is filled lazily: the first proposal feeds the whole prompt in one
-    pass, so an item whose gamma policy never drafts never pays the draft's prefill, and
-    rounds without drafts leave a gap that the next proposal feeds in one pass."""
-
-    def __init__(self, decoder: CachedDecoder | StaticDecoder, decoder_ids: list[int], pick: Picker,
-                 ends: set[int] = frozenset(), release: Callable[[], None] | None = None, chain: bool = False):
-        self.decoder = decoder
-        self.pick = pick
-        self.ends = ends
-        self._release = release
-        self.chain = chain  # greedy rounds drafted on the device (a StaticDecoder, an argmax picker)
-
-    def close(self) -> None:
-        if self._release is not None:
-            self._release()
-            self._release = None
-
-    def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
-        # The prompt (or a gap) not read yet: the pass that reads it is timed as a prefill.
-        behind = len(seq) - 1 > self.decoder.length
-        if self.chain and keep is None:
-            if behind:  # (read apart: a chain's passes run as one)
-                t0 = time.perf_counter()
-                self.decoder.forward(seq[:-1], 0)
-                self._caught_up(t0)
-            self.steps += k
-            return Draft(through_end(self.decoder.draft_greedy(seq, k), self.ends), None)
-        cur = list(seq)
-        qs = []
-        confs: list[float] | None = [] if keep is not None else None
-        for i in range(k):
-            t0 = time.perf_counter()
-            logits = self.decoder.forward(cur, 1)
-            if behind and i == 0:  # (that pass, with the first step, which costs next to nothing beside it)
-                self._caught_up(t0)
-            self.steps += 1
-            token, q = self.pick(cur, logits)
-            if confs is not None:
-                conf = float(q[0, token]) if q is not None else float(torch.softmax(logits[0], -1)[token])
-                if not keep(i, conf):
-                    break
-                confs.append(conf)
-            cur.append(token)
-            qs.append(q)
-            if token in self.ends:
-                break
-        q = torch.cat(qs) if qs and qs[0] is not None else None
-        return Draft(cur[len(seq) :], q, confs)
-
-    def _caught_up(self, t0: float) -> None:
-        synchronize(self.decoder.device)
-        self.catch_up_s += time.perf_counter() - t0
-
-    def rollback(self, valid_len: int) -> None:
-        self.decoder.rollback(valid_len)
-
-
-class NgramDrafter(Drafter):
+class NgramDrafter(SessionDrafter):
     """Prompt lookup: find the sequence's last n tokens earlier in the prompt or the output,
     and propose what followed them. Longest n first; the EARLIEST occurrence wins, as in HF's
     prompt lookup: on the demo pair's code it gave 2.40 tokens per target step against 2.05 for
@@ -280,8 +195,7 @@ class NgramDrafter(Drafter):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker,
-              encoded: dict | None = None) -> DraftSession:
+    def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession:
         # For encoder-decoder models the prompt is not in the decoder sequence: search it too.
         prefix = [] if decoder_ids[: len(prompt_ids)] == prompt_ids else list(prompt_ids)
         return _NgramSession(prefix, self.max_ngram, self.min_ngram)

@@ -20,7 +20,6 @@ from specdec_core.plan import static_decoder_for
 from specdec_core.processing import SamplingSettings
 from specdec_core.rounds import OneRow, RoundEngine, setup_seconds, timing_tokens
 from specdec_core.rows import FinishCheck, Generation, ItemTimeout, Row
-from specdec_core.static_decoder import StaticDecoder
 
 
 class ItemClock:
@@ -80,13 +79,17 @@ class SpeculativeGenerator(RoundEngine):
         row = Row.begin(self.target, prompt_ids, 0, self.sampling, self.max_new_tokens, fixed_gamma.start(self.gamma))
         seq = row.seq
         vocab = self.target.get_output_embeddings().weight.shape[0]
-        extra = [int(t) % vocab for t in timing_tokens(list(prompt_ids), max(ks) + 1)]  # (the draft's steps)
+        extra = [int(t) % vocab for t in timing_tokens(list(prompt_ids), max(ks) + 1)]  # (a session's steps)
         with contextlib.ExitStack() as held:
-            verifier = self._verifier(prompt_ids, held)  # the passes the items will run (graphs or not)
-            if len(seq) > 1:
-                verifier.forward(seq[:-1], 0)
-            draft_step = self.drafter.step_timer(prompt_ids, seq, extra, max(max(ks) - 1, 1))
-            return self._time_passes([row], OneRow(verifier, row), draft_step, ks, reps, warm=(verifier,))
+            tkv, dkv = self._caches(row, prompt_ids, held)  # the passes the items will run (graphs or not)
+            if dkv is not None:
+                if len(seq) > 1:
+                    dkv.forward([seq[:-1]], logits=False)
+                draft_step = self._draft_timer([row], dkv)
+            else:
+                draft_step = self.drafter.step_timer(prompt_ids, seq, extra, max(max(ks) - 1, 1))
+            return self._time_passes([row], tkv, draft_step, ks, reps,
+                                     warm=(tkv.decoder, dkv.decoder if dkv is not None else None))
 
     def generate(self, prompt_ids: list[int], seed: int = 0, finish_check: FinishCheck | None = None,
                  max_seconds: float | None = None) -> Generation:
@@ -104,32 +107,36 @@ class SpeculativeGenerator(RoundEngine):
         row = Row.begin(self.target, prompt_ids, seed, self.sampling, self.max_new_tokens,
                         self.gamma_policy.start(self.gamma), finish_check=finish_check, start=clock.start)
         with contextlib.ExitStack() as held:
-            verifier = self._verifier(prompt_ids, held)
-            if len(row.seq) > 1:
-                verifier.forward(row.seq[:-1], 0)
-            session = self.drafter.start(prompt_ids, row.seq, row.picker(self.sampling.greedy),
-                                         verifier.encoded if self.shared_encoder else None)
-            held.callback(session.close)
-            return self._rounds(row, verifier, session, clock, max_seconds)
+            tkv, dkv = self._caches(row, prompt_ids, held)
+            return self._rounds(row, tkv, dkv, clock, max_seconds)
 
-    def _verifier(self, prompt_ids: list[int], held: contextlib.ExitStack) -> CachedDecoder | StaticDecoder:
-        """The target's static decoder for this item when free (`held` gives it back), else a new
+    def _caches(self, row: Row, prompt_ids: list[int], held: contextlib.ExitStack) -> tuple[OneRow, OneRow | None]:
+        """The item's target cache, its prompt read but the newest token, and a model draft's
+        cache, empty (it reads the prompt when it first drafts: `_draft`), else None (the row's
+        session drafts). Each model's static decoder when free (`held` gives it back), else a new
         growing cache."""
         if self.static is not None and self.static.acquire():
             held.callback(self.static.release)
             self.static.encode(prompt_ids)
-            return self.static
-        return CachedDecoder(self.target, prompt_ids)
+            verifier = self.static
+        else:
+            verifier = CachedDecoder(self.target, prompt_ids)
+        tkv = OneRow(verifier)
+        if len(row.seq) > 1:
+            tkv.forward([row.seq[:-1]], logits=False)
+        if isinstance(self.drafter, ModelDrafter):
+            return tkv, OneRow(self.drafter.open(prompt_ids, held, verifier.encoded if self.shared_encoder else None))
+        row.session = self.drafter.start(prompt_ids, row.seq, row.picker(self.sampling.greedy))
+        return tkv, None
 
-    def _rounds(self, row: Row, verifier, session, clock: ItemClock, max_seconds: float | None) -> Generation:
-        """Rounds (`_round`) until the item ends; both caches hold its prompt."""
-        row.session = session
-        cache = OneRow(verifier, row)
+    def _rounds(self, row: Row, tkv: OneRow, dkv: OneRow | None, clock: ItemClock,
+                max_seconds: float | None) -> Generation:
+        """Rounds (`_round`) until the item ends."""
         row.stats.prefill_s, row.stats.prefill_setup_s = clock.wall(), clock.setup()
         while not row.finish:
             if max_seconds is not None and clock.own() > max_seconds:
                 raise ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after {len(row.new)} new tokens)")
-            self._round([row], cache, None)
+            self._round([row], tkv, dkv)
         row.stats.admit_s = row.stats.prefill_s - row.stats.prefill_setup_s
         row.stats.setup_s = clock.setup()
-        return row.result(session.steps)
+        return row.result()

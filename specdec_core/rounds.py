@@ -6,8 +6,8 @@ cache lacks, drafts] in ONE forward pass; each row keeps a prefix of its drafts 
 token by the accept/reject rule (its own gamma state and random generator); every cache rolls back
 to what each row kept. Invariant between rounds: each row's target cache holds every committed
 token except the newest. A model draft runs one pass per draft step over every row of its cache
-(`BatchKV`, `SlotKV`), or chained on the device; a row's own session drafts for it otherwise
-(prompt lookup, a draft with another tokenizer, a model draft at batch 1 over its own cache).
+(`BatchKV`, `SlotKV`, or at batch 1 its one-item decoder as a `OneRow`), or chained on the device;
+a row's own session drafts for it otherwise (prompt lookup, a draft with another tokenizer).
 """
 
 from __future__ import annotations
@@ -72,21 +72,32 @@ def check_engine(target: PreTrainedModel, drafter: Drafter | None, num_speculati
 
 
 class OneRow:
-    """A one-item decoder (`CachedDecoder`, `StaticDecoder`: the row's tokens in, logits of the last
-    n out) as a cache of one row for the round: `forward(feeds)`, `rollback(b, n)`, `length(b)`."""
+    """A one-item decoder (`CachedDecoder`, `StaticDecoder`: an item's tokens in, logits of the last
+    n out) as a cache of one row: `forward(feeds)`, `rollback(b, n)`, `length(b)`, and with a
+    static decoder `draft_greedy(feeds, k)`, as the batch caches have them."""
 
-    def __init__(self, decoder: CachedDecoder | StaticDecoder, row: Row):
-        self.decoder, self.row = decoder, row
-        self.logits: torch.Tensor | None = None  # the last pass's logits (1, fed, V), as the batch caches keep
+    def __init__(self, decoder: CachedDecoder | StaticDecoder):
+        self.decoder = decoder
+        self.tokens: list[int] = []  # what the decoder holds: its first `length`
+        self.logits: torch.Tensor | None = None  # the last pass's logits (1, kept, V), as the batch caches keep
 
     def length(self, b: int) -> int:
         return self.decoder.length
 
-    def forward(self, feeds: list[list[int]]) -> list[torch.Tensor]:
-        (feed,) = feeds  # the row's tokens the decoder lacks, then its drafts
-        logits = self.decoder.forward(self.row.seq[: self.decoder.length] + feed, len(feed))
-        self.logits = logits[None]
-        return [logits]
+    def forward(self, feeds: list[list[int]], logits: bool = True, last: bool = False) -> list[torch.Tensor]:
+        """logits: of every fed position, or (last) of the last one only; none: a prefill."""
+        (feed,) = feeds
+        self.tokens = self.tokens[: self.decoder.length] + feed
+        out = self.decoder.forward(self.tokens, (1 if last else len(feed)) if logits else 0)
+        self.logits = out[None] if logits else None
+        return [out] if logits else []
+
+    def draft_greedy(self, feeds: list[list[int]], k: int) -> list[list[int]]:
+        (feed,) = feeds
+        self.tokens = self.tokens[: self.decoder.length] + feed
+        picks = self.decoder.draft_greedy(self.tokens, k)
+        self.tokens += picks[: k - 1]
+        return [picks]
 
     def rollback(self, b: int, length: int) -> None:
         self.decoder.rollback(length)
@@ -128,7 +139,7 @@ class RoundEngine:
         for r, k in zip(live, ks, strict=True):
             r.stats.gammas.append(k)
         t0 = time.perf_counter()
-        drafts, qs, confs = self._draft(live, ks, dkv, batch_k)
+        drafts, qs, confs, caught = self._draft(live, ks, dkv, batch_k)
         t1 = time.perf_counter()
         feeds = [r.seq[tkv.length(b):] + drafts[b] for b, r in enumerate(live)]
         logits = tkv.forward(feeds)
@@ -144,14 +155,8 @@ class RoundEngine:
                     n, token = verify_greedy(d, scores.argmax(-1))
                 else:
                     n, token = verify_sampled(d, scores.softmax(-1), qs[b], r.generator)
-            # A session reads the prompt lazily, in its first proposal: that pass is the row's
-            # prefill (later gaps it reads stay drafting time).
-            caught = 0.0
-            if r.session is not None:
-                caught = 0.0 if r.new else r.session.catch_up_s
-                r.session.catch_up_s = 0.0
-            r.stats.prefill_s += caught
-            r.stats.draft_s += t1 - t0 - caught  # the row waited for the whole batched pass
+            r.stats.prefill_s += caught[b]
+            r.stats.draft_s += t1 - t0 - caught[b]  # the row waited for the whole batched pass
             r.stats.verify_s += t2 - t1
             valid = r.commit(d, n, token, confs[b], self.max_new_tokens, self.eos)
             tkv.rollback(b, valid)
@@ -200,6 +205,38 @@ class RoundEngine:
             costs.c = LOOKUP_DRAFT_COST
         return costs
 
+    def _draft_timer(self, live: list[Row], dkv) -> StepTimer:
+        """A timer of one model-draft step over these rows' draft cache `dkv`, as a round runs
+        them: the round's steps consecutive (a lone step runs cold), chained where a round chains
+        them, each row's picks after each step; rolled back after."""
+        n = len(live)
+        fill = [timing_tokens(r.seq, self.gamma) for r in live]
+        limit = context_limit(self.drafter.model)  # a row near the end of the draft's positions drafts fewer
+        room = [self.gamma + 1 if limit is None else limit - dkv.length(b) for b in range(n)]
+
+        def step() -> float:
+            bases = [dkv.length(b) for b in range(n)]
+            t = time.perf_counter()
+            if self._chains(live, dkv):  # the round's steps in one replay, read back once
+                dkv.draft_greedy([fill[b][:1] for b in range(n)], self.gamma)  # (its steps kept in positions)
+            else:
+                for i in range(self.gamma):
+                    # (a row that feeds nothing pads at its next position: kept inside the positions too)
+                    feeds = [[fill[b][i]] if i < room[b] - 1 else [] for b in range(n)]
+                    if not any(feeds):
+                        break
+                    logits = dkv.forward(feeds, last=True)
+                    if self._argmax_rows(live, dkv.logits) is None:
+                        for b, r in enumerate(live):
+                            if feeds[b]:
+                                int(r.transform(r.seq + fill[b][: i + 1], logits[b]).argmax(-1).item())
+            for b in range(n):
+                dkv.rollback(b, bases[b])
+            synchronize(self.target.device)
+            return (time.perf_counter() - t) / self.gamma
+
+        return step
+
     def _argmax_rows(self, live: list[Row], logits: torch.Tensor) -> list[list[int]] | None:
         """Greedy with no logits processor on any row: every row's argmax at every fed position,
         read back in one transfer (per row, it was a read-back each, which a GPU waits for).
@@ -211,22 +248,24 @@ class RoundEngine:
     def _chains(self, live: list[Row], dkv) -> bool:
         """Whether a round's draft steps can run chained on the device: slots, a chaining drafter,
         and picks that are plain argmaxes."""
-        return isinstance(dkv, SlotKV) and getattr(self.drafter, "chain", False) and self._plain_greedy(live)
+        static = isinstance(dkv, SlotKV) or (isinstance(dkv, OneRow) and isinstance(dkv.decoder, StaticDecoder))
+        return static and getattr(self.drafter, "chain", False) and self._plain_greedy(live)
 
     def _plain_greedy(self, live: list[Row]) -> bool:
         """Greedy, and no row's picks go through a logits processor: a pick is an argmax."""
         return self.sampling.greedy and not any(r.transform.processors for r in live)
 
     def _draft(self, live: list[Row], ks: list[int], dkv, batch_k: bool = False):
-        """Each row's drafts (its tokens, q and confidences): a row's own session per row (prompt
-        lookup, another tokenizer, a model draft at batch 1), or a model draft in one batched pass
-        per draft step over the rows still drafting (in slots with a chaining drafter and plain
-        greedy picks, every step chained on the device). batch_k: the batch chose one gamma for
-        all rows, and a row that stopped early on its draft's confidence would save nothing (the
-        passes run while any row drafts)."""
+        """Each row's drafts (its tokens, q and confidences), and the seconds spent reading its
+        prompt: a row's own session per row (prompt lookup, another tokenizer), or a model draft
+        in one batched pass per draft step over the rows still drafting (in static caches with a
+        chaining drafter and plain greedy picks, every step chained on the device). batch_k: the
+        batch chose one gamma for all rows, and a row that stopped early on its draft's
+        confidence would save nothing (the passes run while any row drafts)."""
         n = len(live)
         qs: list[torch.Tensor | None] = [None] * n
         confs: list[list[float] | None] = [None] * n
+        caught = [0.0] * n
         greedy = self.sampling.greedy
         if dkv is None:
             drafts = []
@@ -235,20 +274,30 @@ class RoundEngine:
                 drafts.append(draft.tokens if draft else [])
                 if draft:
                     qs[b], confs[b] = draft.q, draft.confidences
-            return drafts, qs, confs
+            return drafts, qs, confs, caught
+        # A draft that has not read a row's prompt (batch 1: an item whose policy never drafts
+        # never pays it) reads it first, in a pass of no logits: the row's prefill.
+        lazy = [b for b, (r, k) in enumerate(zip(live, ks, strict=True))
+                if k > 0 and not r.new and dkv.length(b) < len(r.seq) - 1]
+        if lazy:
+            t0 = time.perf_counter()
+            dkv.forward([r.seq[dkv.length(b):-1] if b in lazy else [] for b, r in enumerate(live)], logits=False)
+            synchronize(self.target.device)
+            for b in lazy:
+                caught[b] = time.perf_counter() - t0
         keeps = []
         for b, r in enumerate(live):
             keeps.append(None if batch_k else r.keep(greedy))
             if keeps[b] is not None:
                 confs[b] = []
-        ends = self.drafter.ends if isinstance(self.drafter, ModelDrafter) else set()
+        ends = self.drafter.ends
         if self._chains(live, dkv) and all(keep is None for keep in keeps) and max(ks, default=0) > 0:
             # The round's steps chained on the device for every row, read back once.
             feeds = [r.seq[dkv.length(b):] if k > 0 else [] for b, (r, k) in enumerate(zip(live, ks, strict=True))]
             picks = dkv.draft_greedy(feeds, max(ks))
             for r, k in zip(live, ks, strict=True):
                 r.draft_steps += k
-            return [through_end(p[:k], ends) for p, k in zip(picks, ks, strict=True)], qs, confs
+            return [through_end(p[:k], ends) for p, k in zip(picks, ks, strict=True)], qs, confs, caught
         curs = [list(r.seq) for r in live]  # each row's tokens and its drafts so far (a picker reads them)
         picks = [r.picker(greedy) for r in live]
         draft_q: list[list[torch.Tensor]] = [[] for _ in live]
@@ -258,14 +307,14 @@ class RoundEngine:
             if not rows:
                 break
             feeds = [curs[b][dkv.length(b):] if b in rows else [] for b in range(n)]
-            logits = dkv.forward(feeds)
+            logits = dkv.forward(feeds, last=True)
             choices = self._argmax_rows(live, dkv.logits) if all(keep is None for keep in keeps) else None
             for b in rows:
                 live[b].draft_steps += 1
                 if choices is not None:
-                    token, q = choices[b][len(feeds[b]) - 1], None
+                    token, q = choices[b][0], None
                 else:
-                    token, q = picks[b](curs[b], logits[b][-1:])
+                    token, q = picks[b](curs[b], logits[b])
                 if keeps[b] is not None:
                     conf = float(q[0, token]) if q is not None else float(torch.softmax(logits[b][-1], -1)[token])
                     if not keeps[b](i, conf):
@@ -281,4 +330,4 @@ class RoundEngine:
         for b in range(n):
             if draft_q[b]:
                 qs[b] = torch.cat(draft_q[b])
-        return drafts, qs, confs
+        return drafts, qs, confs, caught

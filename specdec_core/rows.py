@@ -164,9 +164,10 @@ class Row:
         self.seq += emitted
         return valid
 
-    def result(self, draft_steps: int) -> Generation:
+    def result(self) -> Generation:
         """The row's generation, its statistics completed: it ends now."""
         s = self.stats
         s.latency_s = time.perf_counter() - self.start
-        s.new_tokens, s.finish_reason, s.draft_steps = len(self.new), self.finish, draft_steps
+        s.new_tokens, s.finish_reason = len(self.new), self.finish
+        s.draft_steps = self.draft_steps if self.session is None else self.session.steps
         return Generation(self.new, s)

@@ -29,7 +29,7 @@ from dataclasses import replace
 import torch
 from transformers import PreTrainedModel
 
-from specdec_core.batch_kv import BatchKV, bias_by_row, drop_order
+from specdec_core.batch_kv import BatchKV, bias_by_row, drop_order, last_logits
 from specdec_core.decoder import decoder_position_modules, hooked
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticKV
@@ -101,9 +101,9 @@ class SlotKV(StaticKV):
         pass
 
     @torch.inference_mode()
-    def forward(self, feeds: list[list[int]], logits: bool = True) -> list[torch.Tensor]:
+    def forward(self, feeds: list[list[int]], logits: bool = True, last: bool = False) -> list[torch.Tensor]:
         """Feed each row its tokens (a row may feed none) in ONE pass over all slots; return each
-        row's float32 logits at its fed positions, (len(feeds[b]), V)."""
+        row's float32 logits at its fed positions, (len(feeds[b]), V), or (last) at its last, (1, V)."""
         assert len(feeds) == len(self.slot_of)
         w = max((len(f) for f in feeds), default=0)
         if w == 0:
@@ -119,11 +119,13 @@ class SlotKV(StaticKV):
             return []
         # A copy either way: in fp32 `.float()` would return a graph's output, which the next
         # replay of that width overwrites.
-        if self.slot_of == list(range(self.buffer_rows)):
+        if last:
+            self.logits = last_logits(out, feeds, self.slot_of)
+        elif self.slot_of == list(range(self.buffer_rows)):
             self.logits = out.to(torch.float32, copy=True)
         else:
             self.logits = out[torch.tensor(self.slot_of, device=out.device)].float()
-        return [self.logits[b, : len(f)] for b, f in enumerate(feeds)]
+        return [self.logits[b, : min(len(f), 1) if last else len(f)] for b, f in enumerate(feeds)]
 
     @torch.inference_mode()
     def draft_greedy(self, feeds: list[list[int]], k: int) -> list[list[int]]:

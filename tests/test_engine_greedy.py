@@ -1,10 +1,14 @@
 """Greedy speculative output equals the target alone, token for token."""
 
+import time
+
 import pytest
 import torch
 
+from specdec_core.decoder import CachedDecoder
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
+from specdec_core.gamma import GammaPolicy, GammaState
 from tests.numerics import assert_logits_close
 
 PROMPTS = ["The quick brown", "def add(a, b):\n    return", "Summarize: the committee met on Tuesday", "Hi"]
@@ -186,7 +190,7 @@ def test_caches_hold_all_committed_tokens_but_the_last(models, tokenizer, monkey
 @pytest.mark.parametrize("kind", KINDS)
 def test_block_logits_match_single_steps(kind, models, tokenizer):
     """One forward over k tokens on a cache gives the logits of k single steps (fp32)."""
-    from specdec_core.decoder import CachedDecoder, initial_decoder_ids
+    from specdec_core.decoder import initial_decoder_ids
 
     target, _ = models[kind]
     ids = tokenizer(PROMPTS[0]).input_ids
@@ -206,32 +210,42 @@ def test_block_logits_match_single_steps(kind, models, tokenizer):
     assert_logits_close(block.forward(seq, 2), many[-2:])
 
 
-def test_the_drafts_prompt_pass_is_counted_as_prefill(models, tokenizer, monkeypatch):
-    """A draft reads the prompt in its first proposal (lazily: an item that never drafts never pays
-    it). That pass is the draft's prefill: timed apart (`catch_up_s`) and moved from draft_s to
-    prefill_s, as the batch engine counts it (draft_s / draft_steps then is about a step's cost at
-    every batch size)."""
-    from specdec_core.drafters import _ModelSession
+class _NoDrafts(GammaPolicy):
+    """A policy whose rounds never draft."""
 
+    class _Zero(GammaState):
+        def next(self) -> int:
+            return 0
+
+    def start(self, gamma: int) -> GammaState:
+        return self._Zero()
+
+
+def test_the_drafts_prompt_pass_is_counted_as_prefill(models, tokenizer, monkeypatch):
+    """At batch 1 a model draft reads the prompt when it first drafts (lazily: an item that never
+    drafts never pays it), in one pass of no logits. That pass is the draft's prefill: timed
+    apart and counted in prefill_s, not draft_s, as the batch engine counts it (draft_s /
+    draft_steps then is about a step's cost at every batch size)."""
     target, draft = models["llama"]
     ids = tokenizer(PROMPTS[0]).input_ids
-    session = ModelDrafter(draft).start(ids, ids, lambda cur, logits: (int(logits.argmax(-1)), None))
-    session.propose(ids, 3)
-    assert session.catch_up_s > 0 and session.steps == 3 and session.decoder.length == len(ids) + 2
-    caught = session.catch_up_s
-    session.propose(ids + [5, 6, 7], 2)  # nothing left to catch up
-    assert session.catch_up_s == caught and session.steps == 5
+    passes = []
+    forward = CachedDecoder.forward
 
-    moved = []
-    propose = _ModelSession.propose
-
-    def spy(self, seq, k, keep=None):
-        out = propose(self, seq, k, keep)
-        moved.append(self.catch_up_s)
+    def spy(self, tokens, num_logits):
+        t0 = time.perf_counter()
+        out = forward(self, tokens, num_logits)
+        if self.model is draft:
+            passes.append((len(tokens), num_logits, time.perf_counter() - t0))
         return out
-    monkeypatch.setattr(_ModelSession, "propose", spy)
+    monkeypatch.setattr(CachedDecoder, "forward", spy)
     out = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=12).generate(ids)
     assert out.tokens == reference(target, ids, 12)
-    assert moved[0] > 0 and not any(moved[1:])  # the prompt, once
-    assert out.stats.prefill_s >= moved[0] and out.stats.draft_s >= 0
-    assert out.stats.draft_steps == sum(out.stats.gammas)  # every step a proposed token's
+    assert passes[0][:2] == (len(ids) - 1, 0)  # the prompt but its newest token, no logits: once
+    assert all(logits == 1 for _, logits, _ in passes[1:])  # then one step a pass, one logit each
+    assert out.stats.prefill_s >= passes[0][2] and out.stats.draft_s >= 0
+    assert out.stats.draft_steps == sum(out.stats.gammas) == len(passes) - 1  # every step a proposed token's
+
+    passes.clear()  # an item whose gamma never drafts never reads its prompt in the draft
+    never = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=12,
+                                 gamma_policy=_NoDrafts()).generate(ids)
+    assert never.tokens == out.tokens and passes == [] and never.stats.draft_steps == 0

@@ -644,13 +644,13 @@ def test_time_limits_do_not_count_capturing_and_compiling(models, prompts, fake_
     rows = batch.generate_many([(p, 0) for p in prompts[:3]], max_seconds=50)
     assert [o.tokens for o in rows] == [hf_greedy(target, p, 8) for p in prompts[:3]]
     assert batch.slots[id(target)].passes.capture_s >= 100
-    started = drafter.start
+    opened = drafter.open
 
-    def slow_start(*args):  # an item whose own work takes 100 s: that still counts
+    def slow_open(*args):  # an item whose own work takes 100 s: that still counts
         now[0] += 100.0
-        return started(*args)
+        return opened(*args)
 
-    monkeypatch.setattr(drafter, "start", slow_start)
+    monkeypatch.setattr(drafter, "open", slow_open)
     with pytest.raises(ItemTimeout):
         single.generate(prompts[1], max_seconds=50)
 
