@@ -182,6 +182,7 @@ def test_recipe_builds_a_pair_and_the_gate_refuses_a_weak_one(tmp_path, capsys, 
     # A rerun with the same workdir resumes from its checkpoint (the last step): the same target.
     again = dm.retrain(tmp_path / "pair2", dm.TINY, workdir=tmp_path / "work")
     assert again["files"]["target/model.safetensors"] == manifest["files"]["target/model.safetensors"]
+    assert again["target"]["final_loss"] is None  # no step ran: a fresh run makes the same weights too
 
     decoder = dm.retrain(tmp_path / "decoder", dm.TINY_DECODER)  # a decoder-only pair, the same way
     assert dm.verify_assets(tmp_path / "decoder") == decoder and decoder["gate_passed"]
