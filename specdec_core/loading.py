@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -53,8 +54,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def load_model(path: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False, *,
                devices: Sequence[str] = (), first_extra: int = 0) -> PreTrainedModel:
     """A causal or encoder-decoder LM, whichever the config says, in eval mode on `device`, or
-    split over `devices` when they are several (specdec_core/device_map.py; `first_extra` bytes,
-    the draft's, are kept beside the first device's share).
+    split over `devices` when they are several (`load_split`; `first_extra` bytes, the draft's,
+    are kept beside the first device's share).
 
     trust_remote_code is passed explicitly, False included: left unset, transformers may ask
     on a terminal whether to run a model's own code.
@@ -63,14 +64,58 @@ def load_model(path: str, device: torch.device, dtype: torch.dtype, trust_remote
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     model = auto.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
     if len(devices) > 1:
-        from specdec_core.device_map import load_split
-
         device_map = load_split(model, list(devices), first_extra)
-        spread = sorted(set(device_map.values()), key=list(devices).index)
+        spread = list(dict.fromkeys(device_map.values()))
         log.info("%s split over %s: %s", path, ", ".join(spread), ", ".join(
             f"{d} {sum(1 for v in device_map.values() if v == d)} modules" for d in spread))
         return model.eval()
     return model.to(device).eval()
+
+
+def balanced_map(model: nn.Module, capacities: Sequence[int], first_extra: int = 0) -> dict[str, int]:
+    """Module name -> index into `capacities` (bytes each device may hold): accelerate's balanced
+    map: the model's modules in the order it defines them, its blocks (`_no_split_modules`) whole,
+    filled device after device to shares of about equal bytes, the first's less `first_extra` bytes
+    (the draft beside it). The input embeddings stay on the first device, so the ids go in there;
+    ValueError when the devices cannot hold the model."""
+    from accelerate import infer_auto_device_map
+    from accelerate.utils import compute_module_sizes, get_balanced_memory, get_max_layer_size
+
+    blocks = sorted(getattr(model, "_no_split_modules", None) or ())
+    # accelerate numbers accelerators 0, 1, ...: here the devices' positions.
+    budget = get_balanced_memory(model, max_memory=dict(enumerate(capacities)), no_split_module_classes=blocks)
+    # The first device's share less the draft, but never less than its embeddings and the room
+    # accelerate keeps on it for its largest layer: with a draft larger than the share, it holds
+    # the embeddings alone.
+    embed = next(n for n, m in model.named_modules() if m is model.get_input_embeddings())
+    sizes = compute_module_sizes(model)
+    front = sizes[embed] + get_max_layer_size(list(model.named_children()), sizes, blocks)[0]
+    budget[0] = min(max(budget[0] - first_extra, front), capacities[0] - first_extra)
+    device_map = dict(infer_auto_device_map(model, max_memory=budget, no_split_module_classes=blocks))
+    if off := sorted({str(d) for d in device_map.values() if not isinstance(d, int)}):
+        raise ValueError(f"{type(model).__name__} does not fit {len(capacities)} device(s) "
+                         f"({', '.join(f'{c / 2**30:.1f} GiB' for c in capacities)}): it would go to {', '.join(off)}")
+    if device_map[max((k for k in device_map if k in ("", embed) or embed.startswith(k + ".")), key=len)] != 0:
+        raise ValueError(f"{type(model).__name__}: its input embeddings do not fit the first device "
+                         f"beside the draft's {first_extra:,} bytes")
+    return device_map
+
+
+def load_split(model: nn.Module, devices: list[str], first_extra: int = 0) -> dict[str, str]:
+    """Split a model (loaded on the CPU) over `devices` with accelerate: `balanced_map` over each
+    device's usable memory (`placement.usable_bytes`), then `dispatch_model`, whose hooks move
+    each block's inputs to its device and the outputs back to the inputs' (`model.device`, the
+    first). Hooked even when the names are one device (a CPU named twice): the same code path.
+    Returns the map (module name -> device)."""
+    from accelerate import dispatch_model
+
+    from specdec_core.placement import device_capacity
+
+    device_map = {name: devices[i] for name, i in balanced_map(
+        model, [device_capacity(d) for d in devices], first_extra).items()}
+    dispatch_model(model, device_map, main_device=devices[0], force_hooks=True,
+                   skip_keys=sorted(getattr(model, "_skip_keys_device_placement", None) or ()))
+    return device_map
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:

@@ -8,6 +8,7 @@ and a worker can lay its copies out the same way.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -83,6 +84,27 @@ def visible_gpus() -> list[Gpu]:
 
 def usable_bytes(gpu: Gpu) -> int:
     return max(0, int(gpu.total_bytes * USABLE) - CONTEXT_BYTES)
+
+
+def device_capacity(device: str) -> int:
+    """Bytes a split may place on `device`: a GPU's usable memory, as the plan counts it; the
+    host's available memory for the CPU."""
+    d = torch.device(device)
+    if d.type == "cuda":
+        index = torch.cuda.current_device() if d.index is None else d.index
+        return usable_bytes(Gpu(device, torch.cuda.get_device_properties(index).total_memory))
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def devices_of(model: torch.nn.Module) -> Iterator[torch.device]:
+    """Every distinct device holding a parameter of the model, in order of first appearance."""
+    seen: list[torch.device] = []
+    for p in model.parameters():
+        if p.device not in seen:
+            seen.append(p.device)
+            yield p.device
 
 
 @dataclass(frozen=True)
@@ -167,13 +189,13 @@ def parameter_count(config: PretrainedConfig, trust_remote_code: bool = False) -
     meta device: exact for any architecture transformers can build, and no weight is read."""
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-    from specdec_core.device_map import block_lists
-
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     with torch.device("meta"):
         model = auto.from_config(config, trust_remote_code=trust_remote_code)
     unique = {id(p): p.numel() for p in model.parameters()}
-    block = max((sum(p.numel() for p in b.parameters()) for _, blocks in block_lists(model) for b in blocks),
+    # (the classes a device map never cuts, as accelerate reads them)
+    kinds = set(getattr(model, "_no_split_modules", None) or ())
+    block = max((sum(p.numel() for p in m.parameters()) for m in model.modules() if type(m).__name__ in kinds),
                 default=0)
     return sum(unique.values()), block
 

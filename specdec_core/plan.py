@@ -17,7 +17,6 @@ from transformers import PreTrainedModel
 
 from specdec_core.batch_kv import other_layer_kinds
 from specdec_core.decoder import counts_positions_from_ids, decoder_position_modules, position_table
-from specdec_core.device_map import devices_of
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.self_check import narrowest_width, rows_disagreement, static_disagreement
 from specdec_core.slot_kv import SlotKV
@@ -46,7 +45,7 @@ def config_support(config) -> str | None:
 
 def graph_support(model: PreTrainedModel, batched: bool = False) -> str | None:
     """None when this loaded model can decode over static caches (`config_support`), else why not."""
-    if len(list(devices_of(model))) > 1:
+    if getattr(model, "hf_device_map", None):
         return "is split over several devices (a graph replays on one)"
     why = config_support(model.config)
     if why:

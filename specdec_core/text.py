@@ -21,7 +21,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cpu_speed import DRAFT_DTYPES, draft_in_dtype, prepare_for_cpu
 from specdec_core.cross_tokenizer import CrossTokenizerDrafter
-from specdec_core.device_map import devices_of
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma, GammaPolicy
@@ -38,7 +37,7 @@ from specdec_core.loading import (
     resolve_dtype,
     share_encoder,
 )
-from specdec_core.placement import DTYPE_BYTES, check_device, check_device_map, parameter_count
+from specdec_core.placement import DTYPE_BYTES, check_device, check_device_map, devices_of, parameter_count
 from specdec_core.plan import GRAPH_MODES, compiles
 from specdec_core.processing import SamplingSettings, unapplied
 from specdec_core.rows import Generation, ItemTimeout  # noqa: F401 (ItemTimeout: re-exported)

@@ -1,6 +1,7 @@
-"""A model split over devices with a hand-built device map (no `accelerate`), and copies of the
-pair in processes of their own, on the CPU: the split's layout and hooks, outputs identical to
-the unsplit model at batch 1 and in a batch, and a router over two spawned copies."""
+"""A model split over devices by accelerate (a balanced device map, then its dispatch hooks), and
+copies of the pair in processes of their own, on the CPU: the map's layout, the hooks on every
+block, outputs identical to the unsplit model at batch 1 and in a batch, and a router over two
+spawned copies."""
 
 from __future__ import annotations
 
@@ -10,51 +11,71 @@ import threading
 import pytest
 import torch
 
-from specdec_core import device_map as dm
-from specdec_core.loading import load_model
+from specdec_core.loading import balanced_map, load_model
 from specdec_core.placement import Copy
+from specdec_core.plan import graph_support
 from specdec_core.text import GeneratorSpec, TextGenerator
 from tests.tiny_models import make_model
 
 PROMPTS = ["The quick brown fox", "def add(a, b):\n", "Hello world!", "Summarize: the committee met"]
+ROOMY = 10**12  # bytes a device may hold: no limit for these models
+
+
+def _bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def _on(device_map: dict, name: str):
+    """The device of module `name` under a map (whose keys may be the modules holding it)."""
+    return device_map[max((k for k in device_map if k in ("", name) or name.startswith(k + ".")), key=len)]
 
 
 def test_blocks_go_over_the_devices_in_order_and_balanced(tokenizer):
     model = make_model("llama", tokenizer, seed=1, layers=6)
-    device_map = dm.build_device_map(model, ["a", "b"])
-    layers = [device_map[f"model.layers.{i}"] for i in range(6)]
-    assert layers == sorted(layers) and set(layers) == {"a", "b"}  # contiguous, both used
-    for name in ("model.embed_tokens", "model.norm", "model.rotary_emb", "lm_head"):
-        assert device_map[name] == "a"  # ids in and logits out on the first device
+    device_map = balanced_map(model, [ROOMY, ROOMY])
+    layers = [_on(device_map, f"model.layers.{i}") for i in range(6)]
+    assert layers == [0, 0, 0, 1, 1, 1]  # contiguous, about equal bytes on each
+    assert device_map["model.embed_tokens"] == 0  # ids in on the first device
     # bytes beside the first device's share (the draft) push layers to the second
-    heavy = dm.build_device_map(model, ["a", "b"], first_extra=10**9)
-    assert all(heavy[f"model.layers.{i}"] == "b" for i in range(6))
+    draft = balanced_map(model, [ROOMY, ROOMY], first_extra=2 * _bytes(model.model.layers[0]))
+    assert [_on(draft, f"model.layers.{i}") for i in range(6)] == [0, 1, 1, 1, 1, 1]
+    heavy = balanced_map(model, [ROOMY, ROOMY], first_extra=10**9)  # more than a share: the embeddings alone
+    assert heavy["model.embed_tokens"] == 0 and all(_on(heavy, f"model.layers.{i}") == 1 for i in range(6))
+    # a first device that cannot hold the embeddings beside the draft, or devices too small: refused
+    with pytest.raises(ValueError, match="input embeddings do not fit the first device"):
+        balanced_map(model, [ROOMY, ROOMY], first_extra=ROOMY)
+    with pytest.raises(ValueError, match="does not fit 2 device"):
+        balanced_map(model, [_bytes(model) // 4] * 2)
     t5 = make_model("t5", tokenizer, seed=1, layers=3)
-    t5_map = dm.build_device_map(t5, ["a", "b", "c"])
-    order = [t5_map[f"encoder.block.{i}"] for i in range(3)] + [t5_map[f"decoder.block.{i}"] for i in range(3)]
-    assert order == sorted(order) and set(order) == {"a", "b", "c"}  # the encoder's blocks first
-    assert t5_map["shared"] == t5_map["lm_head"] == "a"
+    t5_map = balanced_map(t5, [ROOMY] * 3)
+    order = [_on(t5_map, f"{half}.block.{i}") for half in ("encoder", "decoder") for i in range(3)]
+    assert order == sorted(order) and set(order) == {0, 1, 2}  # the encoder's blocks first
+    assert t5_map["shared"] == t5_map["lm_head"] == 0  # tied weights together, on the first
 
 
-def test_every_placed_module_takes_its_inputs_on_its_device(tokenizer, monkeypatch):
-    """On one CPU the devices cannot differ, so the hooks' moves are recorded instead."""
-    model = make_model("llama", tokenizer, seed=1, layers=4)
-    device_map = dm.build_device_map(model, ["cpu", "cpu"])
-    dm.dispatch(model, device_map)
-    hooked = {name for name in device_map if hasattr(model.get_submodule(name), dm.HOOK_ATTR)}
-    assert {f"model.layers.{i}" for i in range(4)} | {"model.embed_tokens", "lm_head", "model.norm"} <= hooked
-    moves = []
-    real = dm._moved
+def test_every_block_takes_its_inputs_through_accelerate_hooks(saved_pairs, monkeypatch):
+    """On one CPU the devices cannot differ, so the hooks' work is recorded instead: each decoder
+    layer's inputs go to its device through its own hook, and the logits come back to the ids'."""
+    from accelerate.hooks import AlignDevicesHook
 
-    def spy(value, device):
-        if isinstance(value, dict) and "position_embeddings" in value:
-            moves.append(device)
-        return real(value, device)
+    target, _ = saved_pairs["llama"]
+    model = load_model(str(target), torch.device("cpu"), torch.float32, devices=("cpu", "cpu"))
+    assert set(model.hf_device_map.values()) == {"cpu"} and "model.layers.0" in model.hf_device_map
+    hooked = []
+    real = AlignDevicesHook.pre_forward
 
-    monkeypatch.setattr(dm, "_moved", spy)
+    def spy(self, module, *args, **kwargs):
+        hooked.append((module, str(self.execution_device)))
+        return real(self, module, *args, **kwargs)
+
+    monkeypatch.setattr(AlignDevicesHook, "pre_forward", spy)
     with torch.no_grad():
-        model(torch.tensor([[5, 6, 7]]))
-    assert len(moves) == 4  # each decoder layer's keyword arguments went through its hook
+        logits = model(torch.tensor([[5, 6, 7]])).logits
+    for layer in model.model.layers:  # each decoder layer's arguments went through its hook
+        assert (layer, "cpu") in hooked
+    assert hooked[0][0] is model  # the root's hook, which brings the outputs back
+    assert logits.device == model.device
+    assert graph_support(model) == "is split over several devices (a graph replays on one)"
 
 
 def _spec(target, draft, **kw) -> GeneratorSpec:
@@ -68,7 +89,7 @@ def test_a_split_target_gives_the_unsplit_output(saved_pairs, kind):
     whole = TextGenerator.load(_spec(target, draft, batch_size=3))
     split = TextGenerator.load(_spec(target, draft, batch_size=3, devices=("cpu", "cpu")))
     model = split.engine.target
-    assert any(hasattr(m, dm.HOOK_ATTR) for m in model.modules())
+    assert hasattr(model, "_hf_hook") and len(model.hf_device_map) > 1
     for prompt in PROMPTS:
         assert split.generate(prompt, 7)["token_ids"] == whole.generate(prompt, 7)["token_ids"]
     items = [(p, i) for i, p in enumerate(PROMPTS)]
@@ -79,9 +100,9 @@ def test_a_split_target_gives_the_unsplit_output(saved_pairs, kind):
 def test_load_model_splits_only_over_several_devices(saved_pairs):
     target, _ = saved_pairs["gpt2"]
     one = load_model(str(target), torch.device("cpu"), torch.float32, devices=("cpu",))
-    assert not any(hasattr(m, dm.HOOK_ATTR) for m in one.modules())
+    assert not hasattr(one, "hf_device_map") and not any(hasattr(m, "_hf_hook") for m in one.modules())
     two = load_model(str(target), torch.device("cpu"), torch.float32, devices=("cpu", "cpu"))
-    assert sum(hasattr(m, dm.HOOK_ATTR) for m in two.modules()) >= 2
+    assert sum(hasattr(m, "_hf_hook") for m in two.modules()) >= 2
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """On a GPU machine: one copy of the pair per GPU (here N = the GPUs present, 1 on a one-GPU
 machine), `--device_map auto` on one GPU (splits nothing, still runs), and a real split over two
-devices (the GPU and the CPU), every output equal to the pair on one device. Skipped on a CPU."""
+devices (the GPU and the CPU, which accelerate offloads to), every output equal to the pair on one
+device. Skipped on a CPU."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from specdec_core import device_map as dm
 from specdec_core.placement import Copy, visible_gpus
 from specdec_core.text import GeneratorSpec, TextGenerator
 from transforms.model_handler import SpecDecModelHandler
@@ -53,11 +53,13 @@ def test_one_copy_per_gpu_in_processes_of_their_own(saved_pairs, tmp_path, monke
 
 @pytest.mark.parametrize("kind", ["llama", "t5"])
 def test_a_target_split_over_the_gpu_and_the_cpu(saved_pairs, kind):
-    """Two real devices: the first layers' outputs cross from one to the other and back."""
+    """Two real devices through accelerate's hooks: the GPU's modules run there, the CPU's are
+    offloaded (their weights brought to the GPU for each pass), the logits come out on the GPU."""
     target, draft = saved_pairs[kind]
     whole = TextGenerator.load(_spec(target, draft, batch_size=3, devices=("cuda:0",)))
     split = TextGenerator.load(_spec(target, draft, batch_size=3, devices=("cuda:0", "cpu")))
-    assert set(dm.devices_of(split.engine.target)) == {torch.device("cuda", 0), torch.device("cpu")}
+    assert set(split.engine.target.hf_device_map.values()) == {"cuda:0", "cpu"}
+    assert split.engine.target.device == torch.device("cuda", 0)
     for i, prompt in enumerate(PROMPTS):
         assert split.generate(prompt, i)["token_ids"] == whole.generate(prompt, i)["token_ids"]
     items = [(p, i) for i, p in enumerate(PROMPTS)]
@@ -83,9 +85,12 @@ def test_device_map_auto_on_one_gpu_splits_nothing_and_runs(saved_pairs, tmp_pat
 
 
 def test_a_split_models_hidden_states_reach_the_cpu_whole():
-    """A layer on the CPU reads what the GPU layer before it wrote: the copy waits for the GPU's
-    queued work (a non-blocking copy to the CPU returns before its data lands)."""
+    """A module's inputs moved to the CPU as accelerate's hooks move them (`AlignDevicesHook`, a
+    blocking copy) hold what the GPU wrote: the copy waits for the GPU's queued work (a non-blocking
+    copy to the CPU returns before its data lands)."""
+    from accelerate.utils import send_to_device
+
     x = torch.zeros(1 << 20, device="cuda")
     torch.cuda._sleep(50_000_000)  # the GPU busy, the next kernel queued behind it
     x.add_(1)
-    assert bool((dm._moved(x, torch.device("cpu")) == 1).all())
+    assert bool((send_to_device(x, torch.device("cpu")) == 1).all())
