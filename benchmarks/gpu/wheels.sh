@@ -8,8 +8,8 @@
 # Usage: bash benchmarks/gpu/wheels.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-packages="transformers regex apache-beam cryptography cffi fastavro fasteners httplib2 jsonpickle objsize
-          proto-plus pytz zstandard beartype pycparser"
+packages="transformers regex accelerate psutil apache-beam cryptography cffi fastavro fasteners httplib2 jsonpickle
+          objsize proto-plus pytz zstandard beartype pycparser"
 pins=()
 for p in $packages; do
   pin=$(grep -i "^$p==" requirements.lock) || { echo "wheels: $p is not in requirements.lock" >&2; exit 1; }
