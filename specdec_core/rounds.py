@@ -94,6 +94,9 @@ class OneRow:
 
     def draft_greedy(self, feeds: list[list[int]], k: int) -> list[list[int]]:
         (feed,) = feeds
+        if len(feed) > 1:  # all but the last read apart: every chain then starts from one token (one graph per k)
+            self.forward([feed[:-1]], logits=False)
+            feed = feed[-1:]
         self.tokens = self.tokens[: self.decoder.length] + feed
         picks = self.decoder.draft_greedy(self.tokens, k)
         self.tokens += picks[: k - 1]
