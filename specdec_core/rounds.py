@@ -249,8 +249,8 @@ class RoundEngine:
         return logits.argmax(-1).tolist()
 
     def _chains(self, live: list[Row], dkv) -> bool:
-        """Whether a round's draft steps can run chained on the device: slots, a chaining drafter,
-        and picks that are plain argmaxes."""
+        """Whether a round's draft steps can run chained on the device: a static cache (slots, or a
+        batch-1 static decoder), a chaining drafter, and picks that are plain argmaxes."""
         static = isinstance(dkv, SlotKV) or (isinstance(dkv, OneRow) and isinstance(dkv.decoder, StaticDecoder))
         return static and getattr(self.drafter, "chain", False) and self._plain_greedy(live)
 
