@@ -26,8 +26,7 @@ from specdec_core.plan import static_decoder_for
 from specdec_core.static_decoder import StaticDecoder
 
 # (sequence so far, logits row (1, V)) -> (chosen token, its distribution (1, V) or None when greedy).
-# A picker that is the plain argmax of the logits (greedy, no logits processor) says so with an
-# attribute `argmax_only = True`: a drafter may then pick on the device.
+# Where every pick is a plain argmax, the round picks on the device instead (`RoundEngine._plain_greedy`).
 Picker = Callable[[list[int], torch.Tensor], tuple[int, torch.Tensor | None]]
 
 
@@ -140,7 +139,6 @@ class ModelDrafter(Drafter):
         _read_any_token(model)
         # A round's drafts end at the draft's end token: nothing after an end is ever kept.
         self.ends = eos_ids(model)
-        self.settings = settings
         self.static = static_decoder_for(model, cuda_graphs, torch_compile, settings)
         self.chain = chain
         # The draft's decoder positions (None: relative, as T5's): a draft with fewer than the

@@ -78,15 +78,15 @@ class SpeculativeGenerator(RoundEngine):
                 prompt_ids = prompt_ids[: max(1, limit - max(ks) + 1)]
         row = Row.begin(self.target, prompt_ids, 0, self.sampling, self.max_new_tokens, fixed_gamma.start(self.gamma))
         seq = row.seq
-        vocab = self.target.get_output_embeddings().weight.shape[0]
-        extra = [int(t) % vocab for t in timing_tokens(list(prompt_ids), max(ks) + 1)]  # (a session's steps)
         with contextlib.ExitStack() as held:
             tkv, dkv = self._caches(row, prompt_ids, held)  # the passes the items will run (graphs or not)
             if dkv is not None:
                 if len(seq) > 1:
                     dkv.forward([seq[:-1]], logits=False)
                 draft_step = self._draft_timer([row], dkv)
-            else:
+            else:  # a session's steps, fed these tokens
+                vocab = self.target.get_output_embeddings().weight.shape[0]
+                extra = [int(t) % vocab for t in timing_tokens(list(prompt_ids), max(ks) + 1)]
                 draft_step = self.drafter.step_timer(prompt_ids, seq, extra, max(max(ks) - 1, 1))
             return self._time_passes([row], tkv, draft_step, ks, reps,
                                      warm=(tkv.decoder, dkv.decoder if dkv is not None else None))

@@ -132,7 +132,6 @@ class Row:
         def pick(cur: list[int], logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
             return draft_pick(self.transform(cur, logits), greedy, self.generator)
 
-        pick.argmax_only = greedy and not self.transform.processors  # see drafters.Picker
         return pick
 
     def keep(self, greedy: bool) -> KeepDrafting | None:
