@@ -10,6 +10,7 @@
 #
 #   bash benchmarks/old_vs_new.sh                       # full size: about 25 min on 2 cores (DEMO=0: 12)
 #   REPS=1 DEMO=0 TINY=1 bash benchmarks/old_vs_new.sh  # smoke test of the script (ratios meaningless)
+#   STEPS=bench,demo bash benchmarks/old_vs_new.sh      # only the batch-1 measurements
 #
 # Measurements: (a) the batch-1 bench on the quick pair (`pipeline.bench --quick`: ours with the draft,
 # gamma 4, and ours alone, tokens/s and the bench's decode speed-up); (b) `pipeline.bench.throughput`
@@ -27,6 +28,8 @@ PY=${PY:-$NEW/.venv/bin/python}
 OUT=${OUT:-/tmp/old_vs_new}
 CACHE=${CACHE:-$NEW/benchmarks/.cache}
 REPS=${REPS:-2} THREADS=${THREADS:-1} DEMO=${DEMO:-1} TINY=${TINY:-0}
+STEPS=${STEPS:-bench,tp,demo}  # which measurements: (a) bench, (b) tp, (c) demo (with DEMO=1)
+step() { [[ ,$STEPS, == *,$1,* ]]; }
 if [[ $TINY == 1 ]]; then  # every run a few seconds: checks the script, not the code
   BENCH_SIZE=${BENCH_SIZE:-tiny} TP_SIZE=${TP_SIZE:-tiny} T5_SIZE=${T5_SIZE:-tiny} DEMO_ARGS=${DEMO_ARGS:---tiny}
   : "${BENCH_PROMPTS:=2}" "${BENCH_PROMPT_TOKENS:=16}" "${BENCH_NEW:=8}"
@@ -61,6 +64,7 @@ run() {  # run SIDE NAME REP MODULE ARGS...: one run in SIDE's tree, its log and
 for rep in $(seq 1 "$REPS"); do
   sides="old new"; (( rep % 2 )) || sides="new old"
   for side in $sides; do
+    step bench || continue
     run $side bench "$rep" pipeline.bench "--$BENCH_SIZE" --pairs synthetic --skip_beam --skip_kernels \
       --skip_bad_draft --skip_sampling --draft_dtypes float32 --gamma "$BENCH_GAMMA" --prompts "$BENCH_PROMPTS" \
       --prompt_tokens "$BENCH_PROMPT_TOKENS" --max_new_tokens "$BENCH_NEW" --threads "$THREADS" \
@@ -68,6 +72,7 @@ for rep in $(seq 1 "$REPS"); do
   done
   for pair in llama t5; do
     for side in $sides; do
+      step tp || continue
       if [[ $pair == llama ]]; then
         set -- --size "$TP_SIZE" --prompts "$TP_PROMPTS" --prompt_tokens "$TP_PROMPT_TOKENS" \
           --max_new_tokens "$TP_NEW" --batches "$TP_BATCHES" --gammas "$TP_GAMMAS" --hf_cache static
@@ -79,7 +84,7 @@ for rep in $(seq 1 "$REPS"); do
         --hf_kernels prepacked --reps 1 --threads "$THREADS" --cache_dir "$CACHE" --out "$OUT/raw/tp-$pair-$side-$rep.md"
     done
   done
-  if [[ $DEMO == 1 ]]; then
+  if [[ $DEMO == 1 ]] && step demo; then
     for side in $sides; do
       rm -rf "$OUT/raw/demo-$side-$rep"
       # shellcheck disable=SC2086  # DEMO_ARGS: words

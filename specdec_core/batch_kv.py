@@ -175,7 +175,8 @@ class BatchKV:
         # Position embeddings that count from the ids (M2M100, NLLB): counted per token (`fed_alone`).
         self._forwards = {m: fed_alone(m) for m in self._pos_modules if counts_positions_from_ids(m)}
         self._caps = {m: table_size(m) for m in self._pos_modules}  # (positions each table embeds)
-        for module in self._pos_modules:
+        self.encoded: dict = {}  # encoder-decoder: this cache's encoder outputs and mask (`encode`)
+        for module in self._pos_modules if rows != 1 else ():  # (one row runs `_plain` passes)
             if "cache_length" not in inspect.signature(module.forward).parameters:
                 raise ValueError(f"{type(model).__name__}: its decoder's position embedding takes no cache length, so "
                                  "rows of different lengths cannot share a batch")
@@ -193,11 +194,13 @@ class BatchKV:
         return len(self.cols[b])
 
     @torch.inference_mode()
-    def encode(self, prompts: list[list[int]], hidden: torch.Tensor | None = None) -> torch.Tensor:
+    def encode(self, prompts: list[list[int]], encoded: torch.Tensor | dict | None = None,
+               lazy: bool = False) -> torch.Tensor:
         """Encoder-decoder: run the encoder over these rows' prompts (right-padded, masked) unless
-        `hidden` (another model's outputs from the same encoder) is given, and write each row's
-        cross-attention keys/values, with a one-token decoder pass whose self-attention cache is
-        thrown away. Returns the encoder's outputs."""
+        `encoded` (another model's outputs from the same encoder: a tensor, or a decoder's
+        `encoded`, its mask with it) is given, and write each row's cross-attention keys/values
+        with a one-token decoder pass whose self-attention cache is thrown away, or (`lazy`, one
+        row, as `generate()` runs it) in its first pass. Returns the encoder's outputs."""
         assert self.encdec and len(prompts) == self.rows and not self.cross.layers
         width = max(len(p) for p in prompts)
         ids = torch.full((self.rows, width), self.pad_id, dtype=torch.long)
@@ -206,65 +209,48 @@ class BatchKV:
             ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
             mask[b, : len(p)] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        if hidden is None:
-            hidden = self.model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        if isinstance(encoded, dict):
+            self.encoded = encoded
+            mask = encoded["attention_mask"]
+        else:  # (the model's own output class: Switch's decoder reads its router logits)
+            self.encoded = {"encoder_outputs": BaseModelOutput(last_hidden_state=encoded) if encoded is not None
+                            else self.model.get_encoder()(input_ids=ids, attention_mask=mask), "attention_mask": mask}
+        hidden = self.encoded["encoder_outputs"].last_hidden_state
+        self.enc_mask = mask
+        if lazy:
+            return hidden
         start = initial_decoder_ids(self.model, [])[0]
         kwargs = {"logits_to_keep": 1} if _accepts_logits_to_keep(type(self.model)) else {}
         with pass_lock(self.model):  # a decoder pass: not while another thread's hooks change it
             self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=mask,
                        decoder_input_ids=torch.full((self.rows, 1), start, dtype=torch.long, device=self.device),
                        cache=EncoderDecoderCache(DynamicCache(), self.cross), use_cache=True, **kwargs)
-        self.enc_mask = mask
         return hidden
 
     @torch.inference_mode()
     def forward(self, feeds: list[list[int]], logits: bool = True, last: bool = False) -> list[torch.Tensor]:
         """Feed each row its tokens (a row may feed none) in ONE model pass; return each row's
-        float32 logits at its fed positions, (len(feeds[b]), V), or (last) at its last, (1, V)."""
+        float32 logits at its fed positions, (len(feeds[b]), V), or (last) at its last, (1, V).
+        One row without holes runs as `generate()` runs it: the model's own positions and masks."""
         assert len(feeds) == self.rows
         m = max((len(f) for f in feeds), default=0)
         if m == 0:
             return [torch.empty(0) for _ in feeds]
         width = self.width
         aligned = all(len(c) == width for c in self.cols)  # no holes, one length: columns are positions
+        plain = aligned and self.rows == 1
         if not aligned:
             m = max(m, self.min_width)
         # Built as lists and made tensors once: a few tensor ops per row cost more host time than
         # a GPU pass of a small model at wide batches.
-        ids = torch.tensor([f + [self.pad_id] * (m - len(f)) for f in feeds], dtype=torch.long)
-        # Pads repeat the last real position so that they never pass the context limit.
-        pos = torch.tensor([[len(c) + min(j, max(len(f) - 1, 0)) for j in range(m)]
-                            for c, f in zip(self.cols, feeds, strict=True)], dtype=torch.long)
-        # Pads attend too (to themselves and the row's valid prefix, so no query sees an empty
-        # row and no NaN enters the cache); they sit after the row's real tokens, so causality
-        # hides them from those, and they become holes right after this pass.
-        mask = torch.cat([self.mask, torch.ones((self.rows, m), dtype=torch.long)], dim=1).to(self.device)
+        ids = torch.tensor([f + [self.pad_id] * (m - len(f)) for f in feeds], dtype=torch.long, device=self.device)
         kwargs = {}
-        if not logits and _accepts_logits_to_keep(type(self.model)):
-            kwargs["logits_to_keep"] = 1  # a prefill: no logits wanted
-        pos = pos.to(self.device)
-        with ExitStack() as stack:
-            if self.encdec:  # hooked, or (aligned) not while another thread's hooks change the model
-                # (aligned rows' pads could still run past a position table near its end)
-                fits = all(cap is None or width + m <= cap for cap in self._caps.values())
-                stack.enter_context(hooked(self.model, {}, self._forwards) if aligned and fits
-                                    else self._true_positions(pos, width))
-                text = self.model.config.get_text_config(decoder=True)
-                d = getattr(text, "d_model", None) or text.hidden_size
-                # The cross-attention keys/values are cached: the encoder outputs are not read again.
-                unused = torch.zeros((), dtype=self.model.dtype, device=self.device).expand(
-                    self.rows, self.enc_mask.shape[1], d)
-                out = self.model(decoder_input_ids=ids.to(self.device), decoder_attention_mask=mask,
-                                 attention_mask=self.enc_mask,
-                                 encoder_outputs=BaseModelOutput(last_hidden_state=unused),
-                                 cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
-            else:
-                # The model's own window counts columns: right only while they are the positions
-                # (aligned), or while no two columns are a window apart (then no key is hidden).
-                if self.window is not None and not aligned and width + m > self.window:
-                    mask = self._window_masks(mask, pos, width)
-                out = self.model(input_ids=ids.to(self.device), attention_mask=mask, position_ids=pos,
-                                 cache=self.cache, use_cache=True, **kwargs)
+        if (not logits or (last and plain)) and _accepts_logits_to_keep(type(self.model)):
+            kwargs["logits_to_keep"] = 1  # a prefill (no logits wanted), or one row's last
+        if plain:
+            out = self._plain(ids, kwargs)
+        else:
+            out = self._padded(feeds, ids, m, width, aligned, kwargs)
         new = torch.tensor([[1] * len(f) + [0] * (m - len(f)) for f in feeds], dtype=torch.long)
         for b, f in enumerate(feeds):
             self.cols[b].extend(range(width, width + len(f)))
@@ -272,8 +258,55 @@ class BatchKV:
         if not logits:
             self.logits = None
             return []
-        self.logits = last_logits(out.logits, feeds) if last else out.logits.float()  # (the rows below: views)
+        if plain and last:
+            self.logits = out.logits[:, -1:].float()
+        else:
+            self.logits = last_logits(out.logits, feeds) if last else out.logits.float()  # (the rows below: views)
         return [self.logits[b, : min(len(f), 1) if last else len(f)] for b, f in enumerate(feeds)]
+
+    def _plain(self, ids: torch.Tensor, kwargs: dict):
+        """One row's pass with no mask and no positions, as `generate()` runs it (and the only pass
+        a model that batches nowhere runs: ALiBi, fixed-bias local attention, no position ids)."""
+        if not self.encdec:
+            return self.model(input_ids=ids, cache=self.cache, use_cache=True, **kwargs)
+        # (its encoder outputs are read once, by the first pass, which writes the cross-attention cache)
+        encoded = self.encoded or {"encoder_outputs": BaseModelOutput(last_hidden_state=self._unused_hidden()),
+                                   "attention_mask": self.enc_mask}
+        with hooked(self.model, {}, self._forwards):  # not while another thread's hooks change its decoder
+            return self.model(decoder_input_ids=ids, cache=EncoderDecoderCache(self.cache, self.cross),
+                              use_cache=True, **encoded, **kwargs)
+
+    def _unused_hidden(self) -> torch.Tensor:
+        """Encoder outputs in shape only: the cross-attention keys/values are cached, never read again."""
+        text = self.model.config.get_text_config(decoder=True)
+        d = getattr(text, "d_model", None) or text.hidden_size
+        return torch.zeros((), dtype=self.model.dtype, device=self.device).expand(self.rows, self.enc_mask.shape[1], d)
+
+    def _padded(self, feeds: list[list[int]], ids: torch.Tensor, m: int, width: int, aligned: bool, kwargs: dict):
+        """Rows right-padded to m tokens, each at its own positions, through a 2D mask of its valid columns."""
+        # Pads repeat the last real position so that they never pass the context limit.
+        pos = torch.tensor([[len(c) + min(j, max(len(f) - 1, 0)) for j in range(m)]
+                            for c, f in zip(self.cols, feeds, strict=True)], dtype=torch.long)
+        # Pads attend too (to themselves and the row's valid prefix, so no query sees an empty
+        # row and no NaN enters the cache); they sit after the row's real tokens, so causality
+        # hides them from those, and they become holes right after this pass.
+        mask = torch.cat([self.mask, torch.ones((self.rows, m), dtype=torch.long)], dim=1).to(self.device)
+        pos = pos.to(self.device)
+        with ExitStack() as stack:
+            if self.encdec:  # hooked, or (aligned) not while another thread's hooks change the model
+                # (aligned rows' pads could still run past a position table near its end)
+                fits = all(cap is None or width + m <= cap for cap in self._caps.values())
+                stack.enter_context(hooked(self.model, {}, self._forwards) if aligned and fits
+                                    else self._true_positions(pos, width))
+                return self.model(decoder_input_ids=ids, decoder_attention_mask=mask, attention_mask=self.enc_mask,
+                                  encoder_outputs=BaseModelOutput(last_hidden_state=self._unused_hidden()),
+                                  cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
+            # The model's own window counts columns: right only while they are the positions
+            # (aligned), or while no two columns are a window apart (then no key is hidden).
+            if self.window is not None and not aligned and width + m > self.window:
+                mask = self._window_masks(mask, pos, width)
+            return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self.cache,
+                              use_cache=True, **kwargs)
 
     def _column_positions(self, pos: torch.Tensor, width: int) -> torch.Tensor:
         """(rows, width + fed) the position of the token in each column (holes: 0, masked)."""
@@ -349,10 +382,16 @@ class BatchKV:
 
     @torch.inference_mode()
     def rollback(self, b: int, length: int) -> None:
-        """Row b keeps its first `length` valid tokens; the columns after become holes."""
-        if length < len(self.cols[b]):
+        """Row b keeps its first `length` valid tokens; the columns after become holes, or, for
+        one row without holes, are cropped (so it stays without: `_plain`)."""
+        if length >= len(self.cols[b]):
+            return
+        if self.rows == 1 and len(self.cols[0]) == self.width:
+            self.cache.crop(length - self.width)  # (a count of columns to remove)
+            self.mask = self.mask[:, :length]
+        else:
             self.mask[b, self.cols[b][length:]] = 0
-            del self.cols[b][length:]
+        del self.cols[b][length:]
 
     def wasted(self) -> int:
         """Columns that no row needs: the cache width beyond the longest row."""
@@ -560,6 +599,22 @@ def last_logits(logits: torch.Tensor, feeds: list[list[int]], rows: list[int] | 
     at = torch.tensor([max(len(f) - 1, 0) for f in feeds], device=logits.device)
     rows_at = torch.tensor(range(len(feeds)) if rows is None else rows, device=logits.device)
     return logits[rows_at, at][:, None].float()
+
+
+def one_row(model: PreTrainedModel, prompt_ids: list[int], encoded: dict | None = None) -> BatchKV:
+    """A growing cache of one row for one item, its prompt encoded (encoder-decoder; `encoded`:
+    another decoder's outputs of this model's own encoder module for it) and its decoder empty."""
+    kv = BatchKV(model, 1)
+    if kv.encdec:
+        kv.encode([prompt_ids], encoded, lazy=True)
+    return kv
+
+
+def feed_to(kv, tokens: list[int], n: int) -> torch.Tensor:
+    """What a one-row cache lacks of `tokens` fed in one pass: the float32 logits of its last n
+    positions (n = 0: none, a prefill)."""
+    out = kv.forward([tokens[kv.length(0):]], logits=n > 0, last=n == 1)
+    return out[0][-n:] if n else torch.empty(0)
 
 
 def prefill_chunks(lengths: list[int], budget: int | None) -> list[list[int]]:

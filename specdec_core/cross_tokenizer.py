@@ -37,7 +37,8 @@ import time
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from specdec_core.decoder import CachedDecoder, eos_ids, initial_decoder_ids
+from specdec_core.batch_kv import BatchKV, feed_to, one_row
+from specdec_core.decoder import eos_ids, initial_decoder_ids
 from specdec_core.drafters import Draft, DraftSession, KeepDrafting, Picker, SessionDrafter, StepTimer
 
 _PARTIAL = "\ufffd"  # what an incomplete UTF-8 sequence decodes to
@@ -170,20 +171,20 @@ class CrossTokenizerDrafter(SessionDrafter):
             head = initial_decoder_ids(self.model, draft_prompt)
         else:
             draft_prompt, head = [], list(self.bos)
-        return CrossTokenizerSession(self, CachedDecoder(self.model, draft_prompt), head)
+        return CrossTokenizerSession(self, one_row(self.model, draft_prompt), head)
 
 
 class CrossTokenizerSession(DraftSession):
     """One item: the draft's cache, the draft ids of the committed text, and the committed text."""
 
-    def __init__(self, drafter: CrossTokenizerDrafter, decoder: CachedDecoder, head: list[int]):
+    def __init__(self, drafter: CrossTokenizerDrafter, decoder: BatchKV, head: list[int]):
         self.d = drafter
         self.decoder = decoder
         self.head = head  # fixed draft ids before the text (BOS, or the decoder start token)
         self.committed = CommittedText(drafter.target_tokenizer)
         self.ids: list[int] = []  # draft ids of `self.text`, the committed text at the last sync
         self.text = ""
-        self.fed_ids: list[int] = []  # the sequence whose first decoder.length ids the cache holds
+        self.fed_ids: list[int] = []  # the sequence whose first decoder.length(0) ids the cache holds
         self.fed = 0  # draft tokens fed to the draft model (a cache that keeps up feeds few)
         self.full_syncs = 0  # rounds whose window did not line up (re-encoded everything)
 
@@ -214,8 +215,8 @@ class CrossTokenizerSession(DraftSession):
         self.ids = self._reencode(view)
         self.text = view
         full = self.head + self.ids
-        keep = min(_common_prefix(self.fed_ids[: self.decoder.length], full), len(full) - 1)
-        self.decoder.rollback(max(keep, 0))
+        keep = min(_common_prefix(self.fed_ids[: self.decoder.length(0)], full), len(full) - 1)
+        self.decoder.rollback(0, max(keep, 0))
         return full
 
     def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
@@ -231,8 +232,8 @@ class CrossTokenizerSession(DraftSession):
         for _ in range(max_steps):
             if self.d.limit is not None and len(cur) >= self.d.limit:
                 break  # the draft's own context is full: propose what it has
-            self.fed += len(cur) - self.decoder.length
-            logits = self.decoder.forward(cur, 1)
+            self.fed += len(cur) - self.decoder.length(0)
+            logits = feed_to(self.decoder, cur, 1)
             self.fed_ids = cur
             self.steps += 1
             token = int(logits[0].argmax())

@@ -1,9 +1,7 @@
-"""One model's decoder with its KV cache, for causal and encoder-decoder models alike.
-
-The engine sees every model through this class: feed the tokens the cache has not seen yet
-(plus optional extra tokens), get logits for the last positions, and roll the cache back
-to a shorter length. Positions come from the cache length, so nothing here is specific
-to one architecture.
+"""What every cache needs to know of a model's decoder, causal and encoder-decoder alike: its
+start and end ids, its position modules and the hooks that place each row's positions, the lock
+that keeps one thread's hooked pass from another's, and whether it takes `logits_to_keep`.
+Nothing here is specific to one architecture.
 """
 
 from __future__ import annotations
@@ -16,8 +14,6 @@ from functools import cache
 
 import torch
 from transformers import PreTrainedModel
-
-from specdec_core.kv_cache import new_cache
 
 
 @cache
@@ -139,59 +135,3 @@ def hooked(model: PreTrainedModel, biases: dict, forwards: dict):
                     vars(module).pop(name, None)  # the class's own again
                 else:
                     setattr(module, name, before)
-
-
-class CachedDecoder:
-    """A model plus the KV cache of the decoder tokens it has already processed."""
-
-    def __init__(self, model: PreTrainedModel, prompt_ids: list[int], encoded: dict | None = None):
-        """encoded: another decoder's `encoded`, over the same prompt and from this model's own
-        encoder module (a draft sharing the target's encoder): the encoder does not run again."""
-        self.model = model
-        self.device = model.device
-        self.length = 0  # decoder tokens held in the cache
-        self._logits_kwarg = _accepts_logits_to_keep(type(model))
-        self.encoded: dict = {}
-        if model.config.is_encoder_decoder:
-            if encoded is not None:
-                self.encoded = encoded
-            else:
-                ids = torch.tensor([prompt_ids], device=self.device)
-                mask = torch.ones_like(ids)
-                # Encode once per item; every decoder step reuses the encoder outputs.
-                self.encoded = {
-                    "encoder_outputs": model.get_encoder()(input_ids=ids, attention_mask=mask),
-                    "attention_mask": mask,
-                }
-        self.cache = new_cache(model.config.is_encoder_decoder)
-        # Position embeddings that count from the ids (M2M100, NLLB): counted per token (`fed_alone`).
-        self._forwards = {m: fed_alone(m) for m in decoder_position_modules(model)[0]
-                          if counts_positions_from_ids(m)} if model.config.is_encoder_decoder else {}
-
-    @torch.inference_mode()
-    def forward(self, tokens: list[int], num_logits: int) -> torch.Tensor:
-        """Feed tokens[self.length:], return float32 logits of the last `num_logits` positions."""
-        new = tokens[self.length :]
-        if not new:
-            raise ValueError("forward() needs at least one token the cache has not seen")
-        ids = torch.tensor([new], device=self.device)
-        key = "decoder_input_ids" if self.model.config.is_encoder_decoder else "input_ids"
-        kwargs = {key: ids, "cache": self.cache, "use_cache": True, **self.encoded}
-        if self._logits_kwarg:
-            kwargs["logits_to_keep"] = max(num_logits, 1)
-        if self.model.config.is_encoder_decoder:  # not while another thread's pass hooks its decoder
-            with hooked(self.model, {}, self._forwards):
-                out = self.model(**kwargs)
-        else:
-            out = self.model(**kwargs)
-        self.length = len(tokens)
-        if num_logits == 0:
-            return out.logits[0, :0].float()
-        return out.logits[0, -num_logits:].float()
-
-    def rollback(self, length: int) -> None:
-        """Drop cached positions >= length (only the decoder self-attention cache)."""
-        if length < self.length:
-            # transformers 5 caches take a negative count of tokens to remove.
-            self.cache.crop(length - self.length)
-            self.length = length

@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
-from specdec_core.decoder import CachedDecoder, eos_ids
+from specdec_core.batch_kv import BatchKV, one_row
+from specdec_core.decoder import eos_ids
 from specdec_core.loading import context_limit
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import static_decoder_for
@@ -164,10 +165,10 @@ class ModelDrafter(Drafter):
         return prompt_ids[: limit - 1] + prompt_ids[-1:]
 
     def open(self, prompt_ids: list[int], held: contextlib.ExitStack,
-             encoded: dict | None = None) -> CachedDecoder | StaticDecoder:
+             encoded: dict | None = None) -> StaticDecoder | BatchKV:
         """The draft's decoder for one item, its prompt encoded (encoder-decoder) and its decoder
         empty: the draft's static decoder when free (`held` gives it back), else a new growing
-        cache. `encoded`: the target's encoder outputs for this prompt (`CachedDecoder.encoded`),
+        cache of one row. `encoded`: the target's encoder outputs for this prompt (its cache's `encoded`),
         when the draft runs the target's own encoder module (`loading.share_encoder`)."""
         if encoded is None:
             prompt_ids = self.encoder_prompt(prompt_ids)
@@ -175,7 +176,7 @@ class ModelDrafter(Drafter):
             held.callback(self.static.release)
             self.static.encode(prompt_ids, encoded)
             return self.static
-        return CachedDecoder(self.model, prompt_ids, encoded)
+        return one_row(self.model, prompt_ids, encoded)
 
 
 class NgramDrafter(SessionDrafter):

@@ -1,6 +1,6 @@
 """Speculative decoding of one prompt at a time (Leviathan, Kalman, Matias 2023): the round loop
-(`rounds.RoundEngine`) over one row, whose target cache is a one-item decoder (a static cache when
-the plan takes one, else a growing cache) and whose drafter runs a session of its own."""
+(`rounds.RoundEngine`) over one row, whose target cache is a static cache of one row when the plan
+takes one, else a growing cache of one row (`BatchKV`)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ from collections.abc import Callable
 from transformers import PreTrainedModel
 
 from specdec_core.attention import attention_kernels
-from specdec_core.decoder import CachedDecoder
+from specdec_core.batch_kv import BatchKV, one_row
 from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
 from specdec_core.gamma import Costs, GammaPolicy, fixed_gamma
 from specdec_core.loading import context_limit
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import static_decoder_for
 from specdec_core.processing import SamplingSettings
-from specdec_core.rounds import OneRow, RoundEngine, setup_seconds, timing_tokens
+from specdec_core.rounds import RoundEngine, setup_seconds, timing_tokens
 from specdec_core.rows import FinishCheck, Generation, ItemTimeout, Row
+from specdec_core.static_decoder import StaticDecoder
 
 
 class ItemClock:
@@ -89,7 +90,7 @@ class SpeculativeGenerator(RoundEngine):
                 extra = [int(t) % vocab for t in timing_tokens(list(prompt_ids), max(ks) + 1)]
                 draft_step = self.drafter.step_timer(prompt_ids, seq, extra, max(max(ks) - 1, 1))
             return self._time_passes([row], tkv, draft_step, ks, reps,
-                                     warm=(tkv.decoder, dkv.decoder if dkv is not None else None))
+                                     warm=(tkv, dkv))
 
     def generate(self, prompt_ids: list[int], seed: int = 0, finish_check: FinishCheck | None = None,
                  max_seconds: float | None = None) -> Generation:
@@ -110,26 +111,26 @@ class SpeculativeGenerator(RoundEngine):
             tkv, dkv = self._caches(row, prompt_ids, held)
             return self._rounds(row, tkv, dkv, clock, max_seconds)
 
-    def _caches(self, row: Row, prompt_ids: list[int], held: contextlib.ExitStack) -> tuple[OneRow, OneRow | None]:
+    def _caches(self, row: Row, prompt_ids: list[int], held: contextlib.ExitStack
+                ) -> tuple[StaticDecoder | BatchKV, StaticDecoder | BatchKV | None]:
         """The item's target cache, its prompt read but the newest token, and a model draft's
         cache, empty (it reads the prompt when it first drafts: `_draft`), else None (the row's
-        session drafts). Each model's static decoder when free (`held` gives it back), else a new
-        growing cache."""
+        session drafts). Each model's static decoder when free (`held` gives it back), else a
+        growing cache of one row."""
         if self.static is not None and self.static.acquire():
             held.callback(self.static.release)
             self.static.encode(prompt_ids)
-            verifier = self.static
+            tkv = self.static
         else:
-            verifier = CachedDecoder(self.target, prompt_ids)
-        tkv = OneRow(verifier)
+            tkv = one_row(self.target, prompt_ids)
         if len(row.seq) > 1:
             tkv.forward([row.seq[:-1]], logits=False)
         if isinstance(self.drafter, ModelDrafter):
-            return tkv, OneRow(self.drafter.open(prompt_ids, held, verifier.encoded if self.shared_encoder else None))
+            return tkv, self.drafter.open(prompt_ids, held, tkv.encoded if self.shared_encoder else None)
         row.session = self.drafter.start(prompt_ids, row.seq, row.picker(self.sampling.greedy))
         return tkv, None
 
-    def _rounds(self, row: Row, tkv: OneRow, dkv: OneRow | None, clock: ItemClock,
+    def _rounds(self, row: Row, tkv: StaticDecoder | BatchKV, dkv: StaticDecoder | BatchKV | None, clock: ItemClock,
                 max_seconds: float | None) -> Generation:
         """Rounds (`_round`) until the item ends."""
         row.stats.prefill_s, row.stats.prefill_setup_s = clock.wall(), clock.setup()

@@ -20,7 +20,7 @@ into one). Values are the same numbers `torch.cat` would produce.
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache, EncoderDecoderCache
+from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 MIN_SPARE = 256  # columns allocated beyond what a growth needs
@@ -94,11 +94,3 @@ class GrowingCache(DynamicCache):
     def __init__(self) -> None:
         super().__init__()
         self.layer_class_to_replicate = GrowingLayer
-
-
-def new_cache(is_encoder_decoder: bool) -> DynamicCache | EncoderDecoderCache:
-    """The cache a decoder starts from: in-place self-attention, and for encoder-decoder models a
-    cross-attention cache that is written once."""
-    if is_encoder_decoder:
-        return EncoderDecoderCache(GrowingCache(), DynamicCache())
-    return GrowingCache()

@@ -6,8 +6,8 @@ cache lacks, drafts] in ONE forward pass; each row keeps a prefix of its drafts 
 token by the accept/reject rule (its own gamma state and random generator); every cache rolls back
 to what each row kept. Invariant between rounds: each row's target cache holds every committed
 token except the newest. A model draft runs one pass per draft step over every row of its cache
-(`BatchKV`, `SlotKV`, or at batch 1 its one-item decoder as a `OneRow`), or chained on the device;
-a row's own session drafts for it otherwise (prompt lookup, a draft with another tokenizer).
+(growing or static: docs/how-it-works.md, "The caches"), or chained on the device; a row's own
+session drafts for it otherwise (prompt lookup, a draft with another tokenizer).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec_core.acceptance import verify_greedy, verify_sampled
-from specdec_core.decoder import CachedDecoder, eos_ids, synchronize
+from specdec_core.decoder import eos_ids, synchronize
 from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter, StepTimer, through_end
 from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
 from specdec_core.loading import context_limit
@@ -28,8 +28,7 @@ from specdec_core.pass_settings import PassSettings
 from specdec_core.processing import SamplingSettings
 from specdec_core.rows import Row
 from specdec_core.self_check import cache_failure, state_failure, verify_disagreement
-from specdec_core.slot_kv import SlotKV
-from specdec_core.static_decoder import StaticDecoder
+from specdec_core.static_decoder import StaticKV
 
 
 def setup_seconds(*caches) -> float:
@@ -71,41 +70,6 @@ def check_engine(target: PreTrainedModel, drafter: Drafter | None, num_speculati
     return drafter
 
 
-class OneRow:
-    """A one-item decoder (`CachedDecoder`, `StaticDecoder`: an item's tokens in, logits of the last
-    n out) as a cache of one row: `forward(feeds)`, `rollback(b, n)`, `length(b)`, and with a
-    static decoder `draft_greedy(feeds, k)`, as the batch caches have them."""
-
-    def __init__(self, decoder: CachedDecoder | StaticDecoder):
-        self.decoder = decoder
-        self.tokens: list[int] = []  # what the decoder holds: its first `length`
-        self.logits: torch.Tensor | None = None  # the last pass's logits (1, kept, V), as the batch caches keep
-
-    def length(self, b: int) -> int:
-        return self.decoder.length
-
-    def forward(self, feeds: list[list[int]], logits: bool = True, last: bool = False) -> list[torch.Tensor]:
-        """logits: of every fed position, or (last) of the last one only; none: a prefill."""
-        (feed,) = feeds
-        self.tokens = self.tokens[: self.decoder.length] + feed
-        out = self.decoder.forward(self.tokens, (1 if last else len(feed)) if logits else 0)
-        self.logits = out[None] if logits else None
-        return [out] if logits else []
-
-    def draft_greedy(self, feeds: list[list[int]], k: int) -> list[list[int]]:
-        (feed,) = feeds
-        if len(feed) > 1:  # all but the last read apart: every chain then starts from one token (one graph per k)
-            self.forward([feed[:-1]], logits=False)
-            feed = feed[-1:]
-        self.tokens = self.tokens[: self.decoder.length] + feed
-        picks = self.decoder.draft_greedy(self.tokens, k)
-        self.tokens += picks[: k - 1]
-        return [picks]
-
-    def rollback(self, b: int, length: int) -> None:
-        self.decoder.rollback(length)
-
-
 class RoundEngine:
     """What both engines share: the checked settings and models, and the round (`_round`)."""
 
@@ -135,7 +99,7 @@ class RoundEngine:
         return self._row_gammas(live, lambda r: r.gamma_state.next()), False
 
     def _round(self, live: list[Row], tkv, dkv) -> None:
-        """One round over the rows `live`: target cache `tkv` (`BatchKV`, `SlotKV` or a `OneRow`),
+        """One round over the rows `live`: target cache `tkv` (`BatchKV`, `SlotKV`, or at batch 1 a `StaticDecoder`),
         a model draft's cache `dkv` or None (each row's `session` drafts)."""
         greedy = self.sampling.greedy
         ks, batch_k = self._gammas(live, dkv)
@@ -251,8 +215,7 @@ class RoundEngine:
     def _chains(self, live: list[Row], dkv) -> bool:
         """Whether a round's draft steps can run chained on the device: a static cache (slots, or a
         batch-1 static decoder), a chaining drafter, and picks that are plain argmaxes."""
-        static = isinstance(dkv, SlotKV) or (isinstance(dkv, OneRow) and isinstance(dkv.decoder, StaticDecoder))
-        return static and getattr(self.drafter, "chain", False) and self._plain_greedy(live)
+        return isinstance(dkv, StaticKV) and getattr(self.drafter, "chain", False) and self._plain_greedy(live)
 
     def _plain_greedy(self, live: list[Row]) -> bool:
         """Greedy, and no row's picks go through a logits processor: a pick is an argmax."""

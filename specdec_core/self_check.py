@@ -17,8 +17,8 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel
 
-from specdec_core.batch_kv import BatchKV, other_layer_kinds
-from specdec_core.decoder import CachedDecoder, initial_decoder_ids
+from specdec_core.batch_kv import BatchKV, feed_to, one_row, other_layer_kinds
+from specdec_core.decoder import initial_decoder_ids
 from specdec_core.slot_kv import SlotKV
 from specdec_core.static_decoder import StaticDecoder
 
@@ -60,14 +60,14 @@ def _probe(model: PreTrainedModel) -> tuple[list[int], list[int], list[int]]:
     return prompt, initial_decoder_ids(model, prompt), probe_ids(model, 6, offset=1)
 
 
-def probe_passes(decoder, seq: list[int], extra: list[int]) -> list[torch.Tensor]:
-    """The checks' passes over a decoder with `CachedDecoder`'s interface (its cache holding
-    nothing yet): seq then 3 drafts, the third rejected (rolled back) and re-fed alone, then two more."""
+def probe_passes(kv, seq: list[int], extra: list[int]) -> list[torch.Tensor]:
+    """The checks' passes over a one-row cache (holding nothing yet): seq then 3 drafts, the third
+    rejected (rolled back) and re-fed alone, then two more."""
     n = len(seq)
-    out = [decoder.forward(seq + extra[:3], 4)]
-    decoder.rollback(n + 2)
-    out.append(decoder.forward(seq + extra[:3], 1))
-    out.append(decoder.forward(seq + extra[:5], 2))
+    out = [feed_to(kv, seq + extra[:3], 4)]
+    kv.rollback(0, n + 2)
+    out.append(feed_to(kv, seq + extra[:3], 1))
+    out.append(feed_to(kv, seq + extra[:5], 2))
     return out
 
 
@@ -77,7 +77,7 @@ def _growing(model: PreTrainedModel) -> list[torch.Tensor]:
     the CPU): what the verify and static checks compare with."""
     def passes() -> list[torch.Tensor]:
         prompt, seq, extra = _probe(model)
-        return [t.cpu() for t in probe_passes(CachedDecoder(model, prompt), seq, extra)]
+        return [t.cpu() for t in probe_passes(one_row(model, prompt), seq, extra)]
     return _once(model, ("growing passes",), passes)
 
 
@@ -88,10 +88,10 @@ def _fed_one_at_a_time(model: PreTrainedModel) -> torch.Tensor:
     CPU): what the verify and state checks compare with."""
     def passes() -> torch.Tensor:
         prompt, seq, extra = _probe(model)
-        decoder, full = CachedDecoder(model, prompt), seq + extra[:5]
+        kv, full = one_row(model, prompt), seq + extra[:5]
         if len(seq) > 1:
-            decoder.forward(seq[:-1], 0)
-        return torch.cat([decoder.forward(full[: i + 1], 1) for i in range(len(seq) - 1, len(full))]).cpu()
+            feed_to(kv, seq[:-1], 0)
+        return torch.cat([feed_to(kv, full[: i + 1], 1) for i in range(len(seq) - 1, len(full))]).cpu()
     return _once(model, ("fed one at a time",), passes)
 
 
@@ -126,10 +126,10 @@ def cache_failure(model: PreTrainedModel) -> str | None:
         prompt, seq, extra = _probe(model)
         try:
             with torch.inference_mode():
-                decoder = CachedDecoder(model, prompt)
-                decoder.forward(seq + extra[:2], 1)
-                decoder.rollback(len(seq))
-                decoder.forward(seq + extra[:1], 1)
+                kv = one_row(model, prompt)
+                feed_to(kv, seq + extra[:2], 1)
+                kv.rollback(0, len(seq))
+                feed_to(kv, seq + extra[:1], 1)
         except Exception as e:
             return _layers_said(model, f"fails over a growing key/value cache ({type(e).__name__}: {str(e)[:120]})")
         return None
@@ -214,12 +214,12 @@ def _rows_growing(model: PreTrainedModel) -> list[list[torch.Tensor]]:
     rows check of the model (slots, padded batches, pass widths) compares with."""
     def passes() -> list[list[torch.Tensor]]:
         prompts, seqs, e = _rows_probe(model)
-        first = CachedDecoder(model, prompts[0])
-        want = [[first.forward(seqs[0] + e[:5], 6)]]
-        first.rollback(len(seqs[0]) + 1)
-        want[0] += [first.forward(seqs[0] + e[:n], k) for n, k in ((2, 1), (4, 2))]
-        alone = CachedDecoder(model, prompts[1])
-        want.append([alone.forward(seqs[1] + e[:n], k) for n, k in ((1, 2), (2, 1), (4, 2))])
+        first = one_row(model, prompts[0])
+        want = [[feed_to(first, seqs[0] + e[:5], 6)]]
+        first.rollback(0, len(seqs[0]) + 1)
+        want[0] += [feed_to(first, seqs[0] + e[:n], k) for n, k in ((2, 1), (4, 2))]
+        alone = one_row(model, prompts[1])
+        want.append([feed_to(alone, seqs[1] + e[:n], k) for n, k in ((1, 2), (2, 1), (4, 2))])
         return [[t.cpu() for t in row] for row in want]
     return _once(model, ("rows passes",), passes)
 

@@ -471,21 +471,26 @@ class StaticKV:
 
 
 class StaticDecoder(StaticKV):
-    """`CachedDecoder`'s interface (forward, rollback, length) over a one-row static cache, for
-    one item at a time: `acquire` takes it for an item (empty), `release` gives it back. The
-    cache is allocated at the first pass and grows (its graphs captured again) when an item
-    needs more."""
+    """One item's row in a static cache, with the batch caches' interface (`forward` over feeds,
+    `rollback`, `length`, `draft_greedy`): `acquire` takes it for an item (empty), `release`
+    gives it back. The cache is allocated at the first pass and grows (its graphs captured
+    again) when an item needs more."""
 
     def __init__(self, model: PreTrainedModel, graphs: bool | None = None, max_graph_width: int = MAX_GRAPH_WIDTH,
                  strict: bool = False, compile: bool = False, min_width: int = 1, settings: PassSettings = DEFAULT,
                  full_width: bool = False):
         super().__init__(model, 1, graphs, max_graph_width, strict, batched=False, compile=compile,
                          min_width=min_width, settings=settings, full_width=full_width)
-        self.length = 0
-        self.encoded: dict = {}  # decoder-only: no encoder outputs (CachedDecoder's interface)
+        self.held = 0  # the row's tokens in the cache
+        self.encoded: dict = {}  # encoder-decoder: the item's encoder outputs and mask (`encode`)
+        self.logits: torch.Tensor | None = None  # the last pass's float32 logits (1, kept, V)
 
     def _reset(self) -> None:
-        self.length = 0
+        self.held = 0
+        self.logits = None
+
+    def length(self, b: int) -> int:
+        return self.held
 
     def encode(self, prompt_ids: list[int], encoded: dict | None = None) -> None:
         """Encoder-decoder: this item's encoder outputs and cross-attention keys/values
@@ -495,9 +500,9 @@ class StaticDecoder(StaticKV):
             self.encoded = self.encode_rows([prompt_ids], None if encoded is None else [encoded])[0]
 
     def _prefill(self, tokens: list[int]) -> None:
-        """`tokens` into the cache after its `length` (`prefill_rows`), for `_prefill_head`."""
-        self.prefill_rows([tokens], [self.length])
-        self.length += len(tokens)
+        """`tokens` into the cache after what it holds (`prefill_rows`), for `_prefill_head`."""
+        self.prefill_rows([tokens], [self.held])
+        self.held += len(tokens)
 
     def _prefill_head(self, new: list[int], tail: int) -> list[int]:
         """With graphs (decoder-only): a feed of no logits, or one wider than any decode graph,
@@ -512,42 +517,48 @@ class StaticDecoder(StaticKV):
         return new
 
     @torch.inference_mode()
-    def forward(self, tokens: list[int], num_logits: int) -> torch.Tensor:
-        """Feed tokens[self.length:], return float32 logits of the last `num_logits` positions."""
-        new = tokens[self.length:]
-        if not new:
-            raise ValueError("forward() needs at least one token the cache has not seen")
+    def forward(self, feeds: list[list[int]], logits: bool = True, last: bool = False) -> list[torch.Tensor]:
+        """Feed the row its tokens; return its float32 logits at its fed positions, (len(feed), V),
+        or (last) at its last, (1, V); none (`logits` False) for a prefill."""
+        (new,) = feeds
+        num_logits = (1 if last else len(new)) if logits else 0
         new = self._prefill_head(new, num_logits)
+        self.logits = None
         if not new:
-            return torch.empty(0, device=self.device)  # no logits asked for
+            return []
         w = len(new)
-        self._fit(self.length + w, self.length)
+        self._fit(self.held + w, self.held)
         narrow = w <= self.max_graph_width
         keep = w if (self.passes.on or self.passes.compiles) and narrow else max(num_logits, 1)
-        logits = self.passes.run(w, self._inputs([new], [self.length], 0), lambda inp: self._pass(inp, keep),
-                                 f"a {w}-token pass", graphed=narrow)
-        self.length = len(tokens)
-        out = logits[0, -num_logits:] if num_logits else logits[0, :0]
+        out = self.passes.run(w, self._inputs([new], [self.held], 0), lambda inp: self._pass(inp, keep),
+                              f"a {w}-token pass", graphed=narrow)
+        self.held += w
+        if not num_logits:
+            return []
         # A copy either way: in fp32 `.float()` would return a view of a graph's output, which the
         # next replay of that width overwrites.
-        return out.to(torch.float32, copy=True)
+        self.logits = out[:, -num_logits:].to(torch.float32, copy=True)
+        return [self.logits[0]]
 
     @torch.inference_mode()
-    def draft_greedy(self, tokens: list[int], k: int) -> list[int]:
-        """Feed tokens[self.length:] and draft k greedy tokens after them, each fed back on the
+    def draft_greedy(self, feeds: list[list[int]], k: int) -> list[list[int]]:
+        """Feed the row its tokens and draft k greedy tokens after them, each fed back on the
         device and all read back at once: one synchronisation per round instead of one per token.
-        The cache then holds `tokens` and the first k-1 drafts."""
-        new = tokens[self.length:]
+        The cache then holds the tokens and the first k-1 drafts. All but a feed's last token are
+        read apart, so every chain starts from one token (one graph or compile per k)."""
+        (new,) = feeds
         if not new or k < 1:
             raise ValueError("draft_greedy() needs a token the cache has not seen and k >= 1")
-        new = self._prefill_head(new, 1)
-        w = len(new)
-        self._fit(self.length + w + k - 1, self.length)
-        picks = self.passes.run((w, k), self._inputs([new], [self.length], 0), lambda inp: self._chain(inp, k),
-                                f"{k} draft steps after {w} tokens", graphed=w <= self.max_graph_width)
-        self.length = len(tokens) + k - 1
-        return picks[0].tolist()
+        if len(new) > 1:
+            self.forward([new[:-1]], logits=False)
+            new = new[-1:]
+        self._fit(self.held + k, self.held)
+        picks = self.passes.run((1, k), self._inputs([new], [self.held], 0), lambda inp: self._chain(inp, k),
+                                f"{k} draft steps after 1 token", graphed=1 <= self.max_graph_width)
+        self.held += k
+        return [picks[0].tolist()]
 
-    def rollback(self, length: int) -> None:
-        """Drop cached positions >= length: they stay in the buffers, hidden, until overwritten."""
-        self.length = min(self.length, length)
+    def rollback(self, b: int, length: int) -> None:
+        """The row keeps its first `length` tokens: the columns after stay in the buffers, hidden,
+        until overwritten."""
+        self.held = min(self.held, length)

@@ -16,8 +16,8 @@ import torch
 from transformers import DynamicCache, EncoderDecoderCache
 
 from specdec_core.batch_engine import BatchSpeculativeGenerator
-from specdec_core.batch_kv import BatchKV
-from specdec_core.decoder import CachedDecoder, initial_decoder_ids
+from specdec_core.batch_kv import BatchKV, feed_to, one_row
+from specdec_core.decoder import initial_decoder_ids
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.plan import unbatchable
@@ -222,10 +222,10 @@ def test_a_pad_id_inside_a_pass_moves_no_later_position(pairs, prompts):
     seqs = [start + [11, pad, 13, 14, pad, 20], start + [pad, 12, 15, 16, 17, pad]]
     refs = [_fed_one_at_a_time(target, p, s) for p, s in zip(prompts[:2], seqs, strict=True)]
     for prompt, seq, ref in zip(prompts[:2], seqs, refs, strict=True):
-        dec = CachedDecoder(target, prompt)
-        assert_logits_close(dec.forward(seq, len(seq)), ref)
-        dec.rollback(2)  # the next pass starts at a pad (row 1) or just before one (row 0)
-        assert_logits_close(dec.forward(seq, len(seq) - 2), ref[2:])
+        dec = one_row(target, prompt)
+        assert_logits_close(feed_to(dec, seq, len(seq)), ref)
+        dec.rollback(0, 2)  # the next pass starts at a pad (row 1) or just before one (row 0)
+        assert_logits_close(feed_to(dec, seq, len(seq) - 2), ref[2:])
     kv = BatchKV(target, 2, pad)
     kv.encode(prompts[:2])
     first = kv.forward([seqs[0][:4], seqs[1][:3]])  # rows aligned: no holes yet

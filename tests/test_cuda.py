@@ -145,6 +145,7 @@ def encoded_logits_differences(target, prompts: list[list[int]], device: str) ->
     cross-attention passes), then the reference continuation fed in passes of 1 and 5 tokens
     (decode graphs), against the model's own forward over the unpadded prompt and the whole
     continuation: which prompts' logits differ beyond rounding, and from which position."""
+    from specdec_core.batch_kv import feed_to
     from specdec_core.decoder import initial_decoder_ids
     from specdec_core.static_decoder import StaticDecoder
     from tests.numerics import logit_tolerance
@@ -160,7 +161,7 @@ def encoded_logits_differences(target, prompts: list[list[int]], device: str) ->
         assert static.acquire()
         try:
             static.encode(ids)
-            got = torch.cat([static.forward(dec[:end], end - start)
+            got = torch.cat([feed_to(static, dec[:end], end - start)
                              for start, end in ((0, 1), (1, 6), (6, 11), (11, len(dec)))])
         finally:
             static.release()

@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from specdec_core.decoder import CachedDecoder
+from specdec_core.batch_kv import BatchKV, feed_to, one_row
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import GammaPolicy, GammaState
@@ -171,17 +171,15 @@ def test_generation_config_settings_the_engines_do_not_apply_are_named():
 
 def test_caches_hold_all_committed_tokens_but_the_last(models, tokenizer, monkeypatch):
     """After every round both caches are rolled back to exactly the committed length - 1."""
-    from specdec_core import decoder as decoder_mod
-
     target, draft = models["llama"]
     lengths = []
-    original = decoder_mod.CachedDecoder.rollback
+    original = BatchKV.rollback
 
-    def spy(self, length):
-        original(self, length)
-        lengths.append((self.length, self.cache.get_seq_length()))
+    def spy(self, b, length):
+        original(self, b, length)
+        lengths.append((self.length(b), self.cache.get_seq_length()))
 
-    monkeypatch.setattr(decoder_mod.CachedDecoder, "rollback", spy)
+    monkeypatch.setattr(BatchKV, "rollback", spy)
     ids = tokenizer(PROMPTS[0]).input_ids
     SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=4, max_new_tokens=30).generate(ids)
     assert lengths and all(ours == real for ours, real in lengths)
@@ -195,19 +193,19 @@ def test_block_logits_match_single_steps(kind, models, tokenizer):
     target, _ = models[kind]
     ids = tokenizer(PROMPTS[0]).input_ids
     seq = initial_decoder_ids(target, ids) + [5, 17, 42, 8]
-    block = CachedDecoder(target, ids)
-    block.forward(seq[:-4], 0) if len(seq) > 5 else None
-    many = block.forward(seq, 4)
-    steps = CachedDecoder(target, ids)
-    singles = [steps.forward(seq[: len(seq) - 4 + j + 1], 1)[0] for j in range(4)]
+    block = one_row(target, ids)
+    feed_to(block, seq[:-4], 0) if len(seq) > 5 else None
+    many = feed_to(block, seq, 4)
+    steps = one_row(target, ids)
+    singles = [feed_to(steps, seq[: len(seq) - 4 + j + 1], 1)[0] for j in range(4)]
     # Equal up to the rounding of two computation orders (tests/numerics.py says how much).
     assert_logits_close(many, torch.stack(singles))
     # The tolerance still catches a real bug: logits one position off differ by O(1) of their scale.
     with pytest.raises(AssertionError):
         assert_logits_close(many, torch.stack(singles).roll(1, 0))
     # Rolling back and recomputing gives the same logits as before.
-    block.rollback(len(seq) - 2)
-    assert_logits_close(block.forward(seq, 2), many[-2:])
+    block.rollback(0, len(seq) - 2)
+    assert_logits_close(feed_to(block, seq, 2), many[-2:])
 
 
 class _NoDrafts(GammaPolicy):
@@ -229,15 +227,15 @@ def test_the_drafts_prompt_pass_is_counted_as_prefill(models, tokenizer, monkeyp
     target, draft = models["llama"]
     ids = tokenizer(PROMPTS[0]).input_ids
     passes = []
-    forward = CachedDecoder.forward
+    forward = BatchKV.forward
 
-    def spy(self, tokens, num_logits):
+    def spy(self, feeds, logits=True, last=False):
         t0 = time.perf_counter()
-        out = forward(self, tokens, num_logits)
+        out = forward(self, feeds, logits, last)
         if self.model is draft:
-            passes.append((len(tokens), num_logits, time.perf_counter() - t0))
+            passes.append((self.length(0), len(out[0][-1:]) if out else 0, time.perf_counter() - t0))
         return out
-    monkeypatch.setattr(CachedDecoder, "forward", spy)
+    monkeypatch.setattr(BatchKV, "forward", spy)
     out = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=12).generate(ids)
     assert out.tokens == reference(target, ids, 12)
     assert passes[0][:2] == (len(ids) - 1, 0)  # the prompt but its newest token, no logits: once

@@ -53,19 +53,20 @@ def test_rows_replaced_from_outside_are_adopted():
 @pytest.mark.parametrize("kind", ["llama", "t5"])
 def test_model_logits_equal_with_either_cache(kind, models, tokenizer):
     """A real model fed step by step, with rollbacks, gives the same logits through both caches."""
-    from specdec_core.decoder import CachedDecoder, initial_decoder_ids
+    from specdec_core.batch_kv import feed_to, one_row
+    from specdec_core.decoder import initial_decoder_ids
 
     target, _ = models[kind]
     ids = tokenizer("def add(a, b):\n    return a + b").input_ids
-    ours, ref = CachedDecoder(target, ids), CachedDecoder(target, ids)
-    ref.cache = type(ref.cache)(DynamicCache(), DynamicCache()) if kind == "t5" else DynamicCache()
-    assert isinstance(ours.cache.self_attention_cache if kind == "t5" else ours.cache, GrowingCache)
+    ours, ref = one_row(target, ids), one_row(target, ids)
+    ref.cache = DynamicCache()
+    assert isinstance(ours.cache, GrowingCache)
     seq = initial_decoder_ids(target, ids) + ([] if kind == "llama" else ids)
     for end, keep in [(len(seq) - 4, None), (len(seq) - 1, len(seq) - 3), (len(seq), None)]:
         if keep is not None:
-            ours.rollback(keep)
-            ref.rollback(keep)
-        a, b = ours.forward(seq[:end], 2), ref.forward(seq[:end], 2)
+            ours.rollback(0, keep)
+            ref.rollback(0, keep)
+        a, b = feed_to(ours, seq[:end], 2), feed_to(ref, seq[:end], 2)
         assert torch.equal(a, b), (kind, end)
 
 

@@ -10,8 +10,7 @@ import torch
 
 from specdec_core import static_decoder
 from specdec_core.batch_engine import BatchSpeculativeGenerator
-from specdec_core.batch_kv import BatchKV
-from specdec_core.decoder import CachedDecoder
+from specdec_core.batch_kv import BatchKV, feed_to, one_row
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma
@@ -308,7 +307,7 @@ def test_a_chained_round_leaves_rows_that_feed_nothing_intact(models, prompts, g
     assert [picks[0], picks[2]] == [hf_greedy(target, rows[0], 3), hf_greedy(target, rows[2], 3)]
     assert [kv.length(b) for b in range(3)] == [len(rows[0]) + 2, len(rows[1]) - 1, len(rows[2]) + 2]
     logits = kv.forward([[], [rows[1][-1]], []])
-    assert_logits_close(logits[1], CachedDecoder(target, rows[1]).forward(rows[1], 1))
+    assert_logits_close(logits[1], feed_to(one_row(target, rows[1]), rows[1], 1))
     kv.release()
 
 
@@ -521,19 +520,19 @@ def test_encoder_outputs_of_a_growing_cache_are_not_captured_per_length(models, 
     target, _ = models["t5"]
     prompt = prompts[1]
     assert len(prompt) not in {4, 8, 16, 32, 64}
-    alone = CachedDecoder(target, prompt)
+    alone = one_row(target, prompt)
     decoder = StaticDecoder(target, graphs=True)
     assert decoder.acquire()
     decoder.encode(prompt, alone.encoded)
     assert not decoder.passes.kept
     start = [target.config.decoder_start_token_id]
-    reference = alone.forward(start, 1)
-    assert_logits_close(decoder.forward(start, 1), reference)
-    decoder.rollback(0)
+    reference = feed_to(alone, start, 1)
+    assert_logits_close(feed_to(decoder, start, 1), reference)
+    decoder.rollback(0, 0)
     decoder.encode(prompt)  # its own encoder: padded, a graph
     assert {key for key in decoder.passes.kept if isinstance(key, tuple)} == {("encode", 32), ("cross", 32)}
     assert decoder.encoded["encoder_outputs"].last_hidden_state.shape[1] == 32
-    assert_logits_close(decoder.forward(start, 1), reference)
+    assert_logits_close(feed_to(decoder, start, 1), reference)
     decoder.release()
 
 
@@ -554,8 +553,8 @@ def test_an_encoder_that_cannot_be_captured_runs_eagerly_under_the_cross_attenti
     assert decoder.passes.uncaptured == {"encode"} and set(decoder.passes.kept) == {("cross", 16)}
     assert "no CUDA graph of the encoder over 16 tokens" in caplog.text
     start = [half.config.decoder_start_token_id]
-    expected = CachedDecoder(half, prompt).forward(start, 1)  # (float32 logits of a float16 model)
-    torch.testing.assert_close(decoder.forward(start, 1), expected, rtol=0.0,
+    expected = feed_to(one_row(half, prompt), start, 1)  # (float32 logits of a float16 model)
+    torch.testing.assert_close(feed_to(decoder, start, 1), expected, rtol=0.0,
                                atol=logit_tolerance(expected.to(torch.float16)))
     decoder.release()
 
@@ -671,21 +670,21 @@ def test_prefills_replay_one_graph_per_padded_width(models, prompts, kind, fake_
     g = torch.Generator().manual_seed(0)
     for ids in (prompts[5], prompts[6], prompts[1]):  # 24, 27 and 17 tokens before the newest: all pad to 32
         assert static.acquire()
-        static.forward(ids[:-1], 0)
-        dynamic = CachedDecoder(target, ids)
-        dynamic.forward(ids[:-1], 0)
+        feed_to(static, ids[:-1], 0)
+        dynamic = one_row(target, ids)
+        feed_to(dynamic, ids[:-1], 0)
         extra = torch.randint(5, 300, (3,), generator=g).tolist()
-        assert_logits_close(static.forward(ids + extra, 4), dynamic.forward(ids + extra, 4))
+        assert_logits_close(feed_to(static, ids + extra, 4), feed_to(dynamic, ids + extra, 4))
         static.release()
     assert static.passes.kept["prefill", 32].graph.replays == 1 + 3  # its check
     captured = static.passes.captures
     # A wide feed whose last logits are asked for (a draft's first step): its head is a prefill.
     long = prompts[4] + prompts[6]
     assert static.acquire()
-    assert_logits_close(static.forward(long, 1), CachedDecoder(target, long).forward(long, 1))
-    assert static.length == len(long) and ("prefill", 128) in static.passes.kept
-    static.rollback(0)
-    assert static.draft_greedy(prompts[5], 3) == hf_greedy(target, prompts[5], 3)
+    assert_logits_close(feed_to(static, long, 1), feed_to(one_row(target, long), long, 1))
+    assert static.held == len(long) and ("prefill", 128) in static.passes.kept
+    static.rollback(0, 0)
+    assert static.draft_greedy([prompts[5]], 3) == [hf_greedy(target, prompts[5], 3)]
     static.release()
     assert static.passes.captures == captured + 3  # the 128-token prefill, a 1-token pass, a chain after 1 token
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from specdec_core import plan, static_decoder
-from specdec_core.decoder import CachedDecoder, initial_decoder_ids
+from specdec_core.batch_kv import feed_to, one_row
+from specdec_core.decoder import initial_decoder_ids
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.graphs import PassGraphs
@@ -28,18 +29,18 @@ def test_logits_equal_the_growing_cache_through_rollbacks_and_growth(kind, model
         ids = tokenizer(prompt).input_ids
         assert static.acquire()
         static.encode(ids)  # a no-op for a decoder-only model
-        dynamic = CachedDecoder(target, ids)
+        dynamic = one_row(target, ids)
         seq = initial_decoder_ids(target, ids)
         if len(seq) > 1:
-            static.forward(seq[:-1], 0)
-            dynamic.forward(seq[:-1], 0)
+            feed_to(static, seq[:-1], 0)
+            feed_to(dynamic, seq[:-1], 0)
         for step in range(12):
             extra = torch.randint(5, 300, (step % 5,), generator=g).tolist()
             feed = seq + extra
-            assert_logits_close(static.forward(feed, len(extra) + 1), dynamic.forward(feed, len(extra) + 1))
+            assert_logits_close(feed_to(static, feed, len(extra) + 1), feed_to(dynamic, feed, len(extra) + 1))
             keep = len(seq) + (step % 3 if extra else 0)
-            static.rollback(keep)
-            dynamic.rollback(keep)
+            static.rollback(0, keep)
+            dynamic.rollback(0, keep)
             seq = feed[:keep] + [int(torch.randint(5, 300, (1,), generator=g))]
         static.release()
     assert static.capacity >= len(seq) and static.capacity % 8 == 0
@@ -63,14 +64,14 @@ def test_a_widened_pass_gives_the_logits_of_the_pass_asked_for(kind, models, tok
             static = StaticDecoder(target, graphs=False, min_width=width)
             assert static.acquire()
             static.encode(ids)
-            static.forward(seq[:-1], 1)
-            inp = static._inputs([seq[-1:]], [static.length], 0)
-            static._fit(static.length + 1, static.length)
+            feed_to(static, seq[:-1], 1)
+            inp = static._inputs([seq[-1:]], [static.held], 0)
+            static._fit(static.held + 1, static.held)
             with torch.inference_mode():
                 got.append(static._packed_pass(inp.to(static.device), keep))
         assert got[0].shape == got[1].shape, (kind, keep)
         assert_logits_close(got[1][0].float(), got[0][0].float())
-        assert static.capacity >= static.length + 2  # room for the widened pass's pad
+        assert static.capacity >= static.held + 2  # room for the widened pass's pad
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2", "t5", "bart"])
@@ -110,7 +111,7 @@ def test_busy_static_decoder_falls_back_to_a_growing_cache(models, tokenizer):
     assert gen.static.acquire()  # another item (thread) holds it
     try:
         assert gen.generate(ids).tokens == reference(target, ids, 12)
-        assert gen.static.length == 0  # untouched
+        assert gen.static.held == 0  # untouched
     finally:
         gen.static.release()
 
@@ -358,12 +359,12 @@ def test_an_encoder_decoder_pass_waits_while_another_thread_hooks_its_model(mode
     ids = tokenizer(PROMPTS[0]).input_ids
 
     def encoded(cache):
-        cache.encode(ids) if isinstance(cache, StaticDecoder) else cache.encode([ids])
+        cache.encode(ids) if isinstance(cache, StaticDecoder) else cache.encode([ids] * cache.rows)
         return cache
 
-    passes = {"growing": lambda: CachedDecoder(target, ids).forward([0], 1),
-              "padded": lambda: encoded(BatchKV(target, 1)).forward([[0]])[0],
-              "static": lambda: encoded(StaticDecoder(target)).forward([0], 1)}
+    passes = {"growing": lambda: feed_to(one_row(target, ids), [0], 1),
+              "padded": lambda: encoded(BatchKV(target, 2)).forward([[0], [0]])[0],
+              "static": lambda: feed_to(encoded(StaticDecoder(target)), [0], 1)}
     for name, run in passes.items():
         alone = run()
         waited, out = _run_while_the_model_is_hooked(target, run)

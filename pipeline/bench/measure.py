@@ -105,15 +105,15 @@ def measure_costs_interleaved(engines: dict[str, SpeculativeGenerator], ids: lis
 
 
 def target_step_ms(model, ids: list[int], reps: int = 3) -> float:
-    from specdec_core.decoder import CachedDecoder
+    from specdec_core.batch_kv import feed_to, one_row
 
-    dec = CachedDecoder(model, ids)
-    dec.forward(ids[:-1], 0)
+    dec = one_row(model, ids)
+    feed_to(dec, ids[:-1], 0)
     ts = []
     for _ in range(reps):
-        dec.rollback(len(ids) - 1)
+        dec.rollback(0, len(ids) - 1)
         t0 = time.perf_counter()
-        dec.forward(ids, 1)
+        feed_to(dec, ids, 1)
         ts.append(time.perf_counter() - t0)
     return statistics.median(ts) * 1e3
 
