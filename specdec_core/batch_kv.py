@@ -44,72 +44,25 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from specdec_core.decoder import (
     _accepts_logits_to_keep,
+    bias_by_row,
     counts_positions_from_ids,
     decoder_position_modules,
     fed_alone,
     hooked,
     initial_decoder_ids,
+    mixed_layer_types,
     pass_lock,
+    sliding_window,
+    table_size,
 )
 from specdec_core.kv_cache import GrowingCache, GrowingLayer
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows, heads, columns, dim)
 
 
-def sliding_window(config) -> int | None:
-    """The sliding window (tokens) of a model whose decoder has such layers, or None. Read from
-    its decoder's text config: a multimodal model (Gemma 3's 4B and larger) keeps it there, an
-    encoder-decoder one (T5Gemma) in its decoder's."""
-    text = config.get_text_config(decoder=True)
-    window = getattr(text, "sliding_window", None)
-    if not window or not getattr(text, "use_sliding_window", True):
-        return None
-    types = getattr(text, "layer_types", None)
-    if types is not None and "sliding_attention" not in types:
-        return None
-    return int(window)
 
 
-def other_layer_kinds(config) -> list[str]:
-    """A model's layer kinds other than full and sliding-window attention (chunked or linear
-    attention, state-space layers), from its text config: neither our padded batches nor our
-    static caches take them. GPT-Neo's local layers count their window in cache columns (a fixed
-    bias no mask undoes), which only a growing cache of one row keeps equal to positions."""
-    text = config.get_text_config(decoder=True)
-    kinds = set(getattr(text, "layer_types", None) or ())
-    if "local" in (getattr(text, "attention_layers", None) or ()):
-        kinds.add("local_attention")
-    return sorted(kinds - {"full_attention", "sliding_attention"})
 
-
-def own_kv_layers(config, layers: int) -> list[int]:
-    """The decoder layers that keep keys/values of their own: all but those that reuse an earlier
-    layer's (`kv_sharing_modes` "reuse": Gemma 3n's last layers), which a cache never holds."""
-    modes = getattr(config.get_text_config(decoder=True), "kv_sharing_modes", None) or ()
-    return [i for i in range(layers) if i >= len(modes) or modes[i] != "reuse"]
-
-
-def mixed_layer_types(config) -> list[str] | None:
-    """Per layer, its attention kind, for a model that mixes full and sliding-window layers (Gemma
-    2/3, Qwen2 past `max_window_layers`): such models take a 4D mask per kind. None where every
-    layer is alike (the one mask a model such as Mistral takes, which ignores `layer_types`)."""
-    types = getattr(config.get_text_config(decoder=True), "layer_types", None)
-    return list(types) if types and len(set(types)) > 1 else None
-
-
-def bias_by_row(module, queries: Callable[[], torch.Tensor], keys) -> Callable:
-    """A relative-bias module's `compute_bias` looking up, per row, the bias its class computes
-    for every distance (never a patch in place) by each query's and key's true position:
-    `queries()` (rows, q) and `keys(key_length)` -> (key positions broadcastable to (rows, q,
-    key_length), the number of distances to tabulate, more than any distance that occurs)."""
-    original = type(module).compute_bias
-
-    def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
-        key_positions, top = keys(key_length)
-        table = original(module, 1, top, device=device, past_seen_tokens=top - 1)[0, :, 0]  # (heads, top)
-        distance = (key_positions - queries()[:, :, None]).clamp(1 - top, 0) + top - 1  # query after key
-        return table[:, distance.to(table.device)].permute(1, 0, 2, 3)  # (rows, heads, queries, keys)
-    return compute_bias
 
 
 def drop_order(rows: int, gone: list[int]) -> list[int]:
@@ -123,13 +76,6 @@ def drop_order(rows: int, gone: list[int]) -> list[int]:
         order[hole] = mover
     return order
 
-
-def table_size(module: torch.nn.Module) -> int | None:
-    """The positions a learned or fixed position table embeds (BART's holds 2 more rows than it
-    has positions), or None for one that grows (M2M100's) or that is no table."""
-    if isinstance(module, torch.nn.Embedding) and not counts_positions_from_ids(module):
-        return module.num_embeddings - int(getattr(module, "offset", 0))
-    return None
 
 
 def _narrowed(value, m: int, w: int):

@@ -212,7 +212,7 @@ def _kv_width(config: PretrainedConfig) -> int:
     """Key and value elements one token takes in the cache, over the decoder layers that keep
     their own (not those reusing another layer's, as Gemma 3n's last ones do), layer by layer
     where the config gives layers their own shapes (Gemma 4's full-attention head dim)."""
-    from specdec_core.batch_kv import own_kv_layers
+    from specdec_core.decoder import own_kv_layers
 
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     layers = own_kv_layers(config, decoder_layers(config))

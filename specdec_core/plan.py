@@ -15,8 +15,7 @@ import logging
 import torch
 from transformers import PreTrainedModel
 
-from specdec_core.batch_kv import other_layer_kinds
-from specdec_core.decoder import counts_positions_from_ids, decoder_position_modules, position_table
+from specdec_core.decoder import counts_positions_from_ids, decoder_position_modules, other_layer_kinds, position_table
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.self_check import narrowest_width, rows_disagreement, static_disagreement
 from specdec_core.slot_kv import SlotKV

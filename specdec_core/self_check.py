@@ -17,8 +17,8 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedModel
 
-from specdec_core.batch_kv import BatchKV, feed_to, one_row, other_layer_kinds
-from specdec_core.decoder import initial_decoder_ids
+from specdec_core.batch_kv import BatchKV, feed_to, one_row
+from specdec_core.decoder import initial_decoder_ids, other_layer_kinds
 from specdec_core.slot_kv import SlotKV
 from specdec_core.static_decoder import StaticDecoder
 

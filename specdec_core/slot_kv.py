@@ -29,8 +29,8 @@ from dataclasses import replace
 import torch
 from transformers import PreTrainedModel
 
-from specdec_core.batch_kv import BatchKV, bias_by_row, drop_order, last_logits
-from specdec_core.decoder import decoder_position_modules, hooked
+from specdec_core.batch_kv import BatchKV, drop_order, last_logits
+from specdec_core.decoder import bias_by_row, decoder_position_modules, hooked
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticKV
 

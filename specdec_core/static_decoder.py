@@ -32,15 +32,17 @@ from transformers import EncoderDecoderCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutput
 
-from specdec_core.batch_kv import mixed_layer_types, own_kv_layers, sliding_window
 from specdec_core.decoder import (
     _accepts_logits_to_keep,
     counts_positions_from_ids,
     decoder_position_modules,
     hooked,
     initial_decoder_ids,
+    mixed_layer_types,
+    own_kv_layers,
     pass_lock,
     position_table,
+    sliding_window,
 )
 from specdec_core.graphs import PassGraphs
 from specdec_core.loading import context_limit, positions

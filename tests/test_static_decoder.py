@@ -411,7 +411,7 @@ def test_windows_and_layer_kinds_as_the_models_use_them():
     `max_window_layers`); a multimodal model's from its text config."""
     from transformers import MistralConfig, Qwen2Config
 
-    from specdec_core.batch_kv import mixed_layer_types, sliding_window
+    from specdec_core.decoder import mixed_layer_types, sliding_window
     from tests.family_models import multimodal_gemma3
 
     small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
