@@ -57,11 +57,6 @@ def _by_rows(kv: BatchKV | SlotKV | None, rows: int) -> bool:
             and (kv.settings.graph_prefill_rows is None or rows <= kv.settings.graph_prefill_rows))
 
 
-def width_bucket(width: int) -> int:
-    """The power of two a batch width rounds up to: the engine measures its costs once per bucket."""
-    return 1 << (width - 1).bit_length()
-
-
 def pad_id_of(target: PreTrainedModel) -> int:
     """The id a batch pads its rows with: the target's (a multimodal model's: its text's), or 0."""
     pad = getattr(target.config.get_text_config(decoder=True), "pad_token_id", None)
@@ -108,7 +103,7 @@ class BatchSpeculativeGenerator(RoundEngine):
         # Kept across calls: a worker captures each pass width once, not once per batch of items.
         self.slots = {id(m): slot_kv_for(m, cuda_graphs, batch_size, self.pad_id, torch_compile, settings)
                       for m in (target, self.draft_model) if m is not None}
-        self._width_costs: dict[int, Costs] = {}  # the costs this engine measured, by `width_bucket`
+        self._costs_width = 0  # the batch width of the costs this engine measured (0: none yet)
         self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT
         self._drafting = True  # the batch policy's latest choice, probes aside
         # For the draft's prefill in the batch policy: its seconds per prompt and the new tokens
@@ -182,7 +177,8 @@ class BatchSpeculativeGenerator(RoundEngine):
         while waiting or live:
             if waiting and len(live) < self.batch_size:
                 live += self._admit(waiting, self.batch_size - len(live), live, tkv, dkv)
-            self._fit_costs(live, tkv, dkv)
+                if self._wants_costs(len(live)):
+                    self._measure_costs(live, tkv, dkv)
             self._round(live, tkv, dkv)
             if max_seconds is not None:
                 now, setup = time.perf_counter(), setup_seconds(tkv, dkv)
@@ -314,23 +310,14 @@ class BatchSpeculativeGenerator(RoundEngine):
 
     # -- costs at this batch width ---------------------------------------------------------------
 
-    def _fit_costs(self, live: list[Row], tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None) -> None:
-        """The policy's costs for this batch width. Costs given to the policy are kept; costs this
-        engine measures are measured once per width bucket (1, 2, 3-4, 5-8, ...: `width_bucket`),
-        at the width that first enters it, so a batch that drains to a width where drafting pays
-        drafts again (its draft cache caught up in one pass: `_gammas`), and one that widens
-        stops where it does not."""
-        policy = self.gamma_policy
-        if isinstance(self.drafter, NoDrafter) or not live:
-            return
-        bucket = width_bucket(len(live))
-        if policy.needs_costs or (self._width_costs and bucket not in self._width_costs):
-            self._width_costs[bucket] = self._measure_costs(live, tkv, dkv)
-        costs = self._width_costs.get(bucket)
-        if costs is not None and policy.costs is not costs:
-            policy.set_costs(costs, replace=True)
+    def _wants_costs(self, width: int) -> bool:
+        """Costs given to the policy are kept; costs this engine measured are measured again
+        once for a wider batch (a job's first call may hold fewer rows than the rest)."""
+        if isinstance(self.drafter, NoDrafter):
+            return False
+        return self.gamma_policy.needs_costs or 0 < self._costs_width < width
 
-    def _measure_costs(self, live: list[Row], tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None) -> Costs:
+    def _measure_costs(self, live: list[Row], tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None) -> None:
         """c and v(k) at this batch width, timed on the live caches and rolled back.
 
         Batch-1 costs would mislead a batch: at one row a 2-token pass of the quick bench pair
@@ -347,11 +334,12 @@ class BatchSpeculativeGenerator(RoundEngine):
         for kv in (tkv, dkv):
             if kv is not None:
                 kv.compact()  # the timing passes left holes
+        self.gamma_policy.set_costs(costs, replace=True)
+        self._costs_width = len(live)
         # (Graphs captured meanwhile are left out of the rows' limits with the others: `r.setup`.)
         spent = time.perf_counter() - t0 - (setup_seconds(tkv, dkv) - setup)
         for r in live:
             r.start += spent
-        return costs
 
     def _batch_gamma(self, policy: AdaptiveGamma, live: list[Row]) -> int:
         """One gamma for all rows (`gamma.batch_gamma`): the verify pass is as wide as its

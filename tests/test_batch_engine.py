@@ -298,8 +298,7 @@ def test_adaptive_gamma_per_row_keeps_greedy_exact(models, prompts):
 
 def test_adaptive_costs_are_measured_at_the_batch_width_and_rolled_back(models, prompts):
     """Without given costs the engine times the pair on its live rows (then rolls those passes
-    back: outputs stay exact), once per width bucket (a wider batch, or one that drains); given
-    costs are kept."""
+    back: outputs stay exact), and times it again for a wider batch; given costs are kept."""
     from specdec_core.gamma import AdaptiveGamma, Costs
 
     target, draft = models["llama"]
@@ -307,10 +306,10 @@ def test_adaptive_costs_are_measured_at_the_batch_width_and_rolled_back(models, 
     engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=3,
                                        max_new_tokens=10, gamma_policy=policy)
     out = engine.generate_many([(p, 0) for p in prompts[:2]])
-    first = engine._width_costs[2]  # (two rows)
-    assert sorted(first.v) == [2, 3, 4] and first.c > 0 and policy.costs is not None
+    first = policy.costs
+    assert engine._costs_width == 2 and first is not None and sorted(first.v) == [2, 3, 4] and first.c > 0
     out += engine.generate_many([(p, 0) for p in prompts[2:]])
-    assert 4 in engine._width_costs and engine._width_costs[2] is first  # once per width bucket
+    assert engine._costs_width == 4 and policy.costs is not first
     assert [o.tokens for o in out] == [hf_greedy(target, p, 10) for p in prompts]
     assert all(o.stats.latency_s >= o.stats.ttft_s > 0 for o in out)
 
@@ -319,32 +318,6 @@ def test_adaptive_costs_are_measured_at_the_batch_width_and_rolled_back(models, 
     BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=3,
                               max_new_tokens=4, gamma_policy=kept).generate_many([(p, 0) for p in prompts])
     assert kept.costs is given
-
-
-def test_a_batch_that_drains_to_a_width_where_drafting_pays_drafts_again(models, prompts, monkeypatch):
-    """Costs by batch width: where 4 rows' verify passes cost what drafting saves, the batch does
-    not draft (but to probe); once it drains to 2 rows, whose costs say drafting pays, it drafts
-    its full gamma again, the rows admitted without the draft's prefill caught up. Exact throughout."""
-    from specdec_core.gamma import AdaptiveGamma, Costs
-
-    target, draft = models["llama"]
-    wide, narrow = Costs(c=0.2, v={k: float(k) for k in range(2, 6)}), Costs(c=0.05, v={k: 1.0 for k in range(2, 6)})
-    monkeypatch.setattr(BatchSpeculativeGenerator, "_measure_costs",
-                        lambda self, live, tkv, dkv: wide if len(live) > 2 else narrow)
-    policy = AdaptiveGamma(max_gamma=3, prior_acceptance=0.9, early_stop=False)
-    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=3,
-                                       max_new_tokens=16, gamma_policy=policy)
-    chosen, choose = [], engine._batch_gamma
-
-    def recorded(p, live):
-        chosen.append((len(live), choose(p, live)))
-        return chosen[-1][1]
-    monkeypatch.setattr(engine, "_batch_gamma", recorded)
-    out = engine.generate_many([(p, 0) for p in prompts[:6]])
-    assert [o.tokens for o in out] == [hf_greedy(target, p, 16) for p in prompts[:6]]
-    assert sorted(engine._width_costs) == [1, 2, 4]
-    assert {k for width, k in chosen if width > 2} <= {0, 1}  # probes at most
-    assert any(k == 3 for width, k in chosen if width == 2)
 
 
 def test_adaptive_batch_drafts_one_gamma_for_all_rows_or_none(models, prompts):
