@@ -148,30 +148,26 @@ class BatchKV:
         with a one-token decoder pass whose self-attention cache is thrown away, or (`lazy`, one
         row, as `generate()` runs it) in its first pass. Returns the encoder's outputs."""
         assert self.encdec and len(prompts) == self.rows and not self.cross.layers
-        width = max(len(p) for p in prompts)
-        ids = torch.full((self.rows, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((self.rows, width), dtype=torch.long)
-        for b, p in enumerate(prompts):
-            ids[b, : len(p)] = torch.tensor(p, dtype=torch.long)
-            mask[b, : len(p)] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
         if isinstance(encoded, dict):
             self.encoded = encoded
-            mask = encoded["attention_mask"]
-        else:  # (the model's own output class: Switch's decoder reads its router logits)
-            self.encoded = {"encoder_outputs": BaseModelOutput(last_hidden_state=encoded) if encoded is not None
-                            else self.model.get_encoder()(input_ids=ids, attention_mask=mask), "attention_mask": mask}
-        hidden = self.encoded["encoder_outputs"].last_hidden_state
-        self.enc_mask = mask
-        if lazy:
-            return hidden
-        start = initial_decoder_ids(self.model, [])[0]
-        kwargs = {"logits_to_keep": 1} if _accepts_logits_to_keep(type(self.model)) else {}
-        with pass_lock(self.model):  # a decoder pass: not while another thread's hooks change it
-            self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden), attention_mask=mask,
-                       decoder_input_ids=torch.full((self.rows, 1), start, dtype=torch.long, device=self.device),
-                       cache=EncoderDecoderCache(DynamicCache(), self.cross), use_cache=True, **kwargs)
-        return hidden
+        else:
+            width = max(len(p) for p in prompts)
+            mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts], device=self.device)
+            if encoded is None:  # (the model's own output class: Switch's decoder reads its router logits)
+                ids = torch.tensor([p + [self.pad_id] * (width - len(p)) for p in prompts], device=self.device)
+                encoded = self.model.get_encoder()(input_ids=ids, attention_mask=mask)
+            else:
+                encoded = BaseModelOutput(last_hidden_state=encoded)
+            self.encoded = {"encoder_outputs": encoded, "attention_mask": mask}
+        self.enc_mask = self.encoded["attention_mask"]
+        if not lazy:
+            start = initial_decoder_ids(self.model, [])[0]
+            kwargs = {"logits_to_keep": 1} if _accepts_logits_to_keep(type(self.model)) else {}
+            with pass_lock(self.model):  # a decoder pass: not while another thread's hooks change it
+                self.model(**self.encoded, cache=EncoderDecoderCache(DynamicCache(), self.cross), use_cache=True,
+                           decoder_input_ids=torch.full((self.rows, 1), start, dtype=torch.long, device=self.device),
+                           **kwargs)
+        return self.encoded["encoder_outputs"].last_hidden_state
 
     @torch.inference_mode()
     def forward(self, feeds: list[list[int]], logits: bool = True, last: bool = False) -> list[torch.Tensor]:
