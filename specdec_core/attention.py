@@ -1,15 +1,8 @@
 """Which scaled-dot-product attention kernels the engines let a model use on a GPU.
 
-PyTorch's cuDNN attention (its choice for bf16 on Hopper GPUs) builds an execution plan for
-every new (query length, key length) shape before it caches it. Decoding meets new shapes all
-the time: every step a longer cache, and in a speculative job verify passes of 1..gamma+1 tokens
-over caches that grow by however much each round accepted, draft passes of one or two tokens,
-prompts of every length. On an H200 in bf16 our engine took 78 ms per token with cuDNN attention
-and 22 without, 53 and 8.9 with the draft, against 26 for Hugging Face `generate`
-(docs/performance.md). Flash and
-memory-efficient attention need no plan, so the engines run their passes with cuDNN attention
-switched off; every other backend stays allowed, in PyTorch's own order. Only the kernel changes:
-the numbers are the same softmax(QK^T)V, rounded by another kernel.
+cuDNN attention builds an execution plan for every new (query length, key length) shape, and decoding meets new
+shapes all the time, so the engines run their passes with it switched off; every other backend stays allowed, in
+PyTorch's own order, and only the kernel's rounding changes (docs/performance.md, "On a GPU").
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Speculative decoding of several prompts at once, exact per prompt (continuous batching).
 
-Up to `batch_size` rows decode together. Each round drafts for every live row (a model draft
-runs ONE batched pass per draft step for all rows; prompt lookup runs per row), verifies all
-rows' drafts in ONE target pass, and accepts per row with the batch-1 rule, so each row keeps
-its own accepted length, gamma state and random generator. A row that finishes leaves the
-batch and the next waiting prompt is prefilled and merged in, so the batch stays full rather
-than waiting for its slowest row. Rows of different lengths share one padded cache per model
-(`BatchKV`), or on a GPU one static cache per model with a fixed slot per row, replayed as
-CUDA graphs (`SlotKV`, `--cuda_graphs`). Encoder-decoder models run their encoder once per
-prompt when it enters (rows padded and masked) and keep each row's cross-attention keys/values
-in the batch cache; a draft whose encoder is the target's own module reuses the target's encoder
-outputs. Sliding-window models get per-row window masks by position once a row can reach the
-window.
+Up to `batch_size` rows decode together: one draft pass per draft step and ONE target pass for all rows' drafts,
+acceptance per row with the batch-1 rule (its own gamma state and random generator), and a finished row's place
+refilled with the next waiting prompt. Rows share one padded cache per model (`BatchKV`) or, on a GPU, one static
+cache with a fixed slot per row (`SlotKV`, `--cuda_graphs`) (docs/batching.md).
 """
 
 from __future__ import annotations

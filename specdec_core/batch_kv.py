@@ -1,34 +1,11 @@
 """One model's KV cache shared by rows of different lengths (continuous batching).
 
-The cache is a `DynamicCache` (`kv_cache.GrowingCache`, appending in place) whose batch
-dimension is the rows. Every forward appends the same number of columns to every row, so rows
-that feed fewer tokens than the longest feed are right-padded; a 2D attention mask marks which
-columns hold a row's valid tokens. Rejected drafts and pads become masked holes, positions are
-explicit per row (a token's position is the number of valid tokens before it), and `compact`
-gathers each row's valid columns again when the holes grow. Masked columns get exactly zero
-attention weight, so a row's logits equal the row decoded alone up to float rounding (different
-GEMM shapes sum in a different order).
-
-The scheme needs each row's attention to depend only on its valid columns and its tokens'
-positions. Three kinds of model compute something from cache COLUMNS instead, and get the row's
-true positions here (`_true_positions`, `_window_masks`), so that no row is ever recomputed:
-
-- encoder-decoder decoders that take no position ids (BART, mBART, Marian, Pegasus, M2M100/NLLB
-  compute `arange + cache length`): their `embed_positions` module gives, per row, its own
-  output at that row's cache length, never past its table (a pad near the end of a row's context
-  takes the row's last position, as a decoder-only row's pads do);
-- relative position biases (T5, mT5, UMT5: `compute_bias` from column indices): the bias is
-  looked up per row from the true distance between each query and each column;
-- sliding windows (Mistral, Phi-3, Gemma 2/3, StarCoder2, Qwen2): the models count their window
-  in columns, so once a pass's columns span more than the window (and holes or rows of different
-  lengths make columns differ from positions) the masks are built here, per row, from positions
-  (a column is visible when it is valid, not after the query, and less than the window behind it
-  by position; for rows shorter than the window that is plain causal attention). The cache keeps
-  every column (`GrowingCache` has no sliding layers), so rejected drafts roll back anywhere.
-
-An encoder-decoder model's rows also carry their encoder's cross-attention keys/values (computed
-once, when the row enters) and the encoder's padding mask; they move with the rows on `drop`,
-`place` and `merge`.
+A `kv_cache.GrowingCache` whose batch dimension is the rows: feeds shorter than the longest are right-padded, a 2D
+mask marks each row's valid columns (pads and rejected drafts become holes that `compact` gathers away) and
+positions are explicit per row, so a row's logits equal the row decoded alone up to float rounding. Models that
+compute from cache columns (position tables, relative biases, sliding windows) get each row's true positions here
+(`_true_positions`, `_window_masks`); encoder-decoder rows carry their cross-attention keys/values
+(docs/batching.md, "Rows whose model computes from cache columns").
 """
 
 from __future__ import annotations

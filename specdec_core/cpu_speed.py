@@ -1,43 +1,11 @@
 """Preparing a loaded model for fast batch-1 inference on CPU.
 
-Speculative decoding on CPU pays for verification: a k-token target pass runs the linear
-layers as GEMMs, and the default fp32 path (MKL sgemm) re-packs each weight matrix on every
-call, so k=4..8 tokens cost about twice one token (measured v(k) ~ 2). oneDNN can pack each
-weight ONCE into its blocked layout; multi-token passes then stream the weights at close to
-the one-token (GEMV) rate. `prepare_for_cpu` swaps every large `nn.Linear` for a
-`PrepackedLinear`: the dense weight for inputs of few rows, a oneDNN-packed copy from
-`threshold_rows` rows on. The packing is chosen for `pack_rows` input rows: oneDNN picks its
-blocked layout from that hint, and a layout packed for 1 row runs 5-row inputs about 1.3x slower.
-
-Where the packed copy starts to pay depends on the CPU, so `prepare_for_cpu` times both paths on
-the model's own linears at load (`packed_from_rows`). Microseconds per call of a DRAM-resident
-1024x2816 fp32 linear at k rows (`benchmarks/linear_paths.py`, a one-off script in git history at
-1a04c18; 2 threads):
-
-| CPU | path | k=1 | 2 | 3 | 4 | 5 | 8 |
-|---|---|---|---|---|---|---|---|
-| Xeon (AVX-512) | stock | 551 | | | 908 | 934 | 1157 |
-| Xeon (AVX-512) | packed for 8 rows | 586 | | | 603 | 622 | 677 |
-| AMD EPYC | stock | 739 | 1558 | 2339 | 1628 | 1492 | 1358 |
-| AMD EPYC | packed for 8 rows | 507 | 596 | 516 | 462 | 425 | 558 |
-
-On the Xeon one row stays on the stock GEMV (packed is slower there: the 325M target's 1-token
-step was 15-21% slower packed); on the EPYC packed wins from one row, and the 325M target's
-1-token step went from 90 to 65 ms. MKL-packed (torch.ops.mkl._mkl_linear) is no better than stock.
-
-Exactness: both paths compute the same fp32 products; they differ from the default kernels
-only by summation order (max |d logit| ~ 1e-5 on a 300M model), the same order of difference
-that already exists between a 1-token and a k-token pass with stock kernels. Greedy equality
-is a property of the engine (it takes the target's argmax of whichever pass it ran) and is
-checked by the tests and by `python -m pipeline.bench` on every run.
-
-A DRAFT may use bf16 weights. On CPUs with native bf16 arithmetic (AVX512-BF16, AMX), its large
-linears keep bf16 weights packed for oneDNN, fp32 in and out (`Bf16Linear`, `--draft_dtype auto`,
-the default), or the whole draft is cast (`bfloat16`, packed the same way). A bf16 weight streams
-half the bytes: the 325M pair's 1-layer draft costs c = 0.070 of a target step in fp32 and
-0.041-0.046 with bf16 linears, acceptance unchanged (AMD EPYC, 2 threads; BENCHMARKS.md "Round
-four"). `quantize_draft` makes a draft int8 (dynamic linears). Never use any of these on a
-target: the draft's numerics only change which tokens get proposed, never what is accepted.
+The stock fp32 path re-packs each weight on every call, so a k-token verify pass costs about twice one token.
+`prepare_for_cpu` swaps every large `nn.Linear` for a `PrepackedLinear`: the dense weight for few rows, a copy
+packed once for oneDNN (laid out for `pack_rows` rows) from `threshold_rows` rows on, the crossover timed on the
+model's own linears at load (`packed_from_rows`). A draft (never a target) may also get bf16 linears
+(`Bf16Linear`) or int8 ones (`quantize_draft`). Packed and stock paths differ only by summation order
+(docs/performance.md, "What the engine does for speed").
 """
 
 from __future__ import annotations

@@ -1,34 +1,10 @@
 """Drafting with a model whose tokenizer differs from the target's, still exact.
 
-The draft continues the committed TEXT in its own tokens; its continuation is decoded and
-re-encoded with the target's tokenizer, and those target tokens are proposed as
-deterministic proposals (`Draft.q = None`). The engine then verifies them with the rule
-the n-gram drafter uses (greedy: keep while equal to the target's argmax; sampling: accept x
-with probability p(x), else sample p without x), which is exact for ANY proposal that does
-not look at the verification's random numbers. The draft drafts greedily (its argmax): no
-random number is drawn for drafting, and the target's logits processors, which speak the
-target's vocabulary, never touch the draft's logits. So nothing here can change WHAT is
-generated, only how many proposals are accepted; every alignment below is a heuristic
-that may only cost speed when it is wrong.
-
-Where the tokenizations disagree:
-- The draft's text may end inside a target token ("hel" of "hello"): the last re-encoded
-  target token is dropped, unless the draft ended its text with its end-of-sequence token
-  (then the target's EOS is proposed after the text).
-- Only a tail window of the committed target tokens is re-encoded together with the draft's
-  text; the proposals are what the window's text plus the draft's text encodes to beyond the
-  window's own encoding. When the committed text ends inside what the re-encoding makes one
-  token (the target chose "hel"), the draft's text is encoded on its own instead.
-- Byte-level and byte-fallback tokens can end a text inside a UTF-8 character: such an
-  incomplete tail (U+FFFD when decoded) is held back until the next tokens complete it.
-- Texts are decoded with a few tokens of context before the part wanted and that context's
-  text removed, since SentencePiece drops the leading space of a decode's first token.
-
-The draft's KV cache follows the committed text without re-running its prefix: each round
-only a tail window of the committed text (from a draft-token boundary a few tokens back) is
-re-encoded with the draft's tokenizer, the cache keeps the longest common prefix of what it
-holds and the new ids, and only the rest is fed. A window whose text does not line up falls
-back to re-encoding everything (correct, slower).
+The draft continues the committed text greedily in its own tokens; its text is re-encoded with the target's
+tokenizer and proposed as deterministic proposals (`Draft.q = None`), verified by the n-gram drafter's rule, which
+is exact for any proposal that does not look at the verification's random numbers. So every alignment here (token
+boundaries, tail windows, split UTF-8 characters, the draft cache's common prefix) is a heuristic that can only
+cost speed (docs/cross-tokenizer.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Drafters: who proposes the tokens the target verifies.
 
-A model draft (`ModelDrafter`) is a cache the engines step themselves, for one row or many
-(`rounds.RoundEngine._draft`). Other drafters start one session per item (`SessionDrafter`); a
-session proposes up to k tokens after a given decoder sequence and rolls back when the target
-rejects some. `Picker` is the engine's choice rule (argmax, or sampling from the processed
-distribution with the item's RNG), so a drafter draws its tokens exactly from the q the
-accept/reject step uses.
+A model draft (`ModelDrafter`) is a cache the engines step themselves (`rounds.RoundEngine._draft`). Other
+drafters start one session per item (`SessionDrafter`) that proposes up to k tokens and rolls back when the target
+rejects some. `Picker` is the engine's choice rule, so a drafter draws its tokens exactly from the q the
+accept/reject step uses (docs/how-it-works.md, "Drafters").
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
 """How many tokens to draft in each round.
 
-A policy starts one state per item; the engine asks the state for k before each round and
-reports how many drafts were accepted after it. Gamma never changes WHAT greedy decoding
-outputs (every accepted token is the target's own argmax), only how fast; in sampling mode
-the output distribution is exact for any gamma, but which sample a seed gives depends on
-the sequence of gammas, so seed-reproducible sampling needs a deterministic policy (fixed,
-or adaptive with `Costs` given and `share_across_items=False`).
-
-`AdaptiveGamma` implements the paper's rule (Leviathan et al. 2023, section 3.3-3.5) with
-measured quantities: per item it estimates the acceptance rate a from the rounds so far
-(a prior from previous items, recent rounds weighted more), and picks
-
-    gamma* = argmax_g  E(a, g) / (g * c + v(g + 1)),   E(a, g) = (1 - a^(g+1)) / (1 - a)
-
-where c = draft step / target step and v(k) = target pass over k tokens / 1-token pass, both
-measured on this machine (`Costs.measure`). g = 0 (no drafting) has value 1, so when drafts
-do not pay the engine backs off to plain decoding, probing now and then (with exponential
-back-off) in case the text became predictable. Within a round, drafting stops early when
-the draft is unsure: the draft's confidence in each token is mapped (by online calibration)
-to a probability that the target accepts it, and a token is proposed only while the
-expected tokens it adds outweigh its marginal cost.
-
-In a batch (`batch_engine`) all rows verify in one pass as wide as the longest draft, so the
-batch picks one gamma for all rows by the same rule summed over its rows (`batch_gamma`), from
-costs measured at the batch's width: once the rows fill the machine a wide pass is no longer
-nearly free, and batch-1 costs would draft where it does not pay.
+A policy starts one state per item; the engine asks the state for k before each round and reports how many drafts
+were accepted after it. `AdaptiveGamma` picks argmax_g E(a, g) / (g * c + v(g + 1)) from each item's acceptance
+and costs measured on this machine (`Costs.measure`); `batch_gamma` picks one gamma for a batch, from costs at its
+width. Gamma never changes WHAT greedy decoding outputs, only how fast; which sample a seed gives depends on the
+gammas, so seed-reproducible sampling needs a deterministic policy (docs/how-it-works.md, "Adaptive gamma";
+docs/batching.md, "Adaptive gamma at batch level").
 """
 
 from __future__ import annotations
@@ -278,7 +259,6 @@ class _AdaptiveState(GammaState):
         a0 = policy.prior()
         w = policy.prior_weight
         self.hits, self.trials = a0 * w, w  # decayed Bernoulli counts of tested drafts
-        self.item_hits = self.item_trials = 0.0
         self.wait = 0  # rounds left without drafting (backed off)
         self.probe_wait = 4
         self.last_k = 0
@@ -352,8 +332,6 @@ class _AdaptiveState(GammaState):
         d = self.policy.decay
         self.hits = self.hits * d + accepted
         self.trials = self.trials * d + trials
-        self.item_hits += accepted
-        self.item_trials += trials
         self.policy._pool(accepted, trials)
         if self.backed_off and self.last_k == 1 and accepted == 0:
             self.probe_wait = min(self.probe_wait * 2, self.policy.max_probe_wait)

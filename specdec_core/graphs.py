@@ -1,13 +1,10 @@
 """How a cache's passes run: replayed as CUDA graphs, compiled, or eagerly, at the edge of the cache.
 
-A static cache (`static_decoder.StaticKV`) exposes plain pass functions over packed inputs (one
-tensor per pass, device ops only); `PassGraphs` runs them. It owns everything about graphs and
-compiling: one graph per key (a pass kind and its shape: a width, (width, draft steps), or
-("prefill" | "encode" | "cross", padded width)), captured the first time a key occurs from one side
-stream into one memory pool, checked by a replay against the eager pass; the passes' inputs copied
-in (from pinned memory when asked); cuBLAS's workspaces cleared around each capture; the passes
-compiled by `torch.compile`; and what all of it cost (`capture_s`), which item time limits leave
-out. A cache's buffers moving invalidates the graphs over them (`drop`).
+A static cache (`static_decoder.StaticKV`) exposes plain pass functions over packed inputs; `PassGraphs` runs them
+and owns everything about graphs and compiling: one graph per key (a pass kind and its shape), captured from one
+side stream into one pool and checked by a replay, inputs copied in, cuBLAS workspaces cleared, `torch.compile`,
+and what it cost (`capture_s`). A cache's buffers moving invalidates its graphs (`drop`)
+(docs/how-it-works.md, "On a GPU: static caches and CUDA graphs").
 """
 
 from __future__ import annotations

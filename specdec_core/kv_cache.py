@@ -1,20 +1,10 @@
 """A `DynamicCache` that appends in place, for the verify loop.
 
-transformers' `DynamicLayer` appends a step's keys and values with `torch.cat`, which copies
-the whole cache of every layer on every forward: on the 325M bench target (CPU, 1 thread,
-`benchmarks/cache_inplace.py`, a one-off script in git history at 1a04c18) avoiding it makes a
-pass 2-3% faster at 112 tokens of context and 10-11% at 512, and the copy grows with the rows
-of a batch too. `GrowingLayer` keeps each
-layer's cache in a buffer with spare columns and writes a step's columns into them;
-`keys`/`values` stay what transformers expects (the valid prefix, as a view), so attention,
-`crop`, masks and `get_seq_length` are untouched. The buffer grows by half its size when full,
-so the copies are amortised.
-
-Anything that assigns `keys`/`values` from outside (`DynamicCache.batch_select_indices`, say)
-just replaces the prefix; the next update sees it is no longer a view of the buffer and adopts
-it into a new one. A view of the buffer's first rows stays in place (`BatchKV.drop` narrows the
-batch that way), and `adopt` takes buffers someone else filled (`BatchKV.merge` gathers straight
-into one). Values are the same numbers `torch.cat` would produce.
+transformers' `DynamicLayer` appends with `torch.cat`, copying every layer's whole cache on every forward.
+`GrowingLayer` writes into spare columns of a buffer and keeps `keys`/`values` as views of the valid prefix, so
+attention, `crop` and masks are untouched; keys/values assigned from outside are adopted into a new buffer on the
+next update, and `adopt` takes buffers filled elsewhere (`BatchKV.merge`)
+(docs/performance.md, "What the engine does for speed").
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """A model's plan: whether its passes run over static caches (one item at a time or in batch
 slots) with CUDA graphs and compiled, whether it batches at all, and why not.
 
-The one place that reads `--cuda_graphs` and `--torch_compile` (`auto|on|off`): from the model's
-config (`config_support`, `unbatchable`, which the job's preflight and fit check ask before any
-load), then the loaded model (`graph_support`) and the self-checks' passes (`takes_static`,
-`padded_width`). The engines ask it for their caches (`static_decoder_for`, `slot_kv_for`);
-the caches and the self-checks import nothing from here, so no import goes in a circle."""
+The one place that reads `--cuda_graphs` and `--torch_compile`: from the config (`config_support`, `unbatchable`,
+which preflight and the fit check ask before any load), the loaded model (`graph_support`) and the self-checks'
+passes (`takes_static`, `padded_width`). The engines ask it for their caches (`static_decoder_for`, `slot_kv_for`);
+the caches and the self-checks import nothing from here, so no import goes in a circle
+(docs/how-it-works.md, "On a GPU: static caches and CUDA graphs")."""
 
 from __future__ import annotations
 

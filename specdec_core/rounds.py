@@ -1,13 +1,10 @@
 """One round of speculative decoding for any number of rows (Leviathan, Kalman, Matias 2023), the
 one loop both engines run: batch 1 (`engine.SpeculativeGenerator`) is a batch of one row.
 
-Per round: each row's drafter proposes up to k tokens; the target scores every row's [tokens its
-cache lacks, drafts] in ONE forward pass; each row keeps a prefix of its drafts plus one target
-token by the accept/reject rule (its own gamma state and random generator); every cache rolls back
-to what each row kept. Invariant between rounds: each row's target cache holds every committed
-token except the newest. A model draft runs one pass per draft step over every row of its cache
-(growing or static: docs/how-it-works.md, "The caches"), or chained on the device; a row's own
-session drafts for it otherwise (prompt lookup, a draft with another tokenizer).
+Per round each row's drafter proposes up to k tokens, the target scores every row's drafts in ONE pass, each row
+keeps a prefix of its drafts plus one target token by the accept/reject rule, and every cache rolls back to what
+its row kept. Invariant between rounds: each row's target cache holds every committed token except the newest
+(docs/how-it-works.md, "The round").
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Self-checks of a model before any item: a few passes over a short prompt, run the way the
 engines would run it, against the model's own growing cache fed as `generate()` feeds it.
 
-The engines rest on contracts that most Hugging Face models keep and a few do not: a pass of
-several tokens gives the logits of those tokens fed one at a time (what verifying drafts needs),
-an explicit 4D mask is obeyed on every pass (static caches), each row's positions can be passed
-per row (batches). Tests cover the families they run; these checks cover the ones a user brings:
-a model that breaks a contract is refused with the reason, or run the way that keeps it exact,
-instead of changing outputs. Each check runs once per model object and process.
+Most Hugging Face models keep the engines' contracts (multi-token passes, explicit 4D masks, per-row positions)
+and a few do not: a model that breaks one is refused with the reason, or run the way that keeps it exact, instead
+of changing outputs. Each check runs once per model object and process
+(docs/how-it-works.md, "Self-checks: the models' contracts").
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """The batch engine's cache at fixed row slots: every pass over all slots, replayable as a CUDA graph.
 
-`BatchKV` appends the same columns to every row, so rejected drafts and short rows leave holes
-that it masks and now and then compacts, and its shapes change every round: on a GPU each of
-its passes is thousands of launches from Python. Here each row owns a slot of a `StaticKV`:
-its column i holds its token at position i, so a rollback moves the row's length, a pass
-writes each row at its own columns, and a finished row's slot is refilled in place. A pass has
-the same shape whatever the rows do (all slots, the round's widest feed), so one graph per
-width serves every round. Free slots and short rows feed pads that land past their rows'
-lengths and are overwritten later.
-
-It keeps `BatchKV`'s interface for the batch engine (rows in the engine's order, `forward`,
-`rollback`, `drop`, `place`, `merge`). With graphs, new rows' prompts are prefilled together
-through a static cache's graphs of padded widths and row counts (a decoder-only model's prefill,
-an encoder-decoder's encoder pass and cross-attention keys/values) and their columns copied into
-their slots (`prefill`);
-otherwise prompts are prefilled into a `BatchKV` (eagerly, in passes as wide as the budget
-allows) and their columns copied into free slots, with an encoder-decoder row's cross-attention
-keys/values and encoder mask. Decoder-only and encoder-decoder models with full or sliding-window
-attention on one device (`plan.graph_support`); the others keep `BatchKV`.
+Each row owns a slot of a `StaticKV` whose column i holds its token at position i: no holes, a rollback moves the
+row's length, a finished row's slot is refilled in place, and every pass has one shape per width, so one graph per
+width serves every round. It keeps `BatchKV`'s interface (`forward`, `rollback`, `drop`, `place`, `merge`); new
+rows are prefilled together through graphs (`prefill`) or eagerly into a `BatchKV`, then copied into their slots
+(docs/batching.md, "What the engine does per row"; docs/how-it-works.md, "On a GPU: static caches and CUDA graphs").
 """
 
 from __future__ import annotations

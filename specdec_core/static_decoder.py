@@ -1,24 +1,11 @@
 """A model's decoder over a preallocated KV cache, its passes replayed as CUDA graphs.
 
-In eager mode every forward of a Hugging Face model is a few thousand small kernel launches
-issued from Python: on a GPU the launches, not the kernels, set the pace (a 1.1B target spent
-~85% of a speculative generation with the GPU idle). A CUDA graph records one pass's kernels
-once and replays them with a single launch. That needs fixed shapes and fixed addresses, so
-here the cache is one buffer per layer of `capacity` columns, a pass of w tokens writes its
-keys/values at columns length..length+w-1, and attends over all columns through an explicit
-4D mask that hides every column past the query's own position (and, in sliding-window layers,
-every column a window or more behind it). Columns beyond the committed
-length hold stale drafts, which the mask hides until a later pass overwrites them: a rollback
-only moves `length`. One graph per pass width (1..`max_graph_width` tokens, captured the first
-time a width occurs); a prompt's prefill is padded to one of a few widths (`prefill_width`),
-each a graph too, and prompts past the widest run eagerly through the same code.
-
-The numbers are those of the model's own attention over the same keys, with masked columns at
-exactly zero weight; only the kernels' summation order can differ from a growing cache's, as
-between any two attention kernels. Without CUDA the same decoder runs eagerly (tests use that).
-`StaticKV` holds the buffers and plain pass functions for any number of rows (`graphs.PassGraphs`
-runs them: graphs, compiled or eager); `StaticDecoder` is one item at a time (decoder-only or
-encoder-decoder), `slot_kv.SlotKV` the batch engine's rows in slots.
+Eager, a GPU waits on a pass's thousands of kernel launches; a graph replays them in one but needs fixed shapes
+and addresses, so the cache is one buffer per layer of `capacity` columns, a pass writes at its positions and
+attends through an explicit 4D mask, and a rollback only moves `length`. `StaticKV` holds the buffers and plain
+pass functions for any number of rows (`graphs.PassGraphs` runs them); `StaticDecoder` is one item at a time,
+`slot_kv.SlotKV` the batch engine's rows in slots. Without CUDA the same decoder runs eagerly
+(docs/how-it-works.md, "On a GPU: static caches and CUDA graphs").
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Stop strings: where in a stream of committed tokens the decoded text first holds one.
 
 The engine has no tokenizer; it asks a per-item finish check after every round (see
-`SpeculativeGenerator.generate`). `StopStrings` is that check for text stop strings:
-fed each round's committed tokens once, in order, it returns the index of the token that
-completes a stop string, like Hugging Face's `StopStringCriteria` (the token may overhang
-the stop string on either side), but matching on decoded text, so that multi-byte
-characters split over byte-level pieces match too.
-
-Cost: each new token decodes only a tail window of the tokens before it, long enough to
-hold any stop string (every non-special token decodes to at least one byte), plus a few
-tokens so that window-start effects (a half character, a dropped leading space) fall
-before any match. Long outputs therefore cost O(n), not O(n^2) decoding.
+`SpeculativeGenerator.generate`). `StopStrings` is that check: fed each round's committed tokens once, it returns
+the index of the token that completes a stop string, like Hugging Face's `StopStringCriteria` but on decoded text,
+decoding only a tail window per token (docs/instruct-models.md, "Stop strings").
 """
 
 from __future__ import annotations
