@@ -368,15 +368,6 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def optimal_gamma_table(costs: Costs, alphas: Sequence[float], max_gamma: int = 12) -> list[tuple[float, int, float]]:
-    """(a, gamma*, bound) rows, for reports."""
-    rows = []
-    for a in alphas:
-        g = costs.best_gamma(a, max_gamma)
-        rows.append((a, g, costs.speedup(a, g)))
-    return rows
-
-
 def geometric_acceptance(accepted: int, rejections: int) -> float | None:
     """MLE of the per-token acceptance a from greedy rounds (each round: n accepted, then a
     rejection unless all drafts were kept). accepted/drafted underestimates a."""
@@ -393,6 +384,5 @@ __all__ = [
     "expected_tokens",
     "fixed_gamma",
     "geometric_acceptance",
-    "optimal_gamma_table",
     "timed",
 ]
