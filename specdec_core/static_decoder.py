@@ -2,7 +2,7 @@
 
 Eager, a GPU waits on a pass's thousands of kernel launches; a graph replays them in one but needs fixed shapes
 and addresses, so the cache is one buffer per layer of `capacity` columns, a pass writes at its positions and
-attends through an explicit 4D mask, and a rollback only moves `length`. `StaticKV` holds the buffers and plain
+attends through an explicit 4D mask, and a rollback only moves a row's length. `StaticKV` holds the buffers and plain
 pass functions for any number of rows (`graphs.PassGraphs` runs them); `StaticDecoder` is one item at a time,
 `slot_kv.SlotKV` the batch engine's rows in slots. Without CUDA the same decoder runs eagerly
 (docs/how-it-works.md, "On a GPU: static caches and CUDA graphs").
