@@ -209,28 +209,21 @@ class GeneratorSpec:
         check_stop_strings(self.stop)
         if self.max_item_seconds is not None and not self.max_item_seconds > 0:
             raise ValueError(f"--max_item_seconds must be > 0, got {self.max_item_seconds}")
-        if self.gamma_policy not in GAMMA_POLICIES:
-            raise ValueError(f"--gamma_policy {self.gamma_policy!r}: expected one of {', '.join(GAMMA_POLICIES)}")
-        if self.draft_dtype not in DRAFT_DTYPES:
-            raise ValueError(f"--draft_dtype {self.draft_dtype!r}: expected one of {', '.join(DRAFT_DTYPES)}")
+        for flag, choices in (("gamma_policy", GAMMA_POLICIES), ("draft_dtype", DRAFT_DTYPES),
+                              ("cuda_graphs", GRAPH_MODES), ("torch_compile", GRAPH_MODES),
+                              ("cpu_kernels", CPU_KERNELS), ("drafter", DRAFTERS)):
+            if getattr(self, flag) not in choices:
+                raise ValueError(f"--{flag} {getattr(self, flag)!r}: expected one of {', '.join(choices)}")
         if self.draft_dtype == "int8" and self.device.startswith("cuda"):
             raise ValueError("--draft_dtype int8 is dynamic quantization, CPU only: not with --device cuda")
-        if self.cuda_graphs not in GRAPH_MODES:
-            raise ValueError(f"--cuda_graphs {self.cuda_graphs!r}: expected one of {', '.join(GRAPH_MODES)}")
-        if self.torch_compile not in GRAPH_MODES:
-            raise ValueError(f"--torch_compile {self.torch_compile!r}: expected one of {', '.join(GRAPH_MODES)}")
         if self.torch_compile == "on" and self.cuda_graphs == "off":
             raise ValueError("--torch_compile on compiles the passes over static caches: not with --cuda_graphs off")
         if self.torch_compile == "on" and self.cuda_graphs == "auto" and self.device == "cpu":
             raise ValueError("--torch_compile on compiles the passes over static caches, which --cuda_graphs auto "
                              "takes on a GPU only: not with --device cpu (--cuda_graphs on compiles them on a CPU)")
-        if self.cpu_kernels not in CPU_KERNELS:
-            raise ValueError(f"--cpu_kernels {self.cpu_kernels!r}: expected one of {', '.join(CPU_KERNELS)}")
         if self.gamma_policy == "adaptive" and self.temperature != 0:
             raise ValueError("--gamma_policy adaptive needs --temperature 0: its timing-driven gammas would "
                              "stop a seed from reproducing its sample (auto uses fixed when sampling)")
-        if self.drafter not in DRAFTERS:
-            raise ValueError(f"--drafter {self.drafter!r}: expected one of {', '.join(DRAFTERS)}")
         if self.drafter == "model" and not self.draft_model:
             raise ValueError("--drafter model needs --draft_model")
         if self.drafter == "ngram" and not 1 <= self.ngram_min_size <= self.ngram_max_size:
