@@ -13,9 +13,8 @@ from specdec_core.processing import residual
 
 
 class NonFiniteProbabilities(FloatingPointError):
-    """The target's probabilities at a token it must emit are NaN or inf: its numbers overflowed
-    (a row fails with this, as `generate()` would fail there, rather than in the sampler, which on
-    a GPU can take the whole process's CUDA context with it)."""
+    """The target's probabilities at a token it must emit are NaN or inf (overflow): the row fails here, as
+    `generate()` would, not in the sampler, which on a GPU can take the process's CUDA context with it."""
 
 
 def verify_greedy(drafts: list[int], target_choice: torch.Tensor | list[int]) -> tuple[int, int]:
@@ -34,17 +33,11 @@ def verify_sampled(
     q: torch.Tensor | None,
     generator: torch.Generator,
 ) -> tuple[int, int]:
-    """Speculative sampling.
-
-    p: (k+1, V) target probabilities at each drafted position plus the bonus position.
-    q: (k, V) draft probabilities the drafts were sampled from, or None for a deterministic
-       drafter (q one-hot on the draft, so a draft x is accepted with probability p(x)).
-    Draft i is accepted iff u_i * q_i(x_i) <= p_i(x_i), u_i ~ U[0,1): that is, with
-    probability min(1, p/q). One uniform is drawn per draft, none when there are no drafts.
-    """
+    """Speculative sampling: draft i is accepted iff u_i * q_i(x_i) <= p_i(x_i), u_i ~ U[0,1), i.e. w.p. min(1, p/q).
+    p: (k+1, V), at each draft and the bonus position. q: (k, V), what the drafts were sampled from, or None for a
+    deterministic drafter (one-hot: x accepted w.p. p(x)). One uniform per draft, none without drafts."""
     if q is not None and q.shape[-1] != p.shape[-1]:
-        # One tokenizer, output layers of two sizes (padded rows, as Qwen2.5-7B's 152064 against
-        # 0.5B's 151936): a token past a model's rows has probability 0 under it.
+        # Output layers padded to other sizes (Qwen2.5-7B 152064, 0.5B 151936): past a model's rows, p is 0.
         width = max(p.shape[-1], q.shape[-1])
         p, q = (torch.nn.functional.pad(t, (0, width - t.shape[-1])) for t in (p, q))
     k = len(drafts)

@@ -34,17 +34,14 @@ from specdec_core.slot_kv import SlotKV
 
 log = logging.getLogger(__name__)
 
-# When the adaptive policy finds that no drafting pays for the batch, it still drafts one token
-# per row every this many rounds, doubling after each such probe up to the maximum.
+# Where no drafting pays, the batch still drafts one token per row every this many rounds, doubling after each probe.
 FIRST_BATCH_PROBE_WAIT, MAX_BATCH_PROBE_WAIT = 8, 256
-# Prompts admitted while the batch does not draft skip the draft's prefill; a probe drafts on
-# the rows that have a draft cache, catching up others until at least this many rows take part.
+# Newcomers skip the draft's prefill while the batch does not draft; a probe catches up rows to at least this many.
 PROBE_ROWS = 8
 
 
 def _by_rows(kv: BatchKV | SlotKV | None, rows: int) -> bool:
-    """Whether these many new rows enter this cache through graphs (`SlotKV.prefill`)
-    rather than in padded eager passes (`PassSettings.graph_prefill_rows`)."""
+    """Whether these many new rows enter this cache through graphs rather than in padded eager passes."""
     return (isinstance(kv, SlotKV) and kv.prefills_in_graphs
             and (kv.settings.graph_prefill_rows is None or rows <= kv.settings.graph_prefill_rows))
 
@@ -73,11 +70,8 @@ class BatchSpeculativeGenerator(RoundEngine):
         torch_compile: bool = False,
         settings: PassSettings = DEFAULT,
     ):
-        """prefill_tokens: the most prompt tokens (rows x longest row) in one prefill pass; None
-        = `CPU_PREFILL_TOKENS` on a CPU, no limit elsewhere. cuda_graphs: each model's rows in
-        fixed slots of a static cache, its passes replayed as CUDA graphs (`specdec_core.slot_kv`),
-        and torch_compile, those passes compiled: as the batch-1 engine's options of those names.
-        settings: how the passes over those slots run, target's and draft's (`PassSettings`)."""
+        """prefill_tokens: the most prompt tokens (rows x longest row) per prefill pass; None: `CPU_PREFILL_TOKENS` on
+        a CPU, no limit elsewhere. cuda_graphs, torch_compile: as the batch-1 engine's, over fixed row slots."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.pad_id = pad_id_of(target)
@@ -98,8 +92,7 @@ class BatchSpeculativeGenerator(RoundEngine):
         self._costs_width = 0  # the batch width of the costs this engine measured (0: none yet)
         self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT
         self._drafting = True  # the batch policy's latest choice, probes aside
-        # For the draft's prefill in the batch policy: its seconds per prompt and the new tokens
-        # per finished row.
+        # The batch policy prices the draft's prefill per new token from these.
         self._draft_prefill = [0.0, 0]  # seconds, prompts
         self._row_tokens = [0, 0]  # new tokens, finished rows
         self.admit_s = 0.0  # wall seconds spent admitting rows (their prefills), since construction
@@ -119,12 +112,8 @@ class BatchSpeculativeGenerator(RoundEngine):
                       finish_checks: Sequence[FinishCheck | None] | None = None,
                       max_seconds: float | None = None) -> list[Generation | ItemTimeout]:
         """(prompt ids, seed) per item -> one Generation per item, in the same order.
-
-        finish_checks: each item's own end rule, as the batch-1 engine's `finish_check`.
-        max_seconds: an item still running this long after it entered the batch (one-off graph
-        captures and compiles not counted) leaves it, and its place in the result holds an
-        ItemTimeout instead (the other rows go on).
-        """
+        max_seconds: an item running longer since it entered (one-off graph captures and compiles not counted) leaves,
+        an ItemTimeout in its place; the other rows go on."""
         if not items:
             return []
         with attention_kernels(self.target.device, self.settings.cudnn_attention):
@@ -156,8 +145,7 @@ class BatchSpeculativeGenerator(RoundEngine):
         return results  # type: ignore[return-value]
 
     def _cache(self, model: PreTrainedModel, held: contextlib.ExitStack) -> BatchKV | SlotKV:
-        """The model's slots for this call when free (`held` gives them back), else a new padded
-        cache (another thread's call holds them)."""
+        """The model's slots for this call when free, else a new padded cache (another thread's call holds them)."""
         slots = self.slots[id(model)]
         if slots is not None and slots.acquire():
             held.callback(slots.release)
@@ -186,8 +174,7 @@ class BatchSpeculativeGenerator(RoundEngine):
                     out = r.result()
                     results[r.index] = (ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after "
                                                     f"{len(r.new)} new tokens)") if r.finish == "timeout" else out)
-                # Waiting prompts take the finished rows' places in the caches, so the rows that
-                # go on are not copied; places that nobody takes are dropped.
+                # Waiting prompts take finished rows' places (rows that go on are not copied); the rest are dropped.
                 refill = done[: len(waiting)]
                 if refill:
                     new = self._admit(waiting, len(refill), live, tkv, dkv, into=refill)
@@ -206,9 +193,8 @@ class BatchSpeculativeGenerator(RoundEngine):
 
     def _admit(self, waiting: deque, slots: int, live: list[Row], tkv: BatchKV | SlotKV,
                dkv: BatchKV | SlotKV | None, into: list[int] | None = None) -> list[Row]:
-        """Prefill up to `slots` waiting prompts (`_prefill`), then merge them in after the live
-        rows, or write them over the finished rows `into` (one per prompt). The admission's time
-        counts in each row's `admit_s`, the live rows' that waited for it and the new rows' own."""
+        """Prefill up to `slots` waiting prompts, merged after the live rows or over the finished rows `into`; the time
+        counts in the `admit_s` of the new rows and of the live ones, which waited for it."""
         t0, passes = time.perf_counter(), self.admitted[1]
         rows = [self._new_row(i, list(ids), seed, check) for i, (ids, seed, check) in
                 (waiting.popleft() for _ in range(min(slots, len(waiting))))]
@@ -216,16 +202,13 @@ class BatchSpeculativeGenerator(RoundEngine):
         setup = setup_seconds(tkv, dkv)
         for r in rows:
             r.setup = setup
-        # Invariant between rounds, as in the batch-1 engine: each cache holds every committed
-        # token of a row except the newest. The draft's cache may hold fewer (`_draft` feeds it
-        # what it lacks); while the batch does not draft, newcomers skip the draft's prefill.
+        # Invariant between rounds, as at batch 1: each cache holds every committed token but the newest; the draft's
+        # may hold fewer (`_draft` feeds what it lacks), and newcomers skip it while the batch does not draft.
         by_rows = _by_rows(tkv, len(rows))
         encoded = self._prefill(self.target, tkv, rows, into)
         if dkv is not None:
-            # An encoder-decoder draft is always prefilled: its encoding is the row's cross cache,
-            # and a row without one would have nothing to attend to in the draft's passes. A draft
-            # sharing the encoder takes the target's outputs where both prefill alike (per row
-            # through graphs, or in the same padded chunks).
+            # An encoder-decoder draft is always prefilled: without its cross cache a row has nothing to attend to.
+            # A draft sharing the encoder takes the target's outputs where both prefill alike (graphs, or same chunks).
             if self._drafting or self.encdec:
                 shared = self.shared_encoder and _by_rows(dkv, len(rows)) == by_rows
                 self._prefill(self.draft_model, dkv, rows, into, encoded if shared else None)
@@ -249,13 +232,9 @@ class BatchSpeculativeGenerator(RoundEngine):
 
     def _prefill(self, model: PreTrainedModel, kv: BatchKV | SlotKV, rows: list[Row], into: list[int] | None,
                  encoded: list | None = None) -> list:
-        """Each row's committed tokens but the newest into `kv`, in passes of at most
-        `prefill_tokens` tokens (slots with graphs: `SlotKV.prefill`'s passes), merged after
-        the rows there or written over the rows `into`.
-        Encoder-decoder: returns the encoder's outputs per pass (tensors), or per row through
-        graphs (`StaticKV.encode_rows` dicts);
-        `encoded` (those of a model with the same encoder module, over the same rows, prefilled
-        the same way) spares running the encoder again."""
+        """Each row's committed tokens but the newest into `kv`, in passes of at most `prefill_tokens` tokens, merged
+        after its rows or over the rows `into`. Encoder-decoder: returns the encoder's outputs (per pass, or per row
+        through graphs); `encoded`, from a model sharing this encoder and prefilled alike, spares running it again."""
         t0, setup = time.perf_counter(), setup_seconds(kv)
         # A row past a model draft's positions is never drafted: the draft reads none of it.
         drafts = model is self.draft_model
@@ -292,8 +271,7 @@ class BatchSpeculativeGenerator(RoundEngine):
         return hidden
 
     def _prefill_per_token(self, costs: Costs) -> float:
-        """The draft's prefill of a prompt spread over the tokens generated for it, in plain
-        rounds (`costs.step_s`): what drafting costs per token outside the rounds."""
+        """The draft's prefill per token generated, in plain steps: what drafting costs outside the rounds."""
         seconds, prompts = self._draft_prefill
         if not prompts or not costs.step_s:
             return 0.0
@@ -303,22 +281,15 @@ class BatchSpeculativeGenerator(RoundEngine):
     # -- costs at this batch width ---------------------------------------------------------------
 
     def _wants_costs(self, width: int) -> bool:
-        """Costs given to the policy are kept; costs this engine measured are measured again
-        once for a wider batch (a job's first call may hold fewer rows than the rest)."""
+        """Given costs are kept; measured ones are remeasured for a wider batch (a job's first call may be narrower)."""
         if isinstance(self.drafter, NoDrafter):
             return False
         return self.gamma_policy.needs_costs or 0 < self._costs_width < width
 
     def _measure_costs(self, live: list[Row], tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None) -> None:
-        """c and v(k) at this batch width, timed on the live caches and rolled back.
-
-        Batch-1 costs would mislead a batch: at one row a 2-token pass of the quick bench pair
-        costs 1.06 plain steps on a 2-core CPU, at 128 rows 1.4, and a round of gamma 1 (with
-        its draft step) 1.7 (`benchmarks/batch_round_costs.py`, a one-off script in git history
-        at 1a04c18). The rows' clocks leave this time out, as the batch-1 engine measures before
-        an item's clock starts. In a batch, a row's gammas depend on its batch-mates, so adaptive
-        sampling does not reproduce a seed's batch-1 sample (greedy output never depends on
-        gamma)."""
+        """c and v(k) at this batch width (batch-1 costs mislead a batch), timed on the live caches and rolled back.
+        The rows' clocks leave this time out. A row's gammas depend on its batch-mates, so adaptive sampling does not
+        reproduce a seed's batch-1 sample (greedy output never depends on gamma)."""
         t0, setup = time.perf_counter(), setup_seconds(tkv, dkv)
         ks = tuple(range(2, self.gamma + 2))
         draft_step = self._draft_timer(live, dkv) if dkv is not None else None
@@ -334,16 +305,14 @@ class BatchSpeculativeGenerator(RoundEngine):
             r.start += spent
 
     def _batch_gamma(self, policy: AdaptiveGamma, live: list[Row]) -> int:
-        """One gamma for all rows (`gamma.batch_gamma`): the verify pass is as wide as its
-        longest row, so a row drafting less than the others would waste its share of it."""
+        """One gamma for all rows: a verify pass is as wide as its longest row; a row drafting less wastes its share."""
         k = batch_gamma(policy.costs, [r.gamma_state.acceptance for r in live], min(self.gamma, policy.max_gamma),
                         per_token=self._prefill_per_token(policy.costs) if self.draft_model is not None else 0.0)
         self._drafting = k > 0
         if k > 0:
             self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT
             return k
-        # Rows learn their acceptance only from rounds that draft: now and then one draft per
-        # row, less often while drafting keeps not paying (as the batch-1 policy backs off).
+        # Rows learn acceptance only from rounds that draft: probe now and then, backing off as at batch 1.
         self._rounds_without_drafts += 1
         if self._rounds_without_drafts < self._probe_every:
             return 0
@@ -354,9 +323,8 @@ class BatchSpeculativeGenerator(RoundEngine):
     # -- one round --------------------------------------------------------------------------------
 
     def _gammas(self, live: list[Row], dkv: BatchKV | SlotKV | None) -> tuple[list[int], bool]:
-        """Each row's drafts this round: one gamma for the batch under the adaptive policy with
-        measured costs (`_batch_gamma`), else each row's own. Rows admitted while the batch did
-        not draft have their draft cache prefilled first (a probe: only a few of them)."""
+        """Each row's drafts: one gamma for the batch under the adaptive policy with measured costs, else each row's
+        own. Rows admitted while the batch did not draft get their draft cache prefilled first (a probe: a few)."""
         policy = self.gamma_policy
         batch_k = isinstance(policy, AdaptiveGamma) and policy.costs is not None and len(live) > 1
         k = self._batch_gamma(policy, live) if batch_k else 0

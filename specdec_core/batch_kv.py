@@ -37,11 +37,6 @@ from specdec_core.kv_cache import GrowingCache, GrowingLayer
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows, heads, columns, dim)
 
 
-
-
-
-
-
 def drop_order(rows: int, gone: list[int]) -> list[int]:
     """The rows that stay after `gone` leave, in their new order: the last rows that stay move
     into the places of those that go (row i is the old row order[i])."""
@@ -54,11 +49,9 @@ def drop_order(rows: int, gone: list[int]) -> list[int]:
     return order
 
 
-
 def _narrowed(value, m: int, w: int):
-    """A position embedding's argument for a pass of m tokens per row, for w of them: the shape
-    of its ids (LED's `input_ids_shape`), its ids or embeddings (rows, m, ...), its position ids
-    (m,) (BART's decoder passes them), else as it is."""
+    """A position embedding's argument of a pass of m tokens narrowed to w: an ids shape (LED's),
+    ids or embeddings (rows, m, ...), position ids (m,) (BART's); anything else as it is."""
     if w == m:
         return value
     if isinstance(value, torch.Size) and len(value) >= 2 and value[1] == m:
@@ -119,11 +112,10 @@ class BatchKV:
     @torch.inference_mode()
     def encode(self, prompts: list[list[int]], encoded: torch.Tensor | dict | None = None,
                lazy: bool = False) -> torch.Tensor:
-        """Encoder-decoder: run the encoder over these rows' prompts (right-padded, masked) unless
-        `encoded` (another model's outputs from the same encoder: a tensor, or a decoder's
-        `encoded`, its mask with it) is given, and write each row's cross-attention keys/values
-        with a one-token decoder pass whose self-attention cache is thrown away, or (`lazy`, one
-        row, as `generate()` runs it) in its first pass. Returns the encoder's outputs."""
+        """Encoder-decoder: the rows' encoder outputs (run here over the right-padded prompts, or
+        `encoded`: the same encoder's, a tensor or another decoder's `encoded`) and their
+        cross-attention keys/values, written by a one-token decoder pass or (`lazy`, one row, as
+        `generate()` does) by the first pass. Returns the encoder's outputs."""
         assert self.encdec and len(prompts) == self.rows and not self.cross.layers
         if isinstance(encoded, dict):
             self.encoded = encoded
@@ -237,10 +229,9 @@ class BatchKV:
         return colpos
 
     def _window_masks(self, mask: torch.Tensor, pos: torch.Tensor, width: int) -> torch.Tensor | dict:
-        """The 4D masks of this pass by true positions: a column is visible to a query when it is
-        valid, not after it, and (sliding layers) less than the window behind it. Float, additive,
-        as the models' own masks (0 visible, the dtype's minimum hidden): one tensor for a model
-        whose every layer slides, a dict by layer type for a hybrid one."""
+        """This pass's additive 4D masks by true positions: a column is visible when valid, not
+        after the query and (sliding layers) less than a window behind it; a dict by layer type
+        for a hybrid model."""
         m = pos.shape[1]
         colpos = self._column_positions(pos, width)
         cols = torch.arange(width + m, device=self.device)
@@ -271,10 +262,8 @@ class BatchKV:
 
     def _embed_by_row(self, module: torch.nn.Module, m: int) -> Callable:
         """A decoder position embedding's forward for a pass of m tokens per row: each row's
-        embeddings as the module gives them at the row's own cache length (its own forward, or
-        `fed_alone`'s), and never past its table (`table_size`): the pads of a row near the end
-        of its context take its last position's embedding, as a causal decoder's pads repeat
-        its last position."""
+        embeddings at its own cache length, never past the table (`table_size`: a row's pads near
+        its end take its last position's, as a causal decoder's pads repeat its last position)."""
         # (the class's forward: while another thread's pass runs, the instance's is patched)
         own = self._forwards.get(module) or MethodType(type(module).forward, module)
         cap = self._caps[module]
@@ -318,10 +307,9 @@ class BatchKV:
 
     @torch.inference_mode()
     def drop(self, gone: list[int]) -> list[int]:
-        """Remove these rows. The last rows that stay move into the places of those that go and
-        the cache's row view is narrowed, so only the moved rows are copied (gathering the rows
-        that stay copied the whole cache, and the next pass copied it again into a buffer with
-        room). Returns the new order: row i is the old row order[i]."""
+        """Remove these rows: the last rows that stay move into the gaps and the row view narrows,
+        so only moved rows are copied (a gather copied the whole cache, twice). Returns the new
+        order: row i is the old row order[i]."""
         order = drop_order(self.rows, gone)
         n = len(order)
         holes = [b for b, mover in enumerate(order) if b != mover]
@@ -343,10 +331,9 @@ class BatchKV:
 
     @torch.inference_mode()
     def place(self, slots: list[int], fresh: BatchKV) -> None:
-        """Write `fresh`'s rows over these rows (whose items have left, or which have no cache
-        yet), right-aligned at this cache's width; their old columns become holes. The rows that
-        go on are not copied, which is what makes refilling a finished row cheaper than `drop`
-        then `merge`."""
+        """Write `fresh`'s rows over these rows (left, or never filled), right-aligned at this
+        cache's width, their old columns holes: the other rows are not copied, which makes a
+        refill cheaper than `drop` then `merge`."""
         assert len(slots) == fresh.rows
         if self.encdec:
             self._place_cross(slots, fresh)
@@ -430,8 +417,8 @@ class BatchKV:
 
     def _gather_into(self, kv: tuple[torch.Tensor, torch.Tensor] | None, width: int, k_out: torch.Tensor,
                      v_out: torch.Tensor, index: torch.Tensor | None) -> None:
-        """One layer's keys/values of this cache (None: it never ran a pass) with every row's
-        valid columns right-aligned in `width` columns (left padding, zeros), into k_out/v_out."""
+        """One layer's keys/values (None: no pass ran) into k_out/v_out, each row's valid columns
+        right-aligned in `width` (zeros before)."""
         if kv is None or not kv[0].shape[2]:  # no pass ran, or none left columns: rows empty
             k_out.zero_()
             v_out.zero_()
@@ -446,8 +433,8 @@ class BatchKV:
         torch.gather(v, 2, index[:, None, :, None].expand(self.rows, v.shape[1], width, v.shape[3]), out=v_out)
 
     def _alignment(self, width: int) -> torch.Tensor | None:
-        """For each row, the cache column that goes to each of `width` right-aligned columns
-        (0 for padding, masked anyway); None when the cache is aligned already."""
+        """Per row, the cache column of each of `width` right-aligned columns (0: padding, masked);
+        None when aligned already."""
         if self.width == width and all(len(c) == width for c in self.cols):
             return None
         index = torch.zeros((self.rows, width), dtype=torch.long, device=self.device)
@@ -470,9 +457,8 @@ class BatchKV:
 
     @torch.inference_mode()
     def merge(self, *others: BatchKV) -> None:
-        """Append the rows of `others` (e.g. freshly prefilled prompts, one cache per prefill
-        pass) after this cache's rows, compacting all on the way: each part is gathered straight
-        into the new cache's buffer, which keeps spare columns for the next appends."""
+        """Append the rows of `others` (freshly prefilled prompts) after this cache's rows, all
+        compacted: each part is gathered straight into the new buffer, which keeps spare columns."""
         every = [kv for kv in (self, *others) if kv.rows]
         if self.encdec and every and (len(every) > 1 or every[0] is not self):
             self._merge_cross(every)
@@ -502,19 +488,14 @@ class BatchKV:
         self.cols = [c for _, cols in masks for c in cols]
 
 
-# On a CPU one pass over many prompts is slower than several smaller passes: its activations
-# outgrow the caches, and every elementwise op then streams them from memory. Quick bench pair,
-# 2 threads (`benchmarks/prefill_passes.py`, four runs): 64 prompts of 511 tokens took 1.4-1.6x
-# as long in one pass as in passes of 4 rows, 128 prompts of 64 tokens 1.03-1.4x as long as in
-# passes of 32; the 325M pair, compute-bound, 1.0-1.2x. Whole jobs of 64 such long prompts at
-# B=64: 1.11-1.19x the tokens/s (`benchmarks/prefill_budget_ab.py`). Both are one-off scripts in
-# git history at 1a04c18. GPUs want big passes.
+# On a CPU one pass over many prompts is slower than several smaller ones: its activations outgrow
+# the caches (measured in docs/batching.md, "Prefill in passes"). GPUs want big passes.
 CPU_PREFILL_TOKENS = 2048
 
 
 def last_logits(logits: torch.Tensor, feeds: list[list[int]], rows: list[int] | None = None) -> torch.Tensor:
-    """(rows, 1, V) float32, a copy: each row's logits (in `logits` at `rows`, else in order) at its
-    last fed position (a row that fed none: at its first, unread)."""
+    """(rows, 1, V) float32, a copy: each row's logits (at `rows`, else in order) at its last fed
+    position (a row that fed none: its first, unread)."""
     at = torch.tensor([max(len(f) - 1, 0) for f in feeds], device=logits.device)
     rows_at = torch.tensor(range(len(feeds)) if rows is None else rows, device=logits.device)
     return logits[rows_at, at][:, None].float()
@@ -522,7 +503,7 @@ def last_logits(logits: torch.Tensor, feeds: list[list[int]], rows: list[int] | 
 
 def one_row(model: PreTrainedModel, prompt_ids: list[int], encoded: dict | None = None) -> BatchKV:
     """A growing cache of one row for one item, its prompt encoded (encoder-decoder; `encoded`:
-    another decoder's outputs of this model's own encoder module for it) and its decoder empty."""
+    another decoder's outputs of this model's encoder) and its decoder empty."""
     kv = BatchKV(model, 1)
     if kv.encdec:
         kv.encode([prompt_ids], encoded, lazy=True)

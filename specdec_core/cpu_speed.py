@@ -34,8 +34,7 @@ def prepack_available() -> bool:
 
 
 def bf16_native() -> bool:
-    """Whether this CPU does bf16 arithmetic itself (AVX512-BF16, AMX): elsewhere oneDNN emulates
-    it and a bf16 model is slower than fp32."""
+    """Whether this CPU does bf16 natively (AVX512-BF16, AMX); emulated bf16 is slower than fp32."""
     try:
         return prepack_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
@@ -43,8 +42,7 @@ def bf16_native() -> bool:
 
 
 class PrepackedLinear(nn.Module):
-    """y = x W^T + b with W packed once for oneDNN; inputs of fewer than `threshold_rows` rows
-    keep the dense path, where the stock kernels are as fast on this CPU (`packed_from_rows`)."""
+    """y = x W^T + b, W packed once for oneDNN; below `threshold_rows` rows the stock kernels are as fast."""
 
     def __init__(self, linear: nn.Linear, threshold_rows: int = 4, pack_rows: int = 8):
         super().__init__()
@@ -83,13 +81,9 @@ def _median_time(fn, reps: int) -> float:
 
 def packed_from_rows(linears: list[PrepackedLinear], max_rows: int = 4, reps: int = 5, margin: float = 0.85,
                      timer=_median_time, sample_bytes: int = 256 << 20) -> int:
-    """The fewest input rows from which the oneDNN-packed weights beat the stock kernels on this
-    CPU, timed on `linears` run one after another (a model's own, so the weights stream from
-    memory as in a forward, not from cache; the first `sample_bytes` of them, more than the L3
-    cache a few cores share, so the timing costs the same for a 7B model as for a 300M one:
-    under a second); `max_rows` unless
-    packed is at least 1/margin faster below. A clear margin keeps timing noise from flipping the
-    choice between runs."""
+    """The fewest input rows from which packed weights are 1/margin faster than stock on this CPU, else `max_rows`.
+    Timed on the model's own linears, so weights stream from memory as in a forward; only the first `sample_bytes`
+    (more than L3), so it takes under a second at any size. The margin keeps noise from flipping the choice."""
     if not linears:
         return max_rows
     with torch.no_grad():
@@ -120,18 +114,10 @@ def packed_from_rows(linears: list[PrepackedLinear], max_rows: int = 4, reps: in
 
 def prepare_for_cpu(model: nn.Module, *, prepack: bool = True, threshold_rows: int | None = None,
                     pack_rows: int = 8, min_weight: int = 1_000_000) -> nn.Module:
-    """Make `model` (fp32 or bf16, on CPU, eval) faster for batch-1 decoding, in place; returns it.
-
-    A no-op for models on other devices or dtypes, for bf16 where the CPU lacks native bf16, or
-    where oneDNN is missing. Idempotent. fp32: only linears with at least `min_weight` weights
-    are packed (small ones stay in cache, where the default kernels are as fast: a 384x1024 model
-    ran slower prepacked), used from `threshold_rows` rows (None: `packed_from_rows` on those
-    linears, 1 to 4). bf16 (a `--draft_dtype bfloat16` draft, or a `--dtype bfloat16` model):
-    every linear, packed for one row and used at every row count, so 1-token and k-token passes
-    share one kernel (stock bf16 was slower at every shape timed).
-    The model stays a normal Hugging Face model (generate(), caches, logits_to_keep all work);
-    only saving it afterwards is not supported.
-    """
+    """Make `model` (fp32 or bf16, CPU, eval) faster for batch-1 decoding, in place and idempotently; returns it.
+    fp32: only linears of at least `min_weight` weights (small ones stay in cache, where stock kernels are as fast),
+    used from `threshold_rows` rows (None: timed). bf16 (needs native bf16): every linear, packed for one row, used
+    at every row count (stock bf16 was slower at every shape). Still an HF model, but saving it is not supported."""
     params = list(model.parameters())
     if not params or params[0].device.type != "cpu" or params[0].dtype not in (torch.float32, torch.bfloat16):
         return model
@@ -154,8 +140,7 @@ def prepare_for_cpu(model: nn.Module, *, prepack: bool = True, threshold_rows: i
 
 
 class Bf16Linear(nn.Module):
-    """A draft's fp32 linear with a bf16 copy of its weight packed for oneDNN: half the bytes
-    streamed per step; input and output stay fp32, and so does everything else in the model."""
+    """A draft's fp32 linear with a bf16 oneDNN-packed copy of its weight: half the bytes per step, fp32 in and out."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -173,16 +158,12 @@ class Bf16Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, weights=bf16 (oneDNN)"
 
 
-# As for packing fp32. One-row calls with the casts (`benchmarks/bf16_linears.py`, a one-off script in
-# git history at 1a04c18; EPYC, 2 threads):
-# 512x512 took 44 us with bf16 weights against 28 in fp32, 2048x128 47 against 39, 1024x384 43
-# against 45, 1024x1024 50 against 88, 2816x1024 122 against 250.
+# Smaller linears are faster in fp32, casts included (docs/performance.md).
 BF16_MIN_WEIGHT = 1_000_000
 
 
 def bf16_linears(model: nn.Module, min_weight: int = BF16_MIN_WEIGHT) -> int:
-    """Swap the large fp32 linears of a CPU draft for `Bf16Linear`, in place; returns how many.
-    Nothing happens without native bf16 (emulated bf16 is slower than fp32)."""
+    """Swap a CPU draft's large fp32 linears for `Bf16Linear` in place (native bf16 only); returns how many."""
     params = list(model.parameters())
     if (not params or params[0].device.type != "cpu" or params[0].dtype != torch.float32
             or not bf16_native()):
@@ -193,8 +174,7 @@ def bf16_linears(model: nn.Module, min_weight: int = BF16_MIN_WEIGHT) -> int:
 
 
 def quantize_draft(model: nn.Module) -> nn.Module:
-    """int8 dynamic quantisation of a draft's linear layers (exactness is unaffected: only the
-    proposals change). Returns a new module; falls back to the input if unsupported."""
+    """A draft with int8 dynamic linears (only proposals change): a new module, or the input if unsupported."""
     try:
         from torch.ao.quantization import quantize_dynamic
 
@@ -208,11 +188,8 @@ DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "int8")
 
 
 def draft_in_dtype(model: nn.Module, name: str) -> nn.Module:
-    """The draft in the dtype `--draft_dtype` names ("same": as loaded; "auto": as loaded, with
-    its large linears in bf16 on an fp32 CPU draft where the CPU has native bf16; "int8": dynamic
-    int8 linears, CPU only). Only the draft: its numerics change what is proposed, never what
-    the target accepts, so greedy output stays identical and sampling exact. Returns a new module
-    for int8 (the loaded one is left alone), the same module changed in place otherwise."""
+    """The draft in the dtype `--draft_dtype` names (docs/flags.md): a new module for int8, else changed in place.
+    Only the draft: its numerics change what is proposed, never what the target accepts."""
     if name == "same":
         return model
     if name == "auto":

@@ -28,11 +28,9 @@ def _decode(tok: PreTrainedTokenizerBase, ids: list[int]) -> str:
 
 
 def decode_suffix(tok: PreTrainedTokenizerBase, ids: list[int], start: int, context: int = CONTEXT) -> str | None:
-    """The text ids[start:] add after ids[:start], decoding only about `context` tokens before
-    `start` (or, failing that, everything); None when no context's text is a prefix of the
-    longer decode. A context must decode cleanly: a byte-fallback decoder turns a whole run of
-    byte tokens into U+FFFDs when the run starts inside a character, so a context starting
-    inside a character (or a run of them) is moved further back."""
+    """The text ids[start:] add after ids[:start], decoding about `context` tokens before `start` (else all); None
+    when no context's text prefixes the longer decode. A context starting inside a character is moved back: a
+    byte-fallback decoder turns a whole run of byte tokens into U+FFFDs when the run starts inside one."""
     starts = [*range(max(0, start - context), max(0, start - 4 * context) - 1, -1), 0]
     for c in dict.fromkeys(starts):
         head = _decode(tok, ids[c:start])
@@ -138,9 +136,8 @@ class CrossTokenizerDrafter(SessionDrafter):
 
     def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> CrossTokenizerSession:
         if self.model.config.is_encoder_decoder:
-            # The draft encodes the prompt's text in its own tokens; its decoder starts afresh.
-            # A prompt longer in the draft's tokens than its encoder takes is cut to what it takes
-            # (by the tokenizer, its end token kept): a worse guess, never another output.
+            # The draft encodes the prompt's text in its own tokens, cut (end token kept) to what its encoder takes:
+            # a worse guess, never another output. Its decoder starts afresh.
             limit = self.encoder_limit
             text = _decode(self.target_tokenizer, prompt_ids)
             draft_prompt = self.draft_tokenizer(text, truncation=limit is not None, max_length=limit)["input_ids"]
@@ -165,10 +162,9 @@ class CrossTokenizerSession(DraftSession):
         self.full_syncs = 0  # rounds whose window did not line up (re-encoded everything)
 
     def _reencode(self, view: str) -> list[int]:
-        """Draft ids of `view`: the ids of the text both views share up to a draft-token boundary a
-        few tokens back, then the rest of `view` encoded alone. The window's ids must decode (in
-        context) to exactly its text: a tokenizer that adds a prefix space to every encode
-        (SentencePiece) fails that mid-word, and the next boundary back is tried, then all."""
+        """Draft ids of `view`: the shared text's ids up to a draft-token boundary a few tokens back, then the rest of
+        `view` encoded alone. The window's ids must decode (in context) to exactly its text: a tokenizer adding a
+        prefix space to every encode (SentencePiece) fails that mid-word, so earlier boundaries are tried, then all."""
         tok, ids = self.d.draft_tokenizer, self.ids
         for j in range(max(0, len(ids) - DRAFT_WINDOW), max(0, len(ids) - 3 * DRAFT_WINDOW), -1):
             suffix = decode_suffix(tok, ids, j)
@@ -222,9 +218,8 @@ class CrossTokenizerSession(DraftSession):
                 continue
             text = text.rstrip(_PARTIAL)
             stable = _last_word_end(text)
-            # The draft's text may end inside a target token, and a word's first pieces may be
-            # split differently once it is complete: propose up to the last word's end, or,
-            # without one, all but the last target token.
+            # The text may end inside a target token, and a word's first pieces may split otherwise once complete:
+            # propose up to the last word's end, or, without one, all but the last target token.
             props = self._to_target(tail, text[:stable]) if stable else self._to_target(tail, text)[:-1]
             if len(props) >= k:
                 break
@@ -235,9 +230,8 @@ class CrossTokenizerSession(DraftSession):
         return Draft(props[:k], None)
 
     def _target_tail(self, seq: list[int]) -> tuple[str, list[int], list[int]]:
-        """The committed text of the last TARGET_TAIL target tokens (starting on a whole
-        character), its encoding by the target's tokenizer, and the committed target tokens
-        after that text: the first bytes of a character the next tokens must complete."""
+        """The committed text of the last TARGET_TAIL target tokens (from a whole character), its target encoding, and
+        the committed tokens after it: a character's first bytes, which the next tokens must complete."""
         tok = self.d.target_tokenizer
         for pending in range(4):  # a UTF-8 character has at most 4 bytes
             end = len(seq) - pending
@@ -263,9 +257,8 @@ class CrossTokenizerSession(DraftSession):
         if ids[: len(tail_ids)] == tail_ids:
             ids = ids[len(tail_ids):]
         else:
-            # The committed end falls inside a token of the re-encoding: what the target does
-            # next is closest to the draft text's own encoding, if that decodes to the text
-            # after the committed tokens (not so where the tokenizer adds a prefix space).
+            # The committed end falls inside a re-encoded token: take the draft text's own encoding, if it decodes
+            # to the text after the committed tokens (not so where the tokenizer adds a prefix space).
             ids = _encode(self.d.target_tokenizer, text)
             if decode_suffix(self.d.target_tokenizer, tail_ids + ids, len(tail_ids)) != text:
                 return []

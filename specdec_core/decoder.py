@@ -44,9 +44,8 @@ def initial_decoder_ids(model: PreTrainedModel, prompt_ids: list[int]) -> list[i
 
 
 def eos_ids(model: PreTrainedModel) -> set[int]:
-    """The token ids that end a generation: the generation config's, as generate() reads them
-    (a model config's own eos_token_id does not end its generate() when the generation config
-    has none)."""
+    """The ids that end a generation: the generation config's, as generate() reads them (a model config's own
+    eos_token_id does not end generate() when the generation config has none)."""
     eos = model.generation_config.eos_token_id
     if eos is None:
         return set()
@@ -57,10 +56,8 @@ _LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def pass_lock(model: PreTrainedModel) -> threading.RLock:
-    """The lock of `model`'s passes that hook its modules (`hooked`: position embeddings
-    and relative biases, changed for every caller while such a pass runs), which an
-    encoder-decoder's other passes take too (here, in `BatchKV` and in static caches), so that
-    none runs through another thread's hooks. Decoder-only models are never hooked."""
+    """The lock of `model`'s hooked passes (`hooked` changes its modules for every caller), which an encoder-decoder's
+    other passes take too, so none runs through another thread's hooks. Decoder-only models are never hooked."""
     return _LOCKS.setdefault(model, threading.RLock())
 
 
@@ -77,10 +74,9 @@ def decoder_position_modules(model: PreTrainedModel) -> tuple[list, list]:
 
 
 def counts_positions_from_ids(module: torch.nn.Module) -> bool:
-    """Whether a decoder position embedding is fairseq's sinusoidal one (M2M100, NLLB): it counts
-    positions from the token ids (a pad keeps the padding position) and the cache length, and
-    compares them with its table's size on the host to grow it, which a capture cannot do with
-    the device's length (`StaticKV._table_forward` looks them up on the device instead)."""
+    """Whether a decoder position embedding is fairseq's sinusoidal one (M2M100, NLLB): it counts positions from the
+    ids (a pad keeps the padding position) and grows its table by a check on the host, which a capture cannot do
+    (`StaticKV._table_forward` looks them up on the device instead)."""
     return (callable(getattr(module, "create_position_ids_from_input_ids", None))
             and callable(getattr(module, "get_embedding", None))
             and isinstance(getattr(module, "weights", None), torch.Tensor)
@@ -88,22 +84,18 @@ def counts_positions_from_ids(module: torch.nn.Module) -> bool:
 
 
 def position_table(module: torch.nn.Module) -> bool:
-    """Whether a decoder position embedding is a table of one row per position (an
-    `nn.Embedding`, learned like BART's and LED's or fixed like Marian's sinusoids), which static
-    caches look up at each row's own positions (`StaticKV._lookup_forward`). Its own forward, where
-    its decoder passes no position ids (LED's, MVP's), counts them from the cache length with
-    `torch.arange`, which reads that length on the host (a capture cannot) and gives every row the
-    same positions."""
+    """Whether a decoder position embedding is a table of one row per position (`nn.Embedding`: BART's, LED's,
+    Marian's sinusoids), which static caches look up at each row's positions. Its own forward, where the decoder
+    passes no position ids (LED, MVP), counts them with `torch.arange` from the cache length read on the host (a
+    capture cannot) and gives every row the same positions."""
     return isinstance(module, torch.nn.Embedding) and not counts_positions_from_ids(module)
 
 
 def fed_alone(module: torch.nn.Module):
-    """A `counts_positions_from_ids` embedding's forward for the eager passes of several tokens:
-    each token's embedding as the module gives it fed alone after the cache's earlier tokens, as
-    `generate()` feeds them. Its own forward counts over the whole pass, so a pad id inside a
-    pass (a draft, or an output that holds one) would move every later token back a position:
-    here a pad keeps the padding position and moves nothing. The module's own forward runs
-    (growing its table as it does), over the ids with each pad counted."""
+    """A `counts_positions_from_ids` embedding's forward for eager passes of several tokens: each token embedded as
+    if fed alone after the cache, as `generate()` feeds them. Its own forward counts over the whole pass, so a pad
+    inside it would move every later token back a position; here a pad keeps the padding position and moves nothing
+    (the module's own forward still runs, growing its table)."""
     own = type(module).forward
 
     def forward(input_ids=None, inputs_embeds=None, cache_length=0):
@@ -117,12 +109,9 @@ def fed_alone(module: torch.nn.Module):
 
 @contextmanager
 def hooked(model: PreTrainedModel, biases: dict, forwards: dict):
-    """While a pass of `model` runs: each relative-bias module's `compute_bias` replaced by
-    `biases[module]`, and each module of `forwards` (position embeddings) run as
-    `forwards[module]` instead of its own forward. They change the model for every caller, so
-    one such pass of a model runs at a time, and the other passes of an encoder-decoder model
-    (growing caches, aligned padded passes, static caches) wait for it (`pass_lock`). An
-    instance's own `compute_bias` or `forward` comes back after."""
+    """While a pass of `model` runs: relative-bias modules' `compute_bias` and position modules' forward replaced by
+    `biases[m]` and `forwards[m]`, restored after. They change the model for every caller, so such passes, and an
+    encoder-decoder's other passes, run one at a time (`pass_lock`)."""
     with pass_lock(model):
         patches = [(m, "compute_bias", f) for m, f in biases.items()]
         patches += [(m, "forward", f) for m, f in forwards.items()]
@@ -140,9 +129,8 @@ def hooked(model: PreTrainedModel, biases: dict, forwards: dict):
 
 
 def sliding_window(config) -> int | None:
-    """The sliding window (tokens) of a model whose decoder has such layers, or None. Read from
-    its decoder's text config: a multimodal model (Gemma 3's 4B and larger) keeps it there, an
-    encoder-decoder one (T5Gemma) in its decoder's."""
+    """The sliding window (tokens) of a model whose decoder has such layers, or None; read from the decoder's text
+    config, where multimodal (Gemma 3 4B and up) and encoder-decoder (T5Gemma) models keep it."""
     text = config.get_text_config(decoder=True)
     window = getattr(text, "sliding_window", None)
     if not window or not getattr(text, "use_sliding_window", True):
@@ -154,10 +142,9 @@ def sliding_window(config) -> int | None:
 
 
 def other_layer_kinds(config) -> list[str]:
-    """A model's layer kinds other than full and sliding-window attention (chunked or linear
-    attention, state-space layers), from its text config: neither our padded batches nor our
-    static caches take them. GPT-Neo's local layers count their window in cache columns (a fixed
-    bias no mask undoes), which only a growing cache of one row keeps equal to positions."""
+    """Layer kinds other than full and sliding-window attention (chunked or linear attention, state-space layers):
+    neither padded batches nor static caches take them. GPT-Neo's local layers count their window in cache columns
+    (a fixed bias no mask undoes), which only a growing one-row cache keeps equal to positions."""
     text = config.get_text_config(decoder=True)
     kinds = set(getattr(text, "layer_types", None) or ())
     if "local" in (getattr(text, "attention_layers", None) or ()):
@@ -173,18 +160,16 @@ def own_kv_layers(config, layers: int) -> list[int]:
 
 
 def mixed_layer_types(config) -> list[str] | None:
-    """Per layer, its attention kind, for a model that mixes full and sliding-window layers (Gemma
-    2/3, Qwen2 past `max_window_layers`): such models take a 4D mask per kind. None where every
-    layer is alike (the one mask a model such as Mistral takes, which ignores `layer_types`)."""
+    """Per layer, its attention kind, for a model mixing full and sliding-window layers (Gemma 2/3, Qwen2 past
+    `max_window_layers`): a 4D mask per kind. None where all are alike (Mistral's one mask ignores `layer_types`)."""
     types = getattr(config.get_text_config(decoder=True), "layer_types", None)
     return list(types) if types and len(set(types)) > 1 else None
 
 
 def bias_by_row(module, queries: Callable[[], torch.Tensor], keys) -> Callable:
-    """A relative-bias module's `compute_bias` looking up, per row, the bias its class computes
-    for every distance (never a patch in place) by each query's and key's true position:
-    `queries()` (rows, q) and `keys(key_length)` -> (key positions broadcastable to (rows, q,
-    key_length), the number of distances to tabulate, more than any distance that occurs)."""
+    """A relative-bias module's `compute_bias` looking up, per row, its class's bias of every distance (never patched
+    in place) at each query's and key's true position: `queries()` -> (rows, q); `keys(key_length)` -> (key positions
+    broadcastable to (rows, q, key_length), the number of distances to tabulate, above any that occurs)."""
     original = type(module).compute_bias
 
     def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):

@@ -53,15 +53,13 @@ class DraftSession(ABC):
 
     @abstractmethod
     def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
-        """Up to k tokens after `seq`; a model drafter asks `keep` before each one (and stops
-        at the first no), other drafters ignore it."""
+        """Up to k tokens after `seq`; a model drafter stops at the first no from `keep`, others ignore it."""
 
     def rollback(self, valid_len: int) -> None:  # noqa: B027 (an optional hook: stateless drafters keep nothing)
         """The first `valid_len` tokens of the decoder sequence are now final."""
 
 
-# Seconds of drafting per proposed token, timed on this machine (the paper's c, before dividing by
-# a target step); see SessionDrafter.step_timer.
+# Seconds of drafting per proposed token on this machine: the paper's c before dividing by a target step.
 StepTimer = Callable[[], float]
 
 
@@ -69,8 +67,7 @@ class Drafter:
     name: str
 
     def room(self, seq_len: int) -> int:
-        """The most tokens this drafter may propose after a decoder sequence of `seq_len` (a model
-        draft: within its own positions, `ModelDrafter.room`); the engines never ask for more."""
+        """The most tokens this drafter may propose after `seq_len` decoder tokens; the engines never ask for more."""
         return NO_LIMIT
 
 
@@ -82,9 +79,8 @@ class SessionDrafter(Drafter, ABC):
         """A drafting session for one item."""
 
     def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer | None:
-        """A timer of this drafter's cost per proposed token after `seq` (`extra`: tokens to feed,
-        `burst`: proposals per timing, as in a round), or None when drafting costs next to nothing
-        against a model pass (no model: prompt lookup)."""
+        """A timer of this drafter's cost per proposed token after `seq` (fed `extra`, `burst` proposals a timing, as
+        in a round), or None where it costs next to nothing against a model pass (prompt lookup)."""
         return None
 
 
@@ -107,10 +103,9 @@ def _clamp_ids(embeddings: torch.nn.Embedding, args: tuple) -> tuple:
 
 
 def _read_any_token(model: PreTrainedModel) -> None:
-    """The draft reads the target's tokens, and a target with more output rows (a checkpoint
-    padded to another multiple) can write one past the draft's embeddings: the draft reads its
-    last row in its place, a worse guess, never another output. Once per model (an id clamp in
-    its decoder's embedding lookup, inside any graph captured of it)."""
+    """Clamp ids in the draft's embedding lookup (once per model, inside any graph captured of it): a target with
+    more output rows (padded to another multiple) can write one past the draft's embeddings, which the draft then
+    reads as its last row, a worse guess, never another output."""
     owner = model.get_decoder() if model.config.is_encoder_decoder else model
     try:
         embeddings = owner.get_input_embeddings()
@@ -122,41 +117,33 @@ def _read_any_token(model: PreTrainedModel) -> None:
 
 
 class ModelDrafter(Drafter):
-    """A small language model sharing the target's vocabulary, with its own KV cache (another
-    tokenizer: specdec_core.cross_tokenizer)."""
+    """A small LM sharing the target's vocabulary, with its own KV cache (another tokenizer: cross_tokenizer.py)."""
 
     name = "model"
 
     def __init__(self, model: PreTrainedModel, cuda_graphs: str = "auto", chain: bool = False,
                  torch_compile: bool = False, settings: PassSettings = DEFAULT):
-        """cuda_graphs, torch_compile: the draft's steps over a static cache replayed as CUDA
-        graphs (and compiled), as the engine's options of those names. chain: with a static cache
-        and a plain argmax picker, a round's draft steps run as one chain on the device, read back
-        once (`StaticDecoder.draft_greedy`); the job turns it on with compiled passes, where it pays.
-        settings: how the passes over its static cache run (`PassSettings`)."""
+        """cuda_graphs, torch_compile: as the engine's. chain: with a static cache and argmax picks, a round's draft
+        steps run chained on the device, read back once; the job turns it on with compiled passes, where it pays."""
         self.model = model
         _read_any_token(model)
         # A round's drafts end at the draft's end token: nothing after an end is ever kept.
         self.ends = eos_ids(model)
         self.static = static_decoder_for(model, cuda_graphs, torch_compile, settings)
         self.chain = chain
-        # The draft's decoder positions (None: relative, as T5's): a draft with fewer than the
-        # target drafts while a row fits them, and the target goes on alone after (`room`).
+        # The draft's decoder positions (None: relative, as T5's); past them the target goes on alone (`room`).
         self.limit = context_limit(model)
         # An encoder-decoder draft's encoder positions: a longer prompt is cut to them for it.
         self.encoder_limit = context_limit(model, encoder=True) if model.config.is_encoder_decoder else None
 
     def room(self, seq_len: int) -> int:
-        """The most tokens the draft may propose after a decoder sequence of `seq_len`: its k
-        steps read positions up to seq_len + k - 2 and, in a batch, a row's pad after them one
-        more, all inside its own positions. Any number of drafts keeps the output exact; this one
-        depends on the length alone, so a seed's sample does not depend on it either."""
+        """The most tokens the draft may propose after `seq_len` tokens: its k steps, and a batch row's pad after them,
+        stay inside its positions. It depends on the length alone, so a seed's sample does not depend on it either."""
         return NO_LIMIT if self.limit is None else max(self.limit - seq_len, 0)
 
     def encoder_prompt(self, prompt_ids: list[int]) -> list[int]:
-        """What an encoder-decoder draft's own encoder reads of a prompt: all of it, or, past its
-        positions, their number of tokens, the last (an end token) kept: a worse guess, never
-        another output."""
+        """What an encoder-decoder draft's encoder reads of a prompt: all of it, or as many tokens as it has positions,
+        the last (an end token) kept: a worse guess, never another output."""
         limit = self.encoder_limit
         if limit is None or len(prompt_ids) <= limit:
             return prompt_ids
@@ -164,10 +151,8 @@ class ModelDrafter(Drafter):
 
     def open(self, prompt_ids: list[int], held: contextlib.ExitStack,
              encoded: dict | None = None) -> StaticDecoder | BatchKV:
-        """The draft's decoder for one item, its prompt encoded (encoder-decoder) and its decoder
-        empty: the draft's static decoder when free (`held` gives it back), else a new growing
-        cache of one row. `encoded`: the target's encoder outputs for this prompt (its cache's `encoded`),
-        when the draft runs the target's own encoder module (`loading.share_encoder`)."""
+        """The draft's decoder for one item, prompt encoded and decoder empty: its static decoder when free, else a
+        growing one-row cache. `encoded`: the target's encoder outputs, when the draft shares the target's encoder."""
         if encoded is None:
             prompt_ids = self.encoder_prompt(prompt_ids)
         if self.static is not None and self.static.acquire():
@@ -178,11 +163,9 @@ class ModelDrafter(Drafter):
 
 
 class NgramDrafter(SessionDrafter):
-    """Prompt lookup: find the sequence's last n tokens earlier in the prompt or the output,
-    and propose what followed them. Longest n first; the EARLIEST occurrence wins, as in HF's
-    prompt lookup: on the demo pair's code it gave 2.40 tokens per target step against 2.05 for
-    the most recent one (the source text is what a continuation copies from, not the output's
-    own latest repeat)."""
+    """Prompt lookup: find the sequence's last n tokens (longest n first) earlier in the prompt or output, and propose
+    what followed. The EARLIEST occurrence wins, as in HF: a continuation copies from the source text, not from the
+    output's latest repeat (docs/performance.md)."""
 
     name = "ngram"
 

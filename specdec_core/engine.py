@@ -24,9 +24,8 @@ from specdec_core.static_decoder import StaticDecoder
 
 
 class ItemClock:
-    """An item's wall time since it started (its stats), and its own time: less the one-off work
-    (`setup_seconds`) done meanwhile, so that a first item that pays for new graphs or compiles
-    is not timed out for it."""
+    """An item's wall time, and its own time: less one-off work done meanwhile (`setup_seconds`), so that a first
+    item that pays for new graphs or compiles is not timed out for it."""
 
     def __init__(self, setup: Callable[[], float]):
         self._setup = setup
@@ -45,8 +44,7 @@ class ItemClock:
 
 
 class SpeculativeGenerator(RoundEngine):
-    """Exact speculative decoding of one prompt at a time with a target and a drafter: the round
-    loop (`rounds.RoundEngine._round`) over one row."""
+    """Exact speculative decoding of one prompt at a time: the round loop (`RoundEngine._round`) over one row."""
 
     def __init__(
         self,
@@ -61,16 +59,13 @@ class SpeculativeGenerator(RoundEngine):
         torch_compile: bool = False,
         settings: PassSettings = DEFAULT,
     ):
-        """cuda_graphs: the target's passes over a static cache replayed as CUDA graphs
-        (`specdec_core.static_decoder`): "auto" (on CUDA, for models that allow it), "on", "off".
-        torch_compile: those passes compiled by `torch.compile` before they are captured.
-        settings: how those passes run (`PassSettings`; a model drafter holds its own)."""
+        """cuda_graphs: the target's passes over a static cache replayed as CUDA graphs ("auto": on CUDA where the
+        model allows it, "on", "off"); torch_compile: those passes compiled before capture."""
         super().__init__(target, drafter, num_speculative_tokens, max_new_tokens, sampling, gamma_policy, settings)
         self.static = static_decoder_for(target, cuda_graphs, torch_compile, settings)
 
     def measure_costs(self, prompt_ids: list[int], ks: tuple[int, ...] | None = None, reps: int = 2) -> Costs:
-        """Time this pair on this machine: target passes over k tokens and one draft step, both
-        on the prompt's cache (c and v(k) of the paper's bound, in 1-token target passes)."""
+        """c and v(k) of this pair on this machine, in 1-token target passes, timed on the prompt's cache."""
         ks = ks or tuple(range(2, self.gamma + 2))
         if not self.target.config.is_encoder_decoder:  # timed after the prompt: max(ks) - 1 more tokens fit
             models = [self.target] + ([self.drafter.model] if isinstance(self.drafter, ModelDrafter) else [])
@@ -94,8 +89,7 @@ class SpeculativeGenerator(RoundEngine):
 
     def generate(self, prompt_ids: list[int], seed: int = 0, finish_check: FinishCheck | None = None,
                  max_seconds: float | None = None) -> Generation:
-        """max_seconds: raise ItemTimeout at the first round that starts past this many seconds of
-        the item's own (`ItemClock`: one-off graph captures and compiles not counted)."""
+        """max_seconds: raise ItemTimeout at the first round past this many seconds of the item's own (`ItemClock`)."""
         with attention_kernels(self.target.device, self.settings.cudnn_attention):
             return self._generate(prompt_ids, seed, finish_check, max_seconds)
 
@@ -113,10 +107,8 @@ class SpeculativeGenerator(RoundEngine):
 
     def _caches(self, row: Row, prompt_ids: list[int], held: contextlib.ExitStack
                 ) -> tuple[StaticDecoder | BatchKV, StaticDecoder | BatchKV | None]:
-        """The item's target cache, its prompt read but the newest token, and a model draft's
-        cache, empty (it reads the prompt when it first drafts: `_draft`), else None (the row's
-        session drafts). Each model's static decoder when free (`held` gives it back), else a
-        growing cache of one row."""
+        """The target's cache (the prompt read but the newest token) and a model draft's, empty until it drafts, else
+        None (the row's session drafts): each model's static decoder when free, else a growing one-row cache."""
         if self.static is not None and self.static.acquire():
             held.callback(self.static.release)
             self.static.encode(prompt_ids)

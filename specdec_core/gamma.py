@@ -18,11 +18,8 @@ from dataclasses import dataclass, field
 
 
 class GammaState(ABC):
-    """One item's choices: k before each round, told afterwards how many drafts were kept.
-
-    Early stopping is optional: a state with `stops_early` is asked `keep_drafting` before
-    each draft token of a round (greedy only, see the engine) and then shown the draft's
-    confidences with the outcome, to calibrate itself."""
+    """One item's choices: k before each round, told afterwards how many drafts were kept. With `stops_early`, it is
+    asked `keep_drafting` before each draft token (greedy only), then shown the confidences to calibrate itself."""
 
     stops_early = False
 
@@ -41,8 +38,7 @@ class GammaState(ABC):
 
 
 class GammaPolicy(ABC):
-    """Starts one `GammaState` per item. A policy with `needs_costs` is handed the pair's
-    measured `Costs` once per process (`set_costs`), before the first item's clock starts."""
+    """Starts one `GammaState` per item; with `needs_costs`, it gets measured `Costs` before the first item's clock."""
 
     needs_costs = False
 
@@ -135,11 +131,9 @@ class Costs:
         ks: Sequence[int] = (2, 3, 4, 5, 6, 7, 8, 9),
         reps: int = 3,
     ) -> Costs:
-        """Costs from timing functions: target_step(k) runs one k-token pass and returns its
-        seconds; draft_step() returns the seconds of one draft step (the engine averages a burst
-        of consecutive steps, as in a round). Every k-token (and draft) pass is timed right after
-        a 1-token pass and taken relative to it, so load changes on a shared machine cancel out in
-        the ratio; the median ratio over reps is used."""
+        """Costs from timers: target_step(k) -> seconds of one k-token pass, draft_step() -> of one draft step.
+        Each pass is timed right after a 1-token pass and taken relative to it, so load changes on a shared machine
+        cancel out; the median ratio over reps is used."""
         v: dict[int, list[float]] = {k: [] for k in ks}
         d: list[float] = []
         steps: list[float] = []
@@ -159,10 +153,8 @@ class Costs:
 
 
 class _Calibration:
-    """P(target accepts a draft token | the draft's confidence in it), learnt online.
-
-    Confidence bins are log-spaced; each bin starts at a prior (the overall acceptance) with
-    a small weight, so an unseen bin says "as usual" rather than "never"."""
+    """P(target accepts a draft token | the draft's confidence in it), learnt online in log-spaced bins.
+    Each bin starts at a lightly weighted prior (the overall acceptance): an unseen bin says "as usual", not "never"."""
 
     EDGES = (0.02, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.85, 0.95)
 
@@ -187,15 +179,8 @@ class _Calibration:
 
 
 class AdaptiveGamma(GammaPolicy):
-    """Per-item gamma from measured acceptance and costs (see the module docstring).
-
-    costs: measured `Costs`; None means "not known yet": the engine fills them in by timing
-        the pair once per process (`needs_costs`/`set_costs`).
-    max_gamma: upper bound on drafts per round (the engine's num_speculative_tokens also caps).
-    share_across_items: new items start from the acceptance seen on previous items of this
-        process (so a pair that never agrees stops drafting from the first round on).
-    early_stop: stop a round's drafting when the draft is unsure (needs draft confidences).
-    """
+    """Per-item gamma from measured acceptance and costs (None: the engine times them once per process).
+    share_across_items: new items start from earlier ones' acceptance, so a pair that never agrees drafts no more."""
 
     def __init__(
         self,
@@ -292,13 +277,10 @@ class _AdaptiveState(GammaState):
         return k
 
     def keep_drafting(self, i: int, confidence: float) -> bool:
-        """Before proposing draft token i (0-based) of this round, whose draft confidence is
-        `confidence`: propose it (and maybe more) or stop the round's drafting here?
-
-        Not myopic: v(k) is not convex on CPUs (a kernel switch makes one block size jump),
-        so we compare the expected rate of stopping now, E_i / C_i, with the best rate of
-        any longer block, E_j / C_j for j up to this round's k, where C_n = n c + v(n + 1)
-        (the draft step that produced token i is already paid, in both options)."""
+        """Propose draft token i (0-based) of this round, or stop the round's drafting here?
+        Not myopic, since v(k) is not convex on CPUs (a kernel switch makes one size jump): compares stopping now,
+        E_i / C_i, with the best longer block, E_j / C_j up to this round's k, C_n = n c + v(n + 1) (token i's draft
+        step is paid either way)."""
         p = self.policy.calibration.prob(confidence, self.acceptance)
         if i == 0:  # a new round; its first draft is always proposed
             self._survival, self._expected = 1.0, 1.0
@@ -317,8 +299,7 @@ class _AdaptiveState(GammaState):
         return True
 
     def record_confidences(self, confidences: Sequence[float], accepted: int) -> None:
-        """Calibrate: drafts before the first rejection were accepted, that one was not;
-        the ones after it were never tested."""
+        """Calibrate: drafts before the first rejection were accepted, it was not, later ones were never tested."""
         cal = self.policy.calibration
         with self.policy._lock:
             for j, conf in enumerate(confidences[: accepted + 1]):
@@ -342,17 +323,10 @@ class _AdaptiveState(GammaState):
 
 
 def batch_gamma(costs: Costs, acceptances: Sequence[float], max_gamma: int, per_token: float = 0.0) -> int:
-    """Drafts per row for a round in which all rows verify in one pass.
-
-    A batched pass is as wide as its longest row, so once one row drafts K tokens every row
-    may draft K at no extra cost (the draft runs one pass per step for all rows too). The
-    round then costs K c + v(K + 1), with costs measured at this batch width, and yields
-    sum_b E(a_b, K): the paper's rule summed over the rows. K = 0, a plain step, yields one
-    token per row at cost 1. Where the rows already fill the machine (v(2) near 2), no K pays.
-
-    per_token: what drafting costs per token it yields outside the rounds, in plain rounds: the
-    draft's prefill of each prompt spread over the tokens generated for it (a batch that does
-    not draft skips that prefill)."""
+    """Drafts per row for a round in which all rows verify in one pass (docs/batching.md).
+    A batched pass is as wide as its longest row, so every row may draft K once one does: the round costs
+    K c + v(K + 1) at this batch width and yields sum_b E(a_b, K); K = 0 yields one token per row at cost 1.
+    per_token: the draft's prefill of each prompt per token it yields (a batch that does not draft skips it)."""
     best, best_rate = 0, float(len(acceptances))
     for k in range(1, max_gamma + 1):
         tokens = sum(expected_tokens(a, k) for a in acceptances)
@@ -369,8 +343,8 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def geometric_acceptance(accepted: int, rejections: int) -> float | None:
-    """MLE of the per-token acceptance a from greedy rounds (each round: n accepted, then a
-    rejection unless all drafts were kept). accepted/drafted underestimates a."""
+    """MLE of the per-token acceptance from greedy rounds (n accepted, then a rejection unless all were kept);
+    accepted/drafted would underestimate it."""
     total = accepted + rejections
     return accepted / total if total else None
 

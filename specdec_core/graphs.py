@@ -20,21 +20,18 @@ from specdec_core.pass_settings import PassSettings
 
 log = logging.getLogger(__name__)
 
-# Compiled passes: one code object serves every cache (target, draft) and, with dynamo's
-# automatic dynamic shapes, every width after the second; capacity growth recompiles too.
+# One compiled code object serves every cache and (dynamic) width, but each capacity growth recompiles.
 COMPILE_LIMIT = 64
 PROMPT_KINDS = ("prefill", "encode", "cross")  # prompts' passes, graphed at padded widths
 
 
 class CaptureFailed(RuntimeError):
-    """With `--cuda_graphs on`, a pass that no CUDA graph can capture (a model that reads a value
-    on the host in its forward, such as DBRX's or JetMoE's expert routing)."""
+    """`--cuda_graphs on` and a pass no graph can capture (a host read in forward: DBRX's, JetMoE's expert routing)."""
 
 
 def _same(replayed: torch.Tensor, eager: torch.Tensor) -> bool:
-    """The same numbers, up to the rounding of another kernel choice (800 units in the last place
-    of the largest, and at most 10% of it: in bfloat16 800 units are 6 times the largest, which
-    would pass any finite logits) for logits, exactly for tokens."""
+    """Equal tokens, or logits up to another kernel's rounding: 800 ulps of the largest, at most 10% of it (in
+    bfloat16 800 ulps are 6 times the largest, which would pass any finite logits)."""
     if not eager.is_floating_point():
         return torch.equal(replayed, eager)
     tol = min(800 * torch.finfo(eager.dtype).eps, 0.1) * float(eager.abs().max())
@@ -52,13 +49,8 @@ class Graph:
 
 
 def clear_cublas_workspaces() -> None:
-    """Drop cuBLAS's cached workspaces (every stream's), as torch.compile's own CUDA graphs do
-    around each recording. A capture then allocates the workspace its matmuls use inside its
-    graph's pool, which lives as long as the graph. Otherwise the graph keeps the address of a
-    workspace that PyTorch frees whenever anything clears them (torch.compile's
-    "reduce-overhead" graphs on each recording; in torch 2.11 the destruction of any graph
-    captured on the same pooled stream), and its next replay reads freed memory: an illegal
-    memory access seen on an H200 after HF's compiled `generate()` ran in the same process."""
+    """Drop cuBLAS's cached workspaces, as torch.compile's graphs do around each recording, so a capture allocates its
+    own in the graph's pool: a graph holding a workspace PyTorch later frees faults on replay (docs/how-it-works.md)."""
     torch._C._cuda_clearCublasWorkspaces()
 
 
@@ -67,12 +59,9 @@ class PassGraphs:
 
     def __init__(self, name: str, device: torch.device, settings: PassSettings, graphs: bool, strict: bool,
                  compile: bool, compile_prefills: bool):
-        """graphs: passes replay CUDA graphs (off for good after a decode pass fails to capture,
-        unless `strict`, which raises `CaptureFailed`). compile: decode passes go through
-        `torch.compile` (inductor fuses a layer's small kernels: a graph replays the launches, not
-        their count) before capture; compile_prefills: prompts' prefill passes too. A compile that
-        fails is logged and the passes run uncompiled, strict or not (compiling is on by default on a
-        GPU: a worker that cannot compile still decodes the same)."""
+        """graphs: off for good after a decode pass fails to capture (`strict`: raise `CaptureFailed`). compile: decode
+        passes (compile_prefills: prompts' prefills) go through `torch.compile` before capture; a failed compile is
+        logged and passes run uncompiled, strict or not (it is on by default: a worker that cannot compile decodes)."""
         self.name, self.device, self.settings = name, device, settings
         self.on, self.strict = graphs, strict
         self.compiles, self.compile_prefills = compile, compile_prefills
@@ -89,8 +78,7 @@ class PassGraphs:
         return self.on and self.settings.graph_prefills and kind not in self.uncaptured
 
     def drop(self, *keep: str) -> None:
-        """Drop every graph but those of prompts' passes of the kinds `keep`: the others hold
-        addresses of buffers that just moved."""
+        """Drop every graph but prompts' passes of the kinds `keep`: the others hold addresses of buffers that moved."""
         self.kept = {key: g for key, g in self.kept.items() if isinstance(key, tuple) and key[0] in keep}
 
     # -- compiled passes ---------------------------------------------------------------------------
@@ -100,9 +88,8 @@ class PassGraphs:
         return self.compiles if kind == "decode" else self.compile_prefills
 
     def compiled(self, kind: str, fn, inp: torch.Tensor, *args) -> torch.Tensor | None:
-        """`fn(inp, *args)` through `torch.compile` (one compiled function per kind, made on first
-        use; the width, dim 1 of `inp`, marked dynamic so that one serves every width, a 1-token
-        pass perhaps getting its own); None after a compile fails, which turns compiling off."""
+        """`fn(inp, *args)` through `torch.compile`, one function per kind, the width (dim 1) dynamic so one serves
+        every width; None after a compile fails, which turns compiling off."""
         if kind not in self._compiled:
             self._compiled[kind] = torch.compile(fn)
         try:
@@ -122,12 +109,9 @@ class PassGraphs:
 
     def run(self, key: int | tuple, inp: torch.Tensor, run, what: str, graphed: bool,
             fallback=None) -> torch.Tensor:
-        """`run(inputs on the device)`: replayed through the graph kept under `key` (captured now
-        if it is new) when graphs are on and the pass is `graphed`, else eagerly. A prompt's pass
-        (`key` a tuple of a `PROMPT_KINDS` kind) that cannot be captured (out of memory for a long
-        prompt, an encoder that reads a value on the host) turns off that kind's graphs only
-        (`uncaptured`), even with `strict`: decode passes keep theirs, and it runs as `fallback`
-        (default `run`) eagerly."""
+        """`run(inputs on the device)`: replayed through `key`'s graph (captured if new) when graphs are on and the pass
+        is `graphed`, else eagerly. A prompt's pass (`PROMPT_KINDS`) that cannot be captured (a long prompt out of
+        memory, a host read) turns off only that kind's graphs, even if `strict`, and runs `fallback` (or `run`)."""
         if not (self.on and graphed):
             if not self.compiles:
                 return run(self.to_device(inp))
@@ -135,8 +119,7 @@ class PassGraphs:
 
             compiled, t0 = counters["stats"]["unique_graphs"], time.perf_counter()
             out = run(self.to_device(inp))
-            # One-off work, counted as a capture is (dynamo's count is per process: items run one
-            # at a time per engine, so a compile meanwhile is this pass's).
+            # Counted as a capture (dynamo's count is per process, but an engine runs one item at a time).
             if counters["stats"]["unique_graphs"] != compiled:
                 self.capture_s += time.perf_counter() - t0
                 log.info("%s: %s compiled (%.2f s with captures and compiles so far)", self.name, what,
@@ -173,12 +156,9 @@ class PassGraphs:
             return g.out
 
     def to_device(self, inp: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
-        """A pass's packed inputs (on the host) on the device, or copied `into` a graph's input.
-        A plain copy from the host makes PyTorch wait for the GPU's queued work, so the host
-        cannot queue a pass while the GPU runs the one before (new rows' prefills, which read
-        nothing back, alternate host and GPU work row by row). With `PassSettings.pinned_inputs`
-        the copy is from pinned memory and does not wait; PyTorch's pinned allocator reuses a
-        block only after its copy has run, and the stream orders the copy after the passes before it."""
+        """A pass's packed host inputs on the device, or copied `into` a graph's input; with `pinned_inputs` from pinned
+        memory, not waiting for queued GPU work. Safe: PyTorch's pinned allocator reuses a block only after its copy
+        ran, and the stream orders the copy after the passes before it."""
         fast = self.settings.pinned_inputs and self.device.type == "cuda" and inp.device.type == "cpu"
         if fast:
             inp = inp.pin_memory()
@@ -190,9 +170,8 @@ class PassGraphs:
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def _capture(self, run, inp: torch.Tensor) -> Graph:
-        """A graph of `run` over a static copy of `inp` (valid inputs: the warm-up passes write
-        where this pass would), checked by one replay against the eager pass: a capture that
-        recorded the wrong work fails here instead of changing outputs later."""
+        """A graph of `run` over a static copy of `inp` (valid inputs: warm-ups write where the pass would), checked by
+        a replay against the eager pass: a capture that recorded the wrong work fails here, not in outputs later."""
         static = inp.to(self.device, copy=True)  # (an input already on the device stays its caller's)
         with self._side_stream():  # warm-up off the capture stream, as torch.cuda.graphs asks
             for _ in range(2):
@@ -221,8 +200,8 @@ class PassGraphs:
         main.wait_stream(side)
 
     def _record(self, run, static: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """`run(static)` captured as a CUDA graph (into this cache's one memory pool, from its one
-        side stream, as sharing a pool asks) and the output tensor its replays write."""
+        """`run(static)` captured into this cache's one pool from its one side stream (as sharing a pool asks), and the
+        output tensor its replays write."""
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()

@@ -25,8 +25,7 @@ class GrowingLayer(DynamicLayer):
         self._vbuf: torch.Tensor | None = None
 
     def _holds_prefix(self, new: torch.Tensor) -> bool:
-        """True when keys/values are still views of the buffers' first rows and columns, and
-        the new columns fit behind them."""
+        """Whether keys/values are still views of the buffers' prefix, with room for the new columns behind them."""
         buf, keys = self._kbuf, self.keys
         return (buf is not None and keys.dim() == 4 and keys.data_ptr() == buf.data_ptr()
                 and keys.shape[0] == new.shape[0] <= buf.shape[0] and keys.shape[1] == buf.shape[1] == new.shape[1]
@@ -46,8 +45,7 @@ class GrowingLayer(DynamicLayer):
     @staticmethod
     def buffers_for(keys: torch.Tensor, values: torch.Tensor, need: int, rows: int | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Empty buffers like keys/values (rows, heads, _, dim): `rows` rows (as many as keys by
-        default), `need` columns and spare ones."""
+        """Empty buffers like keys/values (rows, heads, _, dim): `rows` rows (default keys'), `need` columns + spare."""
         columns = need + max(MIN_SPARE, need // 2)
         rows = keys.shape[0] if rows is None else rows
         return (keys.new_empty((rows, keys.shape[1], columns, keys.shape[-1])),

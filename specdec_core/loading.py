@@ -53,13 +53,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def load_model(path: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False, *,
                devices: Sequence[str] = (), first_extra: int = 0) -> PreTrainedModel:
-    """A causal or encoder-decoder LM, whichever the config says, in eval mode on `device`, or
-    split over `devices` when they are several (`load_split`; `first_extra` bytes, the draft's,
-    are kept beside the first device's share).
-
-    trust_remote_code is passed explicitly, False included: left unset, transformers may ask
-    on a terminal whether to run a model's own code.
-    """
+    """A causal or encoder-decoder LM (as the config says) in eval mode on `device`, or split over several `devices`.
+    trust_remote_code is passed explicitly, False included: left unset, transformers may ask on a terminal."""
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     auto = AutoModelForSeq2SeqLM if config.is_encoder_decoder else AutoModelForCausalLM
     model = auto.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
@@ -73,20 +68,16 @@ def load_model(path: str, device: torch.device, dtype: torch.dtype, trust_remote
 
 
 def balanced_map(model: nn.Module, capacities: Sequence[int], first_extra: int = 0) -> dict[str, int]:
-    """Module name -> index into `capacities` (bytes each device may hold): accelerate's balanced
-    map: the model's modules in the order it defines them, its blocks (`_no_split_modules`) whole,
-    filled device after device to shares of about equal bytes, the first's less `first_extra` bytes
-    (the draft beside it). The input embeddings stay on the first device, so the ids go in there;
-    ValueError when the devices cannot hold the model."""
+    """Module name -> index into `capacities` (bytes per device): accelerate's balanced map, blocks kept whole.
+    The first device's share is less `first_extra` (the draft beside it) and holds the input embeddings, so the ids
+    go in there. ValueError when the devices cannot hold the model."""
     from accelerate import infer_auto_device_map
     from accelerate.utils import compute_module_sizes, get_balanced_memory, get_max_layer_size
 
     blocks = sorted(getattr(model, "_no_split_modules", None) or ())
     # accelerate numbers accelerators 0, 1, ...: here the devices' positions.
     budget = get_balanced_memory(model, max_memory=dict(enumerate(capacities)), no_split_module_classes=blocks)
-    # The first device's share less the draft, but never less than its embeddings and the room
-    # accelerate keeps on it for its largest layer: with a draft larger than the share, it holds
-    # the embeddings alone.
+    # The first share less the draft, never under the embeddings plus accelerate's room for its largest layer.
     embed = next(n for n, m in model.named_modules() if m is model.get_input_embeddings())
     sizes = compute_module_sizes(model)
     front = sizes[embed] + get_max_layer_size(list(model.named_children()), sizes, blocks)[0]
@@ -102,11 +93,9 @@ def balanced_map(model: nn.Module, capacities: Sequence[int], first_extra: int =
 
 
 def load_split(model: nn.Module, devices: list[str], first_extra: int = 0) -> dict[str, str]:
-    """Split a model (loaded on the CPU) over `devices` with accelerate: `balanced_map` over each
-    device's usable memory (`placement.usable_bytes`), then `dispatch_model`, whose hooks move
-    each block's inputs to its device and the outputs back to the inputs' (`model.device`, the
-    first). Hooked even when the names are one device (a CPU named twice): the same code path.
-    Returns the map (module name -> device)."""
+    """Split a model (loaded on the CPU) over `devices` with accelerate; returns the map (module name -> device).
+    `dispatch_model`'s hooks move each block's inputs to its device and outputs back to the first; hooked even on one
+    device named twice (a CPU), so that takes the same code path."""
     from accelerate import dispatch_model
 
     from specdec_core.placement import device_capacity
@@ -147,13 +136,9 @@ def check_compatible(
     draft_tokenizer: PreTrainedTokenizerBase,
     generation_configs: tuple = (None, None),
 ) -> str:
-    """The checks that need no weights (with the models' generation configs where they have
-    them: an encoder-decoder's decoder start token), and the drafting mode they decide: SAME_TOKENIZER when
-    both tokenizers have one vocabulary (the draft proposes its own tokens, with its q), else
-    CROSS_TOKENIZER (the draft's text is re-encoded into target tokens, specdec_core/cross_tokenizer.py).
-
-    Vocabularies are compared through the tokenizers, not embedding sizes: checkpoints pad
-    their embedding matrices (T5's has 32128 rows for a 32100-token vocabulary).
+    """The checks that need no weights, and the drafting mode: SAME_TOKENIZER when both tokenizers have one
+    vocabulary, else CROSS_TOKENIZER (the draft's text re-encoded into target tokens).
+    Vocabularies are compared through the tokenizers: checkpoints pad their embeddings (T5: 32128 rows, 32100 tokens).
     """
     kinds = [("encoder-decoder" if c.is_encoder_decoder else "causal") for c in (target_config, draft_config)]
     if kinds[0] != kinds[1]:
@@ -163,7 +148,6 @@ def check_compatible(
     if mode == SAME_TOKENIZER and all(isinstance(n, int) for n in rows):
         _check_rows(*rows)
     if mode == SAME_TOKENIZER and target_config.is_encoder_decoder:
-        # (the generation config's start token, else the config's)
         starts = [getattr(g, "decoder_start_token_id", None) or c.decoder_start_token_id
                   for c, g in zip((target_config, draft_config), generation_configs, strict=True)]
         if starts[0] != starts[1]:
@@ -195,18 +179,14 @@ def check_pair(
     target_tokenizer: PreTrainedTokenizerBase,
     draft_tokenizer: PreTrainedTokenizerBase,
 ) -> str:
-    """The drafting mode (SAME_TOKENIZER or CROSS_TOKENIZER), or IncompatiblePairError when the
-    draft cannot draft for the target."""
+    """The drafting mode, or IncompatiblePairError when the draft cannot draft for the target."""
     mode = check_compatible(target.config, draft.config, target_tokenizer, draft_tokenizer,
                             (target.generation_config, draft.generation_config))
     if mode == SAME_TOKENIZER:
-        # Only the prompt's ids can lie past the rows (drafts stay inside the draft's); they are
-        # checked per prompt (`TextGenerator.encode`): a checkpoint may embed fewer tokens than its
-        # tokenizer has, as bart-large-cnn leaves out <mask>.
+        # Only prompt ids can lie past the rows (bart-large-cnn embeds no <mask>): `TextGenerator.encode` checks them.
         _check_rows(*(m.get_output_embeddings().weight.shape[0] for m in (target, draft)))
         return mode
-    # Re-encoded text may hold any token of either tokenizer (a special token's text too), so each
-    # must have a row.
+    # Re-encoded text may hold any token of either tokenizer (a special token's text too): each needs a row.
     for role, model, tok in (("target", target, target_tokenizer), ("draft", draft, draft_tokenizer)):
         rows = model.get_output_embeddings().weight.shape[0]
         if rows < len(tok):
@@ -215,11 +195,9 @@ def check_pair(
 
 
 def share_encoder(target: PreTrainedModel, draft: PreTrainedModel) -> bool:
-    """Make an encoder-decoder draft run the target's own encoder module when its encoder holds the
-    same weights (a draft cut from the target's first layers, LayerSkip-style): then one encoder
-    pass per prompt serves both models, and the engines hand the target's outputs to the draft.
-    Returns whether the encoder is shared. Only the draft's inputs could change, never the output:
-    every token is still the target's."""
+    """Make an encoder-decoder draft run the target's encoder module if its own has the same weights; returns whether.
+    One encoder pass per prompt then serves both (a draft cut from the target, LayerSkip-style); only the draft's
+    inputs could change, never the output."""
     if not (target.config.is_encoder_decoder and draft.config.is_encoder_decoder):
         return False
     mine, theirs = draft.get_encoder(), target.get_encoder()
@@ -236,9 +214,8 @@ def share_encoder(target: PreTrainedModel, draft: PreTrainedModel) -> bool:
 
 
 def context_limit(*models: PreTrainedModel, encoder: bool = False) -> int | None:
-    """The longest decoder sequence every model can position, or with `encoder` the longest
-    prompt an encoder-decoder's encoder can (they differ for LED: 16384 and 1024); None for
-    relative positions, like T5."""
+    """The longest decoder sequence every model can position, or with `encoder` the longest prompt its encoder can
+    (LED: 16384 and 1024); None for relative positions (T5)."""
     limits = [n for n in (_usable_positions(m, encoder) for m in models) if n is not None]
     return min(limits) if limits else None
 

@@ -13,12 +13,9 @@ from dataclasses import dataclass
 class PassSettings:
     # With graphs, prompts prefill through graphs of padded widths; False: eagerly at their width.
     graph_prefills: bool = True
-    # Prompts' prefill passes (one logit kept) through torch.compile too, at a dynamic width.
-    # None: with the compiled passes in the batch engine's slots (at B = 32 on an H200 its new
-    # rows' prefills ran 1.33x faster compiled), not at batch 1 (not measured there).
+    # Prompts' prefills (one logit kept) compiled too; None: in the batch engine's slots (faster there), not at batch 1.
     compile_prefills: bool | None = None
-    # Rows admitted together beyond this many prefill in padded eager passes instead of
-    # graphs (None: never).
+    # Rows admitted together beyond this many prefill in padded eager passes, not graphs (None: never).
     graph_prefill_rows: int | None = None
     # Passes' inputs copied to the GPU from pinned memory without waiting for it (CUDA only).
     pinned_inputs: bool = False

@@ -30,8 +30,7 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Copy:
-    """One copy of the pair: the target over `devices` (split in order when several), the draft
-    and the input ids on the first."""
+    """One copy of the pair: the target over `devices` (split in order), the draft and the input ids on the first."""
 
     devices: tuple[str, ...]
 
@@ -87,8 +86,7 @@ def usable_bytes(gpu: Gpu) -> int:
 
 
 def device_capacity(device: str) -> int:
-    """Bytes a split may place on `device`: a GPU's usable memory, as the plan counts it; the
-    host's available memory for the CPU."""
+    """Bytes a split may place on `device`: a GPU's usable memory (as planned), or the host's available memory."""
     d = torch.device(device)
     if d.type == "cuda":
         index = torch.cuda.current_device() if d.index is None else d.index
@@ -109,8 +107,7 @@ def devices_of(model: torch.nn.Module) -> Iterator[torch.device]:
 
 @dataclass(frozen=True)
 class Footprint:
-    """Bytes a pair needs: weights of each model, KV cache of each, and the largest block (a
-    decoder layer), which a split cannot cut."""
+    """Bytes a pair needs: each model's weights and KV cache, and the largest block, which a split cannot cut."""
 
     target_weights: int
     draft_weights: int
@@ -137,11 +134,9 @@ def check_device_map(device_map: str) -> str:
 
 
 def gpus_per_copy(gpus: list[Gpu], need: Footprint | None) -> int:
-    """The fewest GPUs (counting each as the smallest) whose usable memory holds the pair's
-    weights with SPLIT_FILL of it, the rest left for the KV cache and activations, and whose first
-    holds the draft beside the largest layer; all of them when the need is unknown or too much.
-    Weights only, so a worker (which cannot know the longest prompt) plans as the launcher does;
-    the launcher's fit check then counts the KV cache in that plan."""
+    """The fewest GPUs (each counted as the smallest) whose SPLIT_FILL holds the weights and whose first holds the
+    draft beside the largest layer; all when the need is unknown or too much. Weights only, so a worker (which cannot
+    know the longest prompt) plans as the launcher does; the launcher's fit check adds the KV cache."""
     if need is None or not gpus:
         return max(1, len(gpus))
     smallest = min(usable_bytes(g) for g in gpus)
@@ -157,11 +152,8 @@ def gpus_per_copy(gpus: list[Gpu], need: Footprint | None) -> int:
 def plan_copies(device: str, device_map: str, gpus: list[Gpu], need: Footprint | None = None) -> list[Copy]:
     """The copies of the pair a worker with these GPUs runs.
 
-    `--device cpu` (or `auto` without a GPU): one copy on the CPU. `--device cuda:K`: one copy
-    on that GPU. `--device cuda` or `auto`: one copy per GPU; with `--device_map auto`, each copy
-    split over the fewest GPUs that hold its weights (`gpus_per_copy`; all of them when `need`
-    is unknown), as many copies as whole groups fit, so a GPU left over idles.
-    """
+    `--device cpu` (or `auto` without a GPU): one on the CPU; `cuda:K`: one on that GPU; `cuda` or `auto`: one per
+    GPU, or with `--device_map auto` one per group of the fewest GPUs holding its weights (a GPU left over idles)."""
     check_device_map(device_map)
     if device == "cpu" or (device == "auto" and not gpus):
         return [Copy(("cpu",))]
@@ -209,9 +201,8 @@ def decoder_layers(config: PretrainedConfig) -> int:
 
 
 def _kv_width(config: PretrainedConfig) -> int:
-    """Key and value elements one token takes in the cache, over the decoder layers that keep
-    their own (not those reusing another layer's, as Gemma 3n's last ones do), layer by layer
-    where the config gives layers their own shapes (Gemma 4's full-attention head dim)."""
+    """Key and value elements one token takes in the cache, over the decoder layers keeping their own (not Gemma 3n's
+    last ones), layer by layer where layers have their own shapes (Gemma 4's full-attention head dim)."""
     from specdec_core.decoder import own_kv_layers
 
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config

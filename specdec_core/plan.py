@@ -27,9 +27,8 @@ GRAPH_MODES = ("auto", "on", "off")  # --cuda_graphs and --torch_compile
 
 
 def config_support(config) -> str | None:
-    """None when a model of this config can decode over static caches, one item at a time
-    (`StaticDecoder`) or batched in slots (`slot_kv.SlotKV`), as far as its config tells (the
-    preflight's check), else why not."""
+    """None when a model of this config can decode over static caches (one item at a time or in slots), as far as
+    its config tells (the preflight's check), else why not."""
     other = other_layer_kinds(config)
     if other:
         return f"has {', '.join(other)} layers"
@@ -63,9 +62,8 @@ def graph_support(model: PreTrainedModel, batched: bool = False) -> str | None:
 
 
 def wants_static(model: PreTrainedModel, mode: str, batched: bool = False) -> bool:
-    """The engines' choice for `--cuda_graphs`, per model: "auto" takes static caches (with
-    graphs) on CUDA for models they support and nowhere else; "on" insists (eagerly on a CPU,
-    which is how the tests check them) and fails for a model they cannot take; "off" never."""
+    """`--cuda_graphs` per model: "auto" takes static caches (graphed) on CUDA for models they support; "on" insists
+    (eagerly on a CPU, as the tests check them) and fails for a model they cannot take; "off" never."""
     if mode not in GRAPH_MODES:
         raise ValueError(f"cuda_graphs must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
     if mode == "off":
@@ -82,10 +80,9 @@ def wants_static(model: PreTrainedModel, mode: str, batched: bool = False) -> bo
 
 
 def takes_static(model: PreTrainedModel, mode: str, batched: bool = False, pad_id: int = 0) -> int | None:
-    """`wants_static`, then the self-check of the model over static caches (one item at a time,
-    or `batched` in slots: `self_check`): the narrowest pass that it finds exact (`StaticKV.min_width`:
-    1, or 2 for a decoder that builds no mask for a one-token pass, LED's), or None. A model it
-    refuses at both runs eagerly with "auto" (logged) and stops the job with "on"."""
+    """`wants_static`, then the self-check over static caches (`batched`: in slots): the narrowest exact pass
+    (`StaticKV.min_width`: 1, or 2 for LED's), or None. A model refused at both runs eagerly with "auto" (logged) and
+    stops the job with "on"."""
     if not wants_static(model, mode, batched):
         return None
 
@@ -104,8 +101,7 @@ def takes_static(model: PreTrainedModel, mode: str, batched: bool = False, pad_i
 
 def static_decoder_for(model: PreTrainedModel, mode: str = "auto", compile: bool = False,
                        settings: PassSettings = DEFAULT) -> StaticDecoder | None:
-    """The batch-1 engines' static decoder for `--cuda_graphs` (`takes_static`) and
-    `--torch_compile`, or None."""
+    """The batch-1 engines' static decoder for `--cuda_graphs` (`takes_static`) and `--torch_compile`, or None."""
     width = takes_static(model, mode)
     if not width:
         if compile:
@@ -121,8 +117,7 @@ def static_decoder_for(model: PreTrainedModel, mode: str = "auto", compile: bool
 
 def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0, compile: bool = False,
                 settings: PassSettings = DEFAULT) -> SlotKV | None:
-    """The batch engine's slots for `--cuda_graphs` (`takes_static`) and
-    `--torch_compile`, or None."""
+    """The batch engine's slots for `--cuda_graphs` (`takes_static`) and `--torch_compile`, or None."""
     width = takes_static(model, mode, batched=True, pad_id=pad_id)
     if not width:
         if compile:
@@ -137,34 +132,28 @@ def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0, 
 
 
 def compiles(torch_compile: str, cuda_graphs: str, device: torch.device) -> bool:
-    """`--torch_compile`: on; or auto, wherever the passes run over static caches as CUDA graphs
-    (on a GPU). Compiling costs a worker about a minute per batch width, once; on an H200 it took
-    a 1.1B pair's token at batch 1 from 2.2 to 1.3 ms (docs/performance.md)."""
+    """`--torch_compile`: on; or auto, wherever passes are CUDA graphs over static caches (docs/performance.md)."""
     if torch_compile == "auto":
         return cuda_graphs != "off" and device.type == "cuda"
     return torch_compile == "on"
 
 
 def unbatchable(config) -> str | None:
-    """Why a model cannot decode in our padded batches, or None. The scheme needs a key/value
-    cache per layer over all positions, attention that depends on the mask and the positions
-    only (full or sliding-window attention, `BatchKV`): other layer kinds (chunked, linear or
-    state-space layers) keep state that rows cannot roll back or share."""
+    """Why a model cannot decode in padded batches, or None: they need full or sliding-window attention over a key/value
+    cache; other layer kinds (chunked, linear, state-space) keep state rows cannot roll back or share."""
     other = other_layer_kinds(config)
     return f"has {', '.join(other)} layers" if other else None
 
 
 def batch_refusal(model: PreTrainedModel, pad_id: int = 0) -> str | None:
-    """Why a model cannot decode in padded batches, or None: its layers (`unbatchable`), or its
-    self-check (`self_check.rows_disagreement`: rows that would not get their own logits at any
-    `padded_width`)."""
+    """Why a model cannot decode in padded batches, or None: its layers (`unbatchable`), or its self-check
+    (`self_check.rows_disagreement`) at every `padded_width`."""
     if why := unbatchable(model.config):
         return why
     return None if padded_width(model, pad_id) else rows_disagreement(model, pad_id, slots=False)
 
 
 def padded_width(model: PreTrainedModel, pad_id: int = 0) -> int | None:
-    """The narrowest pass over holes that gives a padded batch's rows their own logits
-    (`BatchKV.min_width`, by the self-check): 1, or 2 for a decoder that builds no mask for a
-    one-token pass (LED's); None if neither does."""
+    """The narrowest pass over holes giving a padded batch's rows their own logits (`BatchKV.min_width`): 1, or 2
+    for a decoder that builds no mask for a one-token pass (LED's); None if neither does."""
     return narrowest_width(lambda w: rows_disagreement(model, pad_id, slots=False, min_width=w))

@@ -28,8 +28,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-# Processors whose output for a row does not depend on the tokens before it: these can run
-# on a whole verify block at once instead of once per position.
+# Processors whose output for a row ignores the tokens before it: they run on a whole verify block at once.
 _ROW_WISE = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, SuppressTokensLogitsProcessor)
 
 
@@ -52,16 +51,14 @@ class SamplingSettings:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
-# Generation-config fields `generate()` turns into processors that `build_processors` leaves out
-# (rare in released checkpoints); `unapplied` names them so that the log says so.
+# Generation-config fields whose processors `build_processors` leaves out (rare); `unapplied` names them for the log.
 _NOT_APPLIED = ("sequence_bias", "encoder_repetition_penalty", "encoder_no_repeat_ngram_size",
                 "exponential_decay_length_penalty", "begin_suppress_tokens", "guidance_scale")
 
 
 def unapplied(generation_config: GenerationConfig) -> list[str]:
-    """What in a model's generation config the engines do not do as its `generate()` would: beam
-    search (speculative decoding is greedy or sampled: the outputs are `generate(num_beams=1)`'s)
-    and the processors of `_NOT_APPLIED`, each as "field=value"."""
+    """What of a generation config the engines do not do as `generate()` would, as "field=value": beam search (the
+    outputs are `generate(num_beams=1)`'s) and the processors of `_NOT_APPLIED`."""
     gc, default = generation_config, GenerationConfig()
     out = [f"num_beams={gc.num_beams}"] if (gc.num_beams or 1) > 1 else []
     return out + [f"{name}={getattr(gc, name)!r}" for name in _NOT_APPLIED
@@ -72,12 +69,8 @@ def build_processors(
     sampling: SamplingSettings, generation_config: GenerationConfig, start_length: int, max_new_tokens: int,
     device: torch.device
 ) -> LogitsProcessorList:
-    """The processors `generate()` would apply for these settings (greedy or sampling, batch 1),
-    in its order.
-
-    `start_length`: the decoder tokens a generation starts from (the prompt, or an
-    encoder-decoder's start token); generation stops at `start_length + max_new_tokens`, as
-    `generate(max_new_tokens=...)` sets its max_length.
+    """The processors `generate()` would apply for these settings (greedy or sampling, batch 1), in its order.
+    `start_length`: the decoder tokens a generation starts from; max_length is that plus max_new_tokens, as in generate.
     """
     gc = generation_config
     max_length, eos = start_length + max_new_tokens, gc.eos_token_id
@@ -88,8 +81,7 @@ def build_processors(
         procs.append(NoRepeatNGramLogitsProcessor(gc.no_repeat_ngram_size))
     if gc.bad_words_ids:  # Marian's configs forbid the pad token this way
         procs.append(NoBadWordsLogitsProcessor(gc.bad_words_ids, gc.eos_token_id))
-    # No end before a length (summarizers such as BART-large-CNN ship min_length=56); as in
-    # `generate()`, min_new_tokens, when set, replaces min_length by itself plus the start length.
+    # No end before a length (BART-large-CNN: min_length=56); as in generate(), min_new_tokens + start replaces it.
     min_length = gc.min_length if gc.min_new_tokens is None else start_length + gc.min_new_tokens
     if min_length and eos is not None:
         procs.append(MinLengthLogitsProcessor(min_length, eos, device=device))
@@ -119,9 +111,7 @@ class LogitsTransform:
         self.row_wise = all(isinstance(p, _ROW_WISE) for p in processors)
 
     def _apply(self, ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        # Each processor called directly: `LogitsProcessorList.__call__` runs
-        # `inspect.signature` on every processor at every call (for optional kwargs, which
-        # ours never take), about 0.1 ms each, against a 2-5 ms step of a small model.
+        # Called directly: `LogitsProcessorList.__call__` runs `inspect.signature` on each, every call (slow).
         for processor in self.processors:
             scores = processor(ids, scores)
         return scores
@@ -139,10 +129,9 @@ class LogitsTransform:
 
 
 def draft_pick(scores: torch.Tensor, greedy: bool, generator: torch.Generator) -> tuple[int, torch.Tensor | None]:
-    """A draft's token from its processed scores (1, V): the argmax, or a sample and the q it was
-    drawn from. Where the draft's numbers overflowed (NaN or inf logits, as fp16 can), q is the
-    uniform distribution instead: the accept/reject step is exact for any q a draft really draws
-    from, so those drafts are only wasted, where torch's sampler would have failed the row."""
+    """A draft's token from its processed scores (1, V): the argmax, or a sample and the q it was drawn from.
+    Where the draft's logits overflowed (NaN or inf, as fp16 can), q is uniform: accept/reject is exact for any q a
+    draft really draws from, so those drafts are only wasted, where torch's sampler would have failed the row."""
     if greedy:
         return int(scores.argmax(-1).item()), None
     q = scores.softmax(-1)
@@ -151,11 +140,8 @@ def draft_pick(scores: torch.Tensor, greedy: bool, generator: torch.Generator) -
 
 
 def residual(p: torch.Tensor, q: torch.Tensor | None, drafted: int) -> torch.Tensor:
-    """norm(max(0, p - q)): where to sample after a rejection.
-
-    q=None means a deterministic drafter (q is one-hot on `drafted`). If the residual has no
-    mass (p == q up to rounding, so a rejection was a rounding artefact) we fall back to p.
-    """
+    """norm(max(0, p - q)): where to sample after a rejection (q None: one-hot on `drafted`); p itself where no mass
+    is left (p == q up to rounding: the rejection was a rounding artefact)."""
     r = p.clone()
     if q is None:
         r[drafted] = 0.0

@@ -29,27 +29,23 @@ from specdec_core.static_decoder import StaticKV
 
 
 def setup_seconds(*caches) -> float:
-    """Seconds these caches (static ones; others have none) have spent capturing graphs and, with
-    `--torch_compile`, compiling: one-off work of a worker that no item's time limit counts."""
+    """Seconds these (static) caches spent capturing graphs and compiling: one-off work no item's time limit counts."""
     return sum(kv.passes.capture_s for kv in caches if hasattr(kv, "passes"))
 
 
 def timing_tokens(tokens: list[int], n: int) -> list[int]:
-    """n tokens to time passes with (the engines' `measure_costs`): `tokens`, repeated as often as
-    that takes."""
+    """n tokens to time passes with: `tokens`, repeated as often as that takes."""
     return list(itertools.islice(itertools.cycle(tokens), n))
 
 
 def one_off_work(*caches) -> bool:
-    """Whether a cache's first pass of a new width does one-off work (a CUDA graph captured, a pass
-    compiled), which a cost timer runs before timing."""
+    """Whether a cache's first pass of a new width captures a graph or compiles (a cost timer runs it untimed)."""
     return any(kv is not None and hasattr(kv, "passes") and (kv.passes.on or kv.passes.compiles) for kv in caches)
 
 
 def check_engine(target: PreTrainedModel, drafter: Drafter | None, num_speculative_tokens: int,
                  max_new_tokens: int) -> Drafter:
-    """The checks both engines make of their settings and models before any work; returns the
-    drafter (the target alone: `NoDrafter`)."""
+    """The checks both engines make before any work; returns the drafter (the target alone: `NoDrafter`)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if num_speculative_tokens < 1:
@@ -84,15 +80,13 @@ class RoundEngine:
                                and self.drafter.model.get_encoder() is target.get_encoder())
 
     def _row_gammas(self, live: list[Row], pick: Callable[[Row], int]) -> list[int]:
-        """Each row's drafts this round, `pick`ed, but never past its budget (the round's extra
-        target token needs one slot) nor past a model draft's positions (`ModelDrafter.room`:
-        the target goes on alone after them)."""
+        """Each row's `pick`ed drafts, never past its budget (the round's extra target token needs one slot) nor past
+        a model draft's positions (the target goes on alone after them)."""
         return [max(min(pick(r), self.max_new_tokens - len(r.new) - 1, self.drafter.room(len(r.seq))), 0)
                 for r in live]
 
     def _gammas(self, live: list[Row], dkv) -> tuple[list[int], bool]:
-        """Each row's drafts this round (its own gamma state's choice), and whether the batch
-        chose one gamma for all rows (the batch engine's policy)."""
+        """Each row's drafts (its own gamma state's choice), and whether the batch chose one gamma for all rows."""
         return self._row_gammas(live, lambda r: r.gamma_state.next()), False
 
     def _round(self, live: list[Row], tkv, dkv) -> None:
@@ -125,24 +119,20 @@ class RoundEngine:
             valid = r.commit(d, n, token, confs[b], self.max_new_tokens, self.eos)
             tkv.rollback(b, valid)
             if dkv is not None:
-                # A row past the draft's positions is never drafted again: its draft cache is let
-                # go, so that the pads it takes in the draft's passes stay inside the positions.
+                # A row past the draft's positions drafts no more: its cache is dropped so its pads stay in positions.
                 dkv.rollback(b, valid if self.drafter.room(len(r.seq)) > 0 else 0)
             elif r.session is not None:
                 r.session.rollback(valid)
 
     def _time_passes(self, live: list[Row], tkv, draft_step: StepTimer | None, ks: tuple[int, ...], reps: int,
                      warm: tuple = ()) -> Costs:
-        """c and v(k) (`gamma.Costs`) of these rows' passes, timed on their target cache `tkv` and rolled
-        back: each k-token pass as a round runs it, with the per-row work after it (the picks read back
-        at once, or each row's processors), which grows with the rows; `draft_step` times one draft
-        step (None: c is prompt lookup's, or 0 for the target alone). The first pass of each width
-        over `tkv` and the caches `warm` runs untimed where it captures a graph or compiles."""
+        """c and v(k) (`gamma.Costs`) of these rows' passes, timed on their target cache and rolled back.
+        Each pass runs as in a round, with the per-row work after it (picks read back, or each row's processors), which
+        grows with the rows; a width's first pass runs untimed where it captures a graph or compiles."""
         n = len(live)
         fill = [timing_tokens(r.seq, max(ks)) for r in live]
         limit = context_limit(self.target)
-        # A row near the end of its positions times fewer tokens (where a round would feed pads at
-        # its last position); a pending token always has its position.
+        # A row near its last position times fewer tokens; its pending token always has a position.
         room = [max(1, max(ks) + 1 if limit is None else limit - tkv.length(b)) for b in range(n)]
 
         def target_step(k: int) -> float:
@@ -170,9 +160,8 @@ class RoundEngine:
         return costs
 
     def _draft_timer(self, live: list[Row], dkv) -> StepTimer:
-        """A timer of one model-draft step over these rows' draft cache `dkv`, as a round runs
-        them: the round's steps consecutive (a lone step runs cold), chained where a round chains
-        them, each row's picks after each step; rolled back after."""
+        """A timer of one model-draft step as a round runs them: consecutive (a lone step runs cold), chained where a
+        round chains them, each row's picks after each step; rolled back after."""
         n = len(live)
         fill = [timing_tokens(r.seq, self.gamma) for r in live]
         limit = context_limit(self.drafter.model)  # a row near the end of the draft's positions drafts fewer
@@ -202,16 +191,14 @@ class RoundEngine:
         return step
 
     def _argmax_rows(self, live: list[Row], logits: torch.Tensor) -> list[list[int]] | None:
-        """Greedy with no logits processor on any row: every row's argmax at every fed position,
-        read back in one transfer (per row, it was a read-back each, which a GPU waits for).
-        None when some row's picks need its own processing."""
+        """Greedy with no logits processor on any row: every row's argmax at every fed position, in one read-back
+        (one per row would stall a GPU each); None when some row's picks need its own processing."""
         if not self._plain_greedy(live):
             return None
         return logits.argmax(-1).tolist()
 
     def _chains(self, live: list[Row], dkv) -> bool:
-        """Whether a round's draft steps can run chained on the device: a static cache (slots, or a
-        batch-1 static decoder), a chaining drafter, and picks that are plain argmaxes."""
+        """Whether a round's draft steps can run chained on the device: static cache, chaining drafter, argmax picks."""
         return isinstance(dkv, StaticKV) and getattr(self.drafter, "chain", False) and self._plain_greedy(live)
 
     def _plain_greedy(self, live: list[Row]) -> bool:
@@ -219,12 +206,9 @@ class RoundEngine:
         return self.sampling.greedy and not any(r.transform.processors for r in live)
 
     def _draft(self, live: list[Row], ks: list[int], dkv, batch_k: bool = False):
-        """Each row's drafts (its tokens, q and confidences), and the seconds spent reading its
-        prompt: a row's own session per row (prompt lookup, another tokenizer), or a model draft
-        in one batched pass per draft step over the rows still drafting (in static caches with a
-        chaining drafter and plain greedy picks, every step chained on the device). batch_k: the
-        batch chose one gamma for all rows, and a row that stopped early on its draft's
-        confidence would save nothing (the passes run while any row drafts)."""
+        """Each row's drafts (tokens, q and confidences), and the seconds spent reading its prompt.
+        batch_k: the batch chose one gamma for all rows, so a row stopping early on its draft's confidence would save
+        nothing (the passes run while any row drafts)."""
         n = len(live)
         qs: list[torch.Tensor | None] = [None] * n
         confs: list[list[float] | None] = [None] * n
@@ -238,8 +222,7 @@ class RoundEngine:
                 if draft:
                     qs[b], confs[b] = draft.q, draft.confidences
             return drafts, qs, confs, caught
-        # A draft that has not read a row's prompt (batch 1: an item whose policy never drafts
-        # never pays it) reads it first, in a pass of no logits: the row's prefill.
+        # The draft reads a row's prompt lazily, in a pass of no logits (an item that never drafts never pays it).
         lazy = [b for b, (r, k) in enumerate(zip(live, ks, strict=True))
                 if k > 0 and not r.new and dkv.length(b) < len(r.seq) - 1]
         if lazy:

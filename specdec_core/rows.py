@@ -19,9 +19,8 @@ from specdec_core.drafters import DraftSession, KeepDrafting, Picker
 from specdec_core.gamma import GammaState
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors, draft_pick
 
-# An item's own end condition (e.g. stop strings, specdec_core/stopping.py): called with each
-# round's committed tokens, once each and in order; returns the index of the token that ends
-# the item (kept), or None. Stateful per item, and free of tokenizers as far as the engine goes.
+# An item's own end rule (e.g. stop strings): called with each round's committed tokens, once each and in order;
+# returns the index of the token that ends the item (kept), or None. Stateful per item; the engine sees no tokenizer.
 FinishCheck = Callable[[list[int]], int | None]
 
 
@@ -46,14 +45,12 @@ class ItemStats:
     verify_s: float = 0.0
     finish_reason: str = ""
     rejections: int = 0  # rounds that ended at a rejected draft (for the geometric estimate of a)
-    # Admissions: seconds the item waited while items entered its batch (its own prefill
-    # included: at batch 1, its prefill), the items that entered with it (itself included), and
-    # the target's prefill passes that took them in.
+    # Admissions: seconds waited while items entered its batch (its own prefill included), the items that entered
+    # with it (itself included), and the target's prefill passes that took them in.
     admit_s: float = 0.0
     admitted_with: int = 1
     admit_passes: int = 1
-    # Not output columns: the one-off graph captures and compiles (`rounds.setup_seconds`) inside
-    # latency_s, and those inside prefill_s, which measurements leave out (`pipeline.tune`).
+    # Not output columns: one-off graph captures and compiles inside latency_s and prefill_s, for measurements.
     setup_s: float = 0.0
     prefill_setup_s: float = 0.0
     gammas: list[int] = field(default_factory=list)  # drafts asked for in each round
@@ -76,11 +73,8 @@ class Generation:
 
 def cut_at_end(emitted: list[int], remaining: int, eos: set[int] | frozenset[int],
                finish_check: FinishCheck | None = None) -> tuple[list[int], str]:
-    """A round's tokens cut at the first end: a stop (finish_check), an EOS, or the budget.
-
-    The round's tokens are the target's own up to the cut, so any rule that depends only on
-    the committed tokens stops where the target alone would (greedy and sampled alike).
-    """
+    """A round's tokens cut at the first end: a stop (finish_check), an EOS, or the budget. They are the target's own
+    up to the cut, so a rule on committed tokens alone stops where the target alone would (greedy and sampled)."""
     emitted = emitted[:remaining]
     end = next((i for i, tok in enumerate(emitted) if tok in eos), None)
     kept = emitted if end is None else emitted[: end + 1]
@@ -135,17 +129,14 @@ class Row:
         return pick
 
     def keep(self, greedy: bool) -> KeepDrafting | None:
-        """The gamma state's rule to stop a round's drafting early, or None. Stopping on the
-        draft's confidence in the token it just drew changes the distribution the kept drafts
-        come from: that is exact only for greedy drafting."""
+        """The gamma state's early-stop rule, or None: stopping on the draft's confidence in a drawn token changes the
+        distribution kept drafts come from, so it is exact only for greedy drafting."""
         return self.gamma_state.keep_drafting if greedy and self.gamma_state.stops_early else None
 
     def commit(self, drafts: list[int], n: int, token: int, confidences: list[float] | None, budget: int,
                eos: set[int] | frozenset[int]) -> int:
-        """A round's outcome: the first `n` of the row's `drafts` kept and the target's `token`
-        after them, cut at the row's end (`cut_at_end`: its `budget` of new tokens, `eos`, its
-        finish check); its statistics and gamma state told. Returns the cached length that is
-        still on the committed path, which the row's caches roll back to."""
+        """A round's outcome: the first `n` drafts kept and the target's `token` after them, cut at the row's end; stats
+        and gamma state told. Returns the cached length still on the committed path, for the caches to roll back to."""
         s = self.stats
         s.verify_steps += 1
         s.draft_tokens += len(drafts)

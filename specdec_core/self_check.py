@@ -42,10 +42,8 @@ def probe_ids(model: PreTrainedModel, n: int, offset: int = 0) -> list[int]:
 
 
 def logits_differ(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype = torch.float32) -> str | None:
-    """How a check's logits part beyond rounding, or None, for a model computing in `dtype`:
-    more than 1e-3 of the largest in float32; in 16-bit types, whose kernels round far more
-    coarsely, 10% (a guard against a broken contract, a mask or a position a model ignores, which
-    moves them by more; the float32 tests are the proof, and a false alarm would only cost speed)."""
+    """How a check's logits part beyond rounding, or None: by 1e-3 of the largest in float32, 10% in 16-bit types
+    (a broken contract moves them more; the float32 tests are the proof, and a false alarm only costs speed)."""
     rel = 1e-3 if dtype == torch.float32 and got.dtype == want.dtype == torch.float32 else 0.1
     gap = float((got.float() - want.float()).abs().max()) if got.shape == want.shape else float("inf")
     top = float(want.float().abs().max())
@@ -71,8 +69,8 @@ def probe_passes(kv, seq: list[int], extra: list[int]) -> list[torch.Tensor]:
 
 @torch.inference_mode()
 def _growing(model: PreTrainedModel) -> list[torch.Tensor]:
-    """`probe_passes` over the model's own growing cache, computed once per model (and kept on
-    the CPU): what the verify and static checks compare with."""
+    """`probe_passes` over the model's own growing cache, once per model (on the CPU): the verify and static checks'
+    reference."""
     def passes() -> list[torch.Tensor]:
         prompt, seq, extra = _probe(model)
         return [t.cpu() for t in probe_passes(one_row(model, prompt), seq, extra)]
@@ -81,9 +79,8 @@ def _growing(model: PreTrainedModel) -> list[torch.Tensor]:
 
 @torch.inference_mode()
 def _fed_one_at_a_time(model: PreTrainedModel) -> torch.Tensor:
-    """The probe's logits after seq's last token and after each of extra[:5], from a growing cache
-    fed one token at a time (as `generate()` feeds it), computed once per model (and kept on the
-    CPU): what the verify and state checks compare with."""
+    """The probe's logits after seq's last token and each of extra[:5], fed one token at a time as `generate()` does,
+    once per model (on the CPU): the verify and state checks' reference."""
     def passes() -> torch.Tensor:
         prompt, seq, extra = _probe(model)
         kv, full = one_row(model, prompt), seq + extra[:5]
@@ -135,19 +132,16 @@ def cache_failure(model: PreTrainedModel) -> str | None:
 
 
 def _layers_said(model: PreTrainedModel, why: str) -> str:
-    """A growing cache's failure, led by the layer kinds its config names where they explain it:
-    state-space, linear-attention or convolution layers keep a state per row that a key/value
-    cache neither holds nor rolls back (the failure itself then reads like an internal error)."""
+    """A growing cache's failure, led by the config's layer kinds that explain it (state-space, linear-attention,
+    convolution: per-row state no key/value cache rolls back), as the failure itself reads like an internal error."""
     other = other_layer_kinds(model.config)
     return f"has {', '.join(other)} layers, whose state a key/value cache cannot roll back: it {why}" if other else why
 
 
 def state_failure(model: PreTrainedModel) -> str | None:
-    """Why a target's logits over the engines' growing cache, fed one token at a time, are not
-    those of one pass over the same tokens without a cache, or None: RecurrentGemma keeps its
-    recurrent state in its layers, which only a call without a cache resets. For targets only:
-    a draft's own numerics (int8, bf16 linears) may part from that pass, which changes its guesses,
-    never the output."""
+    """Why a target's logits fed one token at a time over a growing cache are not one uncached pass's, or None
+    (RecurrentGemma keeps state in its layers, reset only without a cache). Targets only: a draft's numerics (int8,
+    bf16 linears) may differ, which changes its guesses, never the output."""
     def check() -> str | None:
         if why := cache_failure(model):
             return why
@@ -174,9 +168,8 @@ def verify_disagreement(model: PreTrainedModel) -> str | None:
 
 
 def static_disagreement(model: PreTrainedModel, min_width: int = 1) -> str | None:
-    """Why this model's passes over a static cache (`StaticDecoder`, run eagerly, its passes at
-    least `min_width` tokens wide) would not give its own logits, or None. A model that ignores
-    the explicit mask of a 1-token pass (LED's decoder) or fails over the buffers is caught here."""
+    """Why this model's passes over a static cache (`StaticDecoder`, eager, at least `min_width` wide) would not give
+    its own logits, or None: catches a decoder ignoring a 1-token pass's mask (LED's) or failing over the buffers."""
     def check() -> str | None:
         prompt, seq, extra = _probe(model)
         try:
@@ -193,9 +186,8 @@ def static_disagreement(model: PreTrainedModel, min_width: int = 1) -> str | Non
 
 
 def narrowest_width(disagreement: Callable[[int], str | None]) -> int | None:
-    """The narrowest pass width, 1 or 2, at which a check (`static_disagreement`,
-    `rows_disagreement`, given the width) finds a model exact, or None: a decoder that builds no
-    mask for a one-token pass (LED's) gets its own logits with such passes widened to two tokens."""
+    """The narrowest width, 1 or 2, at which a check (given the width) finds a model exact, or None: a decoder that
+    builds no mask for a one-token pass (LED's) gets its own logits with such passes widened to two."""
     return next((w for w in (1, 2) if disagreement(w) is None), None)
 
 
@@ -207,9 +199,8 @@ def _rows_probe(model: PreTrainedModel) -> tuple[list[list[int]], list[list[int]
 
 @torch.inference_mode()
 def _rows_growing(model: PreTrainedModel) -> list[list[torch.Tensor]]:
-    """Each row's passes of `rows_disagreement` over its own growing cache (the first row with
-    more rejections than `probe_passes`), computed once per model and kept on the CPU: what every
-    rows check of the model (slots, padded batches, pass widths) compares with."""
+    """Each row's `rows_disagreement` passes over its own growing cache (the first with more rejections), once per
+    model (on the CPU): the reference of every rows check (slots, padded batches, pass widths)."""
     def passes() -> list[list[torch.Tensor]]:
         prompts, seqs, e = _rows_probe(model)
         first = one_row(model, prompts[0])
@@ -223,13 +214,10 @@ def _rows_growing(model: PreTrainedModel) -> list[list[torch.Tensor]]:
 
 
 def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = True, min_width: int = 1) -> str | None:
-    """Why rows decoded together would not get each row's own logits, or None: in fixed slots
-    (`slots`, their new rows prefilled together: `SlotKV.prefill`; after `static_disagreement`)
-    or in an eager padded batch (`BatchKV`). Two rows of different lengths, each at its own
-    positions (a position embedding that cannot take them per row fails here), four drafts
-    rejected in one (holes that a pass of one token per row must not see), against each row's own
-    growing cache. min_width: the narrowest pass, in slots (`StaticKV.min_width`) or over a padded
-    batch's holes (`BatchKV.min_width`)."""
+    """Why rows decoded together would not get their own logits, or None: in slots (`slots`, new rows prefilled
+    together; after `static_disagreement`) or an eager padded batch. Two rows of different lengths at their own
+    positions (a position embedding that cannot take them per row fails), four drafts rejected in one (holes a
+    one-token pass must not see), against each row's growing cache. min_width: `StaticKV`'s or `BatchKV`'s."""
     def check() -> str | None:
         if slots and (why := static_disagreement(model, min_width)):
             return why

@@ -55,12 +55,9 @@ class SlotKV(StaticKV):
         return base[:, None]
 
     def _by_row(self):
-        """While a pass runs: each decoder position embedding looks its rows up at each row's own
-        positions (`StaticKV._lookup_forward`, `StaticKV._table_forward`), and each relative
-        position bias is looked up per row from the module's own bias of every distance at the
-        positions the pass stores (`batch_kv.bias_by_row`, here over the static column count, so
-        that nothing waits for the host). They are made once per cache and set around the pass,
-        outside its compiled code (dynamo's tracing does not keep a `compute_bias` patched inside it)."""
+        """While a pass runs: position embeddings look up each row's own positions (`StaticKV._lookup_forward`,
+        `_table_forward`), relative biases each row's (`batch_kv.bias_by_row`, over the static column count: no host
+        wait). Set around the pass, outside compiled code: dynamo's tracing does not keep a patched `compute_bias`."""
         if not self.encdec:
             return contextlib.nullcontext()
         return hooked(self.model, self._bias_by_row, self._forwards)
@@ -104,8 +101,7 @@ class SlotKV(StaticKV):
         if not logits:
             self.logits = None
             return []
-        # A copy either way: in fp32 `.float()` would return a graph's output, which the next
-        # replay of that width overwrites.
+        # A copy either way: in fp32 `.float()` would return a graph's output, which the next replay overwrites.
         if last:
             self.logits = last_logits(out, feeds, self.slot_of)
         elif self.slot_of == list(range(self.buffer_rows)):
@@ -116,10 +112,9 @@ class SlotKV(StaticKV):
 
     @torch.inference_mode()
     def draft_greedy(self, feeds: list[list[int]], k: int) -> list[list[int]]:
-        """Feed each row its tokens and draft k greedy tokens after them, every step for every
-        slot on the device and all read back at once (one synchronisation per round instead of
-        one per step). A row that feeds nothing gets picks that mean nothing and keeps its
-        length; the others then hold their tokens and their first k-1 drafts."""
+        """Feed each row and draft k greedy tokens, every slot's steps on the device, read back at once (one sync per
+        round). A row that feeds nothing gets meaningless picks and keeps its length; the others then hold their
+        tokens and first k-1 drafts."""
         assert len(feeds) == len(self.slot_of) and k >= 1
         w = max((len(f) for f in feeds), default=0)
         if w == 0:
@@ -136,8 +131,7 @@ class SlotKV(StaticKV):
         return out
 
     def _slot_inputs(self, feeds: list[list[int]], w: int) -> torch.Tensor:
-        """A pass's packed inputs by slot: every slot writes w columns from its length on, a free
-        slot or a short row writing pads."""
+        """A pass's packed inputs by slot: each writes w columns from its length on (a free slot or short row: pads)."""
         tokens: list[list[int]] = [[] for _ in range(self.buffer_rows)]
         for slot, f in zip(self.slot_of, feeds, strict=True):
             tokens[slot] = f
@@ -195,10 +189,8 @@ class SlotKV(StaticKV):
 
     @property
     def prefills_in_graphs(self) -> bool:
-        """Whether `prefill` takes the batch's new rows (with graphs); else they are prefilled
-        into a `BatchKV` and copied (`place`, `merge`)."""
-        # Row by row pays while the pass each row needs replays (an encoder-decoder's cross-attention
-        # pass; a failed capture of its encoder leaves that eager but still one pass per row).
+        """Whether `prefill` takes new rows (with graphs); else they prefill into a `BatchKV` and are copied in."""
+        # An encoder-decoder needs its cross pass graphed; an encoder that failed to capture just runs eagerly.
         kind = "cross" if self.encdec else "prefill"
         return self.passes.prompt_graphs(kind) and (self._prefiller is None
                                                     or self._prefiller.passes.prompt_graphs(kind))
@@ -206,14 +198,10 @@ class SlotKV(StaticKV):
     @torch.inference_mode()
     def prefill(self, feeds: list[list[int]], into: list[int] | None = None, prompts: list[list[int]] | None = None,
                 encoded: list[dict] | None = None) -> list[dict]:
-        """New rows' tokens (all but their newest), merged after the batch's rows in free slots or
-        written over the rows `into`. The rows are prefilled together, up to `ADMIT_ROWS` a pass,
-        in a static cache of this model's own (`StaticKV.prefill_rows`: a graph per padded width and
-        row count; an encoder-decoder's encoder pass and cross-attention keys/values of its
-        `prompts`, `StaticKV.encode_rows`, given `encoded`: those of a model sharing the encoder),
-        and their columns copied into their slots: an eager prefill costs the host a decode step's
-        launches, and one pass per row cost a wide batch most of its time. Returns an
-        encoder-decoder's `encoded` per row."""
+        """New rows' tokens (all but their newest), in free slots after the batch's rows or over the rows `into`.
+        Prefilled together, up to `ADMIT_ROWS` a pass, in this model's own static cache (`StaticKV.prefill_rows`; an
+        encoder-decoder's `prompts` by `StaticKV.encode_rows`, given `encoded`: a shared encoder's), then copied into
+        their slots. Returns an encoder-decoder's `encoded` per row."""
         slots = self._take_free(len(feeds)) if into is None else [self.slot_of[b] for b in into]
         if self._prefiller is None:
             settings = replace(self.settings, compile_prefills=self.passes.compile_prefills)
@@ -287,11 +275,8 @@ class SlotKV(StaticKV):
 
     def _write_rows(self, slots: list[int], theirs: list[tuple[torch.Tensor, torch.Tensor]],
                     lengths: list[int]) -> None:
-        """Rows whose tokens sit in columns 0..n-1 of `theirs` (per own layer, keys and values
-        (rows, heads, columns, dim)) into these slots (emptied), with these lengths: all rows in
-        one write per buffer, a row's pads landing past its length, where a slot's columns are
-        hidden until written (as a finished row's are). Row by row, an admission of R rows cost
-        2 x layers x R indexing ops: host time a GPU waits on at wide batches."""
+        """Rows whose tokens sit in columns 0..n-1 of `theirs` (per own layer, (rows, heads, columns, dim)) into these
+        slots, all in one write per buffer (host time: docs/how-it-works.md); pads land past a row's length, hidden."""
         m = max(lengths, default=0)
         if m > self.capacity:
             self._grow(m, self.width)

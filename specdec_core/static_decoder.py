@@ -41,9 +41,7 @@ log = logging.getLogger(__name__)
 
 CAPACITY_STEP = 512  # columns; a cache grows to the next multiple of this when an item needs more
 MAX_GRAPH_WIDTH = 16  # widest pass captured: a verify pass is gamma + 1 tokens
-# With graphs, a prompt's prefill is padded to a few widths (`prefill_width`), each captured
-# once: powers of two up to PREFILL_STEP, then multiples of it up to MAX_PREFILL_GRAPH (wider
-# prompts prefill eagerly at their own width).
+# Graphed prefills are padded to a few widths (`prefill_width`); wider than MAX_PREFILL_GRAPH, eager at their own.
 PREFILL_STEP = 512
 MAX_PREFILL_GRAPH = 4096
 
@@ -54,38 +52,30 @@ def capacity_for(n: int) -> int:
 
 
 def prefill_width(n: int) -> int:
-    """The width a graphed prefill of n tokens is padded to: the next power of two up to
-    `PREFILL_STEP`, then the next multiple of it (at most twice the work; 17 widths up to 4096)."""
+    """The width a graphed prefill of n tokens is padded to: at most twice the work, 17 widths up to 4096."""
     if n <= PREFILL_STEP:
         return 1 << max(n - 1, 0).bit_length()
     return -(-n // PREFILL_STEP) * PREFILL_STEP
 
 
 def admission_rows(rows: int, most: int) -> int:
-    """The rows a pass that admits this many new rows runs over (its graph's): 1, 4 or 16, at most
-    `most`. Dummy rows fill the rest, in scratch rows of the admitting cache."""
+    """The rows (one graph each) of a pass admitting `rows` new ones: 1, 4 or 16, at most `most`, dummies filling in."""
     return min(next(r for r in (1, 4, 16, rows) if r >= rows), most)
 
 
 class StaticKV:
-    """Fixed-capacity key/value buffers for `rows` sequences, each at its own length, and the
-    model passes over them, eager or replayed as CUDA graphs. A row's column i holds its token
-    at position i, so there are no holes: a rollback moves a length, a pass of w tokens writes
-    each row at columns length..length+w-1 (a row with fewer tokens pads, its pads written
-    past its tokens and overwritten by its next pass) and attends through a 4D mask that hides
-    every column after the query's own."""
+    """Key/value buffers for `rows` sequences, a row's column i holding its token at position i, and passes over them.
+
+    A pass writes each row from its length on (a short row's pads past its tokens, overwritten by its next pass),
+    attending through a 4D mask that hides every column after the query's own; a rollback only moves a length."""
 
     def __init__(self, model: PreTrainedModel, rows: int, graphs: bool | None = None,
                  max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, batched: bool = False,
                  compile: bool = False, min_width: int = 1, settings: PassSettings = DEFAULT,
                  full_width: bool = False):
-        """min_width: the narrowest pass the model runs (`takes_static`); a narrower one is widened
-        with pads, which land past the rows' tokens, hidden, like any pass's pads.
-        full_width: eager passes attend over every column too, as graphed ones do (the self-checks:
-        a model that ignores a mask sees the most columns it can).
-        graphs (default: on CUDA), strict, compile: how its passes run (`graphs.PassGraphs`),
-        compiled up to `max_graph_width` wide; a failed capture leaves them eager over the same
-        buffers."""
+        """min_width: the narrowest pass the model runs (`takes_static`); narrower ones are widened with hidden pads.
+        full_width: eager passes attend over every column too, as graphed ones do (the self-checks: a model that
+        ignores a mask sees the most columns it can). A failed capture leaves passes eager over the same buffers."""
         self.model = model
         self.settings = settings
         self.device = model.device
@@ -93,16 +83,13 @@ class StaticKV:
         self.max_graph_width = max_graph_width
         self.min_width = min_width
         self.layers = decoder_layers(model.config)
-        # A chain's steps past a row's own drafts run at positions no real token reaches; kept
-        # below the model's limit there, so that a position table is never indexed past its end.
+        # A chain's steps past a row's drafts are clamped here: no position table is indexed past its end.
         limit = context_limit(model)
         self._last_position = None if limit is None else limit - 1
         self.capacity = 0
         self.visible = 0  # the columns a pass attends over (`_fit`)
         self.full_width = full_width
-        # How passes run (graphs, compiled, eagerly). Prompts' prefill passes compile too where the
-        # settings say so; None: in a batch's slots with their compiled passes (at B = 32 on an H200
-        # new rows' prefills ran 1.33x faster compiled), not at batch 1 (not measured there).
+        # compile_prefills None: compiled in slots (measured faster at wide batches), not at batch 1 (not measured).
         prefills = compile and batched if settings.compile_prefills is None else settings.compile_prefills
         self.passes = PassGraphs(type(model).__name__, self.device, settings,
                                  graphs=self.device.type == "cuda" if graphs is None else graphs, strict=strict,
@@ -111,26 +98,22 @@ class StaticKV:
         self.cache = Cache(layers=[FixedLayer(self) for _ in range(self.layers)])
         self.own_layers = [self.cache.layers[i] for i in own_kv_layers(model.config, self.layers)]
         self._low = torch.finfo(model.dtype).min
-        # Sliding-window layers (Mistral, Gemma 2/3, Phi-3, StarCoder2, Qwen2): their keys stay in
-        # the buffers past the window, hidden by the mask (`_masks`), as `BatchKV` keeps them.
+        # Sliding-window layers keep their keys past the window, hidden by the mask (`_masks`), as `BatchKV` does.
         self.window = sliding_window(model.config)
         self.layer_types = mixed_layer_types(model.config)
-        # An encoder with sliding-window layers (T5Gemma's) builds its window masks from a 2D mask
-        # only (a 4D one it takes as it is, for every layer): it runs eagerly, never captured.
+        # T5Gemma's encoder builds window masks from a 2D mask only (a 4D one it applies to every layer): run eagerly.
         encoder = getattr(model.config, "encoder", None)
         self._encoder_slides = isinstance(encoder, PretrainedConfig) and sliding_window(encoder) is not None
         self._logits_kwarg = _accepts_logits_to_keep(type(model))
         self.seen: int | torch.Tensor = 0  # what the layers report as their length (`FixedLayer`)
-        # Encoder-decoder: each row's cross-attention cache and its additive encoder mask
-        # (rows, 1, 1, enc_capacity), in place for every pass (`_grow_encoder` sizes them).
+        # Encoder-decoder: per row, cross-attention buffers and an additive encoder mask (`_grow_encoder` sizes them).
         self.encdec = bool(model.config.is_encoder_decoder)
         self.enc_capacity = 0
         self._start: torch.Tensor | None = None  # the decoder start ids (1, 1), on the device
         self._first = torch.zeros((1, 1), dtype=torch.long, device=self.device)  # the start token's position
         self.cross = Cache(layers=[CrossLayer(self) for _ in range(self.layers)]) if self.encdec else None
-        # Encoder-decoder position embeddings that count positions from ids (M2M100, NLLB), and
-        # this cache's copy of each one's table (`_copy_tables`).
-        # Every other position table is looked up at each row's positions (`_lookup_forward`).
+        # Position embeddings counting from ids (M2M100, NLLB) read this cache's table copies (`_copy_tables`);
+        # every other position table is looked up at each row's positions (`_lookup_forward`).
         embeds = decoder_position_modules(model)[0] if self.encdec else []
         self._tables = [m for m in embeds if counts_positions_from_ids(m)]
         self._table: dict[torch.nn.Module, torch.Tensor] = {}
@@ -138,8 +121,8 @@ class StaticKV:
         self._forwards |= {m: self._lookup_forward(m) for m in embeds if position_table(m)}
 
     def acquire(self) -> bool:
-        """Take the buffers for one call, emptied; False while another call (thread) holds them,
-        which then decodes with a growing cache instead."""
+        """Take the buffers, emptied, for one call; False while another thread holds them (it then decodes with a
+        growing cache)."""
         if not self._lock.acquire(blocking=False):
             return False
         self._reset()
@@ -152,13 +135,11 @@ class StaticKV:
         raise NotImplementedError
 
     def _fit(self, end: int, keep: int) -> None:
-        """Room for a pass that writes up to column `end` (a widened pass, `min_width`, one more),
-        keeping the first `keep` columns."""
+        """Room for a pass that writes up to column `end` (widened to `min_width`), keeping the first `keep`."""
         if end + self.min_width - 1 > self.capacity:
             self._grow(end + self.min_width - 1, keep)
-        # A graph or a compiled pass attends over every column (one shape per capacity); an eager
-        # pass only over those up to its end: a capacity step of 512 columns against rows of ~70
-        # made eager passes in slots 0.68-0.82x a padded batch's on a CPU.
+        # Graphed or compiled passes attend over every column (one shape per capacity); eager ones only up to their
+        # end, which is faster (docs/how-it-works.md, "On a GPU: static caches and CUDA graphs").
         fixed = self.full_width or self.passes.on or self.passes.compiles or self.passes.compile_prefills
         self.visible = self.capacity if fixed else end + self.min_width - 1
 
@@ -172,16 +153,14 @@ class StaticKV:
         self._copy_tables()
 
     def _inputs(self, tokens: list[list[int]], bases: list[int], pad: int, width: int = 0) -> torch.Tensor:
-        """The packed inputs of one pass, on the host: per row its tokens (padded to the widest,
-        or to `width`), its first position and how many of the tokens are real."""
+        """A pass's packed host inputs: per row its tokens (padded to the widest, or `width`), first position, count."""
         w = max(width, *(len(t) for t in tokens))
         return torch.tensor([t + [pad] * (w - len(t)) + [b, len(t)] for t, b in zip(tokens, bases, strict=True)],
                             dtype=torch.long)
 
     def _pass(self, inp: torch.Tensor, keep: int) -> torch.Tensor:
-        """`_packed_pass` inside `_by_row`, compiled (`PassGraphs.compiled`) when asked, for passes
-        as narrow as a graph's that keep every position's logits and, with `compile_prefills`,
-        prompts' prefill passes, which keep one; over buffers that exist (a first pass allocates them)."""
+        """`_packed_pass` inside `_by_row`; compiled where asked (all-logits passes up to a graph's width; with
+        `compile_prefills`, one-logit prefills) once the buffers exist (a first pass allocates them)."""
         w = inp.shape[1] - 2
         with self._by_row():
             if self.cache.layers[0].is_initialized:
@@ -199,9 +178,8 @@ class StaticKV:
         return self._packed_pass(inp, 1)
 
     def _packed_pass(self, inp: torch.Tensor, keep: int) -> torch.Tensor:
-        """`_forward` over packed inputs (rows, w + 2): one contiguous tensor, so that a compiled
-        pass sees the same layout at every width. A pass narrower than `min_width` is widened by
-        repeating its last token (a pad: past each row's tokens, its logits dropped)."""
+        """`_forward` over packed inputs (rows, w + 2): one tensor, so a compiled pass sees one layout at every width.
+        Narrower than `min_width`, it repeats its last token as pads (past each row's tokens, logits dropped)."""
         ids, extra = inp[:, :-2], self.min_width - (inp.shape[1] - 2)
         if extra <= 0:
             return self._forward(ids, inp[:, -2], inp[:, -1], keep)
@@ -210,9 +188,8 @@ class StaticKV:
         return logits[:, : logits.shape[1] - extra]
 
     def _forward(self, ids: torch.Tensor, base: torch.Tensor, fed: torch.Tensor, keep: int) -> torch.Tensor:
-        """The model over tokens `ids` (rows, w), row r's at columns base[r].., logits of the last
-        `keep` (device ops only, so that it can be captured). A pad's position repeats its row's
-        last real one, so that pads never pass a model's position limit."""
+        """The model over `ids` (rows, w), row r's at columns base[r].., logits of the last `keep`; device ops only.
+        A pad's position repeats its row's last real one, so pads never pass a model's position limit."""
         w = ids.shape[1]
         self.slots = base[:, None] + self.columns[:w]
         last = (fed - 1).clamp(min=0)[:, None]
@@ -233,10 +210,8 @@ class StaticKV:
         return out.logits
 
     def _masks(self) -> torch.Tensor | dict[str, torch.Tensor]:
-        """The pass's 4D additive masks over the buffers (rows, 1, w, visible), from `slots`: a
-        column is hidden after the query's own (a column is a position here) and, for sliding
-        layers, `window` or more behind it, as the models' own window masks count. One mask for
-        a model whose every layer is alike, a dict by layer type for a hybrid (Gemma 2/3)."""
+        """The pass's 4D additive masks (rows, 1, w, visible): columns after the query's own hidden and, for sliding
+        layers, those `window` or more behind it (as the models count); by layer type for a hybrid (Gemma 2/3)."""
         behind = self.slots[:, None, :, None] - self.columns[None, None, None, : self.visible]
         full = torch.zeros(behind.shape, dtype=self.model.dtype, device=self.device).masked_fill_(behind < 0, self._low)
         if self.window is None:
@@ -247,10 +222,8 @@ class StaticKV:
         return {kind: slide if kind == "sliding_attention" else full for kind in set(self.layer_types)}
 
     def _chain(self, inp: torch.Tensor, k: int) -> torch.Tensor:
-        """(rows, k) greedy tokens: the pass `inp`, each row's pick at its last fed token, then
-        k-1 one-token passes fed the previous picks on the device, so that nothing waits for the
-        host in between. A row that fed nothing writes from its length on, like a pad, never over
-        its tokens."""
+        """(rows, k) greedy tokens: the pass `inp`, then k-1 one-token passes fed the picks on the device (no host wait)
+        A row that fed nothing writes from its length on, like a pad, never over its tokens."""
         w = inp.shape[1] - 2
         base, fed = inp[:, w], inp[:, w + 1]
         # One row past the graph width (a prompt) feeds all w: its last position's logits suffice.
@@ -260,31 +233,26 @@ class StaticKV:
         picks = [logits[torch.arange(self.buffer_rows, device=self.device), last].argmax(-1)]
         one, start = torch.ones_like(fed), base + fed
         for i in range(1, k):
-            # Every row steps k-1 times, a row with fewer drafts (or none) past them, so its last
-            # steps may run where no real token of it ever is: at the model's last position at the
-            # latest (a column no real token takes, as a row's last token is never fed).
+            # Rows with fewer drafts step past them, at most to the model's last position: a column no real token
+            # takes, as a row's last token is never fed.
             at = start + (i - 1) if self._last_position is None else (start + (i - 1)).clamp(max=self._last_position)
             picks.append(self._pass(torch.stack([picks[-1], at, one], dim=1), 1)[:, -1].argmax(-1))
         return torch.stack(picks, dim=1)
 
     def _starts(self, base: torch.Tensor) -> torch.Tensor:
-        """What an encoder-decoder's self-attention layers report as their length: the pass's
-        first position (one row)."""
+        """An encoder-decoder's self-attention length, as its layers report it: the pass's first position (one row)."""
         return base[0]
 
     def _by_row(self):
-        """A context in which the model takes each row's own positions, `self.positions` as each
-        pass sets them (one row: nothing to do but replace the forward of `_forwards`' embeddings).
-        An encoder-decoder's pass holds the model's pass lock either way (`decoder.pass_lock`)."""
+        """A context in which `_forwards`' embeddings take each row's `self.positions`; an encoder-decoder's pass
+        holds the model's pass lock either way (`decoder.pass_lock`)."""
         if not self._forwards:
             return pass_lock(self.model) if self.encdec else contextlib.nullcontext()
         return hooked(self.model, {}, self._forwards)
 
     def _copy_tables(self) -> None:
-        """This cache's copy of each `_tables` embedding's table, reaching every column of the
-        buffers: the module's own rows, then rows of the same sinusoids (`get_embedding`, as the
-        module grows itself) past them. Graphs read the copy, which stays where it is when an
-        eager pass elsewhere grows the module's own table (and frees the old one)."""
+        """This cache's copy of each `_tables` table, extended with the module's sinusoids to every column. Graphs read
+        the copy, which stays put when an eager pass elsewhere grows (and frees) the module's own table."""
         for module in self._tables:
             need = self.capacity + module.padding_idx + 1
             if module in self._table and self._table[module].shape[0] >= need:
@@ -295,11 +263,9 @@ class StaticKV:
             self.passes.drop("encode")  # (decoder passes read the old copy)
 
     def _table_forward(self, module: torch.nn.Module):
-        """A `counts_positions_from_ids` embedding's forward while this cache's passes run (its own
-        would compare a device length with its table's size on the host): the module's own count
-        for each token as `generate()` feeds it, alone after its row's earlier tokens (at its
-        position, `self.positions`, on the device; a pad id keeps the padding position and moves
-        no later token), looked up in this cache's copy of its table (`_copy_tables`)."""
+        """A `counts_positions_from_ids` embedding's forward (its own compares a device length with its table's size on
+        the host): the module's count for each token fed alone at `self.positions`, as `generate()` feeds it (a pad id
+        keeps the padding position, moving no later token), in this cache's copy of its table."""
         def forward(input_ids=None, inputs_embeds=None, cache_length=0):
             at = self.positions.reshape(-1, 1)
             if input_ids is not None:
@@ -312,9 +278,8 @@ class StaticKV:
         return forward
 
     def _lookup_forward(self, module: torch.nn.Module):
-        """A `position_table` embedding's forward while this cache's passes run: its rows at each
-        row's own positions (`self.positions`, on the device; pads repeat their row's last
-        position, so none passes the table), beyond its `offset` (BART's table has two rows first)."""
+        """A `position_table` embedding's forward: its rows at `self.positions` past its `offset` (BART's table has two
+        rows first); pads repeat their row's last position, so none passes the table."""
         offset = int(getattr(module, "offset", 0))
 
         def forward(*args, **kwargs):
@@ -322,9 +287,8 @@ class StaticKV:
         return forward
 
     def _grow_encoder(self, n: int) -> None:
-        """Cross-attention buffers and encoder masks of at least n columns, keeping each row's
-        columns; the new columns are masked (a row with none visible, a free slot, attends
-        uniformly to finite zeros: the mask adds the dtype's minimum, not -inf)."""
+        """Cross-attention buffers and encoder masks of at least n columns, keeping each row's; new columns masked by
+        the dtype's minimum, not -inf (a free slot, with none visible, attends uniformly to finite zeros)."""
         old = self.enc_capacity
         self.enc_capacity = capacity_for(n)
         mask = torch.full((self.buffer_rows, 1, 1, self.enc_capacity), self._low, dtype=self.model.dtype,
@@ -348,17 +312,11 @@ class StaticKV:
 
     @torch.inference_mode()
     def encode_rows(self, prompts: list[list[int]], encoded: list[dict] | None = None) -> list[dict]:
-        """Encoder-decoder: these prompts' encoder outputs (run now, or `encoded`: another decoder's
-        per row, from this model's own encoder module) and their cross-attention keys/values, written
-        into the first rows of the fixed buffers (row j's in row j) by a one-token decoder pass whose
-        self-attention is thrown away (`_cross`). With graphs, the prompts are padded
-        (`_encoder_width`) and the rows (`admission_rows`), and the encoder pass and that decoder pass
-        each replay a graph per (width, rows): eagerly, they cost the host as many launches as two
-        decode steps, paid again for every admission. The pads are masked everywhere, so a prompt's
-        encoder outputs and keys/values are its own, up to the rounding of other kernel shapes. An
-        encoder that cannot be captured (BART's in float16 checks its outputs on the host) runs
-        eagerly over the padded prompts. Returns each row's outputs and mask (for a draft sharing the
-        encoder)."""
+        """Encoder-decoder: the prompts' encoder outputs (run now, or `encoded`: another decoder's, from this model's
+        encoder module) and cross-attention keys/values, written into the first rows (row j's in row j) by a one-token
+        decoder pass (`_cross`). With graphs, prompts and rows are padded (`_encoder_width`, `admission_rows`) and both
+        passes replay a graph per (width, rows); the pads are masked everywhere, so each prompt's results are its own
+        (up to rounding). Returns each row's outputs and mask (for a draft sharing the encoder)."""
         r = len(prompts)
         rows = admission_rows(r, self.buffer_rows)
         n = max(len(p) for p in prompts)
@@ -390,9 +348,8 @@ class StaticKV:
                 return self.model.get_encoder()(input_ids=x.to(self.device), attention_mask=visible).last_hidden_state
 
             if graphed and self.passes.prompt_graphs("encode") and not self._encoder_slides:
-                # A copy: a graph's output is overwritten by the next admission's replay. An encoder
-                # that cannot be captured (LED's reads its global attention on the host, and takes
-                # no 4D mask) runs `eager` over the padded prompts.
+                # A copy: the next admission's replay overwrites a graph's output. An encoder that cannot be captured
+                # (BART's in float16 checks its outputs on the host; LED's reads global attention there) runs `eager`.
                 hidden = self.passes.run(key("encode"), ids, self._encoder, f"the encoder over {width} tokens{of}",
                                          graphed=True, fallback=eager).clone()
             else:
@@ -411,23 +368,20 @@ class StaticKV:
                  "attention_mask": visible[j:j + 1]} for j in range(r)]
 
     def _encoder_width(self, n: int) -> int:
-        """The width a graphed encoder pass of an n-token prompt is padded to: `prefill_width`,
-        within the encoder's position table where it has one (`loading.positions`: BART's learned
-        positions, Marian's and Pegasus's sinusoidal ones; T5's are relative)."""
+        """A graphed encoder pass's padded width: `prefill_width`, within the encoder's position table where it has one
+        (`loading.positions`: BART's learned, Marian's and Pegasus's sinusoidal; T5's are relative)."""
         limit = positions(self.model.config, encoder=True)
         return max(n, min(prefill_width(n), limit or prefill_width(n)))
 
     def _encoder(self, ids: torch.Tensor) -> torch.Tensor:
-        """The encoder's outputs over padded prompts (rows, w), the pads hidden by `enc_mask` (a 4D
-        mask, which the model takes as it is, never reading it on the host); device ops only."""
+        """Encoder outputs over padded prompts, pads hidden by `enc_mask` (4D: never read on the host); device ops."""
         rows, w = ids.shape  # (the mask at the pass's own query count: some attention modules check its size)
         return self.model.get_encoder()(input_ids=ids, attention_mask=self.enc_mask[:rows, ..., :w].expand(
             -1, -1, w, -1)).last_hidden_state
 
     def _cross(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Every layer's cross-attention keys/values of these encoder outputs (rows, w, d) into the
-        first rows of the fixed buffers, by a one-token decoder pass; device ops only. Returns its
-        logits (a graph's output, which its check replay compares)."""
+        """Each layer's cross-attention keys/values of `hidden` (rows, w, d) into the first rows, by a one-token decoder
+        pass; device ops only. Returns its logits (the graph's output, which its check replay compares)."""
         rows = hidden.shape[0]
         cache = EncoderDecoderCache(Cache(layers=[ScratchLayer() for _ in range(self.layers)]), self.cross)
         cache.is_updated = dict.fromkeys(range(self.layers), False)  # every layer computes its keys and writes them
@@ -441,13 +395,9 @@ class StaticKV:
                               decoder_attention_mask=alone, cache=cache, use_cache=True, **kwargs).logits
 
     def prefill_rows(self, feeds: list[list[int]], bases: list[int]) -> None:
-        """These rows' tokens into the first rows of the cache (row j's from column bases[j] on), no
-        logits kept, in one pass: padded to `prefill_width` and (`admission_rows`) rows, and with
-        graphs replayed as that (width, rows) graph. Eagerly, a prefill is as many launches as a
-        decode step (our eager 1.1B target alone decoded at 16 ms per token on an H200, launch-bound:
-        BENCHMARKS.md), paid again for every admission. The pads land past the tokens' columns,
-        hidden, and later passes overwrite them; causal attention keeps the tokens' own keys and
-        values those of the unpadded pass, up to the rounding of other matmul shapes."""
+        """These rows' tokens into the first rows (row j's from column bases[j] on), no logits kept, in one pass padded
+        to `prefill_width` and `admission_rows`, replayed as that graph (eagerly it costs a decode step's launches).
+        Pads land past the tokens, hidden; causal attention keeps the tokens' keys/values the unpadded pass's."""
         r = len(feeds)
         rows = admission_rows(r, self.buffer_rows)
         n = max(len(f) for f in feeds)
@@ -460,10 +410,8 @@ class StaticKV:
 
 
 class StaticDecoder(StaticKV):
-    """One item's row in a static cache, with the batch caches' interface (`forward` over feeds,
-    `rollback`, `length`, `draft_greedy`): `acquire` takes it for an item (empty), `release`
-    gives it back. The cache is allocated at the first pass and grows (its graphs captured
-    again) when an item needs more."""
+    """One item's row in a static cache, with the batch caches' interface; `acquire` takes it (empty), `release` gives
+    it back. Allocated at the first pass, it grows (its graphs captured again) when an item needs more."""
 
     def __init__(self, model: PreTrainedModel, graphs: bool | None = None, max_graph_width: int = MAX_GRAPH_WIDTH,
                  strict: bool = False, compile: bool = False, min_width: int = 1, settings: PassSettings = DEFAULT,
@@ -482,9 +430,8 @@ class StaticDecoder(StaticKV):
         return self.held
 
     def encode(self, prompt_ids: list[int], encoded: dict | None = None) -> None:
-        """Encoder-decoder: this item's encoder outputs and cross-attention keys/values
-        (`encode_rows`), its outputs kept in `encoded` for a draft sharing the encoder; a no-op for
-        a decoder-only model."""
+        """Encoder-decoder: this item's encoder outputs (kept in `encoded` for a draft sharing the encoder) and
+        cross-attention keys/values (`encode_rows`); a no-op for a decoder-only model."""
         if self.encdec:
             self.encoded = self.encode_rows([prompt_ids], None if encoded is None else [encoded])[0]
 
@@ -494,9 +441,8 @@ class StaticDecoder(StaticKV):
         self.held += len(tokens)
 
     def _prefill_head(self, new: list[int], tail: int) -> list[int]:
-        """With graphs (decoder-only): a feed of no logits, or one wider than any decode graph,
-        prefilled (`_prefill`) but for its last `tail` tokens, which are returned for the pass
-        that needs their logits; else `new` as it is."""
+        """With prefill graphs (decoder-only), a feed of no logits or wider than any decode graph is prefilled but for
+        its last `tail` tokens, returned for the pass that needs their logits; else `new` as it is."""
         if not self.passes.prompt_graphs("prefill") or self.encdec:
             return new
         if tail and (len(new) <= self.max_graph_width or tail > self.max_graph_width):
@@ -507,8 +453,8 @@ class StaticDecoder(StaticKV):
 
     @torch.inference_mode()
     def forward(self, feeds: list[list[int]], logits: bool = True, last: bool = False) -> list[torch.Tensor]:
-        """Feed the row its tokens; return its float32 logits at its fed positions, (len(feed), V),
-        or (last) at its last, (1, V); none (`logits` False) for a prefill."""
+        """Feed the row; its float32 logits at its fed positions (len(feed), V), or (last) its last (1, V); none if not
+        `logits`."""
         (new,) = feeds
         num_logits = (1 if last else len(new)) if logits else 0
         new = self._prefill_head(new, num_logits)
@@ -524,17 +470,15 @@ class StaticDecoder(StaticKV):
         self.held += w
         if not num_logits:
             return []
-        # A copy either way: in fp32 `.float()` would return a view of a graph's output, which the
-        # next replay of that width overwrites.
+        # A copy either way: in fp32 `.float()` would be a view of a graph's output, which the next replay overwrites.
         self.logits = out[:, -num_logits:].to(torch.float32, copy=True)
         return [self.logits[0]]
 
     @torch.inference_mode()
     def draft_greedy(self, feeds: list[list[int]], k: int) -> list[list[int]]:
-        """Feed the row its tokens and draft k greedy tokens after them, each fed back on the
-        device and all read back at once: one synchronisation per round instead of one per token.
-        The cache then holds the tokens and the first k-1 drafts. All but a feed's last token are
-        read apart, so every chain starts from one token (one graph or compile per k)."""
+        """Feed the row and draft k greedy tokens, fed back on the device and read back at once (one sync per round).
+        The cache then holds the tokens and the first k-1 drafts; all but a feed's last token are fed apart, so every
+        chain starts from one token (one graph or compile per k)."""
         (new,) = feeds
         if not new or k < 1:
             raise ValueError("draft_greedy() needs a token the cache has not seen and k >= 1")
@@ -548,6 +492,5 @@ class StaticDecoder(StaticKV):
         return [picks[0].tolist()]
 
     def rollback(self, b: int, length: int) -> None:
-        """The row keeps its first `length` tokens: the columns after stay in the buffers, hidden,
-        until overwritten."""
+        """The row keeps its first `length` tokens; the later columns stay, hidden, until overwritten."""
         self.held = min(self.held, length)

@@ -17,8 +17,7 @@ if TYPE_CHECKING:
 
 
 def _first_rows(keys: torch.Tensor, values: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A pass over the first `rows` rows of the buffers (new rows admitted together) writes and reads
-    those: views of the buffers, so the writes land in them."""
+    """Views of the buffers' first `rows` rows (new rows admitted together), so a pass's writes land in them."""
     return (keys, values) if rows == keys.shape[0] else (keys[:rows], values[:rows])
 
 
@@ -44,8 +43,7 @@ class Buffers(CacheLayerMixin):
 
 
 class FixedLayer(Buffers):
-    """A decoder layer's own keys/values; a pass writes each row's tokens at that row's columns,
-    its owner's `slots` (rows, width)."""
+    """A decoder layer's own keys/values; a pass writes each row's tokens at its owner's `slots` (rows, width)."""
 
     def size(self) -> tuple[int, int]:
         return self.owner.buffer_rows, self.owner.capacity
@@ -76,11 +74,9 @@ class FixedLayer(Buffers):
         return self.owner.visible, 0
 
     def get_seq_length(self) -> int | torch.Tensor:
-        # A graph would freeze a number read here. Decoder-only models take positions from
-        # position_ids and visibility from the explicit mask, so they get 0; an encoder-decoder's
-        # decoder takes none and counts positions (BART) or relative distances (T5) from this, so
-        # it gets the pass's first position as a tensor on the device, which a replay updates
-        # (in slots, each row's: `SlotKV._starts`, and T5's distances come from `SlotKV._by_row`).
+        # A graph would freeze a number read here: decoder-only models (position_ids, explicit mask) get 0; an
+        # encoder-decoder's decoder counts positions (BART) or distances (T5) from this, so it gets the pass's first
+        # position as a device tensor a replay updates (per row in slots: `SlotKV._starts`, `SlotKV._by_row`).
         return self.owner.seen
 
     def get_max_length(self) -> int:
@@ -88,9 +84,8 @@ class FixedLayer(Buffers):
 
 
 class CrossLayer(Buffers):
-    """An encoder-decoder layer's cross-attention keys/values in `enc_capacity` columns: the
-    encoder's L columns first, the rest zeros that its encoder mask hides. Written once per item
-    (`StaticKV.encode_rows`), then only read."""
+    """An encoder-decoder layer's cross-attention keys/values: the encoder's L columns, then zeros its mask hides.
+    Written once per item (`StaticKV.encode_rows`), then only read."""
 
     def size(self) -> tuple[int, int]:
         return self.owner.buffer_rows, self.owner.enc_capacity
@@ -111,8 +106,7 @@ class CrossLayer(Buffers):
         return self.owner.enc_capacity, 0
 
     def get_seq_length(self) -> int:
-        # Filled (by `encode` or a copy) before any pass reads it: the model then reuses the
-        # cached keys/values instead of computing them from the encoder outputs it is not given.
+        # Filled before any pass reads it: the model reuses these, not computing them from encoder outputs it lacks.
         return self.owner.enc_capacity if self.is_initialized else 0
 
     def get_max_length(self) -> int:
@@ -120,9 +114,8 @@ class CrossLayer(Buffers):
 
 
 class ScratchLayer(CacheLayerMixin):
-    """Self-attention for `StaticKV.encode_rows`'s one-token decoder pass, which is run only for
-    the cross-attention keys/values it writes: the token attends to itself and nothing is kept
-    (a `DynamicCache` would build its start from host data, which a CUDA graph cannot capture)."""
+    """Self-attention of `StaticKV.encode_rows`'s one-token decoder pass, run only for its cross-attention writes: the
+    token sees itself, nothing is kept (a `DynamicCache` builds its start from host data, which no graph captures)."""
 
     is_compileable = False
     is_sliding = False

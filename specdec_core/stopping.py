@@ -32,10 +32,7 @@ def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
 
 class StopStrings:
     """One item's stop-string check: `__call__(new_tokens)` -> index of the completing token, or None.
-
-    Stateful (it remembers the item's tokens so far): build one per item. Text is decoded as
-    the output's `generation` is, `skip_special_tokens=True`.
-    """
+    Stateful: one per item. Text is decoded as the output's `generation` is, `skip_special_tokens=True`."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[str]):
         self.tokenizer = tokenizer

@@ -138,11 +138,8 @@ def is_conversation(value: object) -> bool:
 
 
 def check_conversation(value: object) -> list[dict[str, str]]:
-    """The conversation as [{role, content}] messages, or a PromptError naming the bad message.
-
-    A text prompt becomes one user message. Only `role` and `content` go to the chat
-    template; other struct fields are ignored.
-    """
+    """The conversation as [{role, content}] messages (a text prompt: one user message), or a PromptError naming the
+    bad message. Only `role` and `content` go to the chat template."""
     if not is_conversation(value):
         return [{"role": "user", "content": check_prompt(value)}]
     if not value:
@@ -194,8 +191,7 @@ class GeneratorSpec:
     trust_remote_code: bool = False
     batch_size: int = 1
     device_map: str = "none"
-    # The devices of one copy of the pair, set by the worker's placement (specdec_core/placement.py):
-    # the target split over them in order when several, the draft on the first. Empty: --device.
+    # One copy's devices, from the worker's placement: the target split over them, the draft on the first. (): --device
     devices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -233,8 +229,7 @@ class GeneratorSpec:
 
 
 def _embedding_rows(model: PreTrainedModel) -> int | None:
-    """How many token ids a model embeds, or None where it does not say (no input embeddings that
-    transformers can find, as some remote-code models)."""
+    """How many token ids a model embeds, or None where transformers finds no input embeddings (some remote code)."""
     try:
         return int(model.get_input_embeddings().weight.shape[0])
     except (NotImplementedError, AttributeError):
@@ -259,16 +254,14 @@ def load_model_drafter(path: str, target: PreTrainedModel, tokenizer: PreTrained
         if share_encoder(target, draft):
             log.info("--draft_model %s: its encoder holds the target's weights; one encoder pass per prompt "
                      "serves both", path)
-        # Compiled, a round's draft steps run chained on the device: the pairing measured fastest.
-        # (Its own static cache, "off" in batched jobs, is the only thing it compiles.)
+        # Compiled, draft steps run chained on the device (the fastest pairing); only its static cache compiles.
         return ModelDrafter(draft, cuda_graphs=cuda_graphs, chain=torch_compile,
                             torch_compile=torch_compile and cuda_graphs != "off")
     return CrossTokenizerDrafter(draft, tokenizer, draft_tokenizer)
 
 
 class TextGenerator:
-    """A loaded target (+ drafter) and tokenizer; thread-safe, one item (or, with batch_size > 1,
-    one list of items decoded together) at a time."""
+    """A loaded target (+ drafter) and tokenizer; thread-safe, one item (or one batched list of items) at a time."""
 
     def __init__(
         self,
@@ -295,9 +288,8 @@ class TextGenerator:
         self.system_prompt = system_prompt
         self.stop = check_stop_strings(stop)
         self.max_item_seconds = max_item_seconds
-        # A batched worker decodes through the batch engine only: the batch-1 engine (`generate`, one
-        # item) then runs eagerly, so that no static cache is made, nor self-checked at load, for
-        # passes that never run.
+        # A batched worker decodes through the batch engine only: the batch-1 engine then runs eagerly, so no static
+        # cache is made, nor self-checked at load, for passes that never run.
         one = batch_size == 1
         self.engine = SpeculativeGenerator(
             target,
@@ -327,14 +319,12 @@ class TextGenerator:
             )
         # Positions: the decoder's (a causal one holds prompt + output), and an encoder's prompt.
         self.context, self.prompt_context = context, prompt_context
-        # The ids a prompt may hold: those both models embed (a same-tokenizer draft reads the
-        # prompt's ids too). A checkpoint may embed fewer tokens than its tokenizer has, leaving out
-        # one its inputs never hold (bart-large-cnn leaves out <mask>); a prompt that holds one fails.
+        # The ids a prompt may hold: those both models embed (a same-tokenizer draft reads them too). A checkpoint
+        # may embed fewer tokens than its tokenizer has (bart-large-cnn leaves out <mask>); a prompt holding one fails.
         readers = [("target", target)] + ([("draft", drafter.model)] if isinstance(drafter, ModelDrafter) else [])
         self.embedded = min(((rows, role) for role, m in readers if (rows := _embedding_rows(m)) is not None),
                             default=(None, None))
-        # Beam threads share one generator per process; items run one at a time so that
-        # each item's latency is its own.
+        # Beam threads share one generator per process; items run one at a time so each one's latency is its own.
         self._lock = threading.Lock()
         # The pair's devices, probed after a CUDA error (`placement.check_device`).
         models = [target, getattr(drafter, "model", None)]
@@ -384,8 +374,7 @@ class TextGenerator:
             drafter = NgramDrafter(spec.ngram_max_size, spec.ngram_min_size)
         else:
             drafter = NoDrafter()
-        # auto: adaptive for greedy (gamma never changes greedy output), fixed for sampling
-        # (a seed reproduces its sample only with a deterministic sequence of gammas).
+        # auto: adaptive when greedy (gamma never changes output); fixed when sampling, so a seed reproduces its sample.
         policy = spec.gamma_policy
         if policy == "auto":
             policy = "adaptive" if spec.temperature == 0 else "fixed"
@@ -399,8 +388,7 @@ class TextGenerator:
             max_new_tokens=spec.max_new_tokens,
             sampling=SamplingSettings(spec.temperature, spec.top_k, spec.top_p),
             gamma_policy=gamma_policy,
-            # A row is bound by the target's positions alone: a draft with fewer drafts while the
-            # row fits them (`ModelDrafter.room`), a cross-tokenizer draft counts its own tokens.
+            # Only the target's positions bind a row: a draft with fewer stops drafting past its own.
             context=context_limit(target),
             prompt_context=context_limit(target, encoder=True) if target.config.is_encoder_decoder else None,
             chat_template=spec.chat_template,
@@ -418,8 +406,7 @@ class TextGenerator:
         if is_conversation(prompt) or self.chat_template:
             ids = self.chat_ids(check_conversation(prompt))
         else:
-            # verbose=False: no "longer than the maximum ... indexing errors" warning; the length
-            # checks below fail such a row with the model's own limit
+            # verbose=False: no "indexing errors" warning; the length checks below fail such a row with its limit
             ids = self.tokenizer(check_prompt(prompt), verbose=False)["input_ids"]
         if not ids:
             raise EmptyPrompt("prompt tokenizes to no tokens")
@@ -442,8 +429,7 @@ class TextGenerator:
         return ids
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        """`apply_chat_template(messages, add_generation_prompt=True)`, after the --system_prompt
-        message unless the conversation brings its own."""
+        """`apply_chat_template(messages, add_generation_prompt=True)`, --system_prompt first unless there is one."""
         if self.system_prompt is not None and messages[0]["role"] != "system":
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
         from jinja2 import TemplateError
@@ -468,10 +454,8 @@ class TextGenerator:
         return self._as_dict(out, seed)
 
     def generate_batch(self, items: list[tuple[object, int]]) -> list[dict]:
-        """(prompt, seed) per item -> one dict per item, in order: a result as `generate` gives,
-        or {"error_type", "error_message"} for a prompt that cannot be generated (or ran past
-        --max_item_seconds), so that one bad row never fails the others. Valid prompts decode
-        together (continuous batching)."""
+        """(prompt, seed) per item -> one dict per item, in order: a result as `generate` gives, or {"error_type",
+        "error_message"} for a bad prompt or a timeout, so that one bad row never fails the others."""
         if self.batch_engine is None:
             raise ValueError("generate_batch needs a TextGenerator built with batch_size > 1")
         out: list[dict | None] = [None] * len(items)
@@ -490,10 +474,8 @@ class TextGenerator:
         return out  # type: ignore[return-value]
 
     def _decode_together(self, todo: list[tuple[list[int], int]]) -> list[Generation | Exception]:
-        """The items decoded in one call; a call that raises is decoded again in halves, down to
-        the item that raises alone, which gets its exception: one row's error (or a batch too
-        large for memory) fails that row, not the others, which decode as they would have (a row's
-        tokens depend on its prompt and seed only)."""
+        """The items decoded in one call; a call that raises is decoded again in halves, down to the item that raises
+        alone, which gets its exception: the others decode as they would have (a row depends on its prompt and seed)."""
         try:
             with self._lock:
                 checks = [self._finish_check() for _ in todo]  # (fresh: a check keeps its item's tokens)
