@@ -21,8 +21,8 @@ from specdec_core.batch_kv import BatchKV, one_row
 from specdec_core.decoder import eos_ids
 from specdec_core.loading import context_limit
 from specdec_core.pass_settings import DEFAULT, PassSettings
-from specdec_core.plan import static_decoder_for
-from specdec_core.static_decoder import StaticDecoder
+from specdec_core.plan import slot_kv_for
+from specdec_core.slot_kv import SlotKV
 
 # (sequence so far, logits row (1, V)) -> (chosen token, its distribution (1, V) or None when greedy).
 # Where every pick is a plain argmax, the round picks on the device instead (`RoundEngine._plain_greedy`).
@@ -129,7 +129,7 @@ class ModelDrafter(Drafter):
         _read_any_token(model)
         # A round's drafts end at the draft's end token: nothing after an end is ever kept.
         self.ends = eos_ids(model)
-        self.static = static_decoder_for(model, cuda_graphs, torch_compile, settings)
+        self.static = slot_kv_for(model, cuda_graphs, compile=torch_compile, settings=settings)
         self.chain = chain
         # The draft's decoder positions (None: relative, as T5's); past them the target goes on alone (`room`).
         self.limit = context_limit(model)
@@ -150,14 +150,14 @@ class ModelDrafter(Drafter):
         return prompt_ids[: limit - 1] + prompt_ids[-1:]
 
     def open(self, prompt_ids: list[int], held: contextlib.ExitStack,
-             encoded: dict | None = None) -> StaticDecoder | BatchKV:
-        """The draft's decoder for one item, prompt encoded and decoder empty: its static decoder when free, else a
+             encoded: dict | None = None) -> SlotKV | BatchKV:
+        """The draft's decoder for one item, prompt encoded and decoder empty: its static slot when free, else a
         growing one-row cache. `encoded`: the target's encoder outputs, when the draft shares the target's encoder."""
         if encoded is None:
             prompt_ids = self.encoder_prompt(prompt_ids)
         if self.static is not None and self.static.acquire():
             held.callback(self.static.release)
-            self.static.encode(prompt_ids, encoded)
+            self.static.start(prompt_ids, encoded)
             return self.static
         return one_row(self.model, prompt_ids, encoded)
 

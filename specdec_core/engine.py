@@ -16,11 +16,11 @@ from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
 from specdec_core.gamma import Costs, GammaPolicy, fixed_gamma
 from specdec_core.loading import context_limit
 from specdec_core.pass_settings import DEFAULT, PassSettings
-from specdec_core.plan import static_decoder_for
+from specdec_core.plan import slot_kv_for
 from specdec_core.processing import SamplingSettings
 from specdec_core.rounds import RoundEngine, setup_seconds, timing_tokens
 from specdec_core.rows import FinishCheck, Generation, ItemTimeout, Row
-from specdec_core.static_decoder import StaticDecoder
+from specdec_core.slot_kv import SlotKV
 
 
 class ItemClock:
@@ -62,7 +62,7 @@ class SpeculativeGenerator(RoundEngine):
         """cuda_graphs: the target's passes over a static cache replayed as CUDA graphs ("auto": on CUDA where the
         model allows it, "on", "off"); torch_compile: those passes compiled before capture."""
         super().__init__(target, drafter, num_speculative_tokens, max_new_tokens, sampling, gamma_policy, settings)
-        self.static = static_decoder_for(target, cuda_graphs, torch_compile, settings)
+        self.static = slot_kv_for(target, cuda_graphs, compile=torch_compile, settings=settings)
 
     def measure_costs(self, prompt_ids: list[int], ks: tuple[int, ...] | None = None, reps: int = 2) -> Costs:
         """c and v(k) of this pair on this machine, in 1-token target passes, timed on the prompt's cache."""
@@ -106,12 +106,12 @@ class SpeculativeGenerator(RoundEngine):
             return self._rounds(row, tkv, dkv, clock, max_seconds)
 
     def _caches(self, row: Row, prompt_ids: list[int], held: contextlib.ExitStack
-                ) -> tuple[StaticDecoder | BatchKV, StaticDecoder | BatchKV | None]:
+                ) -> tuple[SlotKV | BatchKV, SlotKV | BatchKV | None]:
         """The target's cache (the prompt read but the newest token) and a model draft's, empty until it drafts, else
-        None (the row's session drafts): each model's static decoder when free, else a growing one-row cache."""
+        None (the row's session drafts): each model's one static slot when free, else a growing one-row cache."""
         if self.static is not None and self.static.acquire():
             held.callback(self.static.release)
-            self.static.encode(prompt_ids)
+            self.static.start(prompt_ids)
             tkv = self.static
         else:
             tkv = one_row(self.target, prompt_ids)
@@ -122,7 +122,7 @@ class SpeculativeGenerator(RoundEngine):
         row.session = self.drafter.start(prompt_ids, row.seq, row.picker(self.sampling.greedy))
         return tkv, None
 
-    def _rounds(self, row: Row, tkv: StaticDecoder | BatchKV, dkv: StaticDecoder | BatchKV | None, clock: ItemClock,
+    def _rounds(self, row: Row, tkv: SlotKV | BatchKV, dkv: SlotKV | BatchKV | None, clock: ItemClock,
                 max_seconds: float | None) -> Generation:
         """Rounds (`_round`) until the item ends."""
         row.stats.prefill_s, row.stats.prefill_setup_s = clock.wall(), clock.setup()

@@ -3,7 +3,7 @@ slots) with CUDA graphs and compiled, whether it batches at all, and why not.
 
 The one place that reads `--cuda_graphs` and `--torch_compile`: from the config (`config_support`, `unbatchable`,
 which preflight and the fit check ask before any load), the loaded model (`graph_support`) and the self-checks'
-passes (`takes_static`, `padded_width`). The engines ask it for their caches (`static_decoder_for`, `slot_kv_for`);
+passes (`takes_static`, `padded_width`). The engines ask it for their caches (`slot_kv_for`);
 the caches and the self-checks import nothing from here, so no import goes in a circle
 (docs/how-it-works.md, "On a GPU: static caches and CUDA graphs")."""
 
@@ -19,7 +19,6 @@ from specdec_core.decoder import counts_positions_from_ids, decoder_position_mod
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.self_check import narrowest_width, rows_disagreement, static_disagreement
 from specdec_core.slot_kv import SlotKV
-from specdec_core.static_decoder import StaticDecoder
 
 log = logging.getLogger(__name__)
 
@@ -99,35 +98,23 @@ def takes_static(model: PreTrainedModel, mode: str, batched: bool = False, pad_i
     return None
 
 
-def static_decoder_for(model: PreTrainedModel, mode: str = "auto", compile: bool = False,
-                       settings: PassSettings = DEFAULT) -> StaticDecoder | None:
-    """The batch-1 engines' static decoder for `--cuda_graphs` (`takes_static`) and `--torch_compile`, or None."""
-    width = takes_static(model, mode)
-    if not width:
-        if compile:
-            log.info("--torch_compile: %s runs uncompiled (its passes run over no static cache)", type(model).__name__)
-        return None
-    decoder = StaticDecoder(model, strict=mode == "on", compile=compile, min_width=width, settings=settings)
-    log.info("%s decodes over a static cache%s%s", type(model).__name__,
-             " with CUDA graphs (each pass width captured once, on first use; the log says what it costs)"
-             if decoder.passes.on else ", eagerly (no CUDA device)",
-             ", its passes compiled by torch.compile" if compile else "")
-    return decoder
-
-
-def slot_kv_for(model: PreTrainedModel, mode: str, slots: int, pad_id: int = 0, compile: bool = False,
+def slot_kv_for(model: PreTrainedModel, mode: str = "auto", slots: int = 1, pad_id: int = 0, compile: bool = False,
                 settings: PassSettings = DEFAULT) -> SlotKV | None:
-    """The batch engine's slots for `--cuda_graphs` (`takes_static`) and `--torch_compile`, or None."""
-    width = takes_static(model, mode, batched=True, pad_id=pad_id)
+    """The engines' static cache (batch 1: one slot) for `--cuda_graphs` (`takes_static`) and `--torch_compile`, or
+    None."""
+    batched = slots > 1
+    width = takes_static(model, mode, batched=batched, pad_id=pad_id)
+    name = type(model).__name__
     if not width:
         if compile:
-            log.info("--torch_compile: %s batches run uncompiled (their passes run over no static cache)",
-                     type(model).__name__)
+            log.info("--torch_compile: %s uncompiled (%s over no static cache)", f"{name} batches run" if batched
+                     else f"{name} runs", "their passes run" if batched else "its passes run")
         return None
     kv = SlotKV(model, slots, pad_id, strict=mode == "on", compile=compile, min_width=width, settings=settings)
-    log.info("%s batches decode in %d fixed slots%s%s", type(model).__name__, slots,
-             " with CUDA graphs (each pass width captured once, on first use)" if kv.passes.on
-             else ", eagerly (no CUDA device)", ", their passes compiled by torch.compile" if compile else "")
+    log.info("%s %s%s%s", name, f"batches decode in {slots} fixed slots" if batched else "decodes over a static cache",
+             " with CUDA graphs (each pass width captured once, on first use; the log says what it costs)"
+             if kv.passes.on else ", eagerly (no CUDA device)",
+             ", its passes compiled by torch.compile" if compile else "")
     return kv
 
 

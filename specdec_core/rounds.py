@@ -90,7 +90,7 @@ class RoundEngine:
         return self._row_gammas(live, lambda r: r.gamma_state.next()), False
 
     def _round(self, live: list[Row], tkv, dkv) -> None:
-        """One round over the rows `live`: target cache `tkv` (`BatchKV`, `SlotKV`, or at batch 1 a `StaticDecoder`),
+        """One round over the rows `live`: target cache `tkv` (`BatchKV`, `SlotKV`, at batch 1 one row of either),
         a model draft's cache `dkv` or None (each row's `session` drafts)."""
         greedy = self.sampling.greedy
         ks, batch_k = self._gammas(live, dkv)

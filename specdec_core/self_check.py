@@ -18,7 +18,6 @@ from transformers import PreTrainedModel
 from specdec_core.batch_kv import BatchKV, feed_to, one_row
 from specdec_core.decoder import initial_decoder_ids, other_layer_kinds
 from specdec_core.slot_kv import SlotKV
-from specdec_core.static_decoder import StaticDecoder
 
 _DONE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -168,16 +167,16 @@ def verify_disagreement(model: PreTrainedModel) -> str | None:
 
 
 def static_disagreement(model: PreTrainedModel, min_width: int = 1) -> str | None:
-    """Why this model's passes over a static cache (`StaticDecoder`, eager, at least `min_width` wide) would not give
-    its own logits, or None: catches a decoder ignoring a 1-token pass's mask (LED's) or failing over the buffers."""
+    """Why this model's passes over a static cache (`SlotKV`'s one slot, eager, at least `min_width` wide) would not
+    give its own logits, or None: catches a decoder ignoring a 1-token pass's mask (LED's) or failing over buffers."""
     def check() -> str | None:
         prompt, seq, extra = _probe(model)
         try:
             want = _growing(model)
             with torch.inference_mode():
-                static = StaticDecoder(model, graphs=False, min_width=min_width, full_width=True)
+                static = SlotKV(model, 1, graphs=False, min_width=min_width, full_width=True)
                 static.acquire()
-                static.encode(prompt)
+                static.start(prompt)
                 got = probe_passes(static, seq, extra)
         except Exception as e:  # a model whose passes fail over the buffers
             return f"fails over static caches ({type(e).__name__}: {str(e)[:120]})"

@@ -9,7 +9,6 @@ rows are prefilled together through graphs (`prefill`) or eagerly into a `BatchK
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import replace
 
@@ -27,17 +26,19 @@ ADMIT_ROWS = 16  # the most new rows prefilled in one pass (`SlotKV.prefill`)
 
 
 class SlotKV(StaticKV):
-    """`slots` rows of fixed buffers, the rows of a batch in some of them (`slot_of`)."""
+    """`slots` rows of fixed buffers, the rows of a batch in some of them (`slot_of`); batch 1 is one slot, which
+    `acquire` takes for an item (empty) and `release` gives back."""
 
     def __init__(self, model: PreTrainedModel, slots: int, pad_id: int = 0, graphs: bool | None = None,
                  max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, compile: bool = False,
                  min_width: int = 1, settings: PassSettings = DEFAULT, full_width: bool = False):
-        super().__init__(model, slots, graphs, max_graph_width, strict, batched=True, compile=compile,
+        super().__init__(model, slots, graphs, max_graph_width, strict, batched=slots > 1, compile=compile,
                          min_width=min_width, settings=settings, full_width=full_width)
         self.pad_id = pad_id
         self.lengths = [0] * slots  # per slot: its row's cached tokens (0 when free)
         self.slot_of: list[int] = []  # per row of the batch, in the engine's order: its slot
         self.logits: torch.Tensor | None = None  # the last pass's float32 logits (rows, fed, V)
+        self.encoded: dict = {}  # batch 1, encoder-decoder: the item's encoder outputs and mask (`start`)
         # Encoder-decoder: each relative position bias at each row's own positions (`_by_row`), made once.
         biases = decoder_position_modules(model)[1] if self.encdec else []
         self._bias_by_row = {m: bias_by_row(m, lambda: self.positions, self._key_columns) for m in biases}
@@ -47,19 +48,21 @@ class SlotKV(StaticKV):
         self.lengths = [0] * self.buffer_rows
         self.slot_of = []
         self.logits = None
+        self.encoded = {}
 
-    # Encoder-decoder rows at their own positions, inside a captured pass (device ops only).
+    # Encoder-decoder rows at their own positions, inside a captured pass (device ops only); one slot
+    # takes the model's own positions, as any one row does.
 
     def _starts(self, base: torch.Tensor) -> torch.Tensor:
         # Per row, (slots, 1): position embeddings then count from each row's own start.
-        return base[:, None]
+        return base[:, None] if self.buffer_rows > 1 else super()._starts(base)
 
     def _by_row(self):
         """While a pass runs: position embeddings look up each row's own positions (`StaticKV._lookup_forward`,
         `_table_forward`), relative biases each row's (`batch_kv.bias_by_row`, over the static column count: no host
         wait). Set around the pass, outside compiled code: dynamo's tracing does not keep a patched `compute_bias`."""
-        if not self.encdec:
-            return contextlib.nullcontext()
+        if not self.encdec or self.buffer_rows == 1:
+            return super()._by_row()
         return hooked(self.model, self._bias_by_row, self._forwards)
 
     def _key_columns(self, key_length: int) -> tuple[torch.Tensor, int]:
@@ -85,24 +88,54 @@ class SlotKV(StaticKV):
         pass
 
     @torch.inference_mode()
+    def start(self, prompt_ids: list[int], encoded: dict | None = None) -> None:
+        """Batch 1: the item's row in slot 0, empty, its prompt encoded in place (encoder-decoder: `encode_rows`;
+        `encoded`: another decoder's outputs of this model's encoder), kept in `encoded` for a draft sharing it."""
+        assert self._take_free(1) == [0]
+        if self.encdec:
+            self.encoded = self.encode_rows([prompt_ids], None if encoded is None else [encoded])[0]
+
+    def _prefill_head(self, new: list[int], tail: int) -> list[int]:
+        """Batch 1 with prefill graphs (decoder-only): a feed of no logits, or wider than any decode graph, prefilled
+        in place (`prefill_rows`) but for its last `tail` tokens, returned for the pass that needs their logits."""
+        if not self.passes.prompt_graphs("prefill") or self.encdec:
+            return new
+        if tail and (len(new) <= self.max_graph_width or tail > self.max_graph_width):
+            return new  # a decode graph's width already, or more logits than a decode graph keeps
+        head, new = (new, []) if tail == 0 else (new[:-tail], new[-tail:])
+        self.prefill_rows([head], [self.lengths[0]])
+        self.lengths[0] += len(head)
+        return new
+
+    @torch.inference_mode()
     def forward(self, feeds: list[list[int]], logits: bool = True, last: bool = False) -> list[torch.Tensor]:
         """Feed each row its tokens (a row may feed none) in ONE pass over all slots; return each
         row's float32 logits at its fed positions, (len(feeds[b]), V), or (last) at its last, (1, V)."""
         assert len(feeds) == len(self.slot_of)
+        one = self.buffer_rows == 1
+        wanted = (1 if last else len(feeds[0])) if logits and one else 0  # (one slot: the logits kept)
+        if one and feeds[0]:
+            feeds = [self._prefill_head(feeds[0], wanted)]
         w = max((len(f) for f in feeds), default=0)
         if w == 0:
             return [torch.empty(0) for _ in feeds]
         self._fit(self.width + w, self.width)
         inp = self._slot_inputs(feeds, w)
-        out = self.passes.run(w, inp, lambda x: self._pass(x, w), f"a {w}-token pass over {self.buffer_rows} slots",
-                              graphed=w <= self.max_graph_width)
+        narrow = w <= self.max_graph_width
+        # A graph or compiled pass keeps every position's logits; one slot's eager pass only those wanted (a
+        # compiled prefill keeps one).
+        keep = max(wanted, 1) if one and not (narrow and (self.passes.on or self.passes.compiles)) else w
+        out = self.passes.run(w, inp, lambda x: self._pass(x, keep),
+                              f"a {w}-token pass" + ("" if one else f" over {self.buffer_rows} slots"), graphed=narrow)
         for slot, f in zip(self.slot_of, feeds, strict=True):
             self.lengths[slot] += len(f)
         if not logits:
             self.logits = None
             return []
         # A copy either way: in fp32 `.float()` would return a graph's output, which the next replay overwrites.
-        if last:
+        if one:  # (its last fed position is the pass's last)
+            self.logits = out[:, -wanted:].to(torch.float32, copy=True)
+        elif last:
             self.logits = last_logits(out, feeds, self.slot_of)
         elif self.slot_of == list(range(self.buffer_rows)):
             self.logits = out.to(torch.float32, copy=True)
@@ -116,6 +149,9 @@ class SlotKV(StaticKV):
         round). A row that feeds nothing gets meaningless picks and keeps its length; the others then hold their
         tokens and first k-1 drafts."""
         assert len(feeds) == len(self.slot_of) and k >= 1
+        if self.buffer_rows == 1 and len(feeds[0]) > 1:  # batch 1: chains start from one token (a graph per k)
+            self.forward([feeds[0][:-1]], logits=False)
+            feeds = [feeds[0][-1:]]
         w = max((len(f) for f in feeds), default=0)
         if w == 0:
             return [[] for _ in feeds]

@@ -3,8 +3,8 @@
 Eager, a GPU waits on a pass's thousands of kernel launches; a graph replays them in one but needs fixed shapes
 and addresses, so the cache is one buffer per layer of `capacity` columns, a pass writes at its positions and
 attends through an explicit 4D mask, and a rollback only moves a row's length. `StaticKV` holds the buffers and plain
-pass functions for any number of rows (`graphs.PassGraphs` runs them); `StaticDecoder` is one item at a time,
-`slot_kv.SlotKV` the batch engine's rows in slots. Without CUDA the same decoder runs eagerly
+pass functions for any number of rows (`graphs.PassGraphs` runs them); `slot_kv.SlotKV` holds a batch's rows in
+slots, batch 1 in one. Without CUDA the same passes run eagerly
 (docs/how-it-works.md, "On a GPU: static caches and CUDA graphs").
 """
 
@@ -408,89 +408,3 @@ class StaticKV:
         key, of = (("prefill", width), "") if rows == 1 else (("prefill", width, rows), f" of {rows} rows")
         self.passes.run(key, inp, lambda x: self._pass(x, 1), f"a {width}-token prefill{of}", graphed=padded)
 
-
-class StaticDecoder(StaticKV):
-    """One item's row in a static cache, with the batch caches' interface; `acquire` takes it (empty), `release` gives
-    it back. Allocated at the first pass, it grows (its graphs captured again) when an item needs more."""
-
-    def __init__(self, model: PreTrainedModel, graphs: bool | None = None, max_graph_width: int = MAX_GRAPH_WIDTH,
-                 strict: bool = False, compile: bool = False, min_width: int = 1, settings: PassSettings = DEFAULT,
-                 full_width: bool = False):
-        super().__init__(model, 1, graphs, max_graph_width, strict, batched=False, compile=compile,
-                         min_width=min_width, settings=settings, full_width=full_width)
-        self.held = 0  # the row's tokens in the cache
-        self.encoded: dict = {}  # encoder-decoder: the item's encoder outputs and mask (`encode`)
-        self.logits: torch.Tensor | None = None  # the last pass's float32 logits (1, kept, V)
-
-    def _reset(self) -> None:
-        self.held = 0
-        self.logits = None
-
-    def length(self, b: int) -> int:
-        return self.held
-
-    def encode(self, prompt_ids: list[int], encoded: dict | None = None) -> None:
-        """Encoder-decoder: this item's encoder outputs (kept in `encoded` for a draft sharing the encoder) and
-        cross-attention keys/values (`encode_rows`); a no-op for a decoder-only model."""
-        if self.encdec:
-            self.encoded = self.encode_rows([prompt_ids], None if encoded is None else [encoded])[0]
-
-    def _prefill(self, tokens: list[int]) -> None:
-        """`tokens` into the cache after what it holds (`prefill_rows`), for `_prefill_head`."""
-        self.prefill_rows([tokens], [self.held])
-        self.held += len(tokens)
-
-    def _prefill_head(self, new: list[int], tail: int) -> list[int]:
-        """With prefill graphs (decoder-only), a feed of no logits or wider than any decode graph is prefilled but for
-        its last `tail` tokens, returned for the pass that needs their logits; else `new` as it is."""
-        if not self.passes.prompt_graphs("prefill") or self.encdec:
-            return new
-        if tail and (len(new) <= self.max_graph_width or tail > self.max_graph_width):
-            return new  # a decode graph's width already, or more logits than a decode graph keeps
-        head, new = (new, []) if tail == 0 else (new[:-tail], new[-tail:])
-        self._prefill(head)
-        return new
-
-    @torch.inference_mode()
-    def forward(self, feeds: list[list[int]], logits: bool = True, last: bool = False) -> list[torch.Tensor]:
-        """Feed the row; its float32 logits at its fed positions (len(feed), V), or (last) its last (1, V); none if not
-        `logits`."""
-        (new,) = feeds
-        num_logits = (1 if last else len(new)) if logits else 0
-        new = self._prefill_head(new, num_logits)
-        self.logits = None
-        if not new:
-            return []
-        w = len(new)
-        self._fit(self.held + w, self.held)
-        narrow = w <= self.max_graph_width
-        keep = w if (self.passes.on or self.passes.compiles) and narrow else max(num_logits, 1)
-        out = self.passes.run(w, self._inputs([new], [self.held], 0), lambda inp: self._pass(inp, keep),
-                              f"a {w}-token pass", graphed=narrow)
-        self.held += w
-        if not num_logits:
-            return []
-        # A copy either way: in fp32 `.float()` would be a view of a graph's output, which the next replay overwrites.
-        self.logits = out[:, -num_logits:].to(torch.float32, copy=True)
-        return [self.logits[0]]
-
-    @torch.inference_mode()
-    def draft_greedy(self, feeds: list[list[int]], k: int) -> list[list[int]]:
-        """Feed the row and draft k greedy tokens, fed back on the device and read back at once (one sync per round).
-        The cache then holds the tokens and the first k-1 drafts; all but a feed's last token are fed apart, so every
-        chain starts from one token (one graph or compile per k)."""
-        (new,) = feeds
-        if not new or k < 1:
-            raise ValueError("draft_greedy() needs a token the cache has not seen and k >= 1")
-        if len(new) > 1:
-            self.forward([new[:-1]], logits=False)
-            new = new[-1:]
-        self._fit(self.held + k, self.held)
-        picks = self.passes.run((1, k), self._inputs([new], [self.held], 0), lambda inp: self._chain(inp, k),
-                                f"{k} draft steps after 1 token", graphed=1 <= self.max_graph_width)
-        self.held += k
-        return [picks[0].tolist()]
-
-    def rollback(self, b: int, length: int) -> None:
-        """The row keeps its first `length` tokens; the later columns stay, hidden, until overwritten."""
-        self.held = min(self.held, length)

@@ -147,10 +147,10 @@ def encoded_logits_differences(target, prompts: list[list[int]], device: str) ->
     continuation: which prompts' logits differ beyond rounding, and from which position."""
     from specdec_core.batch_kv import feed_to
     from specdec_core.decoder import initial_decoder_ids
-    from specdec_core.static_decoder import StaticDecoder
+    from specdec_core.slot_kv import SlotKV
     from tests.numerics import logit_tolerance
 
-    static, wrong = StaticDecoder(target, graphs=True), []
+    static, wrong = SlotKV(target, 1, graphs=True), []
     for ids in prompts:
         out = target.generate(torch.tensor([ids], device=device), do_sample=False, max_new_tokens=15,
                               min_new_tokens=15)[0].tolist()
@@ -160,7 +160,7 @@ def encoded_logits_differences(target, prompts: list[list[int]], device: str) ->
                           decoder_input_ids=torch.tensor([dec], device=device)).logits[0].float()
         assert static.acquire()
         try:
-            static.encode(ids)
+            static.start(ids)
             got = torch.cat([feed_to(static, dec[:end], end - start)
                              for start, end in ((0, 1), (1, 6), (6, 11), (11, len(dec)))])
         finally:

@@ -13,7 +13,7 @@ import torch
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.drafters import ModelDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
-from specdec_core.plan import batch_refusal, padded_width, slot_kv_for, static_decoder_for
+from specdec_core.plan import batch_refusal, padded_width, slot_kv_for
 from specdec_core.processing import SamplingSettings
 from tests.family_models import (
     DECODER_FAMILIES,
@@ -77,7 +77,7 @@ def test_refusals_name_the_reason(family):
     verify, b1, slots, eager = REFUSED.get(family, NONE)
     for expected, make in ((verify, lambda: SpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="off"),
                                                                  cuda_graphs="off")),
-                           (b1, lambda: static_decoder_for(target, "on")),
+                           (b1, lambda: slot_kv_for(target, "on")),
                            (slots, lambda: slot_kv_for(target, "on", 3)),
                            (eager, lambda: BatchSpeculativeGenerator(target, None, batch_size=2, cuda_graphs="off"))):
         if expected is None:
@@ -202,16 +202,16 @@ def test_on_a_gpu_auto_runs_what_the_self_checks_refuse_eagerly(monkeypatch, cap
     monkeypatch.setattr(plan, "wants_static", on_a_gpu)  # (slot_kv_for's choice goes through it too)
     led, switch = family_model("led", seed=1), family_model("switch", seed=1)
     with caplog.at_level(logging.WARNING, logger="specdec_core"):
-        assert static_decoder_for(switch, "auto") is None
+        assert slot_kv_for(switch, "auto") is None
         assert slot_kv_for(switch, "auto", 3) is None
-        assert static_decoder_for(led, "auto").min_width == slot_kv_for(led, "auto", 3).min_width == 2
+        assert slot_kv_for(led, "auto").min_width == slot_kv_for(led, "auto", 3).min_width == 2
     said = [r.getMessage() for r in caplog.records]
     assert any("no static caches for SwitchTransformersForConditionalGeneration: it fails over static caches"
                in m for m in said), said
     assert any("no static caches for SwitchTransformersForConditionalGeneration batches: it fails" in m
                for m in said), said
     assert not any("LED" in m for m in said), said
-    assert static_decoder_for(family_model("bart", seed=1), "on").min_width == 1
+    assert slot_kv_for(family_model("bart", seed=1), "on").min_width == 1
 
 
 @pytest.mark.parametrize("family", ["dbrx", "jetmoe"])

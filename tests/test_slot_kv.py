@@ -19,7 +19,7 @@ from specdec_core.pass_settings import PassSettings
 from specdec_core.plan import slot_kv_for
 from specdec_core.processing import SamplingSettings
 from specdec_core.slot_kv import SlotKV
-from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticDecoder, StaticKV
+from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticKV
 from tests.family_models import WINDOW_FAMILIES
 from tests.graph_stand_in import trace
 from tests.numerics import assert_logits_close, logit_tolerance
@@ -521,15 +521,16 @@ def test_encoder_outputs_of_a_growing_cache_are_not_captured_per_length(models, 
     prompt = prompts[1]
     assert len(prompt) not in {4, 8, 16, 32, 64}
     alone = one_row(target, prompt)
-    decoder = StaticDecoder(target, graphs=True)
+    decoder = SlotKV(target, 1, graphs=True)
     assert decoder.acquire()
-    decoder.encode(prompt, alone.encoded)
+    decoder.start(prompt, alone.encoded)
     assert not decoder.passes.kept
     start = [target.config.decoder_start_token_id]
     reference = feed_to(alone, start, 1)
     assert_logits_close(feed_to(decoder, start, 1), reference)
-    decoder.rollback(0, 0)
-    decoder.encode(prompt)  # its own encoder: padded, a graph
+    decoder.release()
+    assert decoder.acquire()
+    decoder.start(prompt)  # its own encoder: padded, a graph
     assert {key for key in decoder.passes.kept if isinstance(key, tuple)} == {("encode", 32), ("cross", 32)}
     assert decoder.encoded["encoder_outputs"].last_hidden_state.shape[1] == 32
     assert_logits_close(feed_to(decoder, start, 1), reference)
@@ -545,11 +546,11 @@ def test_an_encoder_that_cannot_be_captured_runs_eagerly_under_the_cross_attenti
 
     monkeypatch.setattr(PassGraphs, "_record", trace)
     half = family_model("bart", seed=1).to(torch.float16)
-    decoder = StaticDecoder(half, graphs=True)
+    decoder = SlotKV(half, 1, graphs=True)
     assert decoder.acquire()
     prompt = list(range(3, 14))
     with caplog.at_level("WARNING"):
-        decoder.encode(prompt)
+        decoder.start(prompt)
     assert decoder.passes.uncaptured == {"encode"} and set(decoder.passes.kept) == {("cross", 16)}
     assert "no CUDA graph of the encoder over 16 tokens" in caplog.text
     start = [half.config.decoder_start_token_id]
@@ -666,10 +667,11 @@ def test_prefills_replay_one_graph_per_padded_width(models, prompts, kind, fake_
     logits are asked for) runs padded to its width's graph; prompts of other lengths in the same
     width replay it; the logits after it are those of a growing cache; the pads leave no trace."""
     target, _ = models[kind]
-    static = StaticDecoder(target, graphs=True)
+    static = SlotKV(target, 1, graphs=True)
     g = torch.Generator().manual_seed(0)
     for ids in (prompts[5], prompts[6], prompts[1]):  # 24, 27 and 17 tokens before the newest: all pad to 32
         assert static.acquire()
+        static.start(ids)
         feed_to(static, ids[:-1], 0)
         dynamic = one_row(target, ids)
         feed_to(dynamic, ids[:-1], 0)
@@ -681,8 +683,9 @@ def test_prefills_replay_one_graph_per_padded_width(models, prompts, kind, fake_
     # A wide feed whose last logits are asked for (a draft's first step): its head is a prefill.
     long = prompts[4] + prompts[6]
     assert static.acquire()
+    static.start(long)
     assert_logits_close(feed_to(static, long, 1), feed_to(one_row(target, long), long, 1))
-    assert static.held == len(long) and ("prefill", 128) in static.passes.kept
+    assert static.length(0) == len(long) and ("prefill", 128) in static.passes.kept
     static.rollback(0, 0)
     assert static.draft_greedy([prompts[5]], 3) == [hf_greedy(target, prompts[5], 3)]
     static.release()

@@ -10,8 +10,8 @@ from specdec_core.decoder import initial_decoder_ids
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.graphs import PassGraphs
-from specdec_core.plan import graph_support, static_decoder_for
-from specdec_core.static_decoder import StaticDecoder
+from specdec_core.plan import graph_support, slot_kv_for
+from specdec_core.slot_kv import SlotKV
 from tests.numerics import assert_logits_close
 from tests.test_engine_greedy import PROMPTS, reference
 
@@ -23,12 +23,12 @@ def test_logits_equal_the_growing_cache_through_rollbacks_and_growth(kind, model
     relative biases) come from each pass's start."""
     monkeypatch.setattr(static_decoder, "CAPACITY_STEP", 8)
     target, _ = models[kind]
-    static = StaticDecoder(target)
+    static = SlotKV(target, 1)
     g = torch.Generator().manual_seed(0)
     for prompt in (PROMPTS[0], PROMPTS[2] + PROMPTS[1]):
         ids = tokenizer(prompt).input_ids
         assert static.acquire()
-        static.encode(ids)  # a no-op for a decoder-only model
+        static.start(ids)  # (decoder-only: its slot, empty)
         dynamic = one_row(target, ids)
         seq = initial_decoder_ids(target, ids)
         if len(seq) > 1:
@@ -61,17 +61,17 @@ def test_a_widened_pass_gives_the_logits_of_the_pass_asked_for(kind, models, tok
     for keep in (0, 1):
         got = []
         for width in (1, 2):
-            static = StaticDecoder(target, graphs=False, min_width=width)
+            static = SlotKV(target, 1, graphs=False, min_width=width)
             assert static.acquire()
-            static.encode(ids)
+            static.start(ids)
             feed_to(static, seq[:-1], 1)
-            inp = static._inputs([seq[-1:]], [static.held], 0)
-            static._fit(static.held + 1, static.held)
+            inp = static._inputs([seq[-1:]], [static.length(0)], 0)
+            static._fit(static.length(0) + 1, static.length(0))
             with torch.inference_mode():
                 got.append(static._packed_pass(inp.to(static.device), keep))
         assert got[0].shape == got[1].shape, (kind, keep)
         assert_logits_close(got[1][0].float(), got[0][0].float())
-        assert static.capacity >= static.held + 2  # room for the widened pass's pad
+        assert static.capacity >= static.length(0) + 2  # room for the widened pass's pad
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2", "t5", "bart"])
@@ -111,18 +111,18 @@ def test_busy_static_decoder_falls_back_to_a_growing_cache(models, tokenizer):
     assert gen.static.acquire()  # another item (thread) holds it
     try:
         assert gen.generate(ids).tokens == reference(target, ids, 12)
-        assert gen.static.held == 0  # untouched
+        assert gen.static.lengths == [0] and not gen.static.slot_of  # untouched
     finally:
         gen.static.release()
 
 
 def test_which_models_take_the_static_path(models):
     assert graph_support(models["llama"][0]) is None and graph_support(models["t5"][0], batched=True) is None
-    assert static_decoder_for(models["llama"][0], "auto") is None  # CPU: no graphs to gain
-    assert static_decoder_for(models["llama"][0], "off") is None
-    assert static_decoder_for(models["bart"][0], "on").encdec
+    assert slot_kv_for(models["llama"][0], "auto") is None  # CPU: no graphs to gain
+    assert slot_kv_for(models["llama"][0], "off") is None
+    assert slot_kv_for(models["bart"][0], "on").encdec
     with pytest.raises(ValueError, match="cuda_graphs must be one of"):
-        static_decoder_for(models["llama"][0], "always")
+        slot_kv_for(models["llama"][0], "always")
 
 
 def test_adaptive_gamma_times_the_static_passes_and_stays_exact(models, tokenizer):
@@ -182,8 +182,8 @@ def test_a_chain_is_used_only_for_plain_greedy_picks(models, tokenizer, monkeypa
     target, draft = models["llama"]
     ids = tokenizer(PROMPTS[0]).input_ids
     calls = []
-    original = StaticDecoder.draft_greedy
-    monkeypatch.setattr(StaticDecoder, "draft_greedy", lambda self, *a: calls.append(1) or original(self, *a))
+    original = SlotKV.draft_greedy
+    monkeypatch.setattr(SlotKV, "draft_greedy", lambda self, *a: calls.append(1) or original(self, *a))
     drafter = ModelDrafter(draft, cuda_graphs="on", chain=True)
     SpeculativeGenerator(target, drafter, max_new_tokens=12, cuda_graphs="on").generate(ids)
     assert calls
@@ -320,7 +320,7 @@ def test_m2m100_positions_are_counted_as_generate_feeds_them():
 
     model = family_model("m2m100", seed=1)
     embed = model.get_decoder().embed_positions
-    static = StaticDecoder(model)
+    static = SlotKV(model, 1)
     static._grow(600, 0)  # past the module's table (130 rows)
     assert embed.weights.shape[0] < 600 < static._table[embed].shape[0]
     pad = embed.padding_idx
@@ -359,12 +359,12 @@ def test_an_encoder_decoder_pass_waits_while_another_thread_hooks_its_model(mode
     ids = tokenizer(PROMPTS[0]).input_ids
 
     def encoded(cache):
-        cache.encode(ids) if isinstance(cache, StaticDecoder) else cache.encode([ids] * cache.rows)
+        cache.start(ids) if isinstance(cache, SlotKV) else cache.encode([ids] * cache.rows)
         return cache
 
     passes = {"growing": lambda: feed_to(one_row(target, ids), [0], 1),
               "padded": lambda: encoded(BatchKV(target, 2)).forward([[0], [0]])[0],
-              "static": lambda: feed_to(encoded(StaticDecoder(target)), [0], 1)}
+              "static": lambda: feed_to(encoded(SlotKV(target, 1)), [0], 1)}
     for name, run in passes.items():
         alone = run()
         waited, out = _run_while_the_model_is_hooked(target, run)
