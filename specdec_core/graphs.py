@@ -1,6 +1,6 @@
 """How a cache's passes run: replayed as CUDA graphs, compiled, or eagerly, at the edge of the cache.
 
-A static cache (`static_decoder.StaticKV`) exposes plain pass functions over packed inputs; `PassGraphs` runs them
+A static cache (`static_kv.StaticKV`) exposes plain pass functions over packed inputs; `PassGraphs` runs them
 and owns everything about graphs and compiling: one graph per key (a pass kind and its shape), captured from one
 side stream into one pool and checked by a replay, inputs copied in, cuBLAS workspaces cleared, `torch.compile`,
 and what it cost (`capture_s`). A cache's buffers moving invalidates its graphs (`drop`)

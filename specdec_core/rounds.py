@@ -25,7 +25,7 @@ from specdec_core.pass_settings import PassSettings
 from specdec_core.processing import SamplingSettings
 from specdec_core.rows import Row
 from specdec_core.self_check import cache_failure, state_failure, verify_disagreement
-from specdec_core.static_decoder import StaticKV
+from specdec_core.static_kv import StaticKV
 
 
 def setup_seconds(*caches) -> float:

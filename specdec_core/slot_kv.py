@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 from specdec_core.batch_kv import BatchKV, drop_order, last_logits
 from specdec_core.decoder import bias_by_row, decoder_position_modules, hooked
 from specdec_core.pass_settings import DEFAULT, PassSettings
-from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticKV
+from specdec_core.static_kv import MAX_GRAPH_WIDTH, StaticKV
 
 log = logging.getLogger(__name__)
 

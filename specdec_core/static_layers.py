@@ -1,7 +1,7 @@
 """A static cache's layers as transformers cache layers: fixed buffers that a pass writes at each
 row's own columns (`FixedLayer`), an encoder-decoder's cross-attention columns written once per
 prompt (`CrossLayer`), and the throw-away self-attention of the pass that writes them
-(`ScratchLayer`). Their owner (`static_decoder.StaticKV`) sizes the buffers and sets the columns a
+(`ScratchLayer`). Their owner (`static_kv.StaticKV`) sizes the buffers and sets the columns a
 pass writes (`slots`); a pass over its first rows (new rows admitted together) writes and reads
 those rows only."""
 
@@ -13,7 +13,7 @@ import torch
 from transformers.cache_utils import CacheLayerMixin
 
 if TYPE_CHECKING:
-    from specdec_core.static_decoder import StaticKV
+    from specdec_core.static_kv import StaticKV
 
 
 def _first_rows(keys: torch.Tensor, values: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from specdec_core import static_decoder
+from specdec_core import static_kv
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.batch_kv import BatchKV, feed_to, one_row
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
@@ -19,7 +19,7 @@ from specdec_core.pass_settings import PassSettings
 from specdec_core.plan import slot_kv_for
 from specdec_core.processing import SamplingSettings
 from specdec_core.slot_kv import SlotKV
-from specdec_core.static_decoder import MAX_GRAPH_WIDTH, StaticKV
+from specdec_core.static_kv import MAX_GRAPH_WIDTH, StaticKV
 from tests.family_models import WINDOW_FAMILIES
 from tests.graph_stand_in import trace
 from tests.numerics import assert_logits_close, logit_tolerance
@@ -45,7 +45,7 @@ def prompts(tokenizer):
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_row_logits_in_slots_equal_the_row_alone(models, prompts, kind, graphs, fake_graphs, monkeypatch):
-    monkeypatch.setattr(static_decoder, "CAPACITY_STEP", 8)  # the buffers grow several times below
+    monkeypatch.setattr(static_kv, "CAPACITY_STEP", 8)  # the buffers grow several times below
     target, _ = models[kind]
     rows = [list(prompts[i]) for i in (0, 2, 4)]
     kv = SlotKV(target, 4, graphs=graphs)
@@ -657,7 +657,7 @@ def test_time_limits_do_not_count_capturing_and_compiling(models, prompts, fake_
 
 def test_prefill_widths():
     """A graphed prefill pads to a power of two up to 512 tokens, then to a multiple of 512."""
-    assert [static_decoder.prefill_width(n) for n in (1, 2, 5, 16, 17, 300, 512, 513, 1100, 4096)] == \
+    assert [static_kv.prefill_width(n) for n in (1, 2, 5, 16, 17, 300, 512, 513, 1100, 4096)] == \
         [1, 2, 8, 16, 32, 512, 512, 1024, 1536, 4096]
 
 
@@ -702,7 +702,7 @@ def test_rows_admitted_together_prefill_through_graphs(models, prompts, kind, gr
     finish at different rounds are refilled as they finish, each prefill a replay, a one-token
     prompt prefills nothing, and greedy output equals `generate()`; with prefill graphs off (the
     GPU bench's comparison), rows enter through a padded cache again."""
-    monkeypatch.setattr(static_decoder, "CAPACITY_STEP", 8)  # slots grow as longer rows come in
+    monkeypatch.setattr(static_kv, "CAPACITY_STEP", 8)  # slots grow as longer rows come in
     target, draft = models[kind]
     padded = []
     forward = BatchKV.forward

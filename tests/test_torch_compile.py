@@ -14,7 +14,7 @@ from specdec_core.drafters import ModelDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.graphs import PassGraphs
 from specdec_core.pass_settings import PassSettings
-from specdec_core.static_decoder import StaticKV
+from specdec_core.static_kv import StaticKV
 from specdec_core.text import GeneratorSpec
 from tests.test_batch_engine import TEXTS, hf_greedy
 

@@ -750,7 +750,7 @@ def main(argv: list[str] | None = None) -> dict:
     runners = {"single": run_single, "batched": run_batched, "profile": run_profile,
                "profile_batched": run_profile_batched}
     # A figure labelled "graphs" must be one: any pass that fell back to eager is reported beside them.
-    fallbacks, static_log = _Warnings(), logging.getLogger("specdec_core.static_decoder")
+    fallbacks, static_log = _Warnings(), logging.getLogger("specdec_core.static_kv")
     static_log.addHandler(fallbacks)
     result["graph_fallbacks"] = fallbacks.lines
     try:
