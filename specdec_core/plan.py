@@ -107,8 +107,8 @@ def slot_kv_for(model: PreTrainedModel, mode: str = "auto", slots: int = 1, pad_
     name = type(model).__name__
     if not width:
         if compile:
-            log.info("--torch_compile: %s uncompiled (%s over no static cache)", f"{name} batches run" if batched
-                     else f"{name} runs", "their passes run" if batched else "its passes run")
+            log.info("--torch_compile: %s uncompiled (%s passes run over no static cache)",
+                     *((f"{name} batches run", "their") if batched else (f"{name} runs", "its")))
         return None
     kv = SlotKV(model, slots, pad_id, strict=mode == "on", compile=compile, min_width=width, settings=settings)
     log.info("%s %s%s%s", name, f"batches decode in {slots} fixed slots" if batched else "decodes over a static cache",

@@ -91,7 +91,9 @@ class SlotKV(StaticKV):
     def start(self, prompt_ids: list[int], encoded: dict | None = None) -> None:
         """Batch 1: the item's row in slot 0, empty, its prompt encoded in place (encoder-decoder: `encode_rows`;
         `encoded`: another decoder's outputs of this model's encoder), kept in `encoded` for a draft sharing it."""
-        assert self._take_free(1) == [0]
+        if self._take_free(1) != [0]:  # (not an assert: the slot must be taken under `python -O` too)
+            raise ValueError("start() writes an item into slot 0 of an empty cache (batch 1); a batch's rows enter "
+                             "by prefill()")
         if self.encdec:
             self.encoded = self.encode_rows([prompt_ids], None if encoded is None else [encoded])[0]
 
