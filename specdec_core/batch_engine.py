@@ -161,9 +161,9 @@ class BatchSpeculativeGenerator(RoundEngine):
                     self._measure_costs(live, tkv, dkv)
             self._round(live, tkv, dkv)
             if max_seconds is not None:
-                now, setup = time.perf_counter(), setup_seconds(tkv, dkv)
-                for r in live:  # new graphs or compiles meanwhile are not the row's own time
-                    if not r.finish and now - r.start - (setup - r.setup) > max_seconds:
+                setup = setup_seconds(tkv, dkv)
+                for r in live:
+                    if not r.finish and r.own_s(setup) > max_seconds:
                         r.finish = "timeout"
             done = [b for b, r in enumerate(live) if r.finish]
             if done:
@@ -172,8 +172,7 @@ class BatchSpeculativeGenerator(RoundEngine):
                     self._row_tokens[0] += len(r.new)
                     self._row_tokens[1] += 1
                     out = r.result()
-                    results[r.index] = (ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after "
-                                                    f"{len(r.new)} new tokens)") if r.finish == "timeout" else out)
+                    results[r.index] = r.timeout(max_seconds) if r.finish == "timeout" else out
                 # Waiting prompts take finished rows' places (rows that go on are not copied); the rest are dropped.
                 refill = done[: len(waiting)]
                 if refill:

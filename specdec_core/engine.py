@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 
 from transformers import PreTrainedModel
 
@@ -19,28 +18,8 @@ from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import slot_kv_for
 from specdec_core.processing import SamplingSettings
 from specdec_core.rounds import RoundEngine, setup_seconds, timing_tokens
-from specdec_core.rows import FinishCheck, Generation, ItemTimeout, Row
+from specdec_core.rows import FinishCheck, Generation, Row
 from specdec_core.slot_kv import SlotKV
-
-
-class ItemClock:
-    """An item's wall time, and its own time: less one-off work done meanwhile (`setup_seconds`), so that a first
-    item that pays for new graphs or compiles is not timed out for it."""
-
-    def __init__(self, setup: Callable[[], float]):
-        self._setup = setup
-        self.start = time.perf_counter()
-        self._setup_at_start = setup()
-
-    def wall(self) -> float:
-        return time.perf_counter() - self.start
-
-    def setup(self) -> float:
-        """One-off seconds (`setup_seconds`) spent since the item started."""
-        return self._setup() - self._setup_at_start
-
-    def own(self) -> float:
-        return self.wall() - self.setup()
 
 
 class SpeculativeGenerator(RoundEngine):
@@ -89,7 +68,7 @@ class SpeculativeGenerator(RoundEngine):
 
     def generate(self, prompt_ids: list[int], seed: int = 0, finish_check: FinishCheck | None = None,
                  max_seconds: float | None = None) -> Generation:
-        """max_seconds: raise ItemTimeout at the first round past this many seconds of the item's own (`ItemClock`)."""
+        """max_seconds: raise ItemTimeout at the first round past this many seconds of the item's own (`Row.own_s`)."""
         with attention_kernels(self.target.device, self.settings.cudnn_attention):
             return self._generate(prompt_ids, seed, finish_check, max_seconds)
 
@@ -98,12 +77,15 @@ class SpeculativeGenerator(RoundEngine):
         if self.gamma_policy.needs_costs and not isinstance(self.drafter, NoDrafter):
             # Once per process, before this item's clock starts.
             self.gamma_policy.set_costs(self.measure_costs(prompt_ids))
-        clock = ItemClock(lambda: setup_seconds(self.static, getattr(self.drafter, "static", None)))
         row = Row.begin(self.target, prompt_ids, seed, self.sampling, self.max_new_tokens,
-                        self.gamma_policy.start(self.gamma), finish_check=finish_check, start=clock.start)
+                        self.gamma_policy.start(self.gamma), finish_check=finish_check)
+        row.setup = self._setup()
         with contextlib.ExitStack() as held:
             tkv, dkv = self._caches(row, prompt_ids, held)
-            return self._rounds(row, tkv, dkv, clock, max_seconds)
+            return self._rounds(row, tkv, dkv, max_seconds)
+
+    def _setup(self) -> float:
+        return setup_seconds(self.static, getattr(self.drafter, "static", None))
 
     def _caches(self, row: Row, prompt_ids: list[int], held: contextlib.ExitStack
                 ) -> tuple[SlotKV | BatchKV, SlotKV | BatchKV | None]:
@@ -122,14 +104,14 @@ class SpeculativeGenerator(RoundEngine):
         row.session = self.drafter.start(prompt_ids, row.seq, row.picker(self.sampling.greedy))
         return tkv, None
 
-    def _rounds(self, row: Row, tkv: SlotKV | BatchKV, dkv: SlotKV | BatchKV | None, clock: ItemClock,
+    def _rounds(self, row: Row, tkv: SlotKV | BatchKV, dkv: SlotKV | BatchKV | None,
                 max_seconds: float | None) -> Generation:
         """Rounds (`_round`) until the item ends."""
-        row.stats.prefill_s, row.stats.prefill_setup_s = clock.wall(), clock.setup()
+        row.stats.prefill_s, row.stats.prefill_setup_s = time.perf_counter() - row.start, self._setup() - row.setup
         while not row.finish:
-            if max_seconds is not None and clock.own() > max_seconds:
-                raise ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after {len(row.new)} new tokens)")
+            if max_seconds is not None and row.own_s(self._setup()) > max_seconds:
+                raise row.timeout(max_seconds)
             self._round([row], tkv, dkv)
         row.stats.admit_s = row.stats.prefill_s - row.stats.prefill_setup_s
-        row.stats.setup_s = clock.setup()
+        row.stats.setup_s = self._setup() - row.setup
         return row.result()

@@ -112,12 +112,12 @@ class Row:
     @classmethod
     def begin(cls, target: PreTrainedModel, prompt_ids: list[int], seed: int, sampling: SamplingSettings,
               max_new_tokens: int, gamma_state: GammaState, index: int = 0,
-              finish_check: FinishCheck | None = None, start: float | None = None) -> Row:
+              finish_check: FinishCheck | None = None) -> Row:
         device = target.device
         seq = initial_decoder_ids(target, prompt_ids)
         procs = build_processors(sampling, target.generation_config, len(seq), max_new_tokens, device)
         return cls(index=index, seed=seed, prompt=list(prompt_ids), seq=seq,
-                   start=time.perf_counter() if start is None else start, transform=LogitsTransform(procs),
+                   start=time.perf_counter(), transform=LogitsTransform(procs),
                    generator=torch.Generator(device=device).manual_seed(seed), gamma_state=gamma_state,
                    stats=ItemStats(prompt_tokens=len(prompt_ids)), finish_check=finish_check)
 
@@ -153,6 +153,14 @@ class Row:
         valid = len(self.seq) + n
         self.seq += emitted
         return valid
+
+    def own_s(self, setup: float) -> float:
+        """Seconds since the row started, less one-off work (`rounds.setup_seconds`, now `setup`) done meanwhile, so
+        that a row that pays for new graphs or compiles is not timed out for it."""
+        return time.perf_counter() - self.start - (setup - self.setup)
+
+    def timeout(self, max_seconds: float) -> ItemTimeout:
+        return ItemTimeout(f"item ran longer than {max_seconds:g} s (stopped after {len(self.new)} new tokens)")
 
     def result(self) -> Generation:
         """The row's generation, its statistics completed: it ends now."""
