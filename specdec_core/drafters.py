@@ -98,6 +98,17 @@ class _EmptySession(DraftSession):
         return Draft([], None)
 
 
+def open_row(model: PreTrainedModel, static: SlotKV | None, prompt_ids: list[int], held: contextlib.ExitStack,
+             encoded: dict | None = None) -> SlotKV | BatchKV:
+    """A model's decoder for one item, prompt encoded (`encoded`: another decoder's outputs of this model's encoder)
+    and decoder empty: its static slot when free (held until `held` closes), else a growing one-row cache."""
+    if static is not None and static.acquire():
+        held.callback(static.release)
+        static.start(prompt_ids, encoded)
+        return static
+    return one_row(model, prompt_ids, encoded)
+
+
 def _clamp_ids(embeddings: torch.nn.Embedding, args: tuple) -> tuple:
     return (args[0].clamp(max=embeddings.num_embeddings - 1), *args[1:])
 
@@ -153,13 +164,8 @@ class ModelDrafter(Drafter):
              encoded: dict | None = None) -> SlotKV | BatchKV:
         """The draft's decoder for one item, prompt encoded and decoder empty: its static slot when free, else a
         growing one-row cache. `encoded`: the target's encoder outputs, when the draft shares the target's encoder."""
-        if encoded is None:
-            prompt_ids = self.encoder_prompt(prompt_ids)
-        if self.static is not None and self.static.acquire():
-            held.callback(self.static.release)
-            self.static.start(prompt_ids, encoded)
-            return self.static
-        return one_row(self.model, prompt_ids, encoded)
+        return open_row(self.model, self.static, prompt_ids if encoded is not None else self.encoder_prompt(prompt_ids),
+                        held, encoded)
 
 
 class NgramDrafter(SessionDrafter):

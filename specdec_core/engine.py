@@ -10,8 +10,8 @@ import time
 from transformers import PreTrainedModel
 
 from specdec_core.attention import attention_kernels
-from specdec_core.batch_kv import BatchKV, one_row
-from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
+from specdec_core.batch_kv import BatchKV
+from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter, open_row
 from specdec_core.gamma import Costs, GammaPolicy, fixed_gamma
 from specdec_core.loading import context_limit
 from specdec_core.pass_settings import DEFAULT, PassSettings
@@ -91,12 +91,7 @@ class SpeculativeGenerator(RoundEngine):
                 ) -> tuple[SlotKV | BatchKV, SlotKV | BatchKV | None]:
         """The target's cache (the prompt read but the newest token) and a model draft's, empty until it drafts, else
         None (the row's session drafts): each model's one static slot when free, else a growing one-row cache."""
-        if self.static is not None and self.static.acquire():
-            held.callback(self.static.release)
-            self.static.start(prompt_ids)
-            tkv = self.static
-        else:
-            tkv = one_row(self.target, prompt_ids)
+        tkv = open_row(self.target, self.static, prompt_ids, held)
         if len(row.seq) > 1:
             tkv.forward([row.seq[:-1]], logits=False)
         if isinstance(self.drafter, ModelDrafter):
