@@ -21,9 +21,7 @@ def verify_greedy(drafts: list[int], target_choice: torch.Tensor | list[int]) ->
     """Keep drafts while they equal the target's argmax; `target_choice` has len(drafts)+1 entries
     (a tensor, read back here, or a list the caller read back with other rows')."""
     choice = target_choice if isinstance(target_choice, list) else target_choice.tolist()
-    n = 0
-    while n < len(drafts) and drafts[n] == choice[n]:
-        n += 1
+    n = next((i for i, (d, c) in enumerate(zip(drafts, choice, strict=False)) if d != c), len(drafts))
     return n, choice[n]
 
 
@@ -57,9 +55,6 @@ def verify_sampled(
     if not all(finite[: n + 1]):  # (positions after a rejection are never the target's)
         raise NonFiniteProbabilities("the target's probabilities are NaN or inf (its numbers overflowed: a wider "
                                      "--dtype may hold them)")
-    if n < k:
-        dist = residual(p[n], None if q is None else q[n], drafts[n])
-    else:
-        dist = p[k]
+    dist = residual(p[n], None if q is None else q[n], drafts[n]) if n < k else p[k]
     token = torch.multinomial(dist, 1, generator=generator)
     return n, int(token.item())

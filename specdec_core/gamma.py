@@ -10,11 +10,13 @@ docs/batching.md, "Adaptive gamma at batch level").
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from statistics import median
 
 
 class GammaState(ABC):
@@ -100,7 +102,7 @@ class Costs:
         if k > known[-1]:  # extrapolate from the largest measured block, linearly in tokens
             last = known[-1]
             return self.v[last] * (1.0 + 0.05 * (k - last))
-        lower = max(x for x in known if x < k) if any(x < k for x in known) else 1
+        lower = max((x for x in known if x < k), default=1)
         upper = min(x for x in known if x > k)
         vl, vu = self.verify(lower), self.v[upper]
         return vl + (vu - vl) * (k - lower) / (upper - lower)
@@ -114,13 +116,8 @@ class Costs:
 
     def best_gamma(self, a: float, max_gamma: int) -> int:
         key = (round(a, 3), max_gamma)  # asked every round: a table, not a search, on small models
-        if key not in self._best:
-            best, best_s = 0, 1.0
-            for g in range(1, max_gamma + 1):
-                s = self.speedup(key[0], g)
-                if s > best_s * (1 + 1e-9):
-                    best, best_s = g, s
-            self._best[key] = best
+        if key not in self._best:  # (one row's batch gamma: the argmax of `speedup`, 0 where nothing beats 1)
+            self._best[key] = batch_gamma(self, [key[0]], max_gamma)
         return self._best[key]
 
     @classmethod
@@ -144,12 +141,7 @@ class Costs:
             if draft_step is not None:
                 steps.append(target_step(1))
                 d.append(draft_step() / steps[-1])
-
-        def med(x: list[float]) -> float:
-            x = sorted(x)
-            return (x[(len(x) - 1) // 2] + x[len(x) // 2]) / 2
-
-        return cls(c=med(d) if d else 0.0, v={k: med(x) for k, x in v.items()}, step_s=med(steps))
+        return cls(c=median(d) if d else 0.0, v={k: median(x) for k, x in v.items()}, step_s=median(steps))
 
 
 class _Calibration:
@@ -163,10 +155,7 @@ class _Calibration:
         self.seen = [0.0] * (len(self.EDGES) + 1)
 
     def bin(self, conf: float) -> int:
-        for i, e in enumerate(self.EDGES):
-            if conf < e:
-                return i
-        return len(self.EDGES)
+        return bisect.bisect_right(self.EDGES, conf)  # (the index of the first edge above conf)
 
     def prob(self, conf: float, prior: float, weight: float = 4.0) -> float:
         b = self.bin(conf)
@@ -182,30 +171,20 @@ class AdaptiveGamma(GammaPolicy):
     """Per-item gamma from measured acceptance and costs (None: the engine times them once per process).
     share_across_items: new items start from earlier ones' acceptance, so a pair that never agrees drafts no more."""
 
-    def __init__(
-        self,
-        costs: Costs | None = None,
-        *,
-        max_gamma: int = 12,
-        prior_acceptance: float = 0.6,
-        prior_weight: float = 4.0,
-        decay: float = 0.85,
-        share_across_items: bool = True,
-        early_stop: bool = True,
-        max_probe_wait: int = 32,
-    ):
+    prior_weight = 4.0  # tested drafts the prior counts as (a power of two: an unshared pool is the prior exactly)
+    decay = 0.85  # of an item's acceptance counts, per round that drafted
+    max_probe_wait = 32  # cap of a backed-off item's wait (in rounds, doubled per failed probe) before it probes
+
+    def __init__(self, costs: Costs | None = None, *, max_gamma: int = 12, prior_acceptance: float = 0.6,
+                 share_across_items: bool = True, early_stop: bool = True):
         self.costs = costs
         self.max_gamma = max_gamma
-        self.prior_weight = prior_weight
-        self.decay = decay
         self.share = share_across_items
         self.early_stop = early_stop
-        self.max_probe_wait = max_probe_wait
         self._lock = threading.Lock()
-        # Process-wide pooled acceptance (decayed counts) and confidence calibration.
-        self._pool_hits = prior_acceptance * prior_weight
-        self._pool_trials = prior_weight
-        self._prior_acceptance = prior_acceptance
+        # Process-wide pooled acceptance (decayed counts; not sharing, it stays the prior) and confidence calibration.
+        self._pool_hits = prior_acceptance * self.prior_weight
+        self._pool_trials = self.prior_weight
         self.calibration = _Calibration()
 
     @property
@@ -220,8 +199,6 @@ class AdaptiveGamma(GammaPolicy):
 
     def prior(self) -> float:
         with self._lock:
-            if not self.share:
-                return self._prior_acceptance
             return self._pool_hits / self._pool_trials
 
     def _pool(self, hits: float, trials: float) -> None:
@@ -241,16 +218,14 @@ class _AdaptiveState(GammaState):
         self.policy = policy
         self.stops_early = policy.early_stop
         self.cap = max(cap, 1)
-        a0 = policy.prior()
         w = policy.prior_weight
-        self.hits, self.trials = a0 * w, w  # decayed Bernoulli counts of tested drafts
+        self.hits, self.trials = policy.prior() * w, w  # decayed Bernoulli counts of tested drafts
         self.wait = 0  # rounds left without drafting (backed off)
         self.probe_wait = 4
         self.last_k = 0
         self.backed_off = False
         self._survival = 1.0  # P(all drafts of this round so far are accepted)
         self._expected = 1.0  # expected tokens of this round if drafting stopped now
-        self.gammas: list[int] = []  # chosen k per round, for statistics
 
     @property
     def acceptance(self) -> float:
@@ -260,12 +235,11 @@ class _AdaptiveState(GammaState):
         return self.policy.costs or Costs(c=0.1)
 
     def next(self) -> int:
-        costs = self._costs()
         if self.wait > 0:
             self.wait -= 1
             k = 0
         else:
-            k = min(costs.best_gamma(self.acceptance, self.cap), self.cap)
+            k = self._costs().best_gamma(self.acceptance, self.cap)
             if k == 0:
                 if self.backed_off:  # the wait is over: probe with one draft
                     k = 1
@@ -273,7 +247,6 @@ class _AdaptiveState(GammaState):
                     self.backed_off = True
                     self.wait = self.probe_wait - 1
         self.last_k = k
-        self.gammas.append(k)
         return k
 
     def keep_drafting(self, i: int, confidence: float) -> bool:
@@ -347,16 +320,3 @@ def geometric_acceptance(accepted: int, rejections: int) -> float | None:
     accepted/drafted would underestimate it."""
     total = accepted + rejections
     return accepted / total if total else None
-
-
-__all__ = [
-    "AdaptiveGamma",
-    "Costs",
-    "FixedGamma",
-    "GammaPolicy",
-    "GammaState",
-    "expected_tokens",
-    "fixed_gamma",
-    "geometric_acceptance",
-    "timed",
-]

@@ -98,11 +98,7 @@ def device_capacity(device: str) -> int:
 
 def devices_of(model: torch.nn.Module) -> Iterator[torch.device]:
     """Every distinct device holding a parameter of the model, in order of first appearance."""
-    seen: list[torch.device] = []
-    for p in model.parameters():
-        if p.device not in seen:
-            seen.append(p.device)
-            yield p.device
+    return iter(dict.fromkeys(p.device for p in model.parameters()))
 
 
 @dataclass(frozen=True)
@@ -143,10 +139,7 @@ def gpus_per_copy(gpus: list[Gpu], need: Footprint | None) -> int:
     weights = need.target_weights + need.draft_weights
     if need.draft + need.largest_block > smallest:
         return len(gpus)
-    for g in range(1, len(gpus) + 1):
-        if weights <= g * smallest * SPLIT_FILL:
-            return g
-    return len(gpus)
+    return next((g for g in range(1, len(gpus)) if weights <= g * smallest * SPLIT_FILL), len(gpus))
 
 
 def plan_copies(device: str, device_map: str, gpus: list[Gpu], need: Footprint | None = None) -> list[Copy]:
@@ -222,9 +215,7 @@ def _kv_width(config: PretrainedConfig) -> int:
 def kv_bytes(config: PretrainedConfig, rows: int, prompt_tokens: int, new_tokens: int, dtype: torch.dtype) -> int:
     """Keys and values for `rows` rows: a decoder-only model caches prompt + output; an
     encoder-decoder caches the output (self-attention) and the prompt (cross-attention)."""
-    per_token = _kv_width(config) * DTYPE_BYTES.get(dtype, 4)
-    tokens = prompt_tokens + new_tokens
-    return rows * per_token * tokens
+    return rows * _kv_width(config) * DTYPE_BYTES.get(dtype, 4) * (prompt_tokens + new_tokens)
 
 
 def footprint(target: PretrainedConfig, draft: PretrainedConfig | None, dtype: torch.dtype, *, rows: int,
@@ -266,16 +257,15 @@ def fit_problem(need: Footprint, gpus: list[Gpu], copies: list[Copy], *, batch_s
     if need.total <= held and need.draft + need.largest_block <= one:
         return None
     weights = need.target_weights + need.draft_weights
-    everything = sum(usable_bytes(g) for g in gpus)
+    split = device_map == "none" and need.total <= sum(usable_bytes(g) for g in gpus) and len(gpus) > 1
     if weights > held or need.draft + need.largest_block > one:
-        if device_map == "none" and need.total <= everything and len(gpus) > 1:
+        if split:
             return f"--device_map: {what}, more than {where}; pass --device_map auto to split it over the GPUs"
         wide = need.target_weights > 2 * need.target_params  # (wider than 16 bits a parameter)
         return (f"--target_model: {what}, more than {where}; use larger or more GPUs per worker"
                 + (", or a smaller --dtype" if wide else ""))
     per_row = max(1, (need.target_kv + need.draft_kv - need.prefill + need.graphs) // batch_size)
     rows = max(0, int((held - weights - need.prefill) // per_row))
-    split = device_map == "none" and need.total <= everything and len(gpus) > 1
     if rows == 0:
         return (f"--max_new_tokens: {what}, more than {where}: not one row of {tokens} tokens (the longest "
                 "prompt and --max_new_tokens) fits beside the weights; lower --max_new_tokens, "

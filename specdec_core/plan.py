@@ -28,9 +28,8 @@ GRAPH_MODES = ("auto", "on", "off")  # --cuda_graphs and --torch_compile
 def config_support(config) -> str | None:
     """None when a model of this config can decode over static caches (one item at a time or in slots), as far as
     its config tells (the preflight's check), else why not."""
-    other = other_layer_kinds(config)
-    if other:
-        return f"has {', '.join(other)} layers"
+    if why := unbatchable(config):  # (its other layer kinds, as for padded batches)
+        return why
     text = config.get_text_config(decoder=True)
     rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
     if isinstance(rope, dict) and "dynamic" in (rope.get("rope_type"), rope.get("type")):
@@ -68,10 +67,9 @@ def wants_static(model: PreTrainedModel, mode: str, batched: bool = False) -> bo
     if mode == "off":
         return False
     why = graph_support(model, batched)
-    name = type(model).__name__ + (" batches" if batched else "")
     if mode == "auto" and (why or model.device.type != "cuda"):
         if why and model.device.type == "cuda":
-            log.info("no CUDA graphs for %s: it %s", name, why)
+            log.info("no CUDA graphs for %s%s: it %s", type(model).__name__, " batches" if batched else "", why)
         return False
     if why:
         raise ValueError(f"cuda_graphs on: {type(model).__name__} {why}")

@@ -100,12 +100,6 @@ def _uncached(model: PreTrainedModel) -> torch.Tensor:
     return out.logits[0, len(seq) - 1 :]
 
 
-def _one_at_a_time(model: PreTrainedModel) -> list[torch.Tensor]:
-    """`probe_passes`' logits from a growing cache fed one token at a time."""
-    each = _fed_one_at_a_time(model)
-    return [each[:4], each[3:4], each[4:6]]
-
-
 def _compare(got: list[torch.Tensor], want: list[torch.Tensor], what: str, dtype: torch.dtype) -> str | None:
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         if why := logits_differ(g.cpu(), w.cpu(), dtype):
@@ -161,7 +155,9 @@ def verify_disagreement(model: PreTrainedModel) -> str | None:
     def check() -> str | None:
         if why := cache_failure(model):
             return why
-        return _compare(_growing(model), _one_at_a_time(model),
+        want = _growing(model)
+        each = _fed_one_at_a_time(model)  # (cut into `probe_passes`' passes)
+        return _compare(want, [each[:4], each[3:4], each[4:6]],
                         "over several tokens in one pass than one token at a time", model.dtype)
     return _once(model, ("verify",), check)
 
