@@ -56,11 +56,7 @@ def _last_word_end(text: str) -> int:
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def _special_prefix(tok: PreTrainedTokenizerBase) -> list[int]:
@@ -200,7 +196,6 @@ class CrossTokenizerSession(DraftSession):
         max_steps = self.d.max_draft_steps or 2 * k + 4
         props: list[int] = []
         text: str | None = ""
-        ended = False
         for _ in range(max_steps):
             if self.d.limit is not None and len(cur) >= self.d.limit:
                 break  # the draft's own context is full: propose what it has
@@ -210,7 +205,9 @@ class CrossTokenizerSession(DraftSession):
             self.steps += 1
             token = int(logits[0].argmax())
             if token in self.d.draft_eos:
-                ended = True
+                props = self._to_target(tail, text) if base < len(cur) and text is not None else []
+                if self.d.target_eos is not None:
+                    props = props + [int(self.d.target_eos)]
                 break
             cur.append(token)
             text = decode_suffix(self.d.draft_tokenizer, cur, base)
@@ -223,10 +220,6 @@ class CrossTokenizerSession(DraftSession):
             props = self._to_target(tail, text[:stable]) if stable else self._to_target(tail, text)[:-1]
             if len(props) >= k:
                 break
-        if ended:
-            props = self._to_target(tail, text) if base < len(cur) and text is not None else []
-            if self.d.target_eos is not None:
-                props = props + [int(self.d.target_eos)]
         return Draft(props[:k], None)
 
     def _target_tail(self, seq: list[int]) -> tuple[str, list[int], list[int]]:

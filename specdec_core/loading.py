@@ -111,18 +111,13 @@ def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedToke
     return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
 
 
-def has_tokenizer(path: str) -> bool:
-    """Whether a model directory carries its own tokenizer (hub ids are assumed to)."""
-    if not os.path.isdir(path):
-        return True
-    return any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES)
-
-
 def draft_tokenizer_for(
     draft_path: str, target_tokenizer: PreTrainedTokenizerBase, trust_remote_code: bool = False
 ) -> PreTrainedTokenizerBase:
-    """The draft's own tokenizer, or the target's when the draft directory carries none."""
-    return load_tokenizer(draft_path, trust_remote_code) if has_tokenizer(draft_path) else target_tokenizer
+    """The draft's own tokenizer, or the target's when the draft directory carries none (hub ids are assumed to)."""
+    if os.path.isdir(draft_path) and not any(os.path.exists(os.path.join(draft_path, f)) for f in TOKENIZER_FILES):
+        return target_tokenizer
+    return load_tokenizer(draft_path, trust_remote_code)
 
 
 SAME_TOKENIZER = "same-tokenizer"

@@ -47,6 +47,10 @@ DRAFTERS = ("model", "ngram", "none")
 GAMMA_POLICIES = ("auto", "fixed", "adaptive")
 CPU_KERNELS = ("prepacked", "stock")
 ROLES = ("system", "user", "assistant")
+# The ItemStats a result dict carries, in its order between the generation and the seed (DESIGN.md defines each).
+STAT_COLUMNS = ("new_tokens", "prompt_tokens", "draft_tokens", "accepted_tokens", "acceptance_rate", "verify_steps",
+                "draft_steps", "latency_s", "ttft_s", "prefill_s", "draft_s", "verify_s", "admit_s", "admitted_with",
+                "admit_passes", "tokens_per_s", "finish_reason")
 
 log = logging.getLogger(__name__)
 
@@ -55,24 +59,19 @@ class PromptError(ValueError):
     """A row whose prompt cannot be generated; the job goes on."""
 
 
-class NullPrompt(PromptError):
-    pass
-
-
-class InvalidPromptType(PromptError):
-    pass
-
-
-class EmptyPrompt(PromptError):
-    pass
-
-
-class InvalidCharacters(PromptError):
-    pass
-
-
-class InvalidUtf8(PromptError):
-    pass
+# One subclass per reason, its name the failed row's `error_type` (type() sets its module here, as `class` would).
+# ChatTemplateError: the tokenizer's chat template refused the conversation (e.g. roles that do not alternate).
+NullPrompt = type("NullPrompt", (PromptError,), {})
+InvalidPromptType = type("InvalidPromptType", (PromptError,), {})
+EmptyPrompt = type("EmptyPrompt", (PromptError,), {})
+InvalidCharacters = type("InvalidCharacters", (PromptError,), {})
+InvalidUtf8 = type("InvalidUtf8", (PromptError,), {})
+PromptTooLong = type("PromptTooLong", (PromptError,), {})
+TokenNotEmbedded = type("TokenNotEmbedded", (PromptError,), {})
+EmptyConversation = type("EmptyConversation", (PromptError,), {})
+UnknownRole = type("UnknownRole", (PromptError,), {})
+InvalidMessage = type("InvalidMessage", (PromptError,), {})
+ChatTemplateError = type("ChatTemplateError", (PromptError,), {})
 
 
 @dataclass(frozen=True)
@@ -86,30 +85,6 @@ class NotUtf8:
     @property
     def reason(self) -> str:
         return f"not valid UTF-8 in column {', '.join(map(repr, self.columns))} of the input"
-
-
-class PromptTooLong(PromptError):
-    pass
-
-
-class TokenNotEmbedded(PromptError):
-    pass
-
-
-class EmptyConversation(PromptError):
-    pass
-
-
-class UnknownRole(PromptError):
-    pass
-
-
-class InvalidMessage(PromptError):
-    pass
-
-
-class ChatTemplateError(PromptError):
-    """The tokenizer's chat template refused the conversation (e.g. roles that do not alternate)."""
 
 
 def _check_characters(value: str, what: str) -> None:
@@ -291,32 +266,18 @@ class TextGenerator:
         # A batched worker decodes through the batch engine only: the batch-1 engine then runs eagerly, so no static
         # cache is made, nor self-checked at load, for passes that never run.
         one = batch_size == 1
-        self.engine = SpeculativeGenerator(
-            target,
-            drafter,
-            num_speculative_tokens=num_speculative_tokens,
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            gamma_policy=gamma_policy,
-            cuda_graphs=cuda_graphs if one else "off",
-            torch_compile=torch_compile and one,
-        )
+        both = dict(num_speculative_tokens=num_speculative_tokens, max_new_tokens=max_new_tokens, sampling=sampling)
+        self.engine = SpeculativeGenerator(target, drafter, **both, gamma_policy=gamma_policy,
+                                           cuda_graphs=cuda_graphs if one else "off",
+                                           torch_compile=torch_compile and one)
         self.batch_engine = None
-        if batch_size > 1 and isinstance(drafter, CrossTokenizerDrafter):
-            raise ValueError("--batch_size > 1 does not support a draft with another tokenizer (cross-tokenizer "
-                             "drafting runs one item at a time); use --batch_size 1")
         if batch_size > 1:
-            self.batch_engine = BatchSpeculativeGenerator(
-                target,
-                drafter,
-                batch_size=batch_size,
-                num_speculative_tokens=num_speculative_tokens,
-                max_new_tokens=max_new_tokens,
-                sampling=sampling,
-                gamma_policy=self.engine.gamma_policy,
-                cuda_graphs=cuda_graphs,
-                torch_compile=torch_compile,
-            )
+            if isinstance(drafter, CrossTokenizerDrafter):
+                raise ValueError("--batch_size > 1 does not support a draft with another tokenizer (cross-tokenizer "
+                                 "drafting runs one item at a time); use --batch_size 1")
+            self.batch_engine = BatchSpeculativeGenerator(target, drafter, **both, batch_size=batch_size,
+                                                          gamma_policy=self.engine.gamma_policy,
+                                                          cuda_graphs=cuda_graphs, torch_compile=torch_compile)
         # Positions: the decoder's (a causal one holds prompt + output), and an encoder's prompt.
         self.context, self.prompt_context = context, prompt_context
         # The ids a prompt may hold: those both models embed (a same-tokenizer draft reads them too). A checkpoint
@@ -375,10 +336,8 @@ class TextGenerator:
         else:
             drafter = NoDrafter()
         # auto: adaptive when greedy (gamma never changes output); fixed when sampling, so a seed reproduces its sample.
-        policy = spec.gamma_policy
-        if policy == "auto":
-            policy = "adaptive" if spec.temperature == 0 else "fixed"
-        if gamma_policy is None and policy == "adaptive" and spec.drafter != "none":
+        adaptive = spec.gamma_policy == "adaptive" or (spec.gamma_policy == "auto" and spec.temperature == 0)
+        if gamma_policy is None and adaptive and spec.drafter != "none":
             gamma_policy = AdaptiveGamma(max_gamma=spec.num_speculative_tokens)
         return cls(
             target,
@@ -458,20 +417,16 @@ class TextGenerator:
         "error_message"} for a bad prompt or a timeout, so that one bad row never fails the others."""
         if self.batch_engine is None:
             raise ValueError("generate_batch needs a TextGenerator built with batch_size > 1")
-        out: list[dict | None] = [None] * len(items)
-        todo, where = [], []
-        for i, (prompt, seed) in enumerate(items):
+        encoded: list[tuple[list[int], int] | PromptError] = []
+        for prompt, seed in items:
             try:
-                todo.append((self.encode(prompt), seed))
-                where.append(i)
+                encoded.append((self.encode(prompt), seed))
             except PromptError as e:
-                out[i] = {"error_type": type(e).__name__, "error_message": str(e)}
-        for i, (_, seed), g in zip(where, todo, self._decode_together(todo), strict=True):
-            if isinstance(g, Exception):
-                out[i] = {"error_type": type(g).__name__, "error_message": str(g)}
-            else:
-                out[i] = self._as_dict(g, seed)
-        return out  # type: ignore[return-value]
+                encoded.append(e)
+        decoded = iter(self._decode_together([x for x in encoded if not isinstance(x, PromptError)]))
+        results = [x if isinstance(x, PromptError) else next(decoded) for x in encoded]
+        return [{"error_type": type(g).__name__, "error_message": str(g)} if isinstance(g, Exception)
+                else self._as_dict(g, seed) for g, (_, seed) in zip(results, items, strict=True)]
 
     def _decode_together(self, todo: list[tuple[list[int], int]]) -> list[Generation | Exception]:
         """The items decoded in one call; a call that raises is decoded again in halves, down to the item that raises
@@ -498,25 +453,4 @@ class TextGenerator:
         text = self.tokenizer.decode(out.tokens, skip_special_tokens=True)
         if s.finish_reason == "stop":
             text, _ = cut_at_stop(text, self.stop)
-        return {
-            "generation": text,
-            "token_ids": out.tokens,
-            "new_tokens": s.new_tokens,
-            "prompt_tokens": s.prompt_tokens,
-            "draft_tokens": s.draft_tokens,
-            "accepted_tokens": s.accepted_tokens,
-            "acceptance_rate": s.acceptance_rate,
-            "verify_steps": s.verify_steps,
-            "draft_steps": s.draft_steps,
-            "latency_s": s.latency_s,
-            "ttft_s": s.ttft_s,
-            "prefill_s": s.prefill_s,
-            "draft_s": s.draft_s,
-            "verify_s": s.verify_s,
-            "admit_s": s.admit_s,
-            "admitted_with": s.admitted_with,
-            "admit_passes": s.admit_passes,
-            "tokens_per_s": s.tokens_per_s,
-            "finish_reason": s.finish_reason,
-            "seed": seed,
-        }
+        return {"generation": text, "token_ids": out.tokens, **{c: getattr(s, c) for c in STAT_COLUMNS}, "seed": seed}
