@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from contextlib import ExitStack
 from types import MethodType
 
 import torch
@@ -158,10 +157,7 @@ class BatchKV:
         kwargs = {}
         if (not logits or (last and plain)) and _accepts_logits_to_keep(type(self.model)):
             kwargs["logits_to_keep"] = 1  # a prefill (no logits wanted), or one row's last
-        if plain:
-            out = self._plain(ids, kwargs)
-        else:
-            out = self._padded(feeds, ids, m, width, aligned, kwargs)
+        out = self._plain(ids, kwargs) if plain else self._padded(feeds, ids, m, width, aligned, kwargs)
         new = torch.tensor([[1] * len(f) + [0] * (m - len(f)) for f in feeds], dtype=torch.long)
         for b, f in enumerate(feeds):
             self.cols[b].extend(range(width, width + len(f)))
@@ -203,21 +199,19 @@ class BatchKV:
         # hides them from those, and they become holes right after this pass.
         mask = torch.cat([self.mask, torch.ones((self.rows, m), dtype=torch.long)], dim=1).to(self.device)
         pos = pos.to(self.device)
-        with ExitStack() as stack:
-            if self.encdec:  # hooked, or (aligned) not while another thread's hooks change the model
-                # (aligned rows' pads could still run past a position table near its end)
-                fits = all(cap is None or width + m <= cap for cap in self._caps.values())
-                stack.enter_context(hooked(self.model, {}, self._forwards) if aligned and fits
-                                    else self._true_positions(pos, width))
+        if self.encdec:  # hooked, or (aligned) not while another thread's hooks change the model
+            # (aligned rows' pads could still run past a position table near its end)
+            fits = all(cap is None or width + m <= cap for cap in self._caps.values())
+            with hooked(self.model, {}, self._forwards) if aligned and fits else self._true_positions(pos, width):
                 return self.model(decoder_input_ids=ids, decoder_attention_mask=mask, attention_mask=self.enc_mask,
                                   encoder_outputs=BaseModelOutput(last_hidden_state=self._unused_hidden()),
                                   cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
-            # The model's own window counts columns: right only while they are the positions
-            # (aligned), or while no two columns are a window apart (then no key is hidden).
-            if self.window is not None and not aligned and width + m > self.window:
-                mask = self._window_masks(mask, pos, width)
-            return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self.cache,
-                              use_cache=True, **kwargs)
+        # The model's own window counts columns: right only while they are the positions
+        # (aligned), or while no two columns are a window apart (then no key is hidden).
+        if self.window is not None and not aligned and width + m > self.window:
+            mask = self._window_masks(mask, pos, width)
+        return self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self.cache, use_cache=True,
+                          **kwargs)
 
     def _column_positions(self, pos: torch.Tensor, width: int) -> torch.Tensor:
         """(rows, width + fed) the position of the token in each column (holes: 0, masked)."""
@@ -229,9 +223,8 @@ class BatchKV:
         return colpos
 
     def _window_masks(self, mask: torch.Tensor, pos: torch.Tensor, width: int) -> torch.Tensor | dict:
-        """This pass's additive 4D masks by true positions: a column is visible when valid, not
-        after the query and (sliding layers) less than a window behind it; a dict by layer type
-        for a hybrid model."""
+        """This pass's additive 4D masks by true positions: a column is visible when valid, not after the query and
+        (sliding layers) less than a window behind it; a dict by layer type for a hybrid model."""
         m = pos.shape[1]
         colpos = self._column_positions(pos, width)
         cols = torch.arange(width + m, device=self.device)
@@ -307,17 +300,15 @@ class BatchKV:
 
     @torch.inference_mode()
     def drop(self, gone: list[int]) -> list[int]:
-        """Remove these rows: the last rows that stay move into the gaps and the row view narrows,
-        so only moved rows are copied (a gather copied the whole cache, twice). Returns the new
-        order: row i is the old row order[i]."""
+        """Remove these rows: the last rows that stay move into the gaps and the row view narrows, so only moved rows
+        are copied (a gather copied the whole cache, twice). Returns the new order: row i is the old row order[i]."""
         order = drop_order(self.rows, gone)
         n = len(order)
         holes = [b for b, mover in enumerate(order) if b != mover]
-        movers = [order[b] for b in holes]
         if holes:
             dst = torch.tensor(holes, dtype=torch.long, device=self.device)
-            src = torch.tensor(movers, dtype=torch.long, device=self.device)
-            for k, v in self._layers() + self._cross_layers():  # a split model's layers sit on several devices
+            src = torch.tensor([order[b] for b in holes], dtype=torch.long, device=self.device)
+            for k, v in self._layers() + self._layers(cross=True):  # a split model's layers sit on several devices
                 k[dst.to(k.device)] = k[src.to(k.device)]
                 v[dst.to(v.device)] = v[src.to(v.device)]
         for layer in self.cache.layers + (self.cross.layers if self.encdec else []):
@@ -331,94 +322,77 @@ class BatchKV:
 
     @torch.inference_mode()
     def place(self, slots: list[int], fresh: BatchKV) -> None:
-        """Write `fresh`'s rows over these rows (left, or never filled), right-aligned at this
-        cache's width, their old columns holes: the other rows are not copied, which makes a
-        refill cheaper than `drop` then `merge`."""
+        """Write `fresh`'s rows over these rows (left, or never filled), right-aligned at this cache's width, their old
+        columns holes: the other rows are not copied, which makes a refill cheaper than `drop` then `merge`."""
         assert len(slots) == fresh.rows
         if self.encdec:
             self._place_cross(slots, fresh)
         need = max((len(c) for c in fresh.cols), default=0)
-        mine, theirs = self._layers(), fresh._layers()
-        if theirs and not mine:  # no pass ran here, so every row is empty: start at no columns
+        theirs = fresh._layers()
+        if theirs and not self._layers():  # no pass ran here, so every row is empty: start at no columns
             for i, (fk, fv) in enumerate(theirs):
                 self.cache.update(fk.new_zeros((self.rows, fk.shape[1], 0, fk.shape[3])),
                                   fv.new_zeros((self.rows, fv.shape[1], 0, fv.shape[3])), i)
-            mine = self._layers()
         if need > self.width:
             self._widen(need - self.width)
-            mine = self._layers()
         width = self.width
         index = [torch.tensor(c, dtype=torch.long, device=self.device) for c in fresh.cols]
-        for (k, v), (fk, fv) in zip(mine, theirs, strict=True) if theirs else ():  # none: one-token prompts
+        for (k, v), (fk, fv) in zip(self._layers(), theirs, strict=True) if theirs else ():  # none: one-token prompts
             for j, (slot, cols) in enumerate(zip(slots, index, strict=True)):
                 k[slot, :, width - len(cols):] = fk[j, :, cols.to(fk.device)]
                 v[slot, :, width - len(cols):] = fv[j, :, cols.to(fv.device)]
-        for j, slot in enumerate(slots):
-            n = len(fresh.cols[j])
+        for slot, c in zip(slots, fresh.cols, strict=True):
             self.mask[slot] = 0
-            self.mask[slot, width - n:] = 1
-            self.cols[slot] = list(range(width - n, width))
-
-    def _cross_layers(self) -> KV:
-        return [(layer.keys, layer.values) for layer in self.cross.layers if layer.is_initialized] if self.encdec \
-            else []
+            self.mask[slot, width - len(c):] = 1
+            self.cols[slot] = list(range(width - len(c), width))
 
     def _place_cross(self, slots: list[int], fresh: BatchKV) -> None:
         """Cross-attention keys/values and encoder masks of `fresh`'s rows over these rows."""
-        theirs = fresh._cross_layers()
-        if not self._cross_layers():  # no row here has been encoded yet: start from zeros
-            for i, (fk, fv) in enumerate(theirs):
-                self.cross.update(fk.new_zeros((self.rows, *fk.shape[1:])), fv.new_zeros((self.rows, *fv.shape[1:])),
-                                  i)
-            self.enc_mask = fresh.enc_mask.new_zeros((self.rows, fresh.enc_mask.shape[1]))
+        # (rows enter only by `merge`, which brings their cross-attention keys/values, or already encoded)
+        assert self._layers(cross=True), "rows placed over rows that were never encoded"
         need = fresh.enc_mask.shape[1]
-        if need > self.enc_mask.shape[1]:  # wider prompts: pad every row's columns (masked)
-            grow = need - self.enc_mask.shape[1]
-            for layer in self.cross.layers:
-                k, v = layer.keys, layer.values
-                layer.keys = torch.cat([k, k.new_zeros((*k.shape[:2], grow, k.shape[3]))], dim=2)
-                layer.values = torch.cat([v, v.new_zeros((*v.shape[:2], grow, v.shape[3]))], dim=2)
-            self.enc_mask = torch.cat([self.enc_mask, self.enc_mask.new_zeros((self.rows, grow))], dim=1)
+        self._widen(need - self.enc_mask.shape[1], cross=True)
         index = torch.tensor(slots, dtype=torch.long, device=self.device)
-        for (k, v), (fk, fv) in zip(self._cross_layers(), theirs, strict=True):
+        for (k, v), (fk, fv) in zip(self._layers(cross=True), fresh._layers(cross=True), strict=True):
             k[index.to(k.device), :, :need] = fk
             v[index.to(v.device), :, :need] = fv
         self.enc_mask[index] = 0
         self.enc_mask[index, :need] = fresh.enc_mask
 
     def _merge_cross(self, every: list[BatchKV]) -> None:
-        """The rows' cross-attention keys/values and encoder masks, one after another, padded
-        (masked) to the widest encoder input."""
+        """The rows' cross-attention keys/values and encoder masks, one after another, padded (masked) to the widest."""
         width = max(kv.enc_mask.shape[1] for kv in every)
-        per_kv = [kv._cross_layers() for kv in every]
+        for kv in every:
+            kv._widen(width - kv.enc_mask.shape[1], cross=True)
         merged = DynamicCache()
-        for i in range(max(len(layers) for layers in per_kv)):
-            ks, vs = [], []
-            for layers in per_kv:
-                k, v = layers[i]
-                pad = width - k.shape[2]
-                ks.append(torch.nn.functional.pad(k, (0, 0, 0, pad)) if pad else k)
-                vs.append(torch.nn.functional.pad(v, (0, 0, 0, pad)) if pad else v)
-            merged.update(torch.cat(ks), torch.cat(vs), i)
+        for i, layers in enumerate(zip(*(kv._layers(cross=True) for kv in every), strict=True)):
+            merged.update(torch.cat([k for k, _ in layers]), torch.cat([v for _, v in layers]), i)
         self.cross = merged
-        self.enc_mask = torch.cat([torch.nn.functional.pad(kv.enc_mask, (0, width - kv.enc_mask.shape[1]))
-                                   for kv in every])
+        self.enc_mask = torch.cat([kv.enc_mask for kv in every])
 
-    def _widen(self, n: int) -> None:
-        """n more columns for every row, all holes (zeros: a masked column must not hold NaN)."""
-        for layer in self.cache.layers:
+    def _widen(self, n: int, cross: bool = False) -> None:
+        """n more columns for every row, all holes (zeros: a masked column must not hold NaN); cross: n more encoder
+        columns, in the cross-attention keys/values and the encoder mask (none when n <= 0)."""
+        if n <= 0:
+            return
+        for layer in (self.cross if cross else self.cache).layers:
             if layer.is_initialized:
                 k, v = layer.keys, layer.values
                 layer.update(k.new_zeros((*k.shape[:2], n, k.shape[3])), v.new_zeros((*v.shape[:2], n, v.shape[3])))
-        self.mask = torch.cat([self.mask, self.mask.new_zeros((self.rows, n))], dim=1)
+        if cross:
+            self.enc_mask = torch.cat([self.enc_mask, self.enc_mask.new_zeros((self.rows, n))], dim=1)
+        else:
+            self.mask = torch.cat([self.mask, self.mask.new_zeros((self.rows, n))], dim=1)
 
-    def _layers(self) -> KV:
-        return [(layer.keys, layer.values) for layer in self.cache.layers if layer.is_initialized]
+    def _layers(self, cross: bool = False) -> KV:
+        """The initialized layers' keys and values: the decoder's own, or (cross) its cross-attention ones."""
+        cache = self.cross if cross else self.cache
+        return [] if cache is None else [(layer.keys, layer.values) for layer in cache.layers if layer.is_initialized]
 
-    def _gather_into(self, kv: tuple[torch.Tensor, torch.Tensor] | None, width: int, k_out: torch.Tensor,
-                     v_out: torch.Tensor, index: torch.Tensor | None) -> None:
-        """One layer's keys/values (None: no pass ran) into k_out/v_out, each row's valid columns
-        right-aligned in `width` (zeros before)."""
+    def _gather_into(self, kv: tuple[torch.Tensor, torch.Tensor] | None, k_out: torch.Tensor, v_out: torch.Tensor,
+                     index: torch.Tensor | None) -> None:
+        """One layer's keys/values (None: no pass ran) into k_out/v_out, each row's valid columns right-aligned in
+        their width (zeros before)."""
         if kv is None or not kv[0].shape[2]:  # no pass ran, or none left columns: rows empty
             k_out.zero_()
             v_out.zero_()
@@ -429,8 +403,8 @@ class BatchKV:
             v_out.copy_(v)
             return
         index = index.to(k.device)
-        torch.gather(k, 2, index[:, None, :, None].expand(self.rows, k.shape[1], width, k.shape[3]), out=k_out)
-        torch.gather(v, 2, index[:, None, :, None].expand(self.rows, v.shape[1], width, v.shape[3]), out=v_out)
+        torch.gather(k, 2, index[:, None, :, None].expand(k_out.shape), out=k_out)
+        torch.gather(v, 2, index[:, None, :, None].expand(v_out.shape), out=v_out)
 
     def _alignment(self, width: int) -> torch.Tensor | None:
         """Per row, the cache column of each of `width` right-aligned columns (0: padding, masked);
@@ -442,14 +416,6 @@ class BatchKV:
             if c:
                 index[b, width - len(c):] = torch.tensor(c, dtype=torch.long)
         return index
-
-    def _aligned_mask(self, width: int) -> tuple[torch.Tensor, list[list[int]]]:
-        mask = torch.zeros((self.rows, width), dtype=torch.long)
-        cols = []
-        for b, c in enumerate(self.cols):
-            mask[b, width - len(c):] = 1
-            cols.append(list(range(width - len(c), width)))
-        return mask, cols
 
     def compact(self) -> None:
         """Drop the holes: each row's valid columns, right-aligned in the longest row's width."""
@@ -463,13 +429,10 @@ class BatchKV:
         if self.encdec and every and (len(every) > 1 or every[0] is not self):
             self._merge_cross(every)
         width = max((len(c) for kv in every for c in kv.cols), default=0)
+        # (none: no cache has run a pass yet, one-token prompts: nothing to move)
         holder = next((kv for kv in (self, *others) if kv._layers()), None)
-        if holder is None:  # no cache has run a pass yet (one-token prompts): nothing to move
-            self.mask = torch.zeros((sum(kv.rows for kv in every), 0), dtype=torch.long)
-            self.cols = [c for kv in every for c in kv.cols]
-            return
-        indexes = [kv._alignment(width) for kv in every]
-        if len(every) > 1 or indexes[0] is not None:  # else: aligned already, keep its buffer
+        indexes = [kv._alignment(width) for kv in every] if holder is not None else []
+        if holder is not None and (len(every) > 1 or indexes[0] is not None):  # else: aligned already, keep its buffer
             rows = sum(kv.rows for kv in every)
             layers = [layer for layer in holder.cache.layers if layer.is_initialized]
             layers_of = [kv._layers() for kv in every]
@@ -478,14 +441,14 @@ class BatchKV:
                 start = 0
                 for kv, own, index in zip(every, layers_of, indexes, strict=True):
                     part = slice(start, start + kv.rows)
-                    kv._gather_into(own[i] if own else None, width, kbuf[part, :, :width], vbuf[part, :, :width],
-                                    index)
+                    kv._gather_into(own[i] if own else None, kbuf[part, :, :width], vbuf[part, :, :width], index)
                     start += kv.rows
                 layer.adopt(kbuf, vbuf, width)
-        masks = [kv._aligned_mask(width) for kv in every]
-        self.cache = holder.cache
-        self.mask = torch.cat([m for m, _ in masks], dim=0)
-        self.cols = [c for _, cols in masks for c in cols]
+        self.cache = self.cache if holder is None else holder.cache
+        self.cols = [list(range(width - len(c), width)) for kv in every for c in kv.cols]
+        self.mask = torch.zeros((len(self.cols), width), dtype=torch.long)
+        for b, c in enumerate(self.cols):
+            self.mask[b, width - len(c):] = 1
 
 
 # On a CPU one pass over many prompts is slower than several smaller ones: its activations outgrow

@@ -1,8 +1,7 @@
-"""What every cache needs to know of a model's decoder, causal and encoder-decoder alike: its
-start and end ids, the kinds of its layers (sliding windows, layers a key/value cache cannot hold),
-its position modules and the hooks that place each row's positions, the lock that keeps one
-thread's hooked pass from another's, and whether it takes `logits_to_keep`.
-Nothing here is specific to one architecture.
+"""What every cache needs to know of a model's decoder, causal and encoder-decoder alike: its start and end ids, the
+kinds of its layers (sliding windows, layers a key/value cache cannot hold), its position modules and the hooks that
+place each row's positions, the lock that keeps one thread's hooked pass from another's, and whether it takes
+`logits_to_keep`. Nothing here is specific to one architecture.
 """
 
 from __future__ import annotations
@@ -183,6 +182,4 @@ def bias_by_row(module, queries: Callable[[], torch.Tensor], keys) -> Callable:
 def table_size(module: torch.nn.Module) -> int | None:
     """The positions a learned or fixed position table embeds (BART's holds 2 more rows than it
     has positions), or None for one that grows (M2M100's) or that is no table."""
-    if isinstance(module, torch.nn.Embedding) and not counts_positions_from_ids(module):
-        return module.num_embeddings - int(getattr(module, "offset", 0))
-    return None
+    return module.num_embeddings - int(getattr(module, "offset", 0)) if position_table(module) else None

@@ -44,9 +44,6 @@ class Graph:
     inp: torch.Tensor  # (rows, w + 2): each row's tokens, first position and real token count
     out: torch.Tensor  # what a replay leaves: a pass's logits (rows, w, V), or a draft chain's tokens (k,)
 
-    def replay(self) -> None:
-        self.graph.replay()
-
 
 def clear_cublas_workspaces() -> None:
     """Drop cuBLAS's cached workspaces, as torch.compile's graphs do around each recording, so a capture allocates its
@@ -126,7 +123,8 @@ class PassGraphs:
                          self.capture_s)
             return out
         prompt = isinstance(key, tuple) and key[0] in PROMPT_KINDS
-        with self._on_device():  # a graph is captured and replayed on its model's own GPU
+        # A graph is captured and replayed on its model's own GPU.
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
             g = self.kept.get(key)
             if g is None:
                 t0 = time.perf_counter()
@@ -152,7 +150,7 @@ class PassGraphs:
                 log.info("%s: CUDA graph of %s captured (%d so far, %.2f s in all)", self.name, what,
                          self.captures, self.capture_s)
             self.to_device(inp, g.inp)
-            g.replay()
+            g.graph.replay()
             return g.out
 
     def to_device(self, inp: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
@@ -165,9 +163,6 @@ class PassGraphs:
         if into is None:
             return inp.to(self.device, non_blocking=fast)
         return into.copy_(inp, non_blocking=fast)
-
-    def _on_device(self):
-        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def _capture(self, run, inp: torch.Tensor) -> Graph:
         """A graph of `run` over a static copy of `inp` (valid inputs: warm-ups write where the pass would), checked by

@@ -33,15 +33,6 @@ class GrowingLayer(DynamicLayer):
                 and self.values.data_ptr() == self._vbuf.data_ptr()
                 and keys.shape[-2] + new.shape[-2] <= buf.shape[-2])
 
-    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """New buffers holding the current prefix, with room for the new columns and more."""
-        old = self.keys.shape[-2] if self.keys.dim() == 4 else 0
-        kbuf, vbuf = self.buffers_for(key_states, value_states, old + key_states.shape[-2])
-        if old:
-            kbuf[:, :, :old].copy_(self.keys)
-            vbuf[:, :, :old].copy_(self.values)
-        self.adopt(kbuf, vbuf, old)
-
     @staticmethod
     def buffers_for(keys: torch.Tensor, values: torch.Tensor, need: int, rows: int | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,8 +53,13 @@ class GrowingLayer(DynamicLayer):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if not self._holds_prefix(key_states):
-            self._grow(key_states, value_states)
+        if not self._holds_prefix(key_states):  # new buffers holding the prefix, with room for the new columns and more
+            old = self.keys.shape[-2] if self.keys.dim() == 4 else 0
+            kbuf, vbuf = self.buffers_for(key_states, value_states, old + key_states.shape[-2])
+            if old:
+                kbuf[:, :, :old].copy_(self.keys)
+                vbuf[:, :, :old].copy_(self.values)
+            self.adopt(kbuf, vbuf, old)
         rows, start = self.keys.shape[0], self.keys.shape[-2]
         end = start + key_states.shape[-2]
         self._kbuf[:rows, :, start:end].copy_(key_states)

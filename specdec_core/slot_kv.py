@@ -10,15 +10,16 @@ rows are prefilled together through graphs (`prefill`) or eagerly into a `BatchK
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import replace
 
 import torch
 from transformers import PreTrainedModel
 
-from specdec_core.batch_kv import BatchKV, drop_order, last_logits
+from specdec_core.batch_kv import KV, BatchKV, drop_order, last_logits
 from specdec_core.decoder import bias_by_row, decoder_position_modules, hooked
 from specdec_core.pass_settings import DEFAULT, PassSettings
-from specdec_core.static_kv import MAX_GRAPH_WIDTH, StaticKV
+from specdec_core.static_kv import StaticKV
 
 log = logging.getLogger(__name__)
 
@@ -30,25 +31,34 @@ class SlotKV(StaticKV):
     `acquire` takes for an item (empty) and `release` gives back."""
 
     def __init__(self, model: PreTrainedModel, slots: int, pad_id: int = 0, graphs: bool | None = None,
-                 max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, compile: bool = False,
-                 min_width: int = 1, settings: PassSettings = DEFAULT, full_width: bool = False):
-        super().__init__(model, slots, graphs, max_graph_width, strict, batched=slots > 1, compile=compile,
-                         min_width=min_width, settings=settings, full_width=full_width)
+                 strict: bool = False, compile: bool = False, min_width: int = 1, settings: PassSettings = DEFAULT,
+                 full_width: bool = False):
+        super().__init__(model, slots, graphs, strict, batched=slots > 1, compile=compile, min_width=min_width,
+                         settings=settings, full_width=full_width)
         self.pad_id = pad_id
-        self.lengths = [0] * slots  # per slot: its row's cached tokens (0 when free)
-        self.slot_of: list[int] = []  # per row of the batch, in the engine's order: its slot
-        self.logits: torch.Tensor | None = None  # the last pass's float32 logits (rows, fed, V)
-        self.encoded: dict = {}  # batch 1, encoder-decoder: the item's encoder outputs and mask (`start`)
+        self._lock = threading.Lock()
+        self._reset()
         # Encoder-decoder: each relative position bias at each row's own positions (`_by_row`), made once.
         biases = decoder_position_modules(model)[1] if self.encdec else []
         self._bias_by_row = {m: bias_by_row(m, lambda: self.positions, self._key_columns) for m in biases}
         self._prefiller: StaticKV | None = None  # new rows' prefills (`prefill`), made on first use
 
+    def acquire(self) -> bool:
+        """Take the buffers, emptied, for one call; False while another thread holds them (it then decodes with a
+        growing cache)."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        self._reset()
+        return True
+
+    def release(self) -> None:
+        self._lock.release()
+
     def _reset(self) -> None:
-        self.lengths = [0] * self.buffer_rows
-        self.slot_of = []
-        self.logits = None
-        self.encoded = {}
+        self.lengths = [0] * self.buffer_rows  # per slot: its row's cached tokens (0 when free)
+        self.slot_of: list[int] = []  # per row of the batch, in the engine's order: its slot
+        self.logits: torch.Tensor | None = None  # the last pass's float32 logits (rows, fed, V)
+        self.encoded: dict = {}  # batch 1, encoder-decoder: the item's encoder outputs and mask (`start`)
 
     # Encoder-decoder rows at their own positions, inside a captured pass (device ops only); one slot
     # takes the model's own positions, as any one row does.
@@ -161,12 +171,10 @@ class SlotKV(StaticKV):
         inp = self._slot_inputs(feeds, w)
         picks = self.passes.run((w, k), inp, lambda x: self._chain(x, k), f"{k} draft steps after {w} tokens over "
                                 f"{self.buffer_rows} slots", graphed=w <= self.max_graph_width).tolist()
-        out = []
         for slot, f in zip(self.slot_of, feeds, strict=True):
             if f:
                 self.lengths[slot] += len(f) + k - 1
-            out.append(picks[slot])
-        return out
+        return [picks[slot] for slot in self.slot_of]
 
     def _slot_inputs(self, feeds: list[list[int]], w: int) -> torch.Tensor:
         """A pass's packed inputs by slot: each writes w columns from its length on (a free slot or short row: pads)."""
@@ -177,8 +185,7 @@ class SlotKV(StaticKV):
         inp[:, w + 1] = torch.tensor([len(t) for t in tokens])
         return inp
 
-    def _copy_cross(self, slots: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]],
-                    visible: torch.Tensor) -> None:
+    def _copy_cross(self, slots: list[int], layers: KV, visible: torch.Tensor) -> None:
         """Cross-attention keys/values (rows, heads, n, dim) per layer into these slots' first n
         columns, the rest zeroed, and their encoder masks from `visible` (rows, n)."""
         n = visible.shape[1]
@@ -211,10 +218,17 @@ class SlotKV(StaticKV):
         self.slot_of = [self.slot_of[b] for b in order]
         return order
 
+    @torch.inference_mode()
     def place(self, rows: list[int], fresh: BatchKV) -> None:
-        """`fresh`'s rows (prefilled) into the slots of these rows, whose items have left."""
+        """`fresh`'s rows, freshly prefilled (tokens in columns 0..n-1, as every caller's), to columns 0.. of the slots
+        of these rows, whose items have left (and an encoder-decoder row's cross-attention keys/values and mask)."""
         assert len(rows) == fresh.rows
-        self._copy([self.slot_of[b] for b in rows], fresh)
+        if any(cols != list(range(len(cols))) for cols in fresh.cols):
+            raise ValueError("only freshly prefilled rows (tokens in columns 0..n-1, no holes) move into slots")
+        slots = [self.slot_of[b] for b in rows]
+        if self.encdec:
+            self._copy_cross(slots, fresh._layers(cross=True), fresh.enc_mask)
+        self._write_rows(slots, fresh._layers(), [len(c) for c in fresh.cols])
 
     @property
     def admit_rows(self) -> int:
@@ -243,8 +257,7 @@ class SlotKV(StaticKV):
         slots = self._take_free(len(feeds)) if into is None else [self.slot_of[b] for b in into]
         if self._prefiller is None:
             settings = replace(self.settings, compile_prefills=self.passes.compile_prefills)
-            self._prefiller = StaticKV(self.model, self.admit_rows, graphs=self.passes.on,
-                                       max_graph_width=self.max_graph_width, strict=self.passes.strict,
+            self._prefiller = StaticKV(self.model, self.admit_rows, graphs=self.passes.on, strict=self.passes.strict,
                                        min_width=self.min_width, settings=settings, full_width=self.full_width)
         pre, out = self._prefiller, []
         setup = pre.passes.capture_s
@@ -272,7 +285,8 @@ class SlotKV(StaticKV):
     def merge(self, *others: BatchKV) -> None:
         """The rows of `others` after the batch's rows, each in a free slot."""
         for fresh in others:
-            self._copy(self._take_free(fresh.rows), fresh)
+            self._take_free(fresh.rows)
+            self.place(list(range(self.rows - fresh.rows, self.rows)), fresh)
 
     def _take_free(self, n: int) -> list[int]:
         """n free slots, given to n new rows after the batch's rows."""
@@ -283,43 +297,16 @@ class SlotKV(StaticKV):
         self.slot_of += free[:n]
         return free[:n]
 
-    @torch.inference_mode()
-    def _copy(self, slots: list[int], fresh: BatchKV) -> None:
-        """Each of `fresh`'s rows' valid columns to columns 0.. of its slot (and an encoder-decoder
-        row's cross-attention keys/values and encoder mask)."""
-        if self.encdec:
-            self._copy_cross(slots, fresh._cross_layers(), fresh.enc_mask)
-        lengths = [len(c) for c in fresh.cols]
-        for s in slots:
-            self.lengths[s] = 0
-        theirs = fresh._layers()
-        if theirs and all(cols == list(range(len(cols))) for cols in fresh.cols):
-            self._write_rows(slots, theirs, lengths)  # a fresh prefill's rows: tokens in columns 0..n-1
-            return
-        if max(lengths, default=0) > self.capacity:
-            self._grow(max(lengths), self.width)
-        # Each row's valid columns, moved to the device once for all layers (one copy each on a GPU).
-        index = [torch.tensor(cols, device=self.device) if n else None
-                 for cols, n in zip(fresh.cols, lengths, strict=True)]
-        for layer, (fk, fv) in zip(self.own_layers, theirs, strict=True) if theirs else ():
-            if not layer.is_initialized:
-                layer.lazy_initialization(fk, fv)
-            for j, (slot, n) in enumerate(zip(slots, lengths, strict=True)):
-                if n:
-                    layer.keys[slot, :, :n] = fk[j, :, index[j]]
-                    layer.values[slot, :, :n] = fv[j, :, index[j]]
-        for s, n in zip(slots, lengths, strict=True):
-            self.lengths[s] = n
-
-    def _write_rows(self, slots: list[int], theirs: list[tuple[torch.Tensor, torch.Tensor]],
-                    lengths: list[int]) -> None:
+    def _write_rows(self, slots: list[int], theirs: KV, lengths: list[int]) -> None:
         """Rows whose tokens sit in columns 0..n-1 of `theirs` (per own layer, (rows, heads, columns, dim)) into these
         slots, all in one write per buffer (host time: docs/how-it-works.md); pads land past a row's length, hidden."""
+        for s in slots:
+            self.lengths[s] = 0
         m = max(lengths, default=0)
         if m > self.capacity:
             self._grow(m, self.width)
         index = torch.tensor(slots, device=self.device)
-        for layer, (fk, fv) in zip(self.own_layers, theirs, strict=True):
+        for layer, (fk, fv) in zip(self.own_layers, theirs, strict=True) if theirs else ():  # (none: rows empty)
             if not layer.is_initialized:
                 layer.lazy_initialization(fk, fv)
             layer.keys[index, :, :m] = fk[:, :, :m]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 
 import torch
 from transformers import EncoderDecoderCache, PretrainedConfig, PreTrainedModel
@@ -69,9 +68,8 @@ class StaticKV:
     A pass writes each row from its length on (a short row's pads past its tokens, overwritten by its next pass),
     attending through a 4D mask that hides every column after the query's own; a rollback only moves a length."""
 
-    def __init__(self, model: PreTrainedModel, rows: int, graphs: bool | None = None,
-                 max_graph_width: int = MAX_GRAPH_WIDTH, strict: bool = False, batched: bool = False,
-                 compile: bool = False, min_width: int = 1, settings: PassSettings = DEFAULT,
+    def __init__(self, model: PreTrainedModel, rows: int, graphs: bool | None = None, strict: bool = False,
+                 batched: bool = False, compile: bool = False, min_width: int = 1, settings: PassSettings = DEFAULT,
                  full_width: bool = False):
         """min_width: the narrowest pass the model runs (`takes_static`); narrower ones are widened with hidden pads.
         full_width: eager passes attend over every column too, as graphed ones do (the self-checks: a model that
@@ -80,7 +78,7 @@ class StaticKV:
         self.settings = settings
         self.device = model.device
         self.buffer_rows = rows
-        self.max_graph_width = max_graph_width
+        self.max_graph_width = MAX_GRAPH_WIDTH
         self.min_width = min_width
         self.layers = decoder_layers(model.config)
         # A chain's steps past a row's drafts are clamped here: no position table is indexed past its end.
@@ -94,7 +92,6 @@ class StaticKV:
         self.passes = PassGraphs(type(model).__name__, self.device, settings,
                                  graphs=self.device.type == "cuda" if graphs is None else graphs, strict=strict,
                                  compile=compile, compile_prefills=prefills)
-        self._lock = threading.Lock()
         self.cache = Cache(layers=[FixedLayer(self) for _ in range(self.layers)])
         self.own_layers = [self.cache.layers[i] for i in own_kv_layers(model.config, self.layers)]
         self._low = torch.finfo(model.dtype).min
@@ -120,20 +117,6 @@ class StaticKV:
         self._forwards = {m: self._table_forward(m) for m in self._tables}
         self._forwards |= {m: self._lookup_forward(m) for m in embeds if position_table(m)}
 
-    def acquire(self) -> bool:
-        """Take the buffers, emptied, for one call; False while another thread holds them (it then decodes with a
-        growing cache)."""
-        if not self._lock.acquire(blocking=False):
-            return False
-        self._reset()
-        return True
-
-    def release(self) -> None:
-        self._lock.release()
-
-    def _reset(self) -> None:
-        raise NotImplementedError
-
     def _fit(self, end: int, keep: int) -> None:
         """Room for a pass that writes up to column `end` (widened to `min_width`), keeping the first `keep`."""
         if end + self.min_width - 1 > self.capacity:
@@ -147,7 +130,7 @@ class StaticKV:
         """Room for `need` columns per row, keeping the first `keep`."""
         self.capacity = capacity_for(need)
         for layer in self.cache.layers:
-            layer.grow(self.capacity, keep)
+            layer.grow(keep)
         self.columns = torch.arange(self.capacity, device=self.device)
         self.passes.drop("encode", "cross")  # (the only ones that never touch these buffers)
         self._copy_tables()
@@ -163,16 +146,14 @@ class StaticKV:
         `compile_prefills`, one-logit prefills) once the buffers exist (a first pass allocates them)."""
         w = inp.shape[1] - 2
         with self._by_row():
-            if self.cache.layers[0].is_initialized:
-                if keep == 1 < w and self.passes.compiling("prefill"):
-                    out = self.passes.compiled("prefill", self._prefill_pass, inp)
-                elif keep == w <= self.max_graph_width and self.passes.compiling("decode"):
-                    out = self.passes.compiled("decode", self._packed_pass, inp, 0)  # 0: all logits
-                else:
-                    out = None
-                if out is not None:
-                    return out
-            return self._packed_pass(inp, keep)
+            ready = self.cache.layers[0].is_initialized
+            if ready and keep == 1 < w and self.passes.compiling("prefill"):
+                out = self.passes.compiled("prefill", self._prefill_pass, inp)
+            elif ready and keep == w <= self.max_graph_width and self.passes.compiling("decode"):
+                out = self.passes.compiled("decode", self._packed_pass, inp, 0)  # 0: all logits
+            else:
+                out = None
+            return self._packed_pass(inp, keep) if out is None else out
 
     def _prefill_pass(self, inp: torch.Tensor) -> torch.Tensor:
         return self._packed_pass(inp, 1)
@@ -301,11 +282,7 @@ class StaticKV:
         self.unused = torch.zeros((), dtype=self.model.dtype, device=self.device).expand(
             self.buffer_rows, self.enc_capacity, d)
         for layer in self.cross.layers:
-            if layer.is_initialized:
-                k, v = layer.keys, layer.values
-                layer.lazy_initialization(k, v)
-                layer.keys[:, :, :old] = k
-                layer.values[:, :, :old] = v
+            layer.grow(old)
         self.passes.drop()  # they hold the old buffers' addresses
 
     # -- prompts: new rows' prefills, together in one pass ----------------------------------------
@@ -359,11 +336,8 @@ class StaticKV:
             visible = torch.cat([e["attention_mask"] for e in encoded])
             if rows > r:
                 hidden = torch.cat([hidden, hidden[-1:].expand(rows - r, -1, -1)])
-        if graphed:
-            self.passes.run(key("cross"), hidden, self._cross,
-                            f"the cross-attention of {width} encoder outputs{of}", graphed=True)
-        else:
-            self._cross(hidden)
+        self.passes.run(key("cross"), hidden, self._cross, f"the cross-attention of {width} encoder outputs{of}",
+                        graphed=graphed)
         return [{"encoder_outputs": BaseModelOutput(last_hidden_state=hidden[j:j + 1]),
                  "attention_mask": visible[j:j + 1]} for j in range(r)]
 

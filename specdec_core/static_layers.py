@@ -1,9 +1,8 @@
-"""A static cache's layers as transformers cache layers: fixed buffers that a pass writes at each
-row's own columns (`FixedLayer`), an encoder-decoder's cross-attention columns written once per
-prompt (`CrossLayer`), and the throw-away self-attention of the pass that writes them
-(`ScratchLayer`). Their owner (`static_kv.StaticKV`) sizes the buffers and sets the columns a
-pass writes (`slots`); a pass over its first rows (new rows admitted together) writes and reads
-those rows only."""
+"""A static cache's layers as transformers cache layers: fixed buffers that a pass writes at each row's own columns
+(`FixedLayer`), an encoder-decoder's cross-attention columns written once per prompt (`CrossLayer`), and the throw-away
+self-attention of the pass that writes them (`ScratchLayer`). Their owner (`static_kv.StaticKV`) sizes the buffers and
+sets the columns a pass writes (`slots`); a pass over its first rows (new rows admitted together) writes and reads those
+rows only."""
 
 from __future__ import annotations
 
@@ -41,21 +40,20 @@ class Buffers(CacheLayerMixin):
         self.values = value_states.new_zeros((rows, value_states.shape[1], columns, value_states.shape[-1]))
         self.is_initialized = True
 
+    def grow(self, keep: int) -> None:
+        """Buffers of the owner's new `size`, holding the first `keep` columns."""
+        if self.is_initialized:
+            k, v = self.keys, self.values
+            self.lazy_initialization(k, v)
+            self.keys[:, :, :keep] = k[:, :, :keep]
+            self.values[:, :, :keep] = v[:, :, :keep]
+
 
 class FixedLayer(Buffers):
     """A decoder layer's own keys/values; a pass writes each row's tokens at its owner's `slots` (rows, width)."""
 
     def size(self) -> tuple[int, int]:
         return self.owner.buffer_rows, self.owner.capacity
-
-    def grow(self, capacity: int, keep: int) -> None:
-        """Larger buffers holding the first `keep` columns."""
-        if self.is_initialized:
-            k, v = self.keys, self.values
-            self.keys = k.new_zeros((*k.shape[:2], capacity, k.shape[-1]))
-            self.values = v.new_zeros((*v.shape[:2], capacity, v.shape[-1]))
-            self.keys[:, :, :keep] = k[:, :, :keep]
-            self.values[:, :, :keep] = v[:, :, :keep]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
                ) -> tuple[torch.Tensor, torch.Tensor]:
