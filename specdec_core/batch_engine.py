@@ -116,12 +116,6 @@ class BatchSpeculativeGenerator(RoundEngine):
         an ItemTimeout in its place; the other rows go on."""
         if not items:
             return []
-        with attention_kernels(self.target.device, self.settings.cudnn_attention):
-            return self._generate_many(items, finish_checks, max_seconds)
-
-    def _generate_many(self, items: Sequence[tuple[list[int], int]],
-                       finish_checks: Sequence[FinishCheck | None] | None,
-                       max_seconds: float | None) -> list[Generation | ItemTimeout]:
         checks = list(finish_checks) if finish_checks is not None else [None] * len(items)
         longest = self.max_new_tokens + self.gamma + (0 if self.encdec else max(len(ids) for ids, _ in items))
         for model in (self.target, self.draft_model):
@@ -135,6 +129,7 @@ class BatchSpeculativeGenerator(RoundEngine):
         live: list[Row] = []
         t0, admit_s, (rows, passes) = time.perf_counter(), self.admit_s, self.admitted
         with contextlib.ExitStack() as held:
+            held.enter_context(attention_kernels(self.target.device, self.settings.cudnn_attention))
             tkv = self._cache(self.target, held)
             dkv = self._cache(self.draft_model, held) if self.draft_model is not None else None
             self._decode(waiting, results, live, tkv, dkv, max_seconds)

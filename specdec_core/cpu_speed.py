@@ -10,21 +10,14 @@ model's own linears at load (`packed_from_rows`). A draft (never a target) may a
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import statistics
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from specdec_core.gamma import timed
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 _LOG = logging.getLogger(__name__)
 
@@ -208,26 +201,3 @@ def draft_in_dtype(model: nn.Module, name: str) -> nn.Module:
 def packed_threshold(model: nn.Module) -> int | None:
     """The row count from which `model`'s packed linears are used (None: nothing packed)."""
     return next((m.threshold_rows for m in model.modules() if isinstance(m, PrepackedLinear)), None)
-
-
-def recommended_threads() -> int:
-    """Threads for batch-1 decoding: all cores this process may use (decoding is bandwidth bound)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover (non-Linux)
-        return max(1, os.cpu_count() or 1)
-
-
-def keeps_torch_threads(main: Callable[P, R]) -> Callable[P, R]:
-    """For a program's `main`, which sets torch's thread count for its run: a caller in the same
-    process (a test, a notebook) gets its own count back, not the program's."""
-
-    @functools.wraps(main)
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        threads = torch.get_num_threads()
-        try:
-            return main(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-
-    return run

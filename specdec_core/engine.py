@@ -69,18 +69,13 @@ class SpeculativeGenerator(RoundEngine):
     def generate(self, prompt_ids: list[int], seed: int = 0, finish_check: FinishCheck | None = None,
                  max_seconds: float | None = None) -> Generation:
         """max_seconds: raise ItemTimeout at the first round past this many seconds of the item's own (`Row.own_s`)."""
-        with attention_kernels(self.target.device, self.settings.cudnn_attention):
-            return self._generate(prompt_ids, seed, finish_check, max_seconds)
-
-    def _generate(self, prompt_ids: list[int], seed: int, finish_check: FinishCheck | None,
-                  max_seconds: float | None) -> Generation:
-        if self.gamma_policy.needs_costs and not isinstance(self.drafter, NoDrafter):
-            # Once per process, before this item's clock starts.
-            self.gamma_policy.set_costs(self.measure_costs(prompt_ids))
-        row = Row.begin(self.target, prompt_ids, seed, self.sampling, self.max_new_tokens,
-                        self.gamma_policy.start(self.gamma), finish_check=finish_check)
-        row.setup = self._setup()
-        with contextlib.ExitStack() as held:
+        with attention_kernels(self.target.device, self.settings.cudnn_attention), contextlib.ExitStack() as held:
+            if self.gamma_policy.needs_costs and not isinstance(self.drafter, NoDrafter):
+                # Once per process, before this item's clock starts.
+                self.gamma_policy.set_costs(self.measure_costs(prompt_ids))
+            row = Row.begin(self.target, prompt_ids, seed, self.sampling, self.max_new_tokens,
+                            self.gamma_policy.start(self.gamma), finish_check=finish_check)
+            row.setup = self._setup()
             tkv, dkv = self._caches(row, prompt_ids, held)
             return self._rounds(row, tkv, dkv, max_seconds)
 

@@ -98,7 +98,7 @@ def test_bf16_target_packed_keeps_speculative_output_its_own(models, tokenizer):
 def test_a_programs_main_gives_the_caller_its_thread_count_back():
     """Tests and notebooks call programs' main() in-process: the program's thread count stays its own,
     even when it fails (on 2 cores a second thread left behind slowed every later test several times)."""
-    from specdec_core.cpu_speed import keeps_torch_threads
+    from pipeline.threads import keeps_torch_threads
 
     before = torch.get_num_threads()
 

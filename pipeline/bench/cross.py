@@ -38,7 +38,7 @@ from pipeline.bench.measure import ForwardMeter  # noqa: E402
 from pipeline.byte_bpe import train_byte_level_bpe  # noqa: E402
 from pipeline.demo import data as demo_data  # noqa: E402
 from pipeline.flags import ArgumentParser  # noqa: E402
-from specdec_core.cpu_speed import keeps_torch_threads
+from pipeline.threads import keeps_torch_threads
 
 _LOG = logging.getLogger("pipeline.bench.cross")
 RECIPE = {"target": {"n_embd": 256, "n_layer": 4, "n_head": 4}, "draft": {"n_embd": 128, "n_layer": 2, "n_head": 4},

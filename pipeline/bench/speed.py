@@ -62,7 +62,8 @@ from pipeline.bench.pairs import (  # noqa: F401 (re-exported: other modules imp
 )
 from pipeline.bench.report import machine, replace_section, summarize, write_report  # noqa: F401 (machine: re-exported)
 from pipeline.flags import ArgumentParser
-from specdec_core.cpu_speed import keeps_torch_threads, packed_threshold, prepare_for_cpu, recommended_threads
+from pipeline.threads import keeps_torch_threads, recommended_threads
+from specdec_core.cpu_speed import packed_threshold, prepare_for_cpu
 from specdec_core.drafters import ModelDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import Costs

@@ -25,8 +25,9 @@ import torch
 
 from pipeline.bench.report import replace_section
 from pipeline.flags import ArgumentParser
+from pipeline.threads import keeps_torch_threads, recommended_threads
 from specdec_core.batch_engine import BatchSpeculativeGenerator
-from specdec_core.cpu_speed import keeps_torch_threads, prepare_for_cpu, recommended_threads
+from specdec_core.cpu_speed import prepare_for_cpu
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma

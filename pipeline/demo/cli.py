@@ -38,7 +38,7 @@ from pipeline.quality import chrf, exact_match
 from pipeline.report.stats import format_rows, summarize
 from pipeline.report.summary import main as report_main
 from pipeline.report.summary import read_results
-from specdec_core.cpu_speed import keeps_torch_threads
+from pipeline.threads import keeps_torch_threads
 
 DEFAULT_WORKDIR = "specdec-demo"
 JOBS = {  # name -> extra flags; the last one is the baseline every speed-up is measured against

@@ -51,7 +51,7 @@ import torch  # noqa: E402
 
 from pipeline.demo import data  # noqa: E402
 from pipeline.flags import ArgumentParser  # noqa: E402
-from specdec_core.cpu_speed import keeps_torch_threads
+from pipeline.threads import keeps_torch_threads
 
 logger = logging.getLogger(__name__)
 

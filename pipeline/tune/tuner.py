@@ -31,10 +31,11 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser, FlagError, check_pipeline_flags
 from pipeline.logs import setup_logging
+from pipeline.threads import keeps_torch_threads
 from pipeline.tune.model import Candidate, SampleRun, best_setting, fit_overhead, pick_to_verify, relative_error
 from pipeline.tune.report import format_report
 from specdec_core.batch_engine import BatchSpeculativeGenerator, pad_id_of
-from specdec_core.cpu_speed import DRAFT_DTYPES, keeps_torch_threads
+from specdec_core.cpu_speed import DRAFT_DTYPES
 from specdec_core.cross_tokenizer import CrossTokenizerDrafter
 from specdec_core.drafters import Drafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
