@@ -423,8 +423,8 @@ class BatchKV:
 
     @torch.inference_mode()
     def merge(self, *others: BatchKV) -> None:
-        """Append the rows of `others` (freshly prefilled prompts) after this cache's rows, all
-        compacted: each part is gathered straight into the new buffer, which keeps spare columns."""
+        """Append the rows of `others` (freshly prefilled prompts, used up: their buffers and cross-attention caches
+        become this cache's) after its rows, compacted: each part is gathered straight into the new buffer."""
         every = [kv for kv in (self, *others) if kv.rows]
         if self.encdec and every and (len(every) > 1 or every[0] is not self):
             self._merge_cross(every)
