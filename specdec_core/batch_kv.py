@@ -424,7 +424,7 @@ class BatchKV:
     @torch.inference_mode()
     def merge(self, *others: BatchKV) -> None:
         """Append the rows of `others` (freshly prefilled prompts, used up: their buffers and cross-attention caches
-        become this cache's) after its rows, compacted: each part is gathered straight into the new buffer."""
+        become this cache's) after its rows, compacted: each part gathered into a new buffer with spare columns."""
         every = [kv for kv in (self, *others) if kv.rows]
         if self.encdec and every and (len(every) > 1 or every[0] is not self):
             self._merge_cross(every)
