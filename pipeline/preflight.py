@@ -180,6 +180,17 @@ def _config_files(path: str) -> list[str]:
     return [p for n in ("config.json", "tokenizer_config.json") if os.path.isfile(p := os.path.join(root, n))]
 
 
+def _check_reachable(flag: str, path: str) -> None:
+    """A gs:// model directory this machine cannot reach (credentials, network, access) stops the job in one line, as an
+    unreachable --input does, once the storage client's retries give up (about two minutes)."""
+    if path.startswith("gs://"):
+        try:
+            FileSystems.exists(f"{path.rstrip('/')}/config.json")
+        except Exception as e:  # Beam and the storage client raise several kinds
+            raise JobConfigError(f"{flag} {path!r}: cannot reach it ({type(e).__name__}: "
+                                 f"{' '.join(str(e).split())[:300]})") from e
+
+
 def _check_remote_code(flag: str, path: str, trust: bool) -> None:
     """A model whose config or tokenizer config maps classes to its own Python files (auto_map)
     runs that code when loaded: refused unless --trust_remote_code. The JSON is read as
@@ -309,10 +320,14 @@ def _same_prefix(a: str, b: str) -> bool:
 
 def _check_prefix(flag: str, prefix: str) -> None:
     """A prefix names files by globbing (`PREFIX-*`): glob characters would match other files, and
-    one ending in `-failed` would take another run's failed files for its results."""
-    if any(c in prefix for c in "*?["):
-        raise JobConfigError(f"{flag} {prefix!r}: a prefix cannot hold *, ? or [ (its files are found by "
-                             "pattern)")
+    one ending in `-failed` would take another run's failed files for its results; a comma would split it where
+    several prefixes are read (`--resume_from`, `pipeline.report`); one ending in / names no files."""
+    if any(c in prefix for c in "*?[,"):
+        raise JobConfigError(f"{flag} {prefix!r}: a prefix cannot hold *, ?, [ or , (its files are found by "
+                             "pattern, and several prefixes are written joined by commas)")
+    if prefix.endswith("/"):
+        raise JobConfigError(f"{flag} {prefix!r}: a prefix names files (PREFIX-00000-of-00001.parquet), not a "
+                             f"folder: say {prefix}gens to write them in {prefix}")
     if os.path.basename(prefix.rstrip("/")).endswith(("-failed", "-chunk")):
         raise JobConfigError(f"{flag} {prefix!r}: a prefix cannot end in -failed or -chunk (PREFIX-failed-* and "
                              "PREFIX-chunk-* name a run's failed rows and chunks)")
@@ -428,6 +443,10 @@ def _check_batching(opts: SpecDecOptions) -> None:
     refused."""
     if opts.batch_size == 1:
         return
+    if opts.drafter == "model" and opts.draft_dtype == "int8":
+        raise JobConfigError(f"--draft_dtype int8 with --batch_size {opts.batch_size}: dynamic quantization scales a "
+                             "pass's rows together, so a padded batch's rows would not get their own logits (use "
+                             "--batch_size 1, or --draft_dtype auto)")
     from specdec_core.plan import unbatchable
 
     for flag, path, config in _local_model_configs(opts):
@@ -492,6 +511,7 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     if opts.tokenizer:
         models.append(("--tokenizer", opts.tokenizer))
     for flag, path in models:  # before anything that hands a model directory to transformers
+        _check_reachable(flag, path)
         _check_remote_code(flag, path, trust)
     _check_model_path("--target_model", opts.target_model, trust)
     if opts.tokenizer:

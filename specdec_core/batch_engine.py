@@ -75,9 +75,9 @@ class BatchSpeculativeGenerator(RoundEngine):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.pad_id = pad_id_of(target)
-        for model in (target, drafter.model if isinstance(drafter, ModelDrafter) else None):
+        for role, model in (("", target), ("the draft ", drafter.model if isinstance(drafter, ModelDrafter) else None)):
             if model is not None and (why := batch_refusal(model, self.pad_id)):
-                raise ValueError(f"batch_size > 1: {type(model).__name__} {why} (use batch_size 1)")
+                raise ValueError(f"batch_size > 1: {role}{type(model).__name__} {why} (use batch_size 1)")
         super().__init__(target, drafter, num_speculative_tokens, max_new_tokens, sampling, gamma_policy, settings)
         self.batch_size = batch_size
         self.draft_model = drafter.model if isinstance(drafter, ModelDrafter) else None

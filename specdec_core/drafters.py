@@ -113,15 +113,19 @@ def _clamp_ids(embeddings: torch.nn.Embedding, args: tuple) -> tuple:
     return (args[0].clamp(max=embeddings.num_embeddings - 1), *args[1:])
 
 
+def _embeddings(owner: torch.nn.Module) -> torch.nn.Module | None:
+    """A model's or its encoder's or decoder's input embeddings (FSMT's have no getter: their `embed_tokens`)."""
+    try:
+        return owner.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return getattr(owner, "embed_tokens", None)
+
+
 def _read_any_token(model: PreTrainedModel) -> None:
     """Clamp ids in the draft's embedding lookup (once per model, inside any graph captured of it): a target with
     more output rows (padded to another multiple) can write one past the draft's embeddings, which the draft then
     reads as its last row, a worse guess, never another output."""
-    owner = model.get_decoder() if model.config.is_encoder_decoder else model
-    try:
-        embeddings = owner.get_input_embeddings()
-    except (AttributeError, NotImplementedError):  # (FSMT's decoder has none: its `embed_tokens`)
-        embeddings = getattr(owner, "embed_tokens", None)
+    embeddings = _embeddings(model.get_decoder() if model.config.is_encoder_decoder else model)
     if isinstance(embeddings, torch.nn.Embedding) and not getattr(embeddings, "_reads_any_token", False):
         embeddings.register_forward_pre_hook(_clamp_ids)
         embeddings._reads_any_token = True
@@ -144,8 +148,11 @@ class ModelDrafter(Drafter):
         self.chain = chain
         # The draft's decoder positions (None: relative, as T5's); past them the target goes on alone (`room`).
         self.limit = context_limit(model)
-        # An encoder-decoder draft's encoder positions: a longer prompt is cut to them for it.
-        self.encoder_limit = context_limit(model, encoder=True) if model.config.is_encoder_decoder else None
+        # An encoder-decoder draft's encoder positions and rows: a longer prompt is cut to them for it, an id past them
+        # (a token its target embeds, it not) read as its last row.
+        encdec = model.config.is_encoder_decoder
+        self.encoder_limit = context_limit(model, encoder=True) if encdec else None
+        self.encoder_rows = getattr(_embeddings(model.get_encoder()), "num_embeddings", None) if encdec else None
 
     def room(self, seq_len: int) -> int:
         """The most tokens the draft may propose after `seq_len` tokens: its k steps, and a batch row's pad after them,
@@ -154,11 +161,11 @@ class ModelDrafter(Drafter):
 
     def encoder_prompt(self, prompt_ids: list[int]) -> list[int]:
         """What an encoder-decoder draft's encoder reads of a prompt: all of it, or as many tokens as it has positions,
-        the last (an end token) kept: a worse guess, never another output."""
-        limit = self.encoder_limit
-        if limit is None or len(prompt_ids) <= limit:
-            return prompt_ids
-        return prompt_ids[: limit - 1] + prompt_ids[-1:]
+        the last (an end token) kept, each id it has no row for as its last row: a worse guess, never another output."""
+        limit, rows = self.encoder_limit, self.encoder_rows
+        if limit is not None and len(prompt_ids) > limit:
+            prompt_ids = prompt_ids[: limit - 1] + prompt_ids[-1:]
+        return prompt_ids if rows is None or max(prompt_ids) < rows else [min(t, rows - 1) for t in prompt_ids]
 
     def open(self, prompt_ids: list[int], held: contextlib.ExitStack,
              encoded: dict | None = None) -> SlotKV | BatchKV:

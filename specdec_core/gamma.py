@@ -313,10 +313,3 @@ def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
-
-
-def geometric_acceptance(accepted: int, rejections: int) -> float | None:
-    """MLE of the per-token acceptance from greedy rounds (n accepted, then a rejection unless all were kept);
-    accepted/drafted would underestimate it."""
-    total = accepted + rejections
-    return accepted / total if total else None

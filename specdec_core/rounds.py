@@ -182,7 +182,7 @@ class RoundEngine:
                     if self._argmax_rows(live, dkv.logits) is None:
                         for b, r in enumerate(live):
                             if feeds[b]:
-                                int(r.transform(r.seq + fill[b][: i + 1], logits[b]).argmax(-1).item())
+                                r.picker(True)(r.seq + fill[b][: i + 1], logits[b])
             for b in range(n):
                 dkv.rollback(b, bases[b])
             synchronize(self.target.device)

@@ -108,6 +108,7 @@ class Row:
     draft_steps: int = 0
     draft_behind: bool = False  # admitted without the draft's prefill (the batch was not drafting)
     setup: float = 0.0  # the caches' one-off seconds (`rounds.setup_seconds`) when it entered
+    vocab: int = 0  # the target's output rows (0: unknown): a draft's narrower logits are padded to them
 
     @classmethod
     def begin(cls, target: PreTrainedModel, prompt_ids: list[int], seed: int, sampling: SamplingSettings,
@@ -119,11 +120,15 @@ class Row:
         return cls(index=index, seed=seed, prompt=list(prompt_ids), seq=seq,
                    start=time.perf_counter(), transform=LogitsTransform(procs),
                    generator=torch.Generator(device=device).manual_seed(seed), gamma_state=gamma_state,
-                   stats=ItemStats(prompt_tokens=len(prompt_ids)), finish_check=finish_check)
+                   stats=ItemStats(prompt_tokens=len(prompt_ids)), finish_check=finish_check,
+                   vocab=getattr(target.get_output_embeddings(), "weight", torch.empty(0)).shape[0])
 
     def picker(self, greedy: bool) -> Picker:
-        """The row's draft picks: its processors, then argmax or a sample from its generator."""
+        """The row's draft picks: its processors (over the target's rows, the draft's missing ones -inf: a processor
+        may keep tensors of the first width it sees), then argmax or a sample from its generator."""
         def pick(cur: list[int], logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+            if logits.shape[-1] < self.vocab:
+                logits = torch.nn.functional.pad(logits, (0, self.vocab - logits.shape[-1]), value=float("-inf"))
             return draft_pick(self.transform(cur, logits), greedy, self.generator)
 
         return pick

@@ -203,14 +203,6 @@ class GeneratorSpec:
         SamplingSettings(self.temperature, self.top_k, self.top_p)  # validates
 
 
-def _embedding_rows(model: PreTrainedModel) -> int | None:
-    """How many token ids a model embeds, or None where transformers finds no input embeddings (some remote code)."""
-    try:
-        return int(model.get_input_embeddings().weight.shape[0])
-    except (NotImplementedError, AttributeError):
-        return None
-
-
 def load_model_drafter(path: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *,
                        device: torch.device, dtype: torch.dtype, draft_dtype: str = "auto",
                        cpu_kernels: str = "stock", trust_remote_code: bool = False,
@@ -280,11 +272,13 @@ class TextGenerator:
                                                           cuda_graphs=cuda_graphs, torch_compile=torch_compile)
         # Positions: the decoder's (a causal one holds prompt + output), and an encoder's prompt.
         self.context, self.prompt_context = context, prompt_context
-        # The ids a prompt may hold: those both models embed (a same-tokenizer draft reads them too). A checkpoint
-        # may embed fewer tokens than its tokenizer has (bart-large-cnn leaves out <mask>); a prompt holding one fails.
-        readers = [("target", target)] + ([("draft", drafter.model)] if isinstance(drafter, ModelDrafter) else [])
-        self.embedded = min(((rows, role) for role, m in readers if (rows := _embedding_rows(m)) is not None),
-                            default=(None, None))
+        # The ids a prompt may hold: those the target embeds (a draft reads an id past its rows as its last row). A
+        # checkpoint may embed fewer tokens than its tokenizer has (bart-large-cnn leaves out <mask>); a prompt holding
+        # one fails. None: transformers finds no input embeddings (some remote code).
+        try:
+            self.embedded: int | None = int(target.get_input_embeddings().weight.shape[0])
+        except (NotImplementedError, AttributeError):
+            self.embedded = None
         # Beam threads share one generator per process; items run one at a time so each one's latency is its own.
         self._lock = threading.Lock()
         # The pair's devices, probed after a CUDA error (`placement.check_device`).
@@ -369,10 +363,10 @@ class TextGenerator:
             ids = self.tokenizer(check_prompt(prompt), verbose=False)["input_ids"]
         if not ids:
             raise EmptyPrompt("prompt tokenizes to no tokens")
-        rows, role = self.embedded
+        rows = self.embedded
         if rows is not None and max(ids) >= rows:
             token = self.tokenizer.convert_ids_to_tokens(max(ids))
-            raise TokenNotEmbedded(f"prompt holds token {max(ids)} ({token!r}), which the {role} does not embed "
+            raise TokenNotEmbedded(f"prompt holds token {max(ids)} ({token!r}), which the target does not embed "
                                    f"(its embeddings have {rows} rows): a token its tokenizer has beyond its weights")
         n, budget = self.engine.max_new_tokens, self.context
         if not self.engine.target.config.is_encoder_decoder:

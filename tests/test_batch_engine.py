@@ -468,9 +468,10 @@ def test_greedy_picks_are_read_back_once_per_pass(models, prompts, monkeypatch):
 @pytest.mark.parametrize("graphs", ["off", "on"])
 def test_a_target_token_past_the_drafts_rows_reaches_the_draft_as_a_guess(kind, graphs):
     """One tokenizer, the target's output layer wider than the draft's (checkpoints padded to other
-    multiples): a token the target writes past the draft's rows cannot index the draft's
-    embeddings. The draft reads another token in its place (a worse guess, never another output);
-    it crashed, at batch 1 and batched."""
+    multiples): a token the target writes past the draft's rows, or a prompt holds, cannot index the
+    draft's embeddings (an encoder-decoder draft's encoder's too). The draft reads another token in its
+    place (a worse guess, never another output); it crashed, at batch 1 and batched. So did a processor
+    of the target's generation config that keeps a tensor of the first width it sees (bad words)."""
     import tests.test_engine_sampling as sampling_tests
 
     base = sampling_tests.V
@@ -493,3 +494,9 @@ def test_a_target_token_past_the_drafts_rows_reaches_the_draft_as_a_guess(kind, 
                                        num_speculative_tokens=3, max_new_tokens=8, cuda_graphs=graphs)
     assert [o.tokens for o in engine.generate_many([(prompt, 0), ([4, 5], 1)])] == [reference,
                                                                                     hf_greedy(target, [4, 5], 8)]
+    past = [4, base + 1, 5]  # a prompt holding the token the draft has no row for
+    target.generation_config.bad_words_ids = [[3]]
+    items = [(prompt, 0), (past, 1)]
+    want = [hf_greedy(target, ids, 8) for ids, _ in items]
+    assert single.generate(past).tokens == want[1]
+    assert [o.tokens for o in engine.generate_many(items)] == want

@@ -202,5 +202,5 @@ def test_a_failed_rows_message_is_the_exceptions_even_with_notes():
         if note:
             error.add_note(note)
         trace = traceback.format_exception(error)
-        [row] = failed_rows(([{"id": "a", "prompt": "p"}], (type(error), repr(error), trace)), "id", "prompt")
+        [row] = failed_rows(([({"id": "a", "prompt": "p"}, 7)], (type(error), repr(error), trace)), "id", "prompt")
         assert (row["error_type"], row["error_message"]) == (type(error).__name__, "CUDA out of memory")

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from pipeline.tune.model import geometric_acceptance
 from specdec_core.drafters import ModelDrafter, NgramDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import (
@@ -13,7 +14,6 @@ from specdec_core.gamma import (
     batch_gamma,
     expected_tokens,
     fixed_gamma,
-    geometric_acceptance,
 )
 from specdec_core.processing import SamplingSettings
 from tests.test_engine_greedy import PROMPTS, reference

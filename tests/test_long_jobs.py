@@ -218,14 +218,14 @@ def test_bad_resume_prefixes_stop_before_any_work(tmp_path, saved_pairs, capsys)
                            (f"{ints}-failed", "cannot end in -failed or -chunk"),
                            (f"{ints}-chunk", "cannot end in -failed or -chunk"),
                            (f"{tmp_path}/link/gens", "is the --output prefix"),  # a link to out's folder
-                           (f"{tmp_path}/*/gens", "cannot hold *, ? or [")]:
+                           (f"{tmp_path}/*/gens", "cannot hold *, ?, [ or ,")]:
         assert main(_args(src, out, target, None, "--resume_from", str(resume), "--overwrite")) == 2
         assert needle in _one_line_error(capsys), resume
     # another run's failed shards are this prefix's results: --overwrite deleted them
     assert main(_args(src, f"{ints}-failed", target, None, "--overwrite")) == 2
     assert "cannot end in -failed or -chunk" in _one_line_error(capsys)
     assert main(_args(src, tmp_path / "out[1]" / "gens", target, None)) == 2  # all its work, then a traceback
-    assert "cannot hold *, ? or [" in _one_line_error(capsys)
+    assert "cannot hold *, ?, [ or ," in _one_line_error(capsys)
     for extra, needle in [(["--commit_every_s", "-1"], "--commit_every_s must be >= 0"),
                           (["--max_item_seconds", "0"], "--max_item_seconds must be > 0")]:
         assert main(_args(src, out, target, None, *extra)) == 2

@@ -233,6 +233,25 @@ def test_sampling_is_reproducible_from_seed_and_id(tmp_path, saved_pairs):
     assert gens(a) != gens(c)
 
 
+@pytest.mark.parametrize(("ids", "batch_size"), [(["doc-a", "doc-b", "doc-c", "bad"], "1"), ([10, 11, 12, 13], "2")])
+def test_an_id_column_named_seed_keeps_its_ids(tmp_path, saved_pairs, ids, batch_size):
+    """Each row's seed travels beside the row, not in it: an input column named "seed" (here the id) is still the
+    id in the output, and each row samples with the seed its id gives, whatever the id column is called."""
+    target, _ = saved_pairs["llama"]
+    prompts = GOOD[:3] + [""]
+    runs = {}
+    for column in ("seed", "id"):
+        src = write_prompts(tmp_path / f"{column}.parquet",
+                            [{column: i, "prompt": p} for i, p in zip(ids, prompts, strict=True)])
+        runs[column] = run_job(tmp_path, target, None, "--drafter", "none", "--id_column", column, "--temperature",
+                               "1.0", "--batch_size", batch_size, prompts=src, name=column)
+    for results, failed in runs.values():
+        assert sorted(results["id"].to_pylist()) == ids[:3] and failed["id"].to_pylist() == ids[3:]
+    by_id = {column: sorted(zip(r["id"].to_pylist(), r["seed"].to_pylist(), r["generation"].to_pylist(),
+                                strict=True)) for column, (r, _) in runs.items()}
+    assert by_id["seed"] == by_id["id"]
+
+
 def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, capsys):
     target, draft = saved_pairs["llama"]
     src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": "hi"}])
@@ -294,6 +313,15 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
             "--target_model", "no/such-model", "--drafter", "none"],
         f"--draft_model '{t5_draft}': decoder start tokens differ: target 2, draft 0": base[:4] + [
             "--target_model", str(bart_target), "--draft_model", str(t5_draft)],
+        # (an int8 draft's rows were refused when the workers loaded it, naming neither the draft nor its dtype)
+        "--draft_dtype int8 with --batch_size 2: dynamic quantization scales a pass's rows together": base + [
+            "--draft_model", str(draft), "--draft_dtype", "int8", "--batch_size", "2"],
+        # (a comma split the prefix where several are read: report and resume found no files)
+        "a prefix cannot hold *, ?, [ or ,": base[:2] + ["--output", str(tmp_path / "out/run,v2")] + base[4:] + [
+            "--drafter", "none"],
+        # (it wrote out/run1-*.parquet, beside the folder)
+        f"--output '{tmp_path / 'out/run1'}/': a prefix names files": base[:2] + [
+            "--output", str(tmp_path / "out/run1") + "/"] + base[4:] + ["--drafter", "none"],
     }
     capsys.readouterr()
     for needle, args in cases.items():
@@ -354,6 +382,31 @@ def test_input_files_that_cannot_make_one_output_stop_before_any_work(tmp_path, 
     assert sorted(results["id"].to_pylist()) == ["1", "2", "3"]
     assert dict(zip(results["id"].to_pylist(), results["ref"].to_pylist(), strict=True)) == {"1": "a", "2": None,
                                                                                               "3": None}
+
+
+def test_a_gs_model_that_cannot_be_reached_stops_the_job_in_one_line(tmp_path, monkeypatch, capsys):
+    """No credentials, no network or no bucket: the storage client's error (here raised at once; for real after its
+    retries) becomes one line naming the flag, before any other check reads the model directory."""
+    from apache_beam.io.filesystems import FileSystems
+
+    real = FileSystems.exists
+
+    def storage(unreachable: str):
+        def exists(path: str) -> bool:
+            if path.startswith(unreachable):
+                raise OSError("Timeout of 120.0s exceeded,\nlast exception: storage.googleapis.com is not resolved")
+            return False if path.startswith("gs://") else real(path)
+
+        return staticmethod(exists)
+
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": "hi"}])
+    capsys.readouterr()
+    for flag, path in (("--target_model", "gs://models/t"), ("--draft_model", "gs://models/d")):
+        monkeypatch.setattr(FileSystems, "exists", storage(path))
+        assert main(["--input", src, "--output", str(tmp_path / "out/gens"), "--target_model", "gs://models/t",
+                     "--draft_model", "gs://models/d"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{flag} {path!r}: cannot reach it (OSError: Timeout of 120.0s" in err[0], err
 
 
 @pytest.mark.slow

@@ -166,7 +166,7 @@ def test_a_draft_with_more_output_rows_than_the_target_is_refused(saved_pairs, t
 
 @pytest.mark.parametrize("drafter", ["model", "none"])
 @pytest.mark.parametrize("batch_size", [1, 3])
-def test_a_prompt_holding_a_token_the_models_do_not_embed_fails_alone(saved_pairs, tmp_path, drafter, batch_size):
+def test_a_prompt_holding_a_token_the_target_does_not_embed_fails_alone(saved_pairs, tmp_path, drafter, batch_size):
     """A tokenizer with tokens beyond the models' embeddings (bart-large-cnn's <mask>; tokens
     added without resizing): the pair loads (a model draft's pair was refused), a prompt holding
     such a token fails as TokenNotEmbedded (it failed with IndexError), the others equal the target
@@ -202,6 +202,15 @@ def test_a_prompt_holding_a_token_the_models_do_not_embed_fails_alone(saved_pair
         ids = tok(["hello world", "", "the quick fox"][i], return_tensors="pt").input_ids
         want = model.generate(ids, do_sample=False, max_new_tokens=6)[0, ids.shape[1]:].tolist()
         assert out[i]["token_ids"] == want
+    # The target embeds the token and its draft not: the prompt decodes as the target alone's (the draft reads the
+    # token as its last row, a worse guess); it failed as TokenNotEmbedded, naming the draft.
+    model.resize_token_embeddings(len(tok))
+    model.save_pretrained(target_dir)
+    gen = TextGenerator.load(GeneratorSpec(str(target_dir), str(draft_dir) if drafter == "model" else None,
+                                           drafter=drafter, max_new_tokens=6, batch_size=batch_size))
+    out = gen.generate_batch([(prompts[1], 0)])[0] if batch_size > 1 else gen.generate(prompts[1])
+    ids = tok(prompts[1], return_tensors="pt").input_ids
+    assert out["token_ids"] == model.generate(ids, do_sample=False, max_new_tokens=6)[0, ids.shape[1]:].tolist()
 
 
 def test_a_model_without_findable_input_embeddings_still_loads(saved_pairs, monkeypatch):
@@ -215,7 +224,7 @@ def test_a_model_without_findable_input_embeddings_still_loads(saved_pairs, monk
     monkeypatch.setattr(LlamaForCausalLM, "get_input_embeddings", missing)
     target_dir, _ = saved_pairs["llama"]
     gen = TextGenerator.load(GeneratorSpec(str(target_dir), None, drafter="none", max_new_tokens=4))
-    assert gen.embedded == (None, None) and len(gen.generate("hello world")["token_ids"]) == 4
+    assert gen.embedded is None and len(gen.generate("hello world")["token_ids"]) == 4
 
 
 def test_draft_dir_without_tokenizer_uses_the_targets(saved_pairs, tmp_path):

@@ -10,8 +10,9 @@ from transforms.model_handler import ERROR_KEY, SpecDecModelHandler
 from transforms.results import failed_rows, marked_failed_row, result_row
 
 
-def _with_seed(row: dict, id_column: str, base_seed: int) -> dict:
-    return {**row, "seed": item_seed(base_seed, row.get(id_column))}
+def _with_seed(row: dict, id_column: str, base_seed: int) -> tuple[dict, int]:
+    """(row, its seed): the seed beside the row, not in it, where an input column named "seed" would be."""
+    return row, item_seed(base_seed, row.get(id_column))
 
 
 class GenerateRows(beam.PTransform):

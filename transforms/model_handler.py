@@ -70,8 +70,8 @@ class _Progress:
                       t["new"] / max(t["seconds"], 1e-9))
 
 
-class SpecDecModelHandler(ModelHandler[dict, PredictionResult, TextGenerator]):
-    """Speculative decoding of input rows (dicts) with a shared TextGenerator: one row per call,
+class SpecDecModelHandler(ModelHandler[tuple[dict, int], PredictionResult, TextGenerator]):
+    """Speculative decoding of input rows (dicts, each with its seed) with a shared TextGenerator: one row per call,
     or, with --batch_size > 1, lists of rows decoded together."""
 
     def __init__(self, spec: GeneratorSpec, prompt_column: str = "prompt", *, large_model: bool = False):
@@ -138,7 +138,7 @@ class SpecDecModelHandler(ModelHandler[dict, PredictionResult, TextGenerator]):
         return TextGenerator.load(dataclasses.replace(self.spec, devices=copies[0].devices, **local))
 
     def run_inference(
-        self, batch: Sequence[dict], model: TextGenerator, inference_args: dict[str, Any] | None = None
+        self, batch: Sequence[tuple[dict, int]], model: TextGenerator, inference_args: dict[str, Any] | None = None
     ) -> Iterable[PredictionResult]:
         if self._progress is None:
             self._progress = _Progress()
@@ -148,18 +148,18 @@ class SpecDecModelHandler(ModelHandler[dict, PredictionResult, TextGenerator]):
             end_worker(e)
             raise
 
-    def _run(self, batch: Sequence[dict], model: TextGenerator) -> list[PredictionResult]:
+    def _run(self, batch: Sequence[tuple[dict, int]], model: TextGenerator) -> list[PredictionResult]:
         results = []  # a list, not a generator: RunInference counts failures only then
         if self.spec.batch_size > 1:
             # Bad prompts come back as per-row markers (GenerateRows makes them failed rows).
-            outs = model.generate_batch([(row[self.prompt_column], row["seed"]) for row in batch])
-            for row, out in zip(batch, outs, strict=True):
+            outs = model.generate_batch([(row[self.prompt_column], seed) for row, seed in batch])
+            for (row, _), out in zip(batch, outs, strict=True):
                 if ERROR_KEY not in out:
                     self._progress.record(out)
                 results.append(PredictionResult(row, out))
             return results
-        for row in batch:
-            out = model.generate(row[self.prompt_column], row["seed"])
+        for row, seed in batch:
+            out = model.generate(row[self.prompt_column], seed)
             self._progress.record(out)
             results.append(PredictionResult(row, out))
         return results

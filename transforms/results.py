@@ -34,7 +34,7 @@ def prompt_text(prompt: Any) -> str | None:
 
 
 def failed_rows(dead_letter: tuple, id_column: str, prompt_column: str) -> list[dict[str, Any]]:
-    """RunInference's dead letter (batch, (exception type, repr, traceback lines)) as failed rows."""
+    """RunInference's dead letter (batch of (row, seed), (exception type, repr, traceback lines)) as failed rows."""
     batch, (exc_type, exc_repr, trace) = dead_letter
     # The traceback's "Type: message" line, the message as str() gives it: the last line unless
     # notes (`add_note`) follow it; the type as the traceback names it, with its module or not.
@@ -44,7 +44,7 @@ def failed_rows(dead_letter: tuple, id_column: str, prompt_column: str) -> list[
         line = trace[-1].strip() if trace else exc_repr
     message = line.split(": ", 1)[1] if ": " in line else line
     rows = []
-    for row in batch:
+    for row, _ in batch:
         rows.append({
             "id": row.get(id_column),
             "prompt": prompt_text(row.get(prompt_column)),
