@@ -66,9 +66,11 @@ def parse_options(argv: list[str]) -> SpecDecOptions:
     opts = SpecDecOptions(argv)
     if opts.view_as(StandardOptions).runner is None:
         opts.view_as(StandardOptions).runner = LOCAL_RUNNER
-    # Local paths as absolute ones for every step of the job (Beam matches no bare `gens-*`); an --output ending in /
-    # keeps it, for preflight to refuse (it would write beside the folder it names).
-    opts.input, opts.output = absolute(opts.input), absolute(opts.output) + "/" * opts.output.endswith("/")
+    # Local paths as absolute ones for every step of the job (Beam matches no bare `gens-*`); an --output ending in / is
+    # left as given, for preflight to refuse (a local one made absolute would write beside the folder it names).
+    opts.input = absolute(opts.input)
+    if not opts.output.endswith("/"):
+        opts.output = absolute(opts.output)
     if opts.resume_from:
         opts.resume_from = [absolute(p) for p in opts.resume_prefixes()]
     return opts

@@ -165,7 +165,7 @@ class ModelDrafter(Drafter):
         limit, rows = self.encoder_limit, self.encoder_rows
         if limit is not None and len(prompt_ids) > limit:
             prompt_ids = prompt_ids[: limit - 1] + prompt_ids[-1:]
-        return prompt_ids if rows is None or max(prompt_ids) < rows else [min(t, rows - 1) for t in prompt_ids]
+        return prompt_ids if rows is None else [min(t, rows - 1) for t in prompt_ids]
 
     def open(self, prompt_ids: list[int], held: contextlib.ExitStack,
              encoded: dict | None = None) -> SlotKV | BatchKV:
