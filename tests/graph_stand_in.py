@@ -10,7 +10,10 @@ goes wrong here as on a GPU, and reading a tensor's value on the host (`item`, `
 it does in a capture.
 
 It replaced `make_fx`, which builds an FX graph of the same ops and spent about 0.25 s per
-capture of a tiny model on proxies and code generation: most of the family tests' time.
+capture of a tiny model on proxies and code generation: most of the family tests' time. The
+recorded ops are then written out as one straight-line Python function (a line per op, the
+recording's tensors bound by name), so that a replay calls the ops and nothing else: rebuilding
+each op's arguments through pytree at every replay took a third of the family tests' time.
 """
 
 from __future__ import annotations
@@ -77,14 +80,72 @@ class _Recorder(TorchDispatchMode):
         if _reads_values(func, args):
             raise RuntimeError(f"{func} reads a tensor's values on the host while capturing")
         leaves, spec = tree_flatten((args, kwargs))
-        self.ops.append((func, [self.leaf(x) for x in leaves], spec))
+        arguments = [self.leaf(x) for x in leaves]
         out = func(*args, **kwargs)
-        for t in tree_flatten(out)[0]:
+        flat = tree_flatten(out)[0]
+        made = []  # (where in the flattened result, result number)
+        for i, t in enumerate(flat):
             if isinstance(t, torch.Tensor):
                 self.where[id(t)] = (_RESULT, self.results)
                 self.alive.append(t)
+                made.append((i, self.results))
                 self.results += 1
+        shape = "tensor" if isinstance(out, torch.Tensor) else (
+            "flat" if type(out) in (tuple, list) and len(flat) == len(out) else "tree")
+        self.ops.append((func, arguments, spec, shape, made))
         return out
+
+
+class _Name:
+    """A name in the replay's code, standing for an argument while the arguments' structure is rebuilt."""
+
+    def __init__(self, code: str):
+        self.code = code
+
+
+def _spelled(x) -> str | None:
+    """Python code for an op's argument built of names, lists and tuples; None for another structure."""
+    if isinstance(x, _Name):
+        return x.code
+    if type(x) in (list, tuple):
+        parts = [_spelled(e) for e in x]
+        if None in parts:
+            return None
+        inner = "".join(p + ", " for p in parts)
+        return f"[{inner}]" if type(x) is list else f"({inner})"
+    return None
+
+
+def _replay_code(ops: list[tuple], result: tuple[int, object]) -> tuple[str, dict]:
+    """The recorded ops as the source of `_replay(static)` and the names it reads (ops, constants)."""
+    names: dict[str, object] = {"_flatten": tree_flatten, "_unflatten": tree_unflatten}
+
+    def bound(x) -> str:
+        name = f"c{len(names)}"
+        names[name] = x
+        return name
+
+    def leaf(kind: int, x) -> str:
+        return "static" if kind == _INPUT else f"r{x}" if kind == _RESULT else bound(x)
+
+    lines = ["def _replay(static):"]
+    for func, arguments, spec, shape, made in ops:
+        codes = [leaf(kind, x) for kind, x in arguments]
+        args, kwargs = tree_unflatten([_Name(c) for c in codes], spec)
+        spelled = [_spelled(a) for a in args], {k: _spelled(v) for k, v in kwargs.items()}
+        if None in spelled[0] or None in spelled[1].values():  # (a structure pytree knows, spelled by it)
+            call = f"{bound(func)}(*_a, **_k)"
+            lines.append(f"    _a, _k = _unflatten([{', '.join(codes)}], {bound(spec)})")
+        else:
+            call = (f"{bound(func)}(" + "".join(a + ", " for a in spelled[0])
+                    + "".join(f"{k}={v}, " for k, v in spelled[1].items()) + ")")
+        if shape == "tensor":
+            lines.append(f"    r{made[0][1]} = {call}")
+            continue
+        lines.append(f"    _o = {call}" if shape == "flat" else f"    _o = _flatten({call})[0]")
+        lines.extend(f"    r{n} = _o[{i}]" for i, n in made)
+    lines.append(f"    return {leaf(*result)}")
+    return "\n".join(lines) + "\n", names
 
 
 class TracedGraph:
@@ -100,21 +161,14 @@ class TracedGraph:
                 result = run(static)
         finally:
             _recording.on = False
-        self.ops = recorder.ops
-        self.result = recorder.leaf(result)
+        source, names = _replay_code(recorder.ops, recorder.leaf(result))
+        exec(compile(source, "<graph stand-in replay>", "exec"), names)
+        self._replay = names["_replay"]
         self.out = self._run().clone()
         self.replays = 0
 
     def _run(self) -> torch.Tensor:
-        results: list[torch.Tensor] = []
-
-        def value(kind: int, x):
-            return self.static if kind == _INPUT else results[x] if kind == _RESULT else x
-
-        for func, leaves, spec in self.ops:
-            args, kwargs = tree_unflatten([value(kind, x) for kind, x in leaves], spec)
-            results.extend(t for t in tree_flatten(func(*args, **kwargs))[0] if isinstance(t, torch.Tensor))
-        return value(*self.result)
+        return self._replay(self.static)
 
     def replay(self) -> None:
         self.out.copy_(self._run())

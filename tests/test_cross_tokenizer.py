@@ -15,7 +15,16 @@ from specdec_core.engine import SpeculativeGenerator
 from specdec_core.processing import SamplingSettings
 from specdec_core.text import GeneratorSpec, TextGenerator
 from tests.cross_models import byte_level, oracle_lm, sentencepiece_style
-from tests.test_engine_sampling import N_NEW, PROMPT, chi2_pvalue, exact_distribution, sample_counts, tiny
+from tests.test_engine_sampling import (
+    N_NEW,
+    chi2_pvalue,
+    counted,
+    draw,
+    engines,
+    exact_distribution,
+    rejected_some,
+    tiny,
+)
 from tests.tiny_models import make_model
 
 PROMPTS = [
@@ -136,7 +145,7 @@ def _char_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]]) -> Pre
     return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
-@pytest.mark.slow  # 2500 seeded items through the tokenizers: about a minute on a shared CPU
+@pytest.mark.slow
 def test_sampling_matches_target_distribution():
     """Chi-square on a 6-token target vocabulary ("a", "b", "c", "ab", "ba", "ca") with a draft
     over 3 characters: the cross-tokenizer proposals, verified with the deterministic-proposal
@@ -148,15 +157,14 @@ def test_sampling_matches_target_distribution():
     torch.manual_seed(3)
     draft = make_model("llama", dtok, seed=3, layers=1, hidden=32, init_std=0.8)
     sampling = SamplingSettings(temperature=1.0)
-    gen = SpeculativeGenerator(target, CrossTokenizerDrafter(draft, ttok, dtok), num_speculative_tokens=2,
-                               max_new_tokens=N_NEW, sampling=sampling)
-    counts = sample_counts(gen)
+    outs = draw(engines(target, lambda: CrossTokenizerDrafter(draft, ttok, dtok), num_speculative_tokens=2,
+                        max_new_tokens=N_NEW, sampling=sampling))
+    counts = counted(outs)
     assert chi2_pvalue(counts, exact_distribution(target, sampling)) > 1e-3
     # Power: the same samples reject a nearby model's distribution.
     other = tiny("llama", seed=1, std=0.8)
     assert chi2_pvalue(counts, exact_distribution(other, sampling)) < 1e-6
-    stats = [gen.generate(PROMPT, s).stats for s in range(50)]
-    assert 0 < sum(s.accepted_tokens for s in stats) < sum(s.draft_tokens for s in stats)
+    assert rejected_some(outs)
 
 
 def test_text_generator_decides_cross_tokenizer_and_logs_it(tmp_path, toks, caplog):

@@ -1,13 +1,18 @@
 """Sampled output follows the target's distribution exactly (chi-square on a 6-token vocabulary).
 
-Each test draws thousands of seeded 3-token continuations, compares their empirical
-distribution with the exact target distribution (enumerated from the target's processed
-probabilities), and checks that the same samples REJECT the draft's distribution, so the
-test has the power to fail.
+Each test draws 1500 seeded 3-token continuations, compares their empirical distribution with
+the exact target distribution (enumerated from the target's processed probabilities), and checks
+that the same samples REJECT the draft's distribution, so the test has the power to fail.
+The samples are drawn 128 rows at a time by the batched engine, whose row of a seed is that seed's
+batch-1 sample (checked here on the first 100 seeds, and for every family in
+test_batch_families): one batch-1 call costs about as much as a batched pass of 128 rows on
+models this small, so drawing them one at a time took 30-45 s a test on a 2-core CPU.
 """
 
 import itertools
 import math
+from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -20,14 +25,16 @@ from transformers import (
     T5ForConditionalGeneration,
 )
 
-from specdec_core.drafters import ModelDrafter, NgramDrafter
+from specdec_core.batch_engine import BatchSpeculativeGenerator
+from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
+from specdec_core.rows import FinishCheck, Generation
 from tests.tiny_models import perturbed_copy
 
 # 1500 samples a test: the power checks below still reject the draft's distribution at p < 1e-300
 # (p = 0.0 in double precision) for every case, as the batched tests' 1500 do.
-V, N_NEW, SAMPLES = 6, 3, 1500
+V, N_NEW, SAMPLES, SAME = 6, 3, 1500, 100
 PROMPT = [1, 2, 3, 1, 2]
 
 
@@ -63,12 +70,32 @@ def exact_distribution(model, sampling: SamplingSettings) -> dict[tuple, float]:
             for cont in itertools.product(range(V), repeat=N_NEW)}
 
 
-def sample_counts(gen: SpeculativeGenerator) -> dict[tuple, int]:
-    counts: dict[tuple, int] = {}
-    for seed in range(SAMPLES):
-        out = tuple(gen.generate(PROMPT, seed).tokens)
-        counts[out] = counts.get(out, 0) + 1
-    return counts
+def engines(target, drafter: Callable[[], Drafter], **settings) -> tuple[SpeculativeGenerator,
+                                                                        BatchSpeculativeGenerator]:
+    """The batch-1 engine and a batched one of 128 rows, over the same pair and settings (a drafter each)."""
+    return (SpeculativeGenerator(target, drafter(), **settings),
+            BatchSpeculativeGenerator(target, drafter(), batch_size=128, **settings))
+
+
+def draw(pair: tuple[SpeculativeGenerator, BatchSpeculativeGenerator],
+         check: Callable[[], FinishCheck] | None = None) -> list[Generation]:
+    """SAMPLES seeded continuations of PROMPT, drawn by the batched engine; the first SAME must be
+    the batch-1 engine's samples of those seeds, token for token."""
+    one, batched = pair
+    checks = [check() for _ in range(SAMPLES)] if check else None
+    outs = batched.generate_many([(list(PROMPT), seed) for seed in range(SAMPLES)], checks)
+    alone = [one.generate(PROMPT, seed, check() if check else None).tokens for seed in range(SAME)]
+    assert [o.tokens for o in outs[:SAME]] == alone, "a batched row is not its seed's batch-1 sample"
+    return outs
+
+
+def counted(outs: list[Generation]) -> dict[tuple, int]:
+    return dict(Counter(tuple(o.tokens) for o in outs))
+
+
+def rejected_some(outs: list[Generation]) -> bool:
+    """Some drafted tokens were accepted and some rejected (so the residual path was sampled too)."""
+    return 0 < sum(o.stats.accepted_tokens for o in outs) < sum(o.stats.draft_tokens for o in outs)
 
 
 def chi2_pvalue(counts: dict[tuple, int], probs: dict[tuple, float]) -> float:
@@ -107,18 +134,15 @@ def test_sampling_matches_target_distribution(kind, drafter, sampling):
     # T5's initialisation saturates fast: a smaller std keeps its distributions soft.
     target = tiny(kind, seed=0, std=0.8 if kind == "llama" else 0.1)
     draft = perturbed_copy(target, noise=0.8, seed=1)
-    drafter_obj = ModelDrafter(draft) if drafter == "model" else NgramDrafter(max_ngram=2)
-    gen = SpeculativeGenerator(target, drafter_obj, num_speculative_tokens=2, max_new_tokens=N_NEW,
-                               sampling=sampling)
-    counts = sample_counts(gen)
+    make = (lambda: ModelDrafter(draft)) if drafter == "model" else (lambda: NgramDrafter(max_ngram=2))
+    outs = draw(engines(target, make, num_speculative_tokens=2, max_new_tokens=N_NEW, sampling=sampling))
+    counts = counted(outs)
     p_target = chi2_pvalue(counts, exact_distribution(target, sampling))
     assert p_target > 1e-3, f"samples do not follow the target (p={p_target:.2e})"
     if drafter == "model":
         # Power: the same samples must be distinguishable from the draft's distribution.
         assert chi2_pvalue(counts, exact_distribution(draft, sampling)) < 1e-6
-    # Rejections really happened (otherwise the residual path went untested).
-    stats = [gen.generate(PROMPT, s).stats for s in range(50)]
-    assert 0 < sum(s.accepted_tokens for s in stats) < sum(s.draft_tokens for s in stats)
+    assert rejected_some(outs)  # (otherwise the residual path went untested)
 
 
 @pytest.mark.slow
@@ -138,12 +162,10 @@ def test_sampling_stays_exact_when_the_target_has_more_output_rows(monkeypatch):
     draft = tiny("llama", seed=1, std=0.8)
     monkeypatch.setattr(here, "V", base + 2)  # every continuation of the target
     sampling = SamplingSettings(temperature=1.0)
-    gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=2, max_new_tokens=N_NEW,
-                               sampling=sampling)
-    counts = sample_counts(gen)
-    assert chi2_pvalue(counts, exact_distribution(target, sampling)) > 1e-3
-    stats = [gen.generate(PROMPT, s).stats for s in range(50)]
-    assert 0 < sum(s.accepted_tokens for s in stats) < sum(s.draft_tokens for s in stats)  # residuals drawn
+    outs = draw(engines(target, lambda: ModelDrafter(draft), num_speculative_tokens=2, max_new_tokens=N_NEW,
+                        sampling=sampling))
+    assert chi2_pvalue(counted(outs), exact_distribution(target, sampling)) > 1e-3
+    assert rejected_some(outs)  # residuals drawn
 
 
 def test_same_seed_same_sample_different_seed_differs():
@@ -165,9 +187,9 @@ def test_adaptive_gamma_keeps_sampling_exact():
     sampling = SamplingSettings(temperature=1.0)
     costs = Costs(c=0.05, v={k: 1.0 for k in range(2, 8)})
     policy = AdaptiveGamma(costs, max_gamma=3, share_across_items=False, early_stop=True)
-    gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=N_NEW,
-                               sampling=sampling, gamma_policy=policy)
-    assert chi2_pvalue(sample_counts(gen), exact_distribution(target, sampling)) > 1e-3
+    outs = draw(engines(target, lambda: ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=N_NEW,
+                        sampling=sampling, gamma_policy=policy))
+    assert chi2_pvalue(counted(outs), exact_distribution(target, sampling)) > 1e-3
 
 
 @pytest.mark.slow
@@ -175,8 +197,6 @@ def test_a_draft_whose_logits_overflow_leaves_sampling_exact():
     """A draft whose logits are NaN after some tokens (an fp16 overflow, say) failed every sampled
     row in torch's sampler; it now proposes from the uniform distribution there (wasted drafts,
     the same accept/reject rule): the samples still follow the target, at batch 1 and batched."""
-    from specdec_core.batch_engine import BatchSpeculativeGenerator
-
     target = tiny("llama", seed=0, std=0.8)
     draft = perturbed_copy(target, noise=0.3, seed=1)
 
@@ -188,16 +208,15 @@ def test_a_draft_whose_logits_overflow_leaves_sampling_exact():
         return out
 
     sampling = SamplingSettings(temperature=1.0)
-    gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=2, max_new_tokens=N_NEW,
-                               sampling=sampling)
+    pair = engines(target, lambda: ModelDrafter(draft), num_speculative_tokens=2, max_new_tokens=N_NEW,
+                   sampling=sampling)
     batched = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=2,
                                         max_new_tokens=12, sampling=sampling)
     one = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=2, max_new_tokens=12,
                                sampling=sampling)
     draft.register_forward_hook(overflow, with_kwargs=True)  # (after the engines' self-checks at load)
-    counts = sample_counts(gen)
-    assert chi2_pvalue(counts, exact_distribution(target, sampling)) > 1e-3
-    stats = [gen.generate(PROMPT, s).stats for s in range(50)]
-    assert 0 < sum(s.accepted_tokens for s in stats) < sum(s.draft_tokens for s in stats)
-    rows = [(PROMPT[: 2 + s % 4], s) for s in range(8)]
+    outs = draw(pair)
+    assert chi2_pvalue(counted(outs), exact_distribution(target, sampling)) > 1e-3
+    assert rejected_some(outs)
+    rows = [(PROMPT[: 2 + s % 4], s) for s in range(8)]  # other lengths, longer outputs
     assert [o.tokens for o in batched.generate_many(rows)] == [one.generate(p, s).tokens for p, s in rows]

@@ -199,9 +199,10 @@ def test_greedy_job_output_equals_target_generate(tmp_path, saved_pairs, kind, d
 
 
 @pytest.mark.slow
+@pytest.mark.dynamo
 @pytest.mark.parametrize("batch_size", ["1", "2"])
 def test_a_compiled_job_decodes_what_generate_does(tmp_path, saved_pairs, batch_size):
-    """--torch_compile on (what auto does on a GPU; here through dynamo and AOT autograd, over static
+    """--torch_compile on (what auto does on a GPU; here through dynamo alone, over static
     caches without graphs): the job's passes compiled and its draft's steps chained, through Beam."""
     target, draft = saved_pairs["gpt2"]
     results, failed = run_job(tmp_path, target, draft, "--cuda_graphs", "on", "--torch_compile", "--batch_size",

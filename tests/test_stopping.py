@@ -239,9 +239,7 @@ class PairStop:
 @pytest.mark.slow
 def test_sampling_with_a_stop_follows_the_target_cut_at_the_stop():
     """Chi-square against the target's exact distribution pushed through the same cut."""
-    from tests.test_engine_sampling import N_NEW, PROMPT, chi2_pvalue, exact_distribution, tiny
-
-    samples = 1200
+    from tests.test_engine_sampling import N_NEW, chi2_pvalue, counted, draw, engines, exact_distribution, tiny
 
     def cut(cont):
         k = PairStop()(list(cont))
@@ -256,13 +254,10 @@ def test_sampling_with_a_stop_follows_the_target_cut_at_the_stop():
     sampling = SamplingSettings(temperature=1.0)
     target = tiny("llama", seed=0, std=0.8)
     draft = perturbed_copy(target, noise=0.8, seed=1)
-    gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=2, max_new_tokens=N_NEW,
-                               sampling=sampling)
-    counts = {}
-    for seed in range(samples):
-        out = gen.generate(PROMPT, seed, PairStop())
-        counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
-        assert out.stats.finish_reason in ("stop", "length")
-    assert sum(n for c, n in counts.items() if len(c) < N_NEW) > samples // 5  # stops really happened
+    outs = draw(engines(target, lambda: ModelDrafter(draft), num_speculative_tokens=2, max_new_tokens=N_NEW,
+                        sampling=sampling), PairStop)
+    assert {o.stats.finish_reason for o in outs} <= {"stop", "length"}
+    counts = counted(outs)
+    assert sum(n for c, n in counts.items() if len(c) < N_NEW) > len(outs) // 5  # stops really happened
     assert chi2_pvalue(counts, pushed(exact_distribution(target, sampling))) > 1e-3
     assert chi2_pvalue(counts, pushed(exact_distribution(draft, sampling))) < 1e-6  # power

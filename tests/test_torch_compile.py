@@ -40,9 +40,10 @@ def count_compiled(*kvs: StaticKV) -> list[tuple[int, int]]:
 
 
 @pytest.mark.slow
-# Inductor's code for Llama (the family of the GPU's main pair); T5 through dynamo and AOT autograd,
-# which trace the same hooks and buffer writes (one inductor compile of each cost the suite ~50 s).
-@pytest.mark.parametrize("kind", [pytest.param("llama", marks=pytest.mark.inductor), "t5"])
+# Inductor's code for Llama (the family of the GPU's main pair); T5 through dynamo alone, which traces
+# the same hooks (AOT autograd's part, the writes into the buffers, is the same code for every family).
+@pytest.mark.parametrize("kind", [pytest.param("llama", marks=pytest.mark.inductor),
+                                  pytest.param("t5", marks=pytest.mark.dynamo)])
 def test_compiled_passes_decode_what_generate_does(models, prompts, kind):
     """Batch 1 (target passes and chained draft rounds) and batched slots (an encoder-decoder's
     rows each at their own positions), compiled; a second batch recompiles nothing."""
@@ -167,6 +168,7 @@ def test_auto_compiles_where_the_passes_are_cuda_graphs():
 
 
 @pytest.mark.slow
+@pytest.mark.dynamo
 def test_compiling_without_a_graph_counts_as_one_off_work(models, prompts, caplog):
     """Passes compiled outside a capture (a CPU's, with --cuda_graphs on: it captures none) add
     their compile time to the cache's one-off seconds, which item time limits leave out; each
@@ -205,6 +207,7 @@ def test_compiled_prefills_decode_what_generate_does(models):
 
 
 @pytest.mark.slow
+@pytest.mark.dynamo
 def test_new_rows_in_compiled_slots_prefill_through_compiled_graphs(models, monkeypatch):
     """Compiled slots prefill new rows through one-row graphs of compiled passes (the GPU's
     default for the batch engine, measured faster there), here through a stand-in graph that runs

@@ -238,6 +238,7 @@ def test_batched_times_leave_out_graph_captures(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.dynamo  # the flags reaching every engine: compiles through dynamo alone (conftest)
 def test_tune_runs_the_passes_as_the_job_would(tiny, monkeypatch, capsys):
     """The job's --cuda_graphs and --torch_compile reach every engine and draft tune builds (here
     static caches compiled on the CPU, as `--cuda_graphs on` allows), and its recommendation
