@@ -5,8 +5,8 @@ the exact target distribution (enumerated from the target's processed probabilit
 that the same samples REJECT the draft's distribution, so the test has the power to fail.
 The samples are drawn 128 rows at a time by the batched engine, whose row of a seed is that seed's
 batch-1 sample (checked here on the first 100 seeds, and for every family in
-test_batch_families): one batch-1 call costs about as much as a batched pass of 128 rows on
-models this small, so drawing them one at a time took 30-45 s a test on a 2-core CPU.
+test_batch_families): on a 2-core CPU, Llama's 1,500 samples took about 29 s one call at a time
+and 3.4 s 128 rows at a time, a pass of these tiny models costing about as much at 128 rows as at 1.
 """
 
 import itertools
