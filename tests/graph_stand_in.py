@@ -125,12 +125,12 @@ def _replay_code(ops: list[tuple], result: tuple[int, object]) -> tuple[str, dic
         names[name] = x
         return name
 
-    def leaf(kind: int, x) -> str:
+    def named(kind: int, x) -> str:  # (a recorded argument: the input, an earlier result, or a constant)
         return "static" if kind == _INPUT else f"r{x}" if kind == _RESULT else bound(x)
 
     lines = ["def _replay(static):"]
     for func, arguments, spec, shape, made in ops:
-        codes = [leaf(kind, x) for kind, x in arguments]
+        codes = [named(kind, x) for kind, x in arguments]
         args, kwargs = tree_unflatten([_Name(c) for c in codes], spec)
         spelled = [_spelled(a) for a in args], {k: _spelled(v) for k, v in kwargs.items()}
         if None in spelled[0] or None in spelled[1].values():  # (a structure pytree knows, spelled by it)
@@ -144,7 +144,7 @@ def _replay_code(ops: list[tuple], result: tuple[int, object]) -> tuple[str, dic
             continue
         lines.append(f"    _o = {call}" if shape == "flat" else f"    _o = _flatten({call})[0]")
         lines.extend(f"    r{n} = _o[{i}]" for i, n in made)
-    lines.append(f"    return {leaf(*result)}")
+    lines.append(f"    return {named(*result)}")
     return "\n".join(lines) + "\n", names
 
 
