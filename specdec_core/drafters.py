@@ -113,8 +113,9 @@ def _clamp_ids(embeddings: torch.nn.Embedding, args: tuple) -> tuple:
     return (args[0].clamp(max=embeddings.num_embeddings - 1), *args[1:])
 
 
-def _embeddings(owner: torch.nn.Module) -> torch.nn.Module | None:
-    """A model's or its encoder's or decoder's input embeddings (FSMT's have no getter: their `embed_tokens`)."""
+def input_embeddings(owner: torch.nn.Module) -> torch.nn.Module | None:
+    """A model's or its encoder's or decoder's input embeddings (FSMT's have no getter: their `embed_tokens`; some
+    remote code raises), or None where there is none to find."""
     try:
         return owner.get_input_embeddings()
     except (AttributeError, NotImplementedError):
@@ -125,7 +126,7 @@ def _read_any_token(model: PreTrainedModel) -> None:
     """Clamp ids in the draft's embedding lookup (once per model, inside any graph captured of it): a target with
     more output rows (padded to another multiple) can write one past the draft's embeddings, which the draft then
     reads as its last row, a worse guess, never another output."""
-    embeddings = _embeddings(model.get_decoder() if model.config.is_encoder_decoder else model)
+    embeddings = input_embeddings(model.get_decoder() if model.config.is_encoder_decoder else model)
     if isinstance(embeddings, torch.nn.Embedding) and not getattr(embeddings, "_reads_any_token", False):
         embeddings.register_forward_pre_hook(_clamp_ids)
         embeddings._reads_any_token = True
@@ -152,7 +153,7 @@ class ModelDrafter(Drafter):
         # (a token its target embeds, it not) read as its last row.
         encdec = model.config.is_encoder_decoder
         self.encoder_limit = context_limit(model, encoder=True) if encdec else None
-        self.encoder_rows = getattr(_embeddings(model.get_encoder()), "num_embeddings", None) if encdec else None
+        self.encoder_rows = getattr(input_embeddings(model.get_encoder()), "num_embeddings", None) if encdec else None
 
     def room(self, seq_len: int) -> int:
         """The most tokens the draft may propose after `seq_len` tokens: its k steps, and a batch row's pad after them,

@@ -21,7 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cpu_speed import DRAFT_DTYPES, draft_in_dtype, prepare_for_cpu
 from specdec_core.cross_tokenizer import CrossTokenizerDrafter
-from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter, input_embeddings
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma, GammaPolicy
 from specdec_core.loading import (
@@ -274,11 +274,9 @@ class TextGenerator:
         self.context, self.prompt_context = context, prompt_context
         # The ids a prompt may hold: those the target embeds (a draft reads an id past its rows as its last row). A
         # checkpoint may embed fewer tokens than its tokenizer has (bart-large-cnn leaves out <mask>); a prompt holding
-        # one fails. None: transformers finds no input embeddings (some remote code).
-        try:
-            self.embedded: int | None = int(target.get_input_embeddings().weight.shape[0])
-        except (NotImplementedError, AttributeError):
-            self.embedded = None
+        # one fails. None: no input embeddings to find (some remote code).
+        weight = getattr(input_embeddings(target), "weight", None)
+        self.embedded: int | None = None if weight is None else int(weight.shape[0])
         # Beam threads share one generator per process; items run one at a time so each one's latency is its own.
         self._lock = threading.Lock()
         # The pair's devices, probed after a CUDA error (`placement.check_device`).
