@@ -7,7 +7,6 @@ follows the target's distribution (chi-square, as in test_engine_sampling) and r
 the batch-1 sample of its seed.
 """
 
-import itertools
 
 import pytest
 import torch
@@ -17,9 +16,9 @@ from specdec_core.batch_engine import BatchSpeculativeGenerator, prefill_chunks
 from specdec_core.batch_kv import BatchKV
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
-from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors
+from specdec_core.processing import SamplingSettings
 from tests.numerics import assert_logits_close
-from tests.test_engine_sampling import chi2_pvalue, tiny
+from tests.test_engine_sampling import N_NEW, SAMPLES, chi2_pvalue, exact_distribution, tiny
 from tests.tiny_models import perturbed_copy
 
 TEXTS = ["The quick brown fox", "def add(a, b):\n    return", "Hello", "A",
@@ -228,22 +227,6 @@ def test_encoder_decoder_rows_equal_batch_one_and_target_generate(models, prompt
 # -- sampling ------------------------------------------------------------------------------------
 
 PROMPTS = ([1, 2, 3, 1, 2], [4, 0, 5, 3, 2, 1, 4, 4, 5])  # two lengths in one batch
-N_NEW, SAMPLES = 3, 1500
-
-
-@torch.inference_mode()
-def exact(model, sampling, prompt):
-    """P(continuation) for every N_NEW-token continuation of `prompt`, by full recomputation."""
-    transform = LogitsTransform(build_processors(sampling, model.generation_config, len(prompt), N_NEW, "cpu"))
-    probs = {}
-    for cont in itertools.product(range(6), repeat=N_NEW):
-        total = 1.0
-        for i in range(N_NEW):
-            seq = prompt + list(cont[:i])
-            p = transform(seq, model(input_ids=torch.tensor([seq])).logits[0, -1:].float()).softmax(-1)[0]
-            total *= float(p[cont[i]])
-        probs[cont] = total
-    return probs
 
 
 @pytest.mark.slow
@@ -253,7 +236,7 @@ def test_batched_sampling_matches_target_distribution_per_row(drafter):
     draft = perturbed_copy(target, noise=0.8, seed=1)
     sampling = SamplingSettings(temperature=1.0)
     make = (lambda: ModelDrafter(draft)) if drafter == "model" else (lambda: NgramDrafter(max_ngram=2))
-    engine = BatchSpeculativeGenerator(target, make(), batch_size=32, num_speculative_tokens=2,
+    engine = BatchSpeculativeGenerator(target, make(), batch_size=128, num_speculative_tokens=2,
                                        max_new_tokens=N_NEW, sampling=sampling)
     items = [(list(PROMPTS[s % 2]), s) for s in range(2 * SAMPLES)]
     outs = engine.generate_many(items)
@@ -262,10 +245,10 @@ def test_batched_sampling_matches_target_distribution_per_row(drafter):
         for (ids, _), o in zip(items, outs, strict=True):
             if ids == prompt:
                 counts[tuple(o.tokens)] = counts.get(tuple(o.tokens), 0) + 1
-        p = chi2_pvalue(counts, exact(target, sampling, prompt))
+        p = chi2_pvalue(counts, exact_distribution(target, sampling, prompt))
         assert p > 1e-3, f"prompt {which}: samples do not follow the target (p={p:.2e})"
         if drafter == "model":
-            assert chi2_pvalue(counts, exact(draft, sampling, prompt)) < 1e-6  # the test has power
+            assert chi2_pvalue(counts, exact_distribution(draft, sampling, prompt)) < 1e-6  # the test has power
     drafted = sum(o.stats.draft_tokens for o in outs)
     assert 0 < sum(o.stats.accepted_tokens for o in outs) < drafted  # rejections happened
 

@@ -51,18 +51,18 @@ def tiny(kind: str, seed: int, std: float):
 
 
 @torch.inference_mode()
-def exact_distribution(model, sampling: SamplingSettings) -> dict[tuple, float]:
-    """P(continuation) for every continuation of N_NEW tokens, by full recomputation (each prefix's
-    next-token distribution computed once)."""
+def exact_distribution(model, sampling: SamplingSettings, prompt: list[int] = PROMPT) -> dict[tuple, float]:
+    """P(continuation) for every continuation of N_NEW tokens of `prompt`, by full recomputation (each
+    prefix's next-token distribution computed once)."""
     enc = model.config.is_encoder_decoder
-    start = [0] if enc else PROMPT
+    start = [0] if enc else prompt
     transform = LogitsTransform(build_processors(sampling, model.generation_config, len(start), N_NEW, "cpu"))
     next_token: dict[tuple, torch.Tensor] = {}
     for i in range(N_NEW):
         for head in itertools.product(range(V), repeat=i):
             seq = start + list(head)
             if enc:
-                logits = model(input_ids=torch.tensor([PROMPT]), decoder_input_ids=torch.tensor([seq])).logits
+                logits = model(input_ids=torch.tensor([prompt]), decoder_input_ids=torch.tensor([seq])).logits
             else:
                 logits = model(input_ids=torch.tensor([seq])).logits
             next_token[head] = transform(seq, logits[0, -1:].float()).softmax(-1)[0]
