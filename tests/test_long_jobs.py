@@ -288,7 +288,9 @@ def test_killed_job_resumes_into_one_clean_run(tmp_path, saved_pairs):
 
     # run 1: killed (SIGKILL) once a few chunks are committed
     first = tmp_path / "first" / "gens"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    # (TMPDIR: Beam's temporary folder, which a killed job cannot remove, goes with the test's)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "TMPDIR": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, "-c", SLOW_RUN, *_args(src, first, target, draft, *extra,
                                                                     "--commit_every_s", "0.2")],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

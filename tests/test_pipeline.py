@@ -114,10 +114,11 @@ def test_a_device_error_that_cuda_keeps_ends_the_worker_not_every_row(tmp_path, 
     target, draft = saved_pairs["llama"]
     src = write_prompts(tmp_path / "p.parquet", [{"id": f"g{i}", "prompt": p} for i, p in enumerate(GOOD)])
     out = tmp_path / "out" / "gens"
+    # (TMPDIR: Beam's temporary folder, which a process that ends this way cannot remove, goes with the test's)
     child = subprocess.run([sys.executable, "-m", "tests.device_failure_child", "--input", src, "--output", str(out),
                             "--target_model", str(target), "--draft_model", str(draft), "--max_new_tokens", "4",
                             "--batch_size", batch_size], capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "STANDIN": standin})
+                           env={**os.environ, "STANDIN": standin, "TMPDIR": str(tmp_path)})
     assert child.returncode == 75, child.stderr[-2000:]
     assert needle in child.stderr and "this worker process ends" in child.stderr
     assert not glob.glob(f"{out}-failed*")
