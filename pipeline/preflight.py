@@ -274,7 +274,6 @@ def _check_pair(opts: SpecDecOptions) -> str | None:
     from transformers import AutoConfig
 
     from specdec_core.loading import (
-        CROSS_TOKENIZER,
         IncompatiblePairError,
         check_compatible,
         describe_mode,
@@ -294,10 +293,6 @@ def _check_pair(opts: SpecDecOptions) -> str | None:
                                 target_tokenizer, draft_tokenizer, tuple(_generation_config(p) for p in paths))
     except IncompatiblePairError as e:
         raise JobConfigError(f"--draft_model {opts.draft_model!r}: {e}") from e
-    if mode == CROSS_TOKENIZER and opts.batch_size > 1:
-        raise JobConfigError(f"--batch_size {opts.batch_size}: --draft_model {opts.draft_model!r} has another "
-                             "tokenizer than the target, and cross-tokenizer drafting runs one item at a time "
-                             "(use --batch_size 1)")
     return describe_mode(mode, target_tokenizer, draft_tokenizer)
 
 

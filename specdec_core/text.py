@@ -264,9 +264,6 @@ class TextGenerator:
                                            torch_compile=torch_compile and one)
         self.batch_engine = None
         if batch_size > 1:
-            if isinstance(drafter, CrossTokenizerDrafter):
-                raise ValueError("--batch_size > 1 does not support a draft with another tokenizer (cross-tokenizer "
-                                 "drafting runs one item at a time); use --batch_size 1")
             self.batch_engine = BatchSpeculativeGenerator(target, drafter, **both, batch_size=batch_size,
                                                           gamma_policy=self.engine.gamma_policy,
                                                           cuda_graphs=cuda_graphs, torch_compile=torch_compile)

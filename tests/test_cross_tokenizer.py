@@ -1,5 +1,6 @@
-"""Cross-tokenizer drafting: exact (greedy identity, sampled distribution), aligned (an oracle
-draft's proposals are accepted), and cheap to keep in step (the draft's cache is not re-run)."""
+"""Cross-tokenizer drafting: exact (greedy identity, sampled distribution), at batch 1 and with
+several rows per verify pass, aligned (an oracle draft's proposals are accepted), and cheap to keep
+in step (the draft's cache is not re-run)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast
 
+from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cross_tokenizer import CrossTokenizerDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.processing import SamplingSettings
@@ -48,17 +50,23 @@ PAIRS = [("byte-420", "byte-300"), ("byte-420", "sp"), ("sp", "byte-300")]
 @pytest.mark.parametrize(("target_name", "draft_name"), PAIRS)
 def test_greedy_identity_with_random_models(toks, target_name, draft_name):
     """Random models: drafts are mostly rejected and the target's output is full of odd bytes
-    (incomplete characters, control characters): still token for token the target's."""
+    (incomplete characters, control characters): still token for token the target's, at batch 1
+    and with rows of other prompt lengths in one verify pass (each row's draft session its own)."""
     ttok, dtok = toks[target_name], toks[draft_name]
     target, draft = make_model("llama", ttok, seed=1), make_model("gpt2", dtok, seed=2)
     alone = SpeculativeGenerator(target, None, max_new_tokens=30)
     cross = SpeculativeGenerator(target, CrossTokenizerDrafter(draft, ttok, dtok), num_speculative_tokens=3,
                                  max_new_tokens=30)
-    for prompt in PROMPTS:
-        ids = ttok(prompt)["input_ids"]
-        out = cross.generate(ids)
-        assert out.tokens == alone.generate(ids).tokens, prompt
-        assert out.stats.draft_steps > 0
+    ids = [ttok(prompt)["input_ids"] for prompt in PROMPTS]
+    reference = [alone.generate(i).tokens for i in ids]
+    outs = [cross.generate(i) for i in ids]
+    assert [o.tokens for o in outs] == reference
+    assert all(o.stats.draft_steps > 0 for o in outs)
+    batched = BatchSpeculativeGenerator(target, CrossTokenizerDrafter(draft, ttok, dtok), batch_size=3,
+                                        num_speculative_tokens=3, max_new_tokens=30)
+    rows = batched.generate_many([(i, 0) for i in ids])
+    assert [r.tokens for r in rows] == reference
+    assert [r.stats.draft_steps for r in rows] == [o.stats.draft_steps for o in outs]
 
 
 @pytest.mark.parametrize(("target_name", "draft_name"), PAIRS)
@@ -186,8 +194,11 @@ def test_text_generator_decides_cross_tokenizer_and_logs_it(tmp_path, toks, capl
         assert gen.generate(prompt)["token_ids"] == expected
         assert adaptive.generate(prompt)["token_ids"] == expected
     assert adaptive.engine.gamma_policy.costs.c > 0.01  # timed as a model, not as a free lookup
-    with pytest.raises(ValueError, match="--batch_size"):
-        TextGenerator.load(GeneratorSpec(str(tmp_path / "target"), str(tmp_path / "draft"), batch_size=2))
+    batched = TextGenerator.load(GeneratorSpec(str(tmp_path / "target"), str(tmp_path / "draft"), max_new_tokens=12,
+                                               batch_size=2))
+    assert isinstance(batched.batch_engine.drafter, CrossTokenizerDrafter)
+    assert [r["token_ids"] for r in batched.generate_batch([(p, 0) for p in PROMPTS])] == [
+        alone.generate(p)["token_ids"] for p in PROMPTS]
 
 
 def test_same_tokenizer_pair_still_uses_the_model_drafter(saved_pairs, caplog):
@@ -212,6 +223,10 @@ def test_encoder_decoder_pair_with_different_tokenizers(toks):
         out = cross.generate(ids)
         assert out.tokens == alone.generate(ids).tokens
         assert out.stats.draft_steps > 0
+    batched = BatchSpeculativeGenerator(target, CrossTokenizerDrafter(draft, ttok, dtok), batch_size=2,
+                                        num_speculative_tokens=3, max_new_tokens=20)
+    ids = [ttok(p)["input_ids"] for p in PROMPTS]
+    assert [r.tokens for r in batched.generate_many([(i, 0) for i in ids])] == [alone.generate(i).tokens for i in ids]
     # A prompt longer in the draft's tokens than its encoder's positions: the draft reads what its
     # encoder takes (its index ran past the positions: the row failed).
     config = make_model("bart", dtok, seed=2).config
@@ -236,7 +251,7 @@ def cross_pair(tmp_path_factory, toks):
 
 
 def test_preflight_decides_and_logs_the_mode(tmp_path, cross_pair, saved_pairs, caplog):
-    from pipeline.preflight import JobConfigError, preflight
+    from pipeline.preflight import preflight
     from pipeline.run import parse_options
     from tests.test_pipeline import write_prompts
 
@@ -252,34 +267,37 @@ def test_preflight_decides_and_logs_the_mode(tmp_path, cross_pair, saved_pairs, 
         caplog.clear()
         preflight(opts(*saved_pairs["llama"]))
         assert "same-tokenizer drafting" in caplog.text
-    with pytest.raises(JobConfigError, match="cross-tokenizer drafting runs one item at a time"):
-        preflight(opts(*cross_pair, "--batch_size", "2"))
+        caplog.clear()
+        preflight(opts(*cross_pair, "--batch_size", "2"))  # rows drafted each in its own session, verified together
+        assert "cross-tokenizer drafting" in caplog.text
 
 
 @pytest.mark.slow
 def test_beam_job_with_a_cross_tokenizer_pair_writes_the_targets_rows(tmp_path, cross_pair):
     """pipeline.run on a tiny Parquet (DirectRunner): the cross-tokenizer pair writes exactly the
-    rows the target alone writes."""
+    rows the target alone writes, one row at a time and batched."""
     from tests.test_pipeline import GOOD, run_job, write_prompts
 
     prompts = GOOD + PROMPTS
     src = write_prompts(tmp_path / "p.parquet", [{"id": f"g{i}", "prompt": p} for i, p in enumerate(prompts)])
     target, draft = cross_pair
     cross, failed = run_job(tmp_path, target, draft, prompts=src, name="cross")
+    batched, failed_batched = run_job(tmp_path, target, draft, "--batch_size", "3", prompts=src, name="batched")
     alone, _ = run_job(tmp_path, target, None, "--drafter", "none", prompts=src, name="alone")
-    assert failed.num_rows == 0 and cross.num_rows == len(prompts)
+    assert failed.num_rows == failed_batched.num_rows == 0 and cross.num_rows == len(prompts)
 
     def rows(t):
         return {r["id"]: (r["generation"], r["new_tokens"], r["finish_reason"]) for r in t.to_pylist()}
 
-    assert rows(cross) == rows(alone)
+    assert rows(cross) == rows(batched) == rows(alone)
     assert sum(cross["draft_tokens"].to_pylist()) > 0
+    assert batched.sort_by("id")["draft_tokens"].to_pylist() == cross.sort_by("id")["draft_tokens"].to_pylist()
 
 
-def test_tune_takes_a_cross_tokenizer_draft_at_batch_1(tmp_path, cross_pair, monkeypatch):
+def test_tune_takes_a_cross_tokenizer_draft_and_batches_it(tmp_path, cross_pair, monkeypatch):
     """pipeline.tune loads a draft with another tokenizer as the job does, keeps the target's
-    greedy output, and, when that draft is its batch-1 choice, measures no batch sizes with it
-    (the job refuses them)."""
+    greedy output, and, when that draft is its batch-1 choice, measures it at the batch sizes asked
+    for too."""
     import json
 
     from pipeline.tune import tuner as tune
@@ -300,5 +318,5 @@ def test_tune_takes_a_cross_tokenizer_draft_at_batch_1(tmp_path, cross_pair, mon
                       "--batch_sizes", "1,2", "--output_json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert all(r["equal_to_target"] == 3 for r in res["runs"])
-    assert "cross-tokenizer drafting runs at --batch_size 1 only" in res["batching"]
-    assert {r["batch_size"] for r in res["throughput"]} == {1} and res["recommended"]["batch_size"] == 1
+    assert {r["batch_size"] for r in res["throughput"] if r["drafter"] == "model"} == {1, 2}
+    assert all(r["equal_to_target"] == 3 for r in res["throughput"])

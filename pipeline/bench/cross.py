@@ -9,9 +9,11 @@ Timed side by side, in one run, on the same prompts (held-out stdlib functions),
 same gamma: the target alone (our loop, and plain HF `generate`), our cross-tokenizer drafter,
 and Hugging Face's universal assisted generation (`generate(assistant_model=, tokenizer=,
 assistant_tokenizer=)`, constant schedule, confidence early stop off). Methods run in turn per
-prompt, so a load change on a shared machine hits them alike. Reported: tokens/s, speed-up over
-the target alone, tokens per target pass, acceptance in TARGET tokens (ours), and whether each
-output equals the target-alone greedy output token for token.
+prompt, so a load change on a shared machine hits them alike. With `--batch_sizes`, the target
+alone and ours also decode all prompts B rows at a time (continuous batching: one target pass
+verifies every row, each row drafting in its own session), in turn per B. Reported: tokens/s,
+speed-up over the target alone at batch 1, tokens per target pass, acceptance in TARGET tokens
+(ours), and whether each output equals the target-alone greedy output token for token.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ def prompts(tok, n: int, max_tokens: int = 96) -> list[list[int]]:
 
 
 def run(args: argparse.Namespace) -> dict:
+    from specdec_core.batch_engine import BatchSpeculativeGenerator
     from specdec_core.cross_tokenizer import CrossTokenizerDrafter
     from specdec_core.drafters import NoDrafter
     from specdec_core.engine import SpeculativeGenerator
@@ -156,9 +159,17 @@ def run(args: argparse.Namespace) -> dict:
         f"ours: cross-tokenizer g={g}": lambda ids: ours.generate(ids),
         f"HF universal assisted g={g}": lambda ids: hf(ids, True),
     }
-    rows = {m: {"s": 0.0, "tokens": 0, "passes": 0, "drafted": 0, "accepted": 0, "same": 0, "errors": []}
-            for m in methods}
+    batched = {}  # each B: the target alone and ours, B rows at a time
+    for b in args.batch_sizes:
+        batched[f"target alone (ours), B={b}"] = BatchSpeculativeGenerator(target, NoDrafter(), batch_size=b,
+                                                                          max_new_tokens=n_new)
+        batched[f"ours: cross-tokenizer g={g}, B={b}"] = BatchSpeculativeGenerator(
+            target, CrossTokenizerDrafter(draft, ttok, dtok), batch_size=b, num_speculative_tokens=g,
+            max_new_tokens=n_new)
+    rows = {m: {"s": 0.0, "tokens": 0, "passes": 0, "drafted": 0, "accepted": 0, "same": 0, "compared": 0, "errors": []}
+            for m in [*methods, *batched]}
     ps = prompts(ttok, args.prompts)
+    references = []
     for ids in ps[:1]:  # warm-up, untimed
         for fn in methods.values():
             fn(ids)
@@ -182,6 +193,22 @@ def run(args: argparse.Namespace) -> dict:
             reference = reference if reference is not None else tokens
             r["tokens"] += len(tokens)
             r["same"] += tokens == reference
+            r["compared"] += 1
+        references.append(reference)
+    for engine in batched.values():
+        engine.generate_many([(ids, 0) for ids in ps[:engine.batch_size]])  # warm-up, untimed
+    names = list(batched)
+    for pair in zip(names[::2], names[1::2], strict=True):  # each B's two in turn, twice: A B B A
+        for m in (*pair, *pair[::-1]):
+            r, before, t0 = rows[m], len(counter.calls), time.perf_counter()
+            outs = batched[m].generate_many([(ids, 0) for ids in ps])
+            r["s"] += time.perf_counter() - t0
+            r["passes"] += len(counter.calls) - before
+            r["tokens"] += sum(len(o.tokens) for o in outs)
+            r["drafted"] += sum(o.stats.draft_tokens for o in outs)
+            r["accepted"] += sum(o.stats.accepted_tokens for o in outs)
+            r["same"] += sum(o.tokens == ref for o, ref in zip(outs, references, strict=True))
+            r["compared"] += len(outs)
     base = rows["target alone (ours)"]
     base_tps = base["tokens"] / base["s"] if base["s"] else 0.0
     for r in rows.values():
@@ -199,7 +226,7 @@ def table(result: dict) -> str:
              "(target tokens) | identical to target alone |", "|---|---|---|---|---|---|"]
     for m, r in result["rows"].items():
         acc = f"{r['acceptance']:.3f}" if r["acceptance"] is not None else "-"
-        same = f"{r['same']}/{result['prompts']}"
+        same = f"{r['same']}/{r['compared']}"
         if r["errors"]:
             same += f" ({len(r['errors'])} errors: {r['errors'][0]})"
         lines.append(f"| {m} | {r['tps']:.1f} | {r['speedup']:.2f}x | {r['per_pass']:.2f} | {acc} | {same} |")
@@ -213,12 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--prompts", type=int, default=None)
     p.add_argument("--max_new_tokens", type=int, default=None)
+    p.add_argument("--batch_sizes", default="", help="comma-separated B > 1: also decode the prompts B rows at a time")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--cache_dir", default=str(Path.home() / ".cache" / "specdec-beam" / "bench_cross"))
     p.add_argument("--json", default=None, help="also write the raw results here")
     args = p.parse_args(argv)
     args.prompts = args.prompts or (4 if args.quick else 12)
     args.max_new_tokens = args.max_new_tokens or (48 if args.quick else 96)
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -521,11 +521,10 @@ class Tuner:
         each batch size, order alternating."""
         if chosen is not None and chosen.candidate.drafter == "model":
             drafter = self.drafters[chosen.candidate.name]
-            if isinstance(drafter, CrossTokenizerDrafter):
-                why = "has another tokenizer: cross-tokenizer drafting runs at --batch_size 1 only"
-            elif why := batch_refusal(drafter.model, self.pad_id):
-                why += ": pipeline.run decodes it at --batch_size 1 only"
+            # (a draft with another tokenizer drafts row by row, its model never in a padded batch)
+            why = None if isinstance(drafter, CrossTokenizerDrafter) else batch_refusal(drafter.model, self.pad_id)
             if why and self.batches:
+                why += ": pipeline.run decodes it at --batch_size 1 only"
                 self.why_no_batch = f"the draft {why}"
                 self.batches = []
         def settings(b: int) -> list[Setting]:
