@@ -286,7 +286,7 @@ class BatchSpeculativeGenerator(RoundEngine):
         reproduce a seed's batch-1 sample (greedy output never depends on gamma)."""
         t0, setup = time.perf_counter(), setup_seconds(tkv, dkv)
         ks = tuple(range(2, self.gamma + 2))
-        draft_step = self._draft_timer(live, dkv) if dkv is not None else None
+        draft_step = self._draft_timer(live, dkv) if dkv is not None else self._session_timer(live, ks)
         costs = self._time_passes(live, tkv, draft_step, ks, reps=2, warm=(dkv,))
         for kv in (tkv, dkv):
             if kv is not None:

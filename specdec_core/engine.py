@@ -17,7 +17,7 @@ from specdec_core.loading import context_limit
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import slot_kv_for
 from specdec_core.processing import SamplingSettings
-from specdec_core.rounds import RoundEngine, setup_seconds, timing_tokens
+from specdec_core.rounds import RoundEngine, setup_seconds
 from specdec_core.rows import FinishCheck, Generation, Row
 from specdec_core.slot_kv import SlotKV
 
@@ -59,10 +59,8 @@ class SpeculativeGenerator(RoundEngine):
                 if len(seq) > 1:
                     dkv.forward([seq[:-1]], logits=False)
                 draft_step = self._draft_timer([row], dkv)
-            else:  # a session's steps, fed these tokens
-                vocab = self.target.get_output_embeddings().weight.shape[0]
-                extra = [int(t) % vocab for t in timing_tokens(list(prompt_ids), max(ks) + 1)]
-                draft_step = self.drafter.step_timer(prompt_ids, seq, extra, max(max(ks) - 1, 1))
+            else:
+                draft_step = self._session_timer([row], ks)
             return self._time_passes([row], tkv, draft_step, ks, reps,
                                      warm=(tkv, dkv))
 

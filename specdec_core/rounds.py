@@ -159,6 +159,16 @@ class RoundEngine:
             costs.c = LOOKUP_DRAFT_COST
         return costs
 
+    def _session_timer(self, live: list[Row], ks: tuple[int, ...]) -> StepTimer | None:
+        """A session drafter's cost per proposed token for these rows (another tokenizer's draft), or None where it
+        costs next to nothing (prompt lookup). Rows draft one after another, each in its own session: one row's cost,
+        timed on a session of its own, times the rows."""
+        row = live[0]
+        vocab = self.target.get_output_embeddings().weight.shape[0]
+        extra = [int(t) % vocab for t in timing_tokens(list(row.prompt), max(ks) + 1)]
+        timer = self.drafter.step_timer(row.prompt, row.seq, extra, max(max(ks) - 1, 1))
+        return None if timer is None else lambda: len(live) * timer()
+
     def _draft_timer(self, live: list[Row], dkv) -> StepTimer:
         """A timer of one model-draft step as a round runs them: consecutive (a lone step runs cold), chained where a
         round chains them, each row's picks after each step; rolled back after."""

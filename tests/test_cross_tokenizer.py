@@ -194,11 +194,13 @@ def test_text_generator_decides_cross_tokenizer_and_logs_it(tmp_path, toks, capl
         assert gen.generate(prompt)["token_ids"] == expected
         assert adaptive.generate(prompt)["token_ids"] == expected
     assert adaptive.engine.gamma_policy.costs.c > 0.01  # timed as a model, not as a free lookup
+    # Batched too, its costs timed at the batch's width: each row's drafting, one row after another.
     batched = TextGenerator.load(GeneratorSpec(str(tmp_path / "target"), str(tmp_path / "draft"), max_new_tokens=12,
-                                               batch_size=2))
+                                               gamma_policy="adaptive", batch_size=2))
     assert isinstance(batched.batch_engine.drafter, CrossTokenizerDrafter)
     assert [r["token_ids"] for r in batched.generate_batch([(p, 0) for p in PROMPTS])] == [
         alone.generate(p)["token_ids"] for p in PROMPTS]
+    assert batched.batch_engine.gamma_policy.costs.c > 0.01  # not a free lookup's
 
 
 def test_same_tokenizer_pair_still_uses_the_model_drafter(saved_pairs, caplog):
