@@ -17,7 +17,8 @@ def test_bench_cross_runs_every_method_and_checks_identity(monkeypatch, tmp_path
     result = bench_cross.run(args)
     rows = result["rows"]
     assert set(rows) == {"target alone (ours)", "target alone (HF generate)", "ours: cross-tokenizer g=3",
-                         "HF universal assisted g=3", "target alone (ours), B=2", "ours: cross-tokenizer g=3, B=2"}
+                         "HF universal assisted g=3", "target alone (ours), B=2", "ours: cross-tokenizer g=3, B=2",
+                         "ours: cross-tokenizer adaptive g<=3, B=2"}
     assert result["prompts"] == 3
     for name, r in rows.items():
         assert not r["errors"], (name, r["errors"])
@@ -26,7 +27,7 @@ def test_bench_cross_runs_every_method_and_checks_identity(monkeypatch, tmp_path
     assert ours["same"] == ours["compared"] == 3 and ours["drafted"] > 0
     batched = rows["ours: cross-tokenizer g=3, B=2"]  # all prompts twice, 2 rows at a time
     assert batched["same"] == batched["compared"] == 6 and batched["drafted"] == 2 * ours["drafted"]
-    assert rows["target alone (ours), B=2"]["same"] == 6
+    assert rows["target alone (ours), B=2"]["same"] == rows["ours: cross-tokenizer adaptive g<=3, B=2"]["same"] == 6
     text = bench_cross.table(result)
     assert "| ours: cross-tokenizer g=3 |" in text and "3/3" in text and "| ours: cross-tokenizer g=3, B=2 |" in text
 

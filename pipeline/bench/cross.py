@@ -10,8 +10,9 @@ same gamma: the target alone (our loop, and plain HF `generate`), our cross-toke
 and Hugging Face's universal assisted generation (`generate(assistant_model=, tokenizer=,
 assistant_tokenizer=)`, constant schedule, confidence early stop off). Methods run in turn per
 prompt, so a load change on a shared machine hits them alike. With `--batch_sizes`, the target
-alone and ours also decode all prompts B rows at a time (continuous batching: one target pass
-verifies every row, each row drafting in its own session), in turn per B. Reported: tokens/s,
+alone and ours (gamma g, and the adaptive policy up to g) also decode all prompts B rows at a
+time (continuous batching: one target pass verifies every row, each row drafting in its own
+session), in turn per B. Reported: tokens/s,
 speed-up over the target alone at batch 1, tokens per target pass, acceptance in TARGET tokens
 (ours), and whether each output equals the target-alone greedy output token for token.
 """
@@ -133,6 +134,7 @@ def run(args: argparse.Namespace) -> dict:
     from specdec_core.cross_tokenizer import CrossTokenizerDrafter
     from specdec_core.drafters import NoDrafter
     from specdec_core.engine import SpeculativeGenerator
+    from specdec_core.gamma import AdaptiveGamma
 
     target, ttok, draft, dtok = load_pair(Path(args.cache_dir))
     assert ttok.get_vocab() != dtok.get_vocab()
@@ -159,13 +161,14 @@ def run(args: argparse.Namespace) -> dict:
         f"ours: cross-tokenizer g={g}": lambda ids: ours.generate(ids),
         f"HF universal assisted g={g}": lambda ids: hf(ids, True),
     }
-    batched = {}  # each B: the target alone and ours, B rows at a time
+    batched = {}  # each B: the target alone and ours (gamma g, and adaptive up to g), B rows at a time
     for b in args.batch_sizes:
         batched[f"target alone (ours), B={b}"] = BatchSpeculativeGenerator(target, NoDrafter(), batch_size=b,
                                                                           max_new_tokens=n_new)
-        batched[f"ours: cross-tokenizer g={g}, B={b}"] = BatchSpeculativeGenerator(
-            target, CrossTokenizerDrafter(draft, ttok, dtok), batch_size=b, num_speculative_tokens=g,
-            max_new_tokens=n_new)
+        for name, policy in ((f"g={g}", None), (f"adaptive g<={g}", AdaptiveGamma(max_gamma=g))):
+            batched[f"ours: cross-tokenizer {name}, B={b}"] = BatchSpeculativeGenerator(
+                target, CrossTokenizerDrafter(draft, ttok, dtok), batch_size=b, num_speculative_tokens=g,
+                max_new_tokens=n_new, gamma_policy=policy)
     rows = {m: {"s": 0.0, "tokens": 0, "passes": 0, "drafted": 0, "accepted": 0, "same": 0, "compared": 0, "errors": []}
             for m in [*methods, *batched]}
     ps = prompts(ttok, args.prompts)
@@ -198,8 +201,8 @@ def run(args: argparse.Namespace) -> dict:
     for engine in batched.values():
         engine.generate_many([(ids, 0) for ids in ps[:engine.batch_size]])  # warm-up, untimed
     names = list(batched)
-    for pair in zip(names[::2], names[1::2], strict=True):  # each B's two in turn, twice: A B B A
-        for m in (*pair, *pair[::-1]):
+    for group in zip(names[::3], names[1::3], names[2::3], strict=True):  # each B's three in turn, twice: ABC CBA
+        for m in (*group, *group[::-1]):
             r, before, t0 = rows[m], len(counter.calls), time.perf_counter()
             outs = batched[m].generate_many([(ids, 0) for ids in ps])
             r["s"] += time.perf_counter() - t0
