@@ -300,12 +300,15 @@ class BatchSpeculativeGenerator(RoundEngine):
 
     def _batch_gamma(self, policy: AdaptiveGamma, live: list[Row]) -> int:
         """One gamma for all rows: a verify pass is as wide as its longest row; a row drafting less wastes its share."""
-        k = batch_gamma(policy.costs, [r.gamma_state.acceptance for r in live], min(self.gamma, policy.max_gamma),
-                        per_token=self._prefill_per_token(policy.costs) if self.draft_model is not None else 0.0)
+        cap = min(self.gamma, policy.max_gamma)
+        per_token = self._prefill_per_token(policy.costs) if self.draft_model is not None else 0.0
+        k = batch_gamma(policy.costs, [r.gamma_state.acceptance for r in live], cap, per_token=per_token)
         self._drafting = k > 0
         if k > 0:
             self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT
             return k
+        if batch_gamma(policy.costs, [1.0] * len(live), cap, per_token=per_token) == 0:
+            return 0  # no acceptance pays for drafting at this width (every draft accepted): nothing to probe
         # Rows learn acceptance only from rounds that draft: probe now and then, backing off as at batch 1.
         self._rounds_without_drafts += 1
         if self._rounds_without_drafts < self._probe_every:

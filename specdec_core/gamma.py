@@ -239,8 +239,10 @@ class _AdaptiveState(GammaState):
             self.wait -= 1
             k = 0
         else:
-            k = self._costs().best_gamma(self.acceptance, self.cap)
-            if k == 0:
+            costs = self._costs()
+            k = costs.best_gamma(self.acceptance, self.cap)
+            # (a draft no acceptance could pay for, every draft accepted, is not probed: it stays off)
+            if k == 0 and costs.best_gamma(1.0, self.cap) > 0:
                 if self.backed_off:  # the wait is over: probe with one draft
                     k = 1
                 else:

@@ -279,6 +279,22 @@ def test_adaptive_gamma_per_row_keeps_greedy_exact(models, prompts):
     assert len({k for o in out for k in o.stats.drafts}) > 1  # the rows' gammas varied
 
 
+def test_adaptive_gamma_never_drafts_what_no_acceptance_pays_for(models, prompts):
+    """Costs at which even a draft accepted every time loses (a proposed token costing two target
+    steps): the batch decodes as the target alone, not one probe drafted, at batch 1 and batched."""
+    from specdec_core.gamma import AdaptiveGamma, Costs
+
+    target, draft = models["llama"]
+    costs = Costs(c=2.0, v={k: 1.0 + 0.1 * k for k in range(2, 8)})
+    single = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=4, max_new_tokens=40,
+                                  gamma_policy=AdaptiveGamma(costs, max_gamma=4))
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=4,
+                                       max_new_tokens=40, gamma_policy=AdaptiveGamma(costs, max_gamma=4))
+    out = [single.generate(p) for p in prompts] + engine.generate_many([(p, 0) for p in prompts])
+    assert [o.tokens for o in out] == [hf_greedy(target, p, 40) for p in prompts] * 2
+    assert sum(o.stats.draft_tokens for o in out) == 0
+
+
 def test_adaptive_costs_are_measured_at_the_batch_width_and_rolled_back(models, prompts):
     """Without given costs the engine times the pair on its live rows (then rolls those passes
     back: outputs stay exact), and times it again for a wider batch; given costs are kept."""

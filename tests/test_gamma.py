@@ -94,6 +94,16 @@ def test_adaptive_state_backs_off_and_probes():
     assert st.next() == 8
 
 
+def test_a_draft_no_acceptance_pays_for_is_never_probed():
+    """A proposed token costing more than the target step it could save (c = 2: a draft with another
+    tokenizer on a tiny target) cannot pay even if every draft were accepted: no round drafts, not
+    even a probe, at batch 1 or batched."""
+    costs = Costs(c=2.0, v={k: 1.1 for k in range(2, 12)})
+    st = AdaptiveGamma(costs, max_gamma=4, share_across_items=False, prior_acceptance=0.9).start(4)
+    assert [st.next() for _ in range(100)] == [0] * 100
+    assert batch_gamma(costs, [1.0] * 8, 4) == 0 and batch_gamma(Costs(c=0.1, v=costs.v), [1.0] * 8, 4) > 0
+
+
 def test_shared_prior_starts_new_items_backed_off():
     costs = Costs(c=0.1, v={k: 1.5 for k in range(2, 12)})
     policy = AdaptiveGamma(costs, max_gamma=8)
