@@ -365,7 +365,8 @@ def test_rows_admitted_while_the_batch_does_not_draft_skip_the_draft_prefill(mod
         assert [o.tokens for o in out] == [hf_greedy(target, p, 24) for p in prompts]
         return prefilled, out
 
-    full = AdaptiveGamma(Costs(c=0.2, v={k: float(k) for k in range(2, 6)}), max_gamma=3, prior_acceptance=0.95)
+    # Drafting pays only at an acceptance above 0.99 (so it probes, and does not draft at the rows' acceptance).
+    full = AdaptiveGamma(Costs(c=0.2, v={k: 0.22 + 0.78 * k for k in range(2, 6)}), max_gamma=3, prior_acceptance=0.95)
     prefilled, out = run(full, True)
     assert prefilled[:2] == [(0, False), (1, False)]  # the first rows, admitted before the batch chose
     assert any(late for _, late in prefilled)  # a probe caught rows up
