@@ -118,7 +118,7 @@ class CrossTokenizerDrafter(SessionDrafter):
         self.encoder_limit = context_limit(model, encoder=True) if model.config.is_encoder_decoder else None
         self.bos = [] if model.config.is_encoder_decoder else _special_prefix(draft_tokenizer)
 
-    def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer:
+    def step_timer(self, prompt_ids: list[int], seq: list[int], burst: int) -> StepTimer:
         session = self.start(prompt_ids, seq, lambda cur, logits: (0, None))
         session.propose(seq, 1)  # the draft's prefill, untimed
 

@@ -78,9 +78,9 @@ class SessionDrafter(Drafter, ABC):
     def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession:
         """A drafting session for one item."""
 
-    def step_timer(self, prompt_ids: list[int], seq: list[int], extra: list[int], burst: int) -> StepTimer | None:
-        """A timer of this drafter's cost per proposed token after `seq` (fed `extra`, `burst` proposals a timing, as
-        in a round), or None where it costs next to nothing against a model pass (prompt lookup)."""
+    def step_timer(self, prompt_ids: list[int], seq: list[int], burst: int) -> StepTimer | None:
+        """A timer of this drafter's cost per proposed token after `seq` (`burst` proposals a timing, as in a round),
+        or None where it costs next to nothing against a model pass (prompt lookup)."""
         return None
 
 
@@ -114,8 +114,7 @@ def _clamp_ids(embeddings: torch.nn.Embedding, args: tuple) -> tuple:
 
 
 def input_embeddings(owner: torch.nn.Module) -> torch.nn.Module | None:
-    """A model's or its encoder's or decoder's input embeddings (FSMT's have no getter: their `embed_tokens`; some
-    remote code raises), or None where there is none to find."""
+    """A model's (or its encoder's or decoder's) input embeddings, None where none is found (FSMT's: `embed_tokens`)."""
     try:
         return owner.get_input_embeddings()
     except (AttributeError, NotImplementedError):

@@ -241,8 +241,7 @@ class _AdaptiveState(GammaState):
         else:
             costs = self._costs()
             k = costs.best_gamma(self.acceptance, self.cap)
-            # (a draft no acceptance could pay for, every draft accepted, is not probed: it stays off)
-            if k == 0 and costs.best_gamma(1.0, self.cap) > 0:
+            if k == 0 and costs.best_gamma(1.0, self.cap) > 0:  # (no probe where no acceptance could pay)
                 if self.backed_off:  # the wait is over: probe with one draft
                     k = 1
                 else:

@@ -163,10 +163,7 @@ class RoundEngine:
         """A session drafter's cost per proposed token for these rows (another tokenizer's draft), or None where it
         costs next to nothing (prompt lookup). Rows draft one after another, each in its own session: one row's cost,
         timed on a session of its own, times the rows."""
-        row = live[0]
-        vocab = self.target.get_output_embeddings().weight.shape[0]
-        extra = [int(t) % vocab for t in timing_tokens(list(row.prompt), max(ks) + 1)]
-        timer = self.drafter.step_timer(row.prompt, row.seq, extra, max(max(ks) - 1, 1))
+        timer = self.drafter.step_timer(live[0].prompt, live[0].seq, max(max(ks) - 1, 1))
         return None if timer is None else lambda: len(live) * timer()
 
     def _draft_timer(self, live: list[Row], dkv) -> StepTimer:
