@@ -12,9 +12,9 @@ assistant_tokenizer=)`, constant schedule, confidence early stop off). Methods r
 prompt, so a load change on a shared machine hits them alike. With `--batch_sizes`, the target
 alone and ours (gamma g, and the adaptive policy up to g) also decode all prompts B rows at a
 time (continuous batching: one target pass verifies every row, each row drafting in its own
-session), in turn per B. Reported: tokens/s,
-speed-up over the target alone at batch 1, tokens per target pass, acceptance in TARGET tokens
-(ours), and whether each output equals the target-alone greedy output token for token.
+session), in turn per B. Reported: tokens/s, speed-up over the target alone at batch 1, tokens
+per target pass, acceptance in TARGET tokens (ours), and whether each output equals the
+target-alone greedy output token for token.
 """
 
 from __future__ import annotations
@@ -129,6 +129,21 @@ def prompts(tok, n: int, max_tokens: int = 96) -> list[list[int]]:
     return out
 
 
+def tally(r: dict, seconds: float, passes: int, outs: list, references: list[list[int]]) -> None:
+    """Add one timed call to a method's row: its outputs (HF's token lists, or our generations with their stats),
+    each compared with its prompt's target-alone tokens."""
+    r["s"] += seconds
+    r["passes"] += passes
+    for out, reference in zip(outs, references, strict=True):
+        tokens = out if isinstance(out, list) else out.tokens
+        if not isinstance(out, list):
+            r["drafted"] += out.stats.draft_tokens
+            r["accepted"] += out.stats.accepted_tokens
+        r["tokens"] += len(tokens)
+        r["same"] += tokens == reference
+        r["compared"] += 1
+
+
 def run(args: argparse.Namespace) -> dict:
     from specdec_core.batch_engine import BatchSpeculativeGenerator
     from specdec_core.cross_tokenizer import CrossTokenizerDrafter
@@ -187,31 +202,18 @@ def run(args: argparse.Namespace) -> dict:
             except Exception as e:  # reported, not hidden
                 r["errors"].append(f"{type(e).__name__}: {e}"[:200])
                 continue
-            r["s"] += time.perf_counter() - t0
-            r["passes"] += len(counter.calls) - before
-            tokens = out if isinstance(out, list) else out.tokens
-            if not isinstance(out, list):
-                r["drafted"] += out.stats.draft_tokens
-                r["accepted"] += out.stats.accepted_tokens
-            reference = reference if reference is not None else tokens
-            r["tokens"] += len(tokens)
-            r["same"] += tokens == reference
-            r["compared"] += 1
+            seconds = time.perf_counter() - t0
+            reference = reference if reference is not None else (out if isinstance(out, list) else out.tokens)
+            tally(r, seconds, len(counter.calls) - before, [out], [reference])
         references.append(reference)
     for engine in batched.values():
         engine.generate_many([(ids, 0) for ids in ps[:engine.batch_size]])  # warm-up, untimed
     names = list(batched)
     for group in zip(names[::3], names[1::3], names[2::3], strict=True):  # each B's three in turn, twice: ABC CBA
         for m in (*group, *group[::-1]):
-            r, before, t0 = rows[m], len(counter.calls), time.perf_counter()
+            before, t0 = len(counter.calls), time.perf_counter()
             outs = batched[m].generate_many([(ids, 0) for ids in ps])
-            r["s"] += time.perf_counter() - t0
-            r["passes"] += len(counter.calls) - before
-            r["tokens"] += sum(len(o.tokens) for o in outs)
-            r["drafted"] += sum(o.stats.draft_tokens for o in outs)
-            r["accepted"] += sum(o.stats.accepted_tokens for o in outs)
-            r["same"] += sum(o.tokens == ref for o, ref in zip(outs, references, strict=True))
-            r["compared"] += len(outs)
+            tally(rows[m], time.perf_counter() - t0, len(counter.calls) - before, outs, references)
     base = rows["target alone (ours)"]
     base_tps = base["tokens"] / base["s"] if base["s"] else 0.0
     for r in rows.values():
