@@ -265,9 +265,9 @@ def _check_tokenizer_path(path: str, trust: bool) -> None:
                                  f"that id loads ({type(e).__name__})") from e
 
 
-def _check_pair(opts: SpecDecOptions) -> str | None:
-    """Kind check and the drafting mode (same- or cross-tokenizer) in words, where both models are
-    local (gs:// pairs are checked on load); None when not checked here."""
+def _check_pair(opts: SpecDecOptions) -> tuple[str, str] | None:
+    """Kind check, and the drafting mode (same- or cross-tokenizer) with its words, where both models
+    are local (gs:// pairs are checked on load); None when not checked here."""
     paths = [opts.target_model, opts.draft_model]
     if any(p.startswith("gs://") for p in paths):
         return None
@@ -293,7 +293,7 @@ def _check_pair(opts: SpecDecOptions) -> str | None:
                                 target_tokenizer, draft_tokenizer, tuple(_generation_config(p) for p in paths))
     except IncompatiblePairError as e:
         raise JobConfigError(f"--draft_model {opts.draft_model!r}: {e}") from e
-    return describe_mode(mode, target_tokenizer, draft_tokenizer)
+    return mode, describe_mode(mode, target_tokenizer, draft_tokenizer)
 
 
 def is_dry_run(opts: SpecDecOptions) -> bool:
@@ -419,32 +419,33 @@ def _generation_config(path: str):
         return None
 
 
-def _local_model_configs(opts: SpecDecOptions):
-    """(flag, path, config) of the target and the model draft that are local (gs:// models are
-    checked when the workers load them)."""
+def _local_model_configs(opts: SpecDecOptions, draft: bool = True):
+    """(flag, path, config) of the target and (`draft`) the model draft that are local (gs://
+    models are checked when the workers load them)."""
     from transformers import AutoConfig
 
     models = [("--target_model", opts.target_model)]
-    if opts.drafter == "model":
+    if draft and opts.drafter == "model":
         models.append(("--draft_model", opts.draft_model))
     for flag, path in models:
         if not path.startswith("gs://"):
             yield flag, path, AutoConfig.from_pretrained(path, trust_remote_code=opts.trust_remote_code)
 
 
-def _check_batching(opts: SpecDecOptions) -> None:
+def _check_batching(opts: SpecDecOptions, per_row_draft: bool) -> None:
     """--batch_size > 1 decodes every attention model, decoder-only or encoder-decoder, full or
     sliding-window; models with other layer kinds (chunked, linear or state-space layers) are
-    refused."""
+    refused. A draft with another tokenizer (`per_row_draft`) drafts each row in its own one-row
+    session, so neither its layers nor its int8 linears meet a batch."""
     if opts.batch_size == 1:
         return
-    if opts.drafter == "model" and opts.draft_dtype == "int8":
+    if opts.drafter == "model" and opts.draft_dtype == "int8" and not per_row_draft:
         raise JobConfigError(f"--draft_dtype int8 with --batch_size {opts.batch_size}: dynamic quantization scales a "
                              "pass's rows together, so a padded batch's rows would not get their own logits (use "
                              "--batch_size 1, or --draft_dtype auto)")
     from specdec_core.plan import unbatchable
 
-    for flag, path, config in _local_model_configs(opts):
+    for flag, path, config in _local_model_configs(opts, draft=not per_row_draft):
         why = unbatchable(config)
         if why:
             raise JobConfigError(f"--batch_size {opts.batch_size}: {flag} {path!r} {why}; batching needs "
@@ -511,19 +512,21 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_model_path("--target_model", opts.target_model, trust)
     if opts.tokenizer:
         _check_tokenizer_path(opts.tokenizer, trust)
-    mode = None
+    pair = None
     if opts.drafter == "model":
         _check_model_path("--draft_model", opts.draft_model, trust)
-        mode = _check_pair(opts)
+        pair = _check_pair(opts)
     _check_chat(opts, schema)
     _check_output(opts)
     _check_resume(opts, schema)
-    _check_batching(opts)
+    from specdec_core.loading import CROSS_TOKENIZER
+
+    _check_batching(opts, per_row_draft=pair is not None and pair[0] == CROSS_TOKENIZER)
     _check_context(opts)
     _check_cuda_graphs(opts)
     _check_fit(opts)
-    if mode:  # (logged once every check passed: a refused job prints its one line only)
-        log.info("--draft_model %s: %s", opts.draft_model, mode)
+    if pair:  # (logged once every check passed: a refused job prints its one line only)
+        log.info("--draft_model %s: %s", opts.draft_model, pair[1])
     return schema
 
 

@@ -201,6 +201,12 @@ def test_text_generator_decides_cross_tokenizer_and_logs_it(tmp_path, toks, capl
     assert [r["token_ids"] for r in batched.generate_batch([(p, 0) for p in PROMPTS])] == [
         alone.generate(p)["token_ids"] for p in PROMPTS]
     assert batched.batch_engine.gamma_policy.costs.c > 0.01  # not a free lookup's
+    # An int8 draft batches too: each row drafts in its own one-row session.
+    int8 = TextGenerator.load(GeneratorSpec(str(tmp_path / "target"), str(tmp_path / "draft"), max_new_tokens=12,
+                                            draft_dtype="int8", batch_size=2))
+    rows = int8.generate_batch([(p, 0) for p in PROMPTS])
+    assert [r["token_ids"] for r in rows] == [alone.generate(p)["token_ids"] for p in PROMPTS]
+    assert sum(r["draft_tokens"] for r in rows) > 0
 
 
 def test_same_tokenizer_pair_still_uses_the_model_drafter(saved_pairs, caplog):
@@ -272,6 +278,8 @@ def test_preflight_decides_and_logs_the_mode(tmp_path, cross_pair, saved_pairs, 
         caplog.clear()
         preflight(opts(*cross_pair, "--batch_size", "2"))  # rows drafted each in its own session, verified together
         assert "cross-tokenizer drafting" in caplog.text
+        # Nor does its int8 draft meet a batch: one row per draft pass (a same-tokenizer one is refused).
+        preflight(opts(*cross_pair, "--batch_size", "2", "--draft_dtype", "int8"))
 
 
 @pytest.mark.slow
