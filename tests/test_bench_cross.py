@@ -13,7 +13,7 @@ def test_bench_cross_runs_every_method_and_checks_identity(monkeypatch, tmp_path
     pair = [make_model("gpt2", ttok, seed=1), ttok, make_model("gpt2", dtok, seed=2), dtok]
     monkeypatch.setattr(bench_cross, "load_pair", lambda cache_dir: pair)
     args = argparse.Namespace(threads=0, cache_dir=str(tmp_path), gamma=3, max_new_tokens=8, prompts=3,
-                              batch_sizes=[2])
+                              batch_sizes=[2], repeats=2)
     result = bench_cross.run(args)
     rows = result["rows"]
     assert set(rows) == {"target alone (ours)", "target alone (HF generate)", "ours: cross-tokenizer g=3",
@@ -25,9 +25,9 @@ def test_bench_cross_runs_every_method_and_checks_identity(monkeypatch, tmp_path
         assert r["tokens"] > 0 and r["passes"] > 0
     ours = rows["ours: cross-tokenizer g=3"]
     assert ours["same"] == ours["compared"] == 3 and ours["drafted"] > 0
-    batched = rows["ours: cross-tokenizer g=3, B=2"]  # all prompts twice, 2 rows at a time
-    assert batched["same"] == batched["compared"] == 6 and batched["drafted"] == 2 * ours["drafted"]
-    assert rows["target alone (ours), B=2"]["same"] == rows["ours: cross-tokenizer adaptive g<=3, B=2"]["same"] == 6
+    batched = rows["ours: cross-tokenizer g=3, B=2"]  # all prompts twice per repeat (ABC CBA), 2 rows at a time
+    assert batched["same"] == batched["compared"] == 12 and batched["drafted"] == 4 * ours["drafted"]
+    assert rows["target alone (ours), B=2"]["same"] == rows["ours: cross-tokenizer adaptive g<=3, B=2"]["same"] == 12
     text = bench_cross.table(result)
     assert "| ours: cross-tokenizer g=3 |" in text and "3/3" in text and "| ours: cross-tokenizer g=3, B=2 |" in text
 

@@ -12,9 +12,9 @@ assistant_tokenizer=)`, constant schedule, confidence early stop off). Methods r
 prompt, so a load change on a shared machine hits them alike. With `--batch_sizes`, the target
 alone and ours (gamma g, and the adaptive policy up to g) also decode all prompts B rows at a
 time (continuous batching: one target pass verifies every row, each row drafting in its own
-session), in turn per B. Reported: tokens/s, speed-up over the target alone at batch 1, tokens
-per target pass, acceptance in TARGET tokens (ours), and whether each output equals the
-target-alone greedy output token for token.
+session), in turn per B (ABC CBA, `--repeats` times). Reported: tokens/s, speed-up over the
+target alone at batch 1, tokens per target pass, acceptance in TARGET tokens (ours), and whether
+each output equals the target-alone greedy output token for token.
 """
 
 from __future__ import annotations
@@ -209,8 +209,8 @@ def run(args: argparse.Namespace) -> dict:
     for engine in batched.values():
         engine.generate_many([(ids, 0) for ids in ps[:engine.batch_size]])  # warm-up, untimed
     names = list(batched)
-    for group in zip(names[::3], names[1::3], names[2::3], strict=True):  # each B's three in turn, twice: ABC CBA
-        for m in (*group, *group[::-1]):
+    for group in zip(names[::3], names[1::3], names[2::3], strict=True):  # each B's three in turn: (ABC CBA) x repeats
+        for m in (*group, *group[::-1]) * args.repeats:
             before, t0 = len(counter.calls), time.perf_counter()
             outs = batched[m].generate_many([(ids, 0) for ids in ps])
             tally(rows[m], time.perf_counter() - t0, len(counter.calls) - before, outs, references)
@@ -246,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=None)
     p.add_argument("--max_new_tokens", type=int, default=None)
     p.add_argument("--batch_sizes", default="", help="comma-separated B > 1: also decode the prompts B rows at a time")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="batched: each B's engines run ABC CBA this many times (a noisy machine needs several)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--cache_dir", default=str(Path.home() / ".cache" / "specdec-beam" / "bench_cross"))
     p.add_argument("--json", default=None, help="also write the raw results here")

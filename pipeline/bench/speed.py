@@ -270,7 +270,8 @@ def cross_section(out: Path, cache: Path, args: argparse.Namespace, argv: list[s
     from pipeline.bench import cross as bench_cross
 
     res = bench_cross.run(argparse.Namespace(gamma=args.gamma, prompts=args.prompts, max_new_tokens=args.max_new_tokens,
-                                             threads=args.threads or 0, cache_dir=str(cache / "cross"), batch_sizes=[]))
+                                             threads=args.threads or 0, cache_dir=str(cache / "cross"), batch_sizes=[],
+                                             repeats=1))
     begin, end = "<!-- cross:begin -->", "<!-- cross:end -->"
     replace_section(out, "\n".join([
         begin, "## Cross-tokenizer pair in this run (`pipeline.bench --cross`)\n",
