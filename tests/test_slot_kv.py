@@ -242,11 +242,12 @@ def test_batch_one_through_graph_replays_equals_generate(models, prompts, kind, 
     through graph replays; an encoder-decoder's encoder mask and cross-attention buffers are
     rewritten in place for each item."""
     target, draft = models[kind]
+    reference = [hf_greedy(target, p, 16) for p in prompts]
     for chain in (False, True):
         drafter = ModelDrafter(draft, cuda_graphs="on", chain=chain)
         gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=16, cuda_graphs="on")
         gen.static.passes.on = drafter.static.passes.on = True
-        assert [gen.generate(p).tokens for p in prompts] == [hf_greedy(target, p, 16) for p in prompts]
+        assert [gen.generate(p).tokens for p in prompts] == reference
         assert gen.static.passes.captures and drafter.static.passes.captures
         if target.config.is_encoder_decoder:  # each prompt's encoder pass was a graph's replay
             assert not gen.static.passes.uncaptured and any(key[0] == "encode" for key in gen.static.passes.kept
@@ -255,7 +256,7 @@ def test_batch_one_through_graph_replays_equals_generate(models, prompts, kind, 
             assert any(isinstance(key, tuple) for key in drafter.static.passes.kept)  # the chained rounds were graphs
     gen = SpeculativeGenerator(target, NgramDrafter(), num_speculative_tokens=3, max_new_tokens=16, cuda_graphs="on")
     gen.static.passes.on = True
-    assert [gen.generate(p).tokens for p in prompts] == [hf_greedy(target, p, 16) for p in prompts]
+    assert [gen.generate(p).tokens for p in prompts] == reference
 
 
 @pytest.mark.slow
@@ -432,9 +433,8 @@ def test_a_prefill_that_cannot_be_captured_leaves_the_decode_graphs(models, prom
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("family", ["t5", "mt5", "umt5", "bart", "pegasus", "marian", "m2m100", "mbart", "led", "mvp"])
-def test_encoder_decoder_rows_in_slots_equal_generate(family, graphs, fake_graphs):
+def test_encoder_decoder_rows_in_slots_equal_generate(family, fake_graphs):
     """Encoder-decoder rows at their own positions in one pass: each row's cross-attention in its
     slot, its position embeddings looked up at its own positions (learned, sinusoidal; M2M100/NLLB's
     counted from the ids) or its relative biases from its own distances (T5: first layer; UMT5:
@@ -447,20 +447,21 @@ def test_encoder_decoder_rows_in_slots_equal_generate(family, graphs, fake_graph
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3, 9, 7)]
     reference = [hf_greedy_seq2seq(target, p, 12) for p in prompts]
-    for drafter in (ModelDrafter(draft), NoDrafter()):
-        engine = BatchSpeculativeGenerator(target, drafter, batch_size=3, num_speculative_tokens=3,
-                                           max_new_tokens=12, cuda_graphs="on")
-        for kv in engine.slots.values():
-            assert isinstance(kv, SlotKV)
-            graphed(kv, graphs)
-        out = engine.generate_many([(p, 0) for p in prompts])
-        assert [o.tokens for o in out] == reference, (family, drafter.name)
-        assert (engine.slots[id(target)].passes.captures > 0) == graphs
-        for kv in engine.slots.values():  # with graphs, rows entered through their encoder's graphs
-            eager = {"encode"} if family == "led" else set()
-            assert (kv._prefiller is not None and kv._prefiller.passes.uncaptured == eager
-                    and kv._prefiller.passes.captures > 0) == graphs, (family, drafter.name)
-            assert kv.min_width == (2 if family == "led" else 1)
+    for graphs in (False, True):  # (one pair, its reference and self-checks, for both)
+        for drafter in (ModelDrafter(draft), NoDrafter()):
+            engine = BatchSpeculativeGenerator(target, drafter, batch_size=3, num_speculative_tokens=3,
+                                               max_new_tokens=12, cuda_graphs="on")
+            for kv in engine.slots.values():
+                assert isinstance(kv, SlotKV)
+                graphed(kv, graphs)
+            out = engine.generate_many([(p, 0) for p in prompts])
+            assert [o.tokens for o in out] == reference, (family, drafter.name, graphs)
+            assert (engine.slots[id(target)].passes.captures > 0) == graphs
+            for kv in engine.slots.values():  # with graphs, rows entered through their encoder's graphs
+                eager = {"encode"} if family == "led" else set()
+                assert (kv._prefiller is not None and kv._prefiller.passes.uncaptured == eager
+                        and kv._prefiller.passes.captures > 0) == graphs, (family, drafter.name)
+                assert kv.min_width == (2 if family == "led" else 1)
 
 
 @pytest.mark.parametrize("family", ["t5", "bart"])

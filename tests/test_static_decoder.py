@@ -259,6 +259,7 @@ def test_every_seq2seq_family_through_static_caches_equals_generate(family, monk
     target, draft = family_model(family, seed=1), family_model(family, seed=2)
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, V - 6, (n,), generator=g).tolist() for n in (5, 12, 3)]
+    refs = [hf_greedy(target, ids, 12) for ids in prompts]
     for graphs in (False, True):
         for drafter in (ModelDrafter(draft, cuda_graphs="on"), NoDrafter()):
             gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=3, max_new_tokens=12,
@@ -266,8 +267,8 @@ def test_every_seq2seq_family_through_static_caches_equals_generate(family, monk
             for static in (gen.static, getattr(drafter, "static", None)):
                 if static is not None:
                     static.passes.on = graphs
-            for ids in prompts:
-                assert gen.generate(ids).tokens == hf_greedy(target, ids, 12), (family, drafter.name, ids, graphs)
+            for ids, ref in zip(prompts, refs, strict=True):
+                assert gen.generate(ids).tokens == ref, (family, drafter.name, ids, graphs)
             assert (gen.static.passes.captures > 0) == graphs
             assert gen.static.min_width == (2 if family == "led" else 1)
 
