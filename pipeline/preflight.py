@@ -265,15 +265,17 @@ def _check_tokenizer_path(path: str, trust: bool) -> None:
                                  f"that id loads ({type(e).__name__})") from e
 
 
-def _check_pair(opts: SpecDecOptions) -> tuple[str, str] | None:
-    """Kind check, and the drafting mode (same- or cross-tokenizer) with its words, where both models
-    are local (gs:// pairs are checked on load); None when not checked here."""
+def _check_pair(opts: SpecDecOptions) -> tuple[bool, str] | None:
+    """Kind check, and the drafting mode where both models are local (gs:// pairs are checked on
+    load): whether it is cross-tokenizer (each row drafted in its own session), and the mode in
+    words; None when not checked here."""
     paths = [opts.target_model, opts.draft_model]
     if any(p.startswith("gs://") for p in paths):
         return None
     from transformers import AutoConfig
 
     from specdec_core.loading import (
+        CROSS_TOKENIZER,
         IncompatiblePairError,
         check_compatible,
         describe_mode,
@@ -293,7 +295,7 @@ def _check_pair(opts: SpecDecOptions) -> tuple[str, str] | None:
                                 target_tokenizer, draft_tokenizer, tuple(_generation_config(p) for p in paths))
     except IncompatiblePairError as e:
         raise JobConfigError(f"--draft_model {opts.draft_model!r}: {e}") from e
-    return mode, describe_mode(mode, target_tokenizer, draft_tokenizer)
+    return mode == CROSS_TOKENIZER, describe_mode(mode, target_tokenizer, draft_tokenizer)
 
 
 def is_dry_run(opts: SpecDecOptions) -> bool:
@@ -519,9 +521,7 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_chat(opts, schema)
     _check_output(opts)
     _check_resume(opts, schema)
-    from specdec_core.loading import CROSS_TOKENIZER
-
-    _check_batching(opts, per_row_draft=pair is not None and pair[0] == CROSS_TOKENIZER)
+    _check_batching(opts, per_row_draft=pair is not None and pair[0])
     _check_context(opts)
     _check_cuda_graphs(opts)
     _check_fit(opts)

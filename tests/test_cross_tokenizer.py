@@ -189,23 +189,22 @@ def test_text_generator_decides_cross_tokenizer_and_logs_it(tmp_path, toks, capl
     # The adaptive gamma times this drafter too (one target token proposed per draft "step").
     adaptive = TextGenerator.load(GeneratorSpec(str(tmp_path / "target"), str(tmp_path / "draft"),
                                                 max_new_tokens=12, gamma_policy="adaptive"))
-    for prompt in PROMPTS:
-        expected = alone.generate(prompt)["token_ids"]
-        assert gen.generate(prompt)["token_ids"] == expected
-        assert adaptive.generate(prompt)["token_ids"] == expected
+    expected = [alone.generate(prompt)["token_ids"] for prompt in PROMPTS]
+    for prompt, tokens in zip(PROMPTS, expected, strict=True):
+        assert gen.generate(prompt)["token_ids"] == tokens
+        assert adaptive.generate(prompt)["token_ids"] == tokens
     assert adaptive.engine.gamma_policy.costs.c > 0.01  # timed as a model, not as a free lookup
     # Batched too, its costs timed at the batch's width: each row's drafting, one row after another.
     batched = TextGenerator.load(GeneratorSpec(str(tmp_path / "target"), str(tmp_path / "draft"), max_new_tokens=12,
                                                gamma_policy="adaptive", batch_size=2))
     assert isinstance(batched.batch_engine.drafter, CrossTokenizerDrafter)
-    assert [r["token_ids"] for r in batched.generate_batch([(p, 0) for p in PROMPTS])] == [
-        alone.generate(p)["token_ids"] for p in PROMPTS]
+    assert [r["token_ids"] for r in batched.generate_batch([(p, 0) for p in PROMPTS])] == expected
     assert batched.batch_engine.gamma_policy.costs.c > 0.01  # not a free lookup's
     # An int8 draft batches too: each row drafts in its own one-row session.
     int8 = TextGenerator.load(GeneratorSpec(str(tmp_path / "target"), str(tmp_path / "draft"), max_new_tokens=12,
                                             draft_dtype="int8", batch_size=2))
     rows = int8.generate_batch([(p, 0) for p in PROMPTS])
-    assert [r["token_ids"] for r in rows] == [alone.generate(p)["token_ids"] for p in PROMPTS]
+    assert [r["token_ids"] for r in rows] == expected
     assert sum(r["draft_tokens"] for r in rows) > 0
 
 
