@@ -19,12 +19,7 @@ from transformers import PreTrainedModel
 from specdec_core.attention import attention_kernels
 from specdec_core.batch_kv import CPU_PREFILL_TOKENS, BatchKV, prefill_chunks, window_note
 from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter
-from specdec_core.gamma import (
-    AdaptiveGamma,
-    Costs,
-    GammaPolicy,
-    batch_gamma,
-)
+from specdec_core.gamma import AdaptiveGamma, Costs, GammaPolicy, batch_gamma
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import batch_refusal, padded_width, slot_kv_for
 from specdec_core.processing import SamplingSettings
@@ -286,8 +281,7 @@ class BatchSpeculativeGenerator(RoundEngine):
         reproduce a seed's batch-1 sample (greedy output never depends on gamma)."""
         t0, setup = time.perf_counter(), setup_seconds(tkv, dkv)
         ks = tuple(range(2, self.gamma + 2))
-        draft_step = self._draft_timer(live, dkv) if dkv is not None else self._session_timer(live, ks)
-        costs = self._time_passes(live, tkv, draft_step, ks, reps=2, warm=(dkv,))
+        costs = self._time_passes(live, tkv, dkv, ks, reps=2)
         for kv in (tkv, dkv):
             if kv is not None:
                 kv.compact()  # the timing passes left holes

@@ -28,6 +28,7 @@ from specdec_core.decoder import (
     initial_decoder_ids,
     mixed_layer_types,
     pass_lock,
+    shape_only_hidden,
     sliding_window,
     table_size,
 )
@@ -177,17 +178,14 @@ class BatchKV:
         if not self.encdec:
             return self.model(input_ids=ids, cache=self.cache, use_cache=True, **kwargs)
         # (its encoder outputs are read once, by the first pass, which writes the cross-attention cache)
-        encoded = self.encoded or {"encoder_outputs": BaseModelOutput(last_hidden_state=self._unused_hidden()),
+        encoded = self.encoded or {"encoder_outputs": self._no_encoder_outputs(),
                                    "attention_mask": self.enc_mask}
         with hooked(self.model, {}, self._forwards):  # not while another thread's hooks change its decoder
             return self.model(decoder_input_ids=ids, cache=EncoderDecoderCache(self.cache, self.cross),
                               use_cache=True, **encoded, **kwargs)
 
-    def _unused_hidden(self) -> torch.Tensor:
-        """Encoder outputs in shape only: the cross-attention keys/values are cached, never read again."""
-        text = self.model.config.get_text_config(decoder=True)
-        d = getattr(text, "d_model", None) or text.hidden_size
-        return torch.zeros((), dtype=self.model.dtype, device=self.device).expand(self.rows, self.enc_mask.shape[1], d)
+    def _no_encoder_outputs(self) -> BaseModelOutput:
+        return BaseModelOutput(last_hidden_state=shape_only_hidden(self.model, self.rows, self.enc_mask.shape[1]))
 
     def _padded(self, feeds: list[list[int]], ids: torch.Tensor, m: int, width: int, aligned: bool, kwargs: dict):
         """Rows right-padded to m tokens, each at its own positions, through a 2D mask of its valid columns."""
@@ -204,7 +202,7 @@ class BatchKV:
             fits = all(cap is None or width + m <= cap for cap in self._caps.values())
             with hooked(self.model, {}, self._forwards) if aligned and fits else self._true_positions(pos, width):
                 return self.model(decoder_input_ids=ids, decoder_attention_mask=mask, attention_mask=self.enc_mask,
-                                  encoder_outputs=BaseModelOutput(last_hidden_state=self._unused_hidden()),
+                                  encoder_outputs=self._no_encoder_outputs(),
                                   cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
         # The model's own window counts columns: right only while they are the positions
         # (aligned), or while no two columns are a window apart (then no key is hidden).
@@ -419,7 +417,7 @@ class BatchKV:
 
     def compact(self) -> None:
         """Drop the holes: each row's valid columns, right-aligned in the longest row's width."""
-        self.merge(BatchKV(self.model, 0, self.pad_id, self.min_width))
+        self.merge()
 
     @torch.inference_mode()
     def merge(self, *others: BatchKV) -> None:

@@ -42,6 +42,13 @@ def initial_decoder_ids(model: PreTrainedModel, prompt_ids: list[int]) -> list[i
     return [int(start)]
 
 
+def shape_only_hidden(model: PreTrainedModel, rows: int, columns: int) -> torch.Tensor:
+    """Encoder outputs in shape only: cross-attention reads its cached keys/values, never these."""
+    text = model.config.get_text_config(decoder=True)
+    d = getattr(text, "d_model", None) or text.hidden_size
+    return torch.zeros((), dtype=model.dtype, device=model.device).expand(rows, columns, d)
+
+
 def eos_ids(model: PreTrainedModel) -> set[int]:
     """The ids that end a generation: the generation config's, as generate() reads them (a model config's own
     eos_token_id does not end generate() when the generation config has none)."""

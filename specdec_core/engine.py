@@ -57,8 +57,7 @@ class SpeculativeGenerator(RoundEngine):
             tkv, dkv = self._caches(row, prompt_ids, held)  # the passes the items will run (graphs or not)
             if dkv is not None and len(seq) > 1:
                 dkv.forward([seq[:-1]], logits=False)
-            draft_step = self._draft_timer([row], dkv) if dkv is not None else self._session_timer([row], ks)
-            return self._time_passes([row], tkv, draft_step, ks, reps, warm=(tkv, dkv))
+            return self._time_passes([row], tkv, dkv, ks, reps)
 
     def generate(self, prompt_ids: list[int], seed: int = 0, finish_check: FinishCheck | None = None,
                  max_seconds: float | None = None) -> Generation:

@@ -123,10 +123,9 @@ class Footprint:
         return self.draft_weights + self.draft_kv
 
 
-def check_device_map(device_map: str) -> str:
+def check_device_map(device_map: str) -> None:
     if device_map not in DEVICE_MAPS:
         raise ValueError(f"--device_map {device_map!r}: expected one of {', '.join(DEVICE_MAPS)}")
-    return device_map
 
 
 def gpus_per_copy(gpus: list[Gpu], need: Footprint | None) -> int:

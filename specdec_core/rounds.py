@@ -124,11 +124,12 @@ class RoundEngine:
             elif r.session is not None:
                 r.session.rollback(valid)
 
-    def _time_passes(self, live: list[Row], tkv, draft_step: StepTimer | None, ks: tuple[int, ...], reps: int,
-                     warm: tuple = ()) -> Costs:
-        """c and v(k) (`gamma.Costs`) of these rows' passes, timed on their target cache and rolled back.
-        Each pass runs as in a round, with the per-row work after it (picks read back, or each row's processors), which
-        grows with the rows; a width's first pass runs untimed where it captures a graph or compiles."""
+    def _time_passes(self, live: list[Row], tkv, dkv, ks: tuple[int, ...], reps: int) -> Costs:
+        """c and v(k) (`gamma.Costs`) of these rows' passes, timed on their target cache (and a model draft's `dkv`,
+        else their sessions) and rolled back. Each pass runs as in a round, with the per-row work after it (picks read
+        back, or each row's processors), which grows with the rows; a width's first pass runs untimed where it captures
+        a graph or compiles."""
+        draft_step = self._draft_timer(live, dkv) if dkv is not None else self._session_timer(live, ks)
         n = len(live)
         fill = [timing_tokens(r.seq, max(ks)) for r in live]
         limit = context_limit(self.target)
@@ -149,7 +150,7 @@ class RoundEngine:
             return time.perf_counter() - t
 
         target_step(1)  # warm-up
-        if one_off_work(tkv, *warm):
+        if one_off_work(tkv, dkv):
             for k in ks:
                 target_step(k)
             if draft_step is not None:

@@ -93,7 +93,6 @@ class Row:
     """One prompt being decoded: its sequence, its own RNG, processors, gamma state and stats."""
 
     index: int  # position in the caller's list
-    seed: int
     prompt: list[int]  # the prompt's ids (an encoder-decoder's encoder input)
     seq: list[int]  # the decoder's tokens: prompt (decoder-only) or start token, then the new ones
     start: float
@@ -117,7 +116,7 @@ class Row:
         device = target.device
         seq = initial_decoder_ids(target, prompt_ids)
         procs = build_processors(sampling, target.generation_config, len(seq), max_new_tokens, device)
-        return cls(index=index, seed=seed, prompt=list(prompt_ids), seq=seq,
+        return cls(index=index, prompt=list(prompt_ids), seq=seq,
                    start=time.perf_counter(), transform=LogitsTransform(procs),
                    generator=torch.Generator(device=device).manual_seed(seed), gamma_state=gamma_state,
                    stats=ItemStats(prompt_tokens=len(prompt_ids)), finish_check=finish_check,

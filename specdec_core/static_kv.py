@@ -28,6 +28,7 @@ from specdec_core.decoder import (
     own_kv_layers,
     pass_lock,
     position_table,
+    shape_only_hidden,
     sliding_window,
 )
 from specdec_core.graphs import PassGraphs
@@ -276,11 +277,7 @@ class StaticKV:
                           device=self.device)
         mask[..., :old] = self.enc_mask if old else 0
         self.enc_mask = mask
-        text = self.model.config.get_text_config(decoder=True)
-        d = getattr(text, "d_model", None) or text.hidden_size
-        # Cross-attention reads the cached keys, never these: the model only needs their shape.
-        self.unused = torch.zeros((), dtype=self.model.dtype, device=self.device).expand(
-            self.buffer_rows, self.enc_capacity, d)
+        self.unused = shape_only_hidden(self.model, self.buffer_rows, self.enc_capacity)
         for layer in self.cross.layers:
             layer.grow(old)
         self.passes.drop()  # they hold the old buffers' addresses
