@@ -36,9 +36,9 @@ class SpecDecOptions(PipelineOptions):
           "acceptance and costs, backing off when drafts do not pay (greedy only; best on large targets); "
           "auto: adaptive when greedy, fixed when sampling")
         a("--cpu_kernels", default="prepacked", choices=CPU_KERNELS,
-          help="CPU fp32 only: prepacked = oneDNN-prepacked linear weights (cheaper multi-token verify; used "
-          "from the row count where they beat the stock kernels on this CPU, timed at load); stock = PyTorch "
-          "defaults")
+          help="CPU, fp32 (and bf16 where the CPU has native bf16): prepacked = oneDNN-prepacked linear weights "
+          "(cheaper multi-token verify; used from the row count where they beat the stock kernels on this CPU, timed "
+          "at load); stock = PyTorch defaults")
         a("--cuda_graphs", default="auto", choices=GRAPH_MODES,
           help="on a GPU: the target's and the draft's passes over static caches (fixed row slots when batched), "
           "replayed as CUDA graphs (auto: on CUDA, for models with full or sliding-window attention on one device; "
