@@ -144,8 +144,9 @@ class BatchSpeculativeGenerator(RoundEngine):
 
     def _decode(self, waiting: deque, results: list, live: list[Row], tkv: BatchKV | SlotKV,
                 dkv: BatchKV | SlotKV | None, max_seconds: float | None) -> None:
+        together = self.settings.admit_together
         while waiting or live:
-            if waiting and len(live) < self.batch_size:
+            if waiting and self.batch_size - len(live) >= min(together, len(waiting), self.batch_size):
                 live += self._admit(waiting, self.batch_size - len(live), live, tkv, dkv)
                 if self._wants_costs(len(live)):
                     self._measure_costs(live, tkv, dkv)
@@ -164,7 +165,8 @@ class BatchSpeculativeGenerator(RoundEngine):
                     out = r.result()
                     results[r.index] = r.timeout(max_seconds) if r.finish == "timeout" else out
                 # Waiting prompts take finished rows' places (rows that go on are not copied); the rest are dropped.
-                refill = done[: len(waiting)]
+                full = len(live) == self.batch_size and len(done) >= min(together, len(waiting))
+                refill = done[: len(waiting)] if full else []
                 if refill:
                     new = self._admit(waiting, len(refill), live, tkv, dkv, into=refill)
                     for b, row in zip(refill, new, strict=True):

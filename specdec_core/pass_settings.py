@@ -17,6 +17,9 @@ class PassSettings:
     compile_prefills: bool | None = None
     # Rows admitted together beyond this many prefill in padded eager passes, not graphs (None: never).
     graph_prefill_rows: int | None = None
+    # Freed slots wait until this many are free (or every waiting prompt fits) before new rows enter, in fewer prefill
+    # passes; 1: at once (on a CPU, waiting cost more rounds than it saved in prefills).
+    admit_together: int = 1
     # Passes' inputs copied to the GPU from pinned memory without waiting for it (CUDA only).
     pinned_inputs: bool = False
     # Let PyTorch choose cuDNN attention on CUDA (the engines leave it out: `attention`).

@@ -16,6 +16,7 @@ from specdec_core.batch_engine import BatchSpeculativeGenerator, prefill_chunks
 from specdec_core.batch_kv import BatchKV
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
+from specdec_core.pass_settings import PassSettings
 from specdec_core.processing import SamplingSettings
 from tests.numerics import assert_logits_close
 from tests.test_engine_sampling import N_NEW, SAMPLES, chi2_pvalue, exact_distribution, tiny
@@ -170,6 +171,26 @@ def test_greedy_rows_equal_batch_one_and_target_generate(models, prompts, kind, 
         engine.admitted[1] - passes)
     assert all((a.stats.admitted_with, a.stats.admit_passes) == (1, 1) and 0 < a.stats.admit_s <= a.stats.prefill_s
                for a in alone)
+
+
+def test_freed_slots_wait_to_admit_rows_together(models, prompts):
+    """`admit_together`: finished rows' slots stay free until that many are (or every waiting prompt fits), so new
+    rows enter in fewer, wider admissions; the outputs are the same."""
+    target, draft = models["llama"]
+    n, items = 10, [(p, 0) for p in prompts * 2]
+    reference = [hf_greedy(target, p, n) for p, _ in items]
+    sizes = {}
+    for together in (1, 3):
+        engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=3,
+                                           max_new_tokens=n, settings=PassSettings(admit_together=together))
+        calls = _admissions(engine)
+        assert [o.tokens for o in engine.generate_many(items)] == reference, together
+        sizes[together] = [k for _, k in calls]
+    assert sum(sizes[1]) == sum(sizes[3]) == len(items)
+    assert min(sizes[1][1:]) == 1  # at once, a row enters alone when one slot frees
+    for i, k in enumerate(sizes[3]):
+        assert k >= min(3, len(items) - sum(sizes[3][:i])), sizes[3]
+    assert len(sizes[3]) < len(sizes[1])
 
 
 def test_prefill_passes_keep_rows_times_longest_within_the_budget():

@@ -103,7 +103,8 @@ def test_figures_are_saved_as_they_are_made(tmp_path):
     # compiling runs last, HF's after ours, then the adaptive gamma (it compiles a chained draft per gamma it picks)
     assert at_two[0] == ["HF generate"] and at_two[-1][-2:] == [hf_compiled, f"{compiled}, adaptive gamma"]
     assert {compiled, f"{compiled}, uncompiled prefills", f"{compiled}, eager prefills of 4+ rows",
-            f"{compiled}, eager prefills of 16+ rows"} <= set(at_two[-1])
+            f"{compiled}, eager prefills of 16+ rows", f"{compiled}, admitted a quarter at a time"} <= set(at_two[-1])
+    assert batched[-1]["by_batch_size"]["4"][f"{compiled}, admitted a quarter at a time"]["identical_to_hf"] == 5
     assert "ours, draft, eager, cuDNN attention" in at_two[-1]
     assert batched[-1]["by_batch_size"]["4"][compiled]["identical_to_hf"] == 5
     ours_row, hf_row = batched[-1]["by_batch_size"]["4"][compiled], batched[-1]["by_batch_size"]["4"]["HF generate"]
