@@ -144,9 +144,8 @@ class BatchSpeculativeGenerator(RoundEngine):
 
     def _decode(self, waiting: deque, results: list, live: list[Row], tkv: BatchKV | SlotKV,
                 dkv: BatchKV | SlotKV | None, max_seconds: float | None) -> None:
-        together = self.settings.admit_together
         while waiting or live:
-            if waiting and self.batch_size - len(live) >= min(together, len(waiting), self.batch_size):
+            if waiting and self._admits(self.batch_size - len(live), len(waiting)):
                 live += self._admit(waiting, self.batch_size - len(live), live, tkv, dkv)
                 if self._wants_costs(len(live)):
                     self._measure_costs(live, tkv, dkv)
@@ -165,7 +164,7 @@ class BatchSpeculativeGenerator(RoundEngine):
                     out = r.result()
                     results[r.index] = r.timeout(max_seconds) if r.finish == "timeout" else out
                 # Waiting prompts take finished rows' places (rows that go on are not copied); the rest are dropped.
-                full = len(live) == self.batch_size and len(done) >= min(together, len(waiting))
+                full = len(live) == self.batch_size and self._admits(len(done), len(waiting))
                 refill = done[: len(waiting)] if full else []
                 if refill:
                     new = self._admit(waiting, len(refill), live, tkv, dkv, into=refill)
@@ -181,6 +180,10 @@ class BatchSpeculativeGenerator(RoundEngine):
                 # Holes cost attention work every pass; a gather costs about one cache copy.
                 if kv is not None and kv.rows and kv.wasted() > 8 + kv.width // 8:
                     kv.compact()
+
+    def _admits(self, free: int, waiting: int) -> bool:
+        """Whether `free` slots take new rows now: `admit_together` of them, or all waiting prompts (at most B)."""
+        return free >= min(self.settings.admit_together, waiting, self.batch_size)
 
     def _admit(self, waiting: deque, slots: int, live: list[Row], tkv: BatchKV | SlotKV,
                dkv: BatchKV | SlotKV | None, into: list[int] | None = None) -> list[Row]:
