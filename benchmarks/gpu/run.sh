@@ -2,8 +2,8 @@
 # The whole GPU check in one call of the GPU machine (see README.md beside this file): wheels it
 # lacks, the CUDA tests, the GPU benchmark in bf16 and fp32, and a whole job on the GPU. Each step
 # has its own time limit and appends to $OUT/log.txt; figures land in $OUT/bench/ as they are made.
-# STEPS picks steps, run one after the other (default: tests-compiled job; the calls still owed are
-# in README.md beside this file), PARALLEL steps run side by side after them;
+# STEPS picks steps, run one after the other (default: tests-compiled job), PARALLEL steps run side
+# by side after them;
 # "tests" runs the CUDA tests but the compiled ones, "tests-compiled" those (each failure's report
 # lands in $OUT/failures.txt as it happens); BATCHED_SIZES: the batched step's B (default 8,32),
 # BATCHED_NEW_TOKENS its new tokens per row (default 32), BATCHED_LIMIT its time limit in seconds

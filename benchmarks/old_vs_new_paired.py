@@ -1,0 +1,189 @@
+"""Old engine against new in ONE process, call by call, for a CPU whose speed moves between runs.
+
+Run in separate processes minutes apart (`benchmarks/old_vs_new.sh`, in git history at 4947031), the
+two sides could not show a 3% effect on a shared 2-core machine: its unchanged HF control moved by up
+to 13% between them. Here the old commit's `specdec_core` is imported beside the new one (extracted with
+`git archive` as the package `specdec_core_old`, its imports renamed), both sides decode the same
+prompts with the same weights (each side's own `prepare_for_cpu` on its own copy), and every
+measurement alternates old, new / new, old within seconds, REPS times. A ratio is new / old
+tokens per second (> 1: new is faster); the table gives each measurement's median ratio and a 90%
+interval from the spread of the per-round ratios (a t interval of their logs). Greedy outputs of
+the two sides are checked equal on every call.
+
+    python benchmarks/old_vs_new_paired.py                    # ac737fe against this tree, 6 rounds
+    python benchmarks/old_vs_new_paired.py --reps 1 --tiny    # the script's smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def old_package(commit: str, dest: Path) -> str:
+    """`specdec_core` at `commit`, importable as `specdec_core_old`."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "specdec_core"], check=True,
+                             capture_output=True).stdout
+    tmp = dest / "x"
+    tmp.mkdir(parents=True)
+    with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+        tar.extractall(tmp, filter="data")
+    pkg = dest / "specdec_core_old"
+    shutil.move(tmp / "specdec_core", pkg)
+    for f in pkg.glob("*.py"):
+        f.write_text(f.read_text().replace("specdec_core", "specdec_core_old"))
+    sys.path.insert(0, str(dest))
+    return "specdec_core_old"
+
+
+def side(package: str) -> argparse.Namespace:
+    mods = {m: importlib.import_module(f"{package}.{m}") for m in ("engine", "batch_engine", "drafters", "gamma",
+                                                                      "cpu_speed")}
+    return argparse.Namespace(**mods)
+
+
+def decode(s, target, draft, prompts: list[list[int]], batch: int, gamma: int | str, max_new: int):
+    """(outputs, seconds) of one side's engine as the benches run it (`pipeline.bench.throughput.ours_batched`):
+    adaptive gamma gets its costs measured at this B before the clock."""
+    d = s.drafters
+    drafter = d.NoDrafter() if draft is None else d.ModelDrafter(draft)
+    policy, cap = (s.gamma.AdaptiveGamma(max_gamma=4), 4) if gamma == "adaptive" else (None, gamma)
+    if policy is not None and draft is not None:
+        if batch == 1:
+            policy.set_costs(s.engine.SpeculativeGenerator(target, drafter, num_speculative_tokens=cap,
+                                                           gamma_policy=policy).measure_costs(prompts[0]))
+        else:
+            s.batch_engine.BatchSpeculativeGenerator(target, drafter, batch_size=batch, num_speculative_tokens=cap,
+                                                     max_new_tokens=1, gamma_policy=policy).generate_many(
+                [(p, 0) for p in prompts[:batch]])
+    t0 = time.perf_counter()
+    if batch == 1:
+        gen = s.engine.SpeculativeGenerator(target, drafter, num_speculative_tokens=cap, max_new_tokens=max_new,
+                                            gamma_policy=policy)
+        outs = [gen.generate(p, 0) for p in prompts]
+    else:
+        outs = s.batch_engine.BatchSpeculativeGenerator(
+            target, drafter, batch_size=batch, num_speculative_tokens=cap, max_new_tokens=max_new,
+            gamma_policy=policy).generate_many([(p, 0) for p in prompts])
+    return [o.tokens for o in outs], time.perf_counter() - t0
+
+
+def pairs(tiny: bool, cache: Path) -> dict[str, tuple]:
+    """name -> (target, draft, prompts' ids, share_encoder): the quick Llama pair at batch 1 ("bench") and
+    batched, the T5 pair, the demo's pair."""
+    from transformers import AutoTokenizer
+
+    from pipeline.bench.family_pairs import FAMILY_PAIRS, TINY_FAMILY_PAIRS, build_family_pair
+    from pipeline.bench.pairs import QUICK_SYNTH, TINY_SYNTH, build_synthetic_pair, synthetic_prompts
+    from pipeline.demo.models import ASSETS, demo_prompt_rows
+    from specdec_core.loading import load_model
+
+    def load(dirs, spec, n, length, share=False):
+        tok = AutoTokenizer.from_pretrained(dirs["target"])
+        ids = [tok(text)["input_ids"] for _, text in synthetic_prompts(spec, n, length)]
+        cpu = torch.device("cpu")
+        return load_model(str(dirs["target"]), cpu, torch.float32), load_model(str(dirs["draft"]), cpu,
+                                                                               torch.float32), ids, share
+
+    llama = QUICK_SYNTH if not tiny else TINY_SYNTH
+    t5 = (TINY_FAMILY_PAIRS if tiny else FAMILY_PAIRS)["t5"]
+    out = {"bench": load(build_synthetic_pair(llama, cache), llama, 2 if tiny else 6, 16 if tiny else 64),
+           "llama": load(build_synthetic_pair(llama, cache), llama, 8 if tiny else 64, 16 if tiny else 48),
+           "t5": load(build_family_pair(t5, cache), t5, 8 if tiny else 32, 16 if tiny else 32, share=True)}
+    tok = AutoTokenizer.from_pretrained(ASSETS / "target")
+    rows = demo_prompt_rows()[: 4 if tiny else 40]
+    cpu = torch.device("cpu")
+    out["demo"] = (load_model(str(ASSETS / "target"), cpu, torch.float32),
+                   load_model(str(ASSETS / "draft"), cpu, torch.float32),
+                   [tok(r["prompt"])["input_ids"] for r in rows], False)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--old", default="ac737fe", help="the old commit")
+    p.add_argument("--reps", type=int, default=6)
+    p.add_argument("--tiny", action="store_true", help="tiny pairs, short runs: checks the script, not the code")
+    p.add_argument("--only", default="", help="comma-separated measurement names (prefixes) to run")
+    p.add_argument("--out", default="/tmp/old_vs_new_paired.json")
+    p.add_argument("--cache_dir", default=str(ROOT / "benchmarks/.cache"))
+    a = p.parse_args(argv)
+    from scipy.stats import t as t_dist
+    torch.set_num_threads(1)
+    work = Path(tempfile.mkdtemp(prefix="ovn-"))
+    sides = {"old": side(old_package(a.old, work)), "new": side("specdec_core")}
+    models = pairs(a.tiny, Path(a.cache_dir))
+    prepared = {}  # (side, pair) -> (target, draft): each side's own CPU preparation of its own copy
+    for name, (target, draft, _, share) in models.items():
+        for s, mods in sides.items():
+            t, d = (mods.cpu_speed.prepare_for_cpu(copy.deepcopy(m)) for m in (target, draft))
+            if share:
+                d.encoder = t.get_encoder()
+            prepared[s, name] = t, d
+    demo_gamma = json.loads((ROOT / "pipeline/demo/pair/MANIFEST.json").read_text())["quality"].get(
+        "num_speculative_tokens", 4)
+    new = 24 if a.tiny else None
+    plan = [("batch 1, quick pair, draft, gamma 4", "bench", True, 1, 4, new or 48),
+            ("batch 1, quick pair, alone", "bench", False, 1, 4, new or 48)]
+    for b in (8, 16, 32):
+        plan += [(f"Llama quick pair B = {b}, draft, adaptive", "llama", True, b, "adaptive", new or 24),
+                 (f"Llama quick pair B = {b}, alone", "llama", False, b, 4, new or 24)]
+    for b in (8, 16, 32):
+        plan += [(f"T5 pair B = {b}, draft, gamma 3", "t5", True, b, 3, new or 16),
+                 (f"T5 pair B = {b}, alone", "t5", False, b, 3, new or 16)]
+    plan += [(f"the demo, draft, gamma {demo_gamma}", "demo", True, 1, demo_gamma, new or 160),
+             ("the demo, alone", "demo", False, 1, demo_gamma, new or 160)]
+    if a.only:
+        plan = [x for x in plan if any(x[0].startswith(o) for o in a.only.split(","))]
+    for _label, pair, with_draft, b, g, _n in plan[:2]:  # warm-up: first-call allocations, kernel choices
+        for s in sides:
+            t, d = prepared[s, pair]
+            decode(sides[s], t, d if with_draft else None, models[pair][2][:2], min(b, 2), g, 4)
+    results: dict[str, dict[str, list[float]]] = {x[0]: {"old": [], "new": []} for x in plan}
+    t_start = time.perf_counter()
+    for rep in range(a.reps):
+        order = ("old", "new") if rep % 2 == 0 else ("new", "old")
+        for label, pair, with_draft, b, g, n in plan:
+            outs = {}
+            for s in order:
+                t, d = prepared[s, pair]
+                outs[s], secs = decode(sides[s], t, d if with_draft else None, models[pair][2], b, g, n)
+                results[label][s].append(sum(len(o) for o in outs[s]) / secs)
+            if outs["old"] != outs["new"]:
+                raise SystemExit(f"{label}: old and new decode different tokens")
+            print(f"round {rep + 1} {label}: old {results[label]['old'][-1]:.1f} new {results[label]['new'][-1]:.1f} "
+                  f"tokens/s", flush=True)
+        Path(a.out).write_text(json.dumps({"old": a.old, "reps_done": rep + 1, "results": results}, indent=1))
+    print(f"\n{a.reps} rounds in {time.perf_counter() - t_start:.0f} s; old {a.old}, new: this tree. "
+          "Ratios new / old of tokens/s, per round; greedy outputs equal on every call.\n")
+    print("| measurement | old tokens/s (median) | new tokens/s (median) | new / old: median | 90% interval |")
+    print("|---|---|---|---|---|")
+    for label, r in results.items():
+        logs = [math.log(n / o) for o, n in zip(r["old"], r["new"], strict=True)]
+        n = len(logs)
+        half = t_dist.ppf(0.95, n - 1) * statistics.stdev(logs) / math.sqrt(n) if n > 1 else float("nan")
+        mean = statistics.mean(logs)
+        print(f"| {label} | {statistics.median(r['old']):.1f} | {statistics.median(r['new']):.1f} | "
+              f"{statistics.median(math.exp(x) for x in logs):.3f} | {math.exp(mean - half):.3f}-"
+              f"{math.exp(mean + half):.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
