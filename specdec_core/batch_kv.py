@@ -427,8 +427,8 @@ class BatchKV:
         if self.encdec and every and (len(every) > 1 or every[0] is not self):
             self._merge_cross(every)
         width = max((len(c) for kv in every for c in kv.cols), default=0)
-        # (none: no cache has run a pass yet, one-token prompts: nothing to move)
-        holder = next((kv for kv in (self, *others) if kv._layers()), None)
+        # (none: no cache has run a pass yet, one-token prompts, an encoder-decoder's new rows: nothing to move)
+        holder = next((kv for kv in every if kv._layers()), None)  # (not a cache whose rows all left: stale layers)
         indexes = [kv._alignment(width) for kv in every] if holder is not None else []
         if holder is not None and (len(every) > 1 or indexes[0] is not None):  # else: aligned already, keep its buffer
             rows = sum(kv.rows for kv in every)
@@ -442,7 +442,7 @@ class BatchKV:
                     kv._gather_into(own[i] if own else None, kbuf[part, :, :width], vbuf[part, :, :width], index)
                     start += kv.rows
                 layer.adopt(kbuf, vbuf, width)
-        self.cache = self.cache if holder is None else holder.cache
+        self.cache = GrowingCache() if holder is None else holder.cache
         self.cols = [list(range(width - len(c), width)) for kv in every for c in kv.cols]
         self.mask = torch.zeros((len(self.cols), width), dtype=torch.long)
         for b, c in enumerate(self.cols):

@@ -193,6 +193,19 @@ def test_freed_slots_wait_to_admit_rows_together(models, prompts):
     assert len(sizes[3]) < len(sizes[1])
 
 
+@pytest.mark.parametrize("kind", ["llama", "bart"])
+def test_rows_admitted_together_into_an_emptied_batch(models, kind):
+    """Every row leaves, then the next prompts enter together, merged into the emptied cache: its layers, of no
+    rows, must not come back (an encoder-decoder's new rows bring no decoder columns to replace them)."""
+    target, _ = models[kind]
+    items, n = [([174], 0), ([232, 260, 259], 0), ([201], 0), ([313], 0)], 4
+    engine = BatchSpeculativeGenerator(target, NgramDrafter(), batch_size=2, num_speculative_tokens=1,
+                                       max_new_tokens=n, settings=PassSettings(admit_together=2))
+    calls = _admissions(engine)
+    assert [o.tokens for o in engine.generate_many(items)] == [hf_greedy(target, p, n) for p, _ in items]
+    assert calls == [(0, 2), (0, 2)]  # (the second pair enters a cache of no rows)
+
+
 def test_prefill_passes_keep_rows_times_longest_within_the_budget():
     assert prefill_chunks([5, 3, 4, 9, 1], 10) == [[0, 1], [2], [3], [4]]
     assert prefill_chunks([30, 2], 10) == [[0], [1]]  # a prompt over the budget passes alone
