@@ -16,11 +16,12 @@ from specdec_core.batch_engine import BatchSpeculativeGenerator, prefill_chunks
 from specdec_core.batch_kv import BatchKV
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
+from specdec_core.gamma import AdaptiveGamma, Costs
 from specdec_core.pass_settings import PassSettings
 from specdec_core.processing import SamplingSettings
 from tests.numerics import assert_logits_close
 from tests.test_engine_sampling import N_NEW, SAMPLES, chi2_pvalue, exact_distribution, tiny
-from tests.tiny_models import perturbed_copy
+from tests.tiny_models import make_model, perturbed_copy
 
 TEXTS = ["The quick brown fox", "def add(a, b):\n    return", "Hello", "A",
          "for i in range(10):\n    print(i * i)\n and then the quick brown fox jumps over",
@@ -204,6 +205,22 @@ def test_rows_admitted_together_into_an_emptied_batch(models, kind):
     calls = _admissions(engine)
     assert [o.tokens for o in engine.generate_many(items)] == [hf_greedy(target, p, n) for p, _ in items]
     assert calls == [(0, 2), (0, 2)]  # (the second pair enters a cache of no rows)
+
+
+def test_rows_admitted_while_the_batch_does_not_draft_into_an_emptied_draft_cache(tokenizer):
+    """The same for the draft's cache: while the batch drafts nothing, newcomers enter it as empty rows (their
+    prefill skipped), also once every row has left it (here it did, before this was mended)."""
+    target = make_model("llama", tokenizer, seed=1)
+    draft = perturbed_copy(target, 0.5, seed=3)
+    target.generation_config.eos_token_id = draft.generation_config.eos_token_id = 110  # (rows end at scattered rounds)
+    first = [108, 212, 104, 164, 203, 171, 69, 135, 273, 280, 42, 27, 216, 183, 12, 36, 250, 106, 38, 255, 19, 113, 80,
+             43, 100, 133, 88, 170, 202, 224, 296, 297, 273]
+    items, n = [(first, 0), ([150], 0), ([128, 22], 0), ([88], 0), ([7], 0)], 6
+    never = AdaptiveGamma(Costs(c=1.5, v={k: 1.0 + 0.2 * k for k in range(2, 14)}), max_gamma=1,
+                          share_across_items=False)  # (a draft step dearer than a target step: it never pays)
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=2, num_speculative_tokens=1,
+                                       max_new_tokens=n, gamma_policy=never, settings=PassSettings(admit_together=2))
+    assert [o.tokens for o in engine.generate_many(items)] == [hf_greedy(target, p, n) for p, _ in items]
 
 
 def test_prefill_passes_keep_rows_times_longest_within_the_budget():
