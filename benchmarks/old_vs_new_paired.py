@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
+import io
 import json
 import math
 import shutil
@@ -34,6 +34,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from pipeline.bench.throughput import engine_modules, ours_batched  # noqa: E402 (this tree's, by the path above)
 
 
 def old_package(commit: str, dest: Path) -> str:
@@ -42,7 +43,7 @@ def old_package(commit: str, dest: Path) -> str:
                              capture_output=True).stdout
     tmp = dest / "x"
     tmp.mkdir(parents=True)
-    with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tmp, filter="data")
     pkg = dest / "specdec_core_old"
     shutil.move(tmp / "specdec_core", pkg)
@@ -52,36 +53,11 @@ def old_package(commit: str, dest: Path) -> str:
     return "specdec_core_old"
 
 
-def side(package: str) -> argparse.Namespace:
-    mods = {m: importlib.import_module(f"{package}.{m}") for m in ("engine", "batch_engine", "drafters", "gamma",
-                                                                      "cpu_speed")}
-    return argparse.Namespace(**mods)
-
-
-def decode(s, target, draft, prompts: list[list[int]], batch: int, gamma: int | str, max_new: int):
-    """(outputs, seconds) of one side's engine as the benches run it (`pipeline.bench.throughput.ours_batched`):
-    adaptive gamma gets its costs measured at this B before the clock."""
-    d = s.drafters
-    drafter = d.NoDrafter() if draft is None else d.ModelDrafter(draft)
-    policy, cap = (s.gamma.AdaptiveGamma(max_gamma=4), 4) if gamma == "adaptive" else (None, gamma)
-    if policy is not None and draft is not None:
-        if batch == 1:
-            policy.set_costs(s.engine.SpeculativeGenerator(target, drafter, num_speculative_tokens=cap,
-                                                           gamma_policy=policy).measure_costs(prompts[0]))
-        else:
-            s.batch_engine.BatchSpeculativeGenerator(target, drafter, batch_size=batch, num_speculative_tokens=cap,
-                                                     max_new_tokens=1, gamma_policy=policy).generate_many(
-                [(p, 0) for p in prompts[:batch]])
-    t0 = time.perf_counter()
-    if batch == 1:
-        gen = s.engine.SpeculativeGenerator(target, drafter, num_speculative_tokens=cap, max_new_tokens=max_new,
-                                            gamma_policy=policy)
-        outs = [gen.generate(p, 0) for p in prompts]
-    else:
-        outs = s.batch_engine.BatchSpeculativeGenerator(
-            target, drafter, batch_size=batch, num_speculative_tokens=cap, max_new_tokens=max_new,
-            gamma_policy=policy).generate_many([(p, 0) for p in prompts])
-    return [o.tokens for o in outs], time.perf_counter() - t0
+def decode(core, target, draft, prompts: list[list[int]], batch: int, gamma: int | str, max_new: int):
+    """(outputs, seconds) of one side's engine, run as the throughput bench runs ours (`ours_batched`)."""
+    drafter = core.drafters.NoDrafter() if draft is None else core.drafters.ModelDrafter(draft)
+    outs, secs, _ = ours_batched(target, drafter, prompts, batch, gamma, max_new, core=core)
+    return outs, secs
 
 
 def pairs(tiny: bool, cache: Path) -> dict[str, tuple]:
@@ -127,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     from scipy.stats import t as t_dist
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="ovn-"))
-    sides = {"old": side(old_package(a.old, work)), "new": side("specdec_core")}
+    sides = {"old": engine_modules(old_package(a.old, work)), "new": engine_modules()}
     models = pairs(a.tiny, Path(a.cache_dir))
     prepared = {}  # (side, pair) -> (target, draft): each side's own CPU preparation of its own copy
     for name, (target, draft, _, share) in models.items():
@@ -151,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
              ("the demo, alone", "demo", False, 1, demo_gamma, new or 160)]
     if a.only:
         plan = [x for x in plan if any(x[0].startswith(o) for o in a.only.split(","))]
-    for _label, pair, with_draft, b, g, _n in plan[:2]:  # warm-up: first-call allocations, kernel choices
+    warm = {x[1]: x for x in reversed(plan)}  # each pair's first measurement
+    for _label, pair, with_draft, b, g, _n in warm.values():  # warm-up: first-call allocations, kernel choices
         for s in sides:
             t, d = prepared[s, pair]
             decode(sides[s], t, d if with_draft else None, models[pair][2][:2], min(b, 2), g, 4)

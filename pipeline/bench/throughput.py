@@ -15,22 +15,21 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import importlib
 import logging
 import shlex
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from pipeline.bench.report import replace_section
 from pipeline.flags import ArgumentParser
 from pipeline.threads import keeps_torch_threads, recommended_threads
-from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.cpu_speed import prepare_for_cpu
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
-from specdec_core.engine import SpeculativeGenerator
-from specdec_core.gamma import AdaptiveGamma
 
 ADAPTIVE_MAX = 4  # `--gammas adaptive`: the job's default num_speculative_tokens caps the policy
 
@@ -61,29 +60,38 @@ def hf_batched(model, prompts: list[list[int]], batch: int, max_new: int,
     return outs, time.perf_counter() - t0
 
 
+def engine_modules(package: str = "specdec_core") -> SimpleNamespace:
+    """An engine package's modules by name (`engine`, `batch_engine`, `drafters`, `gamma`, `cpu_speed`): this tree's, or
+    an older commit's imported under another name (`benchmarks/old_vs_new_paired.py`)."""
+    names = ("engine", "batch_engine", "drafters", "gamma", "cpu_speed")
+    return SimpleNamespace(**{m: importlib.import_module(f"{package}.{m}") for m in names})
+
+
 def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int, gamma: int | str,
-                 max_new: int) -> tuple[list[list[int]], float, dict]:
+                 max_new: int, core: SimpleNamespace | None = None) -> tuple[list[list[int]], float, dict]:
     """Our engine as the pipeline runs it: batch-1 engine at B=1, the batched one above.
     gamma "adaptive": `--gamma_policy adaptive`, its costs measured at this B before the clock
     starts (a job measures them once per worker, which a bench of a few hundred rows would
-    otherwise overstate)."""
-    policy, cap = (AdaptiveGamma(max_gamma=ADAPTIVE_MAX), ADAPTIVE_MAX) if gamma == "adaptive" else (None, gamma)
-    if policy is not None and not isinstance(drafter, NoDrafter):
+    otherwise overstate). core: the engine's modules (`engine_modules`), by default this tree's."""
+    core = core or engine_modules()
+    one_row, batched = core.engine.SpeculativeGenerator, core.batch_engine.BatchSpeculativeGenerator
+    adaptive = gamma == "adaptive"
+    policy, cap = (core.gamma.AdaptiveGamma(max_gamma=ADAPTIVE_MAX), ADAPTIVE_MAX) if adaptive else (None, gamma)
+    if policy is not None and not isinstance(drafter, core.drafters.NoDrafter):
         if batch == 1:
-            one = SpeculativeGenerator(target, drafter, num_speculative_tokens=cap, gamma_policy=policy)
+            one = one_row(target, drafter, num_speculative_tokens=cap, gamma_policy=policy)
             policy.set_costs(one.measure_costs(prompts[0]))
         else:  # one new token: the rows never draft, so only the costs are learnt
-            BatchSpeculativeGenerator(target, drafter, batch_size=batch, num_speculative_tokens=cap, max_new_tokens=1,
-                                      gamma_policy=policy).generate_many([(p, 0) for p in prompts[:batch]])
+            batched(target, drafter, batch_size=batch, num_speculative_tokens=cap, max_new_tokens=1,
+                    gamma_policy=policy).generate_many([(p, 0) for p in prompts[:batch]])
     t0 = time.perf_counter()
     admit_s = None
     if batch == 1:
-        gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=cap, max_new_tokens=max_new,
-                                   gamma_policy=policy)
+        gen = one_row(target, drafter, num_speculative_tokens=cap, max_new_tokens=max_new, gamma_policy=policy)
         outs = [gen.generate(p, 0) for p in prompts]
     else:
-        bgen = BatchSpeculativeGenerator(target, drafter, batch_size=batch, num_speculative_tokens=cap,
-                                         max_new_tokens=max_new, gamma_policy=policy)
+        bgen = batched(target, drafter, batch_size=batch, num_speculative_tokens=cap, max_new_tokens=max_new,
+                       gamma_policy=policy)
         outs = bgen.generate_many([(p, 0) for p in prompts])
         admit_s = bgen.admit_s
     secs = time.perf_counter() - t0
