@@ -16,11 +16,11 @@ _MARGIN = 4  # tokens before the longest possible match: up to 3 bytes of a spli
 
 
 def check_stop_strings(stops: Sequence[str]) -> tuple[str, ...]:
-    """The stop strings as a tuple; ValueError for an empty one (it would stop at once)."""
-    stops = tuple(stops)
-    for s in stops:
-        if not isinstance(s, str) or not s:
-            raise ValueError(f"--stop {s!r}: a stop string must be non-empty text")
+    """The stop strings as a tuple; ValueError for an empty one (it would stop at once) or one holding U+FFFD,
+    which a tail window that splits a character decodes to, so it would match where the text does not hold it."""
+    for s in (stops := tuple(stops)):
+        if not isinstance(s, str) or not s or "\ufffd" in s:
+            raise ValueError(f"--stop {s!r}: a stop string must be non-empty text without U+FFFD (undecodable bytes)")
     return stops
 
 

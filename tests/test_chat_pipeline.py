@@ -120,6 +120,8 @@ def test_instruct_settings_that_cannot_work_stop_before_any_work(tmp_path, chat_
         "holds conversations, but the tokenizer of": args(conv, plain_target, plain_draft),
         "--system_prompt needs --chat_template": args(text, target, draft, "--system_prompt", "Be brief."),
         "--stop '': a stop string must be non-empty": args(text, target, draft, "--stop", ""),
+        "--stop '\ufffd!': a stop string must be non-empty text without U+FFFD": args(text, target, draft, "--stop",
+                                                                                  "\ufffd!"),
         "expected text, or a conversation": args(strings, target, draft),
     }
     capsys.readouterr()

@@ -119,6 +119,15 @@ def test_empty_stop_string_is_refused():
         check_stop_strings(["ok", ""])
 
 
+def test_a_stop_string_holding_the_replacement_character_is_refused():
+    """A window that starts inside a character decodes it to U+FFFD: such a stop would match text the output
+    does not hold ("é" is two byte-level tokens; a window from its second holds "\ufffd")."""
+    with pytest.raises(ValueError, match="U\\+FFFD"):
+        check_stop_strings(["ok", "\ufffdor"])
+    with pytest.raises(ValueError, match="U\\+FFFD"):
+        StopStrings(build_chat_tokenizer(), ["\ufffd"])
+
+
 # --- the engine -------------------------------------------------------------------------------
 
 
