@@ -60,9 +60,9 @@ def decode(core, target, draft, prompts: list[list[int]], batch: int, gamma: int
     return outs, secs
 
 
-def pairs(tiny: bool, cache: Path) -> dict[str, tuple]:
-    """name -> (target, draft, prompts' ids, share_encoder): the quick Llama pair at batch 1 ("bench") and
-    batched, the T5 pair, the demo's pair."""
+def pairs(tiny: bool, cache: Path, names: set[str]) -> dict[str, tuple]:
+    """name -> (target, draft, prompts' ids, share_encoder) for the named of: the quick Llama pair at batch 1
+    ("bench") and batched ("llama", the same models), the T5 pair, the demo's pair."""
     from transformers import AutoTokenizer
 
     from pipeline.bench.family_pairs import FAMILY_PAIRS, TINY_FAMILY_PAIRS, build_family_pair
@@ -70,25 +70,33 @@ def pairs(tiny: bool, cache: Path) -> dict[str, tuple]:
     from pipeline.demo.models import ASSETS, demo_prompt_rows
     from specdec_core.loading import load_model
 
-    def load(dirs, spec, n, length, share=False):
+    loaded: dict[str, tuple] = {}
+
+    def models(dirs) -> tuple:
+        """The pair in `dirs`, loaded once however many prompt sets use it."""
+        if str(dirs["target"]) not in loaded:
+            loaded[str(dirs["target"])] = tuple(load_model(str(dirs[k]), torch.device("cpu"), torch.float32)
+                                                for k in ("target", "draft"))
+        return loaded[str(dirs["target"])]
+
+    def synthetic(build, spec, n, length, share=False):
+        dirs = build(spec, cache)
         tok = AutoTokenizer.from_pretrained(dirs["target"])
-        ids = [tok(text)["input_ids"] for _, text in synthetic_prompts(spec, n, length)]
-        cpu = torch.device("cpu")
-        return load_model(str(dirs["target"]), cpu, torch.float32), load_model(str(dirs["draft"]), cpu,
-                                                                               torch.float32), ids, share
+        return *models(dirs), [tok(text)["input_ids"] for _, text in synthetic_prompts(spec, n, length)], share
+
+    def demo():
+        tok = AutoTokenizer.from_pretrained(ASSETS / "target")
+        rows = demo_prompt_rows()[: 4 if tiny else 40]
+        return *models({"target": ASSETS / "target", "draft": ASSETS / "draft"}), [
+            tok(r["prompt"])["input_ids"] for r in rows], False
 
     llama = QUICK_SYNTH if not tiny else TINY_SYNTH
     t5 = (TINY_FAMILY_PAIRS if tiny else FAMILY_PAIRS)["t5"]
-    out = {"bench": load(build_synthetic_pair(llama, cache), llama, 2 if tiny else 6, 16 if tiny else 64),
-           "llama": load(build_synthetic_pair(llama, cache), llama, 8 if tiny else 64, 16 if tiny else 48),
-           "t5": load(build_family_pair(t5, cache), t5, 8 if tiny else 32, 16 if tiny else 32, share=True)}
-    tok = AutoTokenizer.from_pretrained(ASSETS / "target")
-    rows = demo_prompt_rows()[: 4 if tiny else 40]
-    cpu = torch.device("cpu")
-    out["demo"] = (load_model(str(ASSETS / "target"), cpu, torch.float32),
-                   load_model(str(ASSETS / "draft"), cpu, torch.float32),
-                   [tok(r["prompt"])["input_ids"] for r in rows], False)
-    return out
+    makers = {"bench": lambda: synthetic(build_synthetic_pair, llama, 2 if tiny else 6, 16 if tiny else 64),
+              "llama": lambda: synthetic(build_synthetic_pair, llama, 8 if tiny else 64, 16 if tiny else 48),
+              "t5": lambda: synthetic(build_family_pair, t5, 8 if tiny else 32, 16 if tiny else 32, share=True),
+              "demo": demo}
+    return {name: make() for name, make in makers.items() if name in names}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,14 +112,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="ovn-"))
     sides = {"old": engine_modules(old_package(a.old, work)), "new": engine_modules()}
-    models = pairs(a.tiny, Path(a.cache_dir))
-    prepared = {}  # (side, pair) -> (target, draft): each side's own CPU preparation of its own copy
-    for name, (target, draft, _, share) in models.items():
-        for s, mods in sides.items():
-            t, d = (mods.cpu_speed.prepare_for_cpu(copy.deepcopy(m)) for m in (target, draft))
-            if share:
-                d.encoder = t.get_encoder()
-            prepared[s, name] = t, d
     demo_gamma = json.loads((ROOT / "pipeline/demo/pair/MANIFEST.json").read_text())["quality"].get(
         "num_speculative_tokens", 4)
     new = 24 if a.tiny else None
@@ -127,6 +127,14 @@ def main(argv: list[str] | None = None) -> int:
              ("the demo, alone", "demo", False, 1, demo_gamma, new or 160)]
     if a.only:
         plan = [x for x in plan if any(x[0].startswith(o) for o in a.only.split(","))]
+    models = pairs(a.tiny, Path(a.cache_dir), {x[1] for x in plan})
+    prepared = {}  # (side, pair) -> (target, draft): each side's own CPU preparation of its own copy
+    for name, (target, draft, _, share) in models.items():
+        for s, mods in sides.items():
+            t, d = (mods.cpu_speed.prepare_for_cpu(copy.deepcopy(m)) for m in (target, draft))
+            if share:
+                d.encoder = t.get_encoder()
+            prepared[s, name] = t, d
     warm = {x[1]: x for x in reversed(plan)}  # each pair's first measurement
     for _label, pair, with_draft, b, g, _n in warm.values():  # warm-up: first-call allocations, kernel choices
         for s in sides:
