@@ -465,6 +465,36 @@ def test_rows_past_the_time_limit_leave_as_item_timeouts(models, prompts):
 
 
 @pytest.mark.parametrize("kind", ["llama", "t5"])
+@pytest.mark.parametrize("together", [1, 2])
+def test_rows_that_time_out_mid_batch_leave_and_the_rest_stay_exact(models, prompts, monkeypatch, kind, together):
+    """A time limit that fires for some rows only: the rows in the batch when the clock jumps leave as ItemTimeouts,
+    mid-output; the prompts admitted into their places afterwards decode what generate() gives; nothing is lost."""
+    import time
+
+    from specdec_core.rows import ItemTimeout
+
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    target, draft = models[kind]
+    n = 12
+
+    def jump(tokens):  # row 0's finish check: 100 s pass once it has 3 tokens (every live row sees them)
+        if len(seen := jump.seen) < 3 <= len(seen) + len(tokens):
+            now[0] += 100.0
+        seen += list(tokens)
+        return None
+
+    jump.seen = []
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=2, num_speculative_tokens=2,
+                                       max_new_tokens=n, settings=PassSettings(admit_together=together))
+    out = engine.generate_many([(p, 0) for p in prompts], [jump] + [None] * (len(prompts) - 1), max_seconds=50)
+    assert len(out) == len(prompts)
+    assert all(isinstance(o, ItemTimeout) for o in out[:2]), out[:2]
+    assert "stopped after" in str(out[0]) and "after 0 new" not in str(out[0])
+    assert [o.tokens for o in out[2:]] == [hf_greedy(target, p, n) for p in prompts[2:]]
+
+
+@pytest.mark.parametrize("kind", ["llama", "t5"])
 def test_drafts_end_at_an_end_token(models, prompts, kind):
     """A draft that proposes an end token proposes nothing after it (nothing after an end is ever
     kept), at batch 1 and in a batch; the outputs stay the target's."""
