@@ -328,3 +328,24 @@ def test_makefile_run_passes_known_parameters():
             assert _accepts(PARAMS[key], value), (key, value)
     opts = SpecDecOptions(argv)
     assert opts.large_model is True and opts.device == "cuda"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+def test_makefile_run_direct_passes_flags_the_pipeline_accepts_and_extra_args_as_they_are():
+    import shlex
+
+    out = subprocess.run(
+        ["make", "-s", "-n", "-f", "templates/Makefile", "run-direct", "PROJECT=acme-ml", "RUN_ID=r1",
+         "CHAT_TEMPLATE=true", "SYSTEM_PROMPT=Be brief, please.", "EXTRA_ARGS=--stop '###' --device_map auto"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout
+    argv = shlex.split(out.replace("\\\n", " "))
+    assert argv[:3] == ["python", "-m", "pipeline.run"]
+    opts = SpecDecOptions(argv[3:])
+    assert (opts.stop, opts.device_map, opts.chat_template, opts.system_prompt, opts.batch_size) == (
+        ["###"], "auto", True, "Be brief, please.", 16)
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    unknown = set(PipelineOptions(argv[3:]).get_all_options(retain_unknown_options=True)) - set(
+        PipelineOptions(argv[3:]).get_all_options(retain_unknown_options=False))
+    assert not unknown, f"run-direct passes flags neither the pipeline nor Beam knows: {unknown}"
