@@ -118,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     plan = [("batch 1, quick pair, draft, gamma 4", "bench", True, 1, 4, new or 48),
             ("batch 1, quick pair, alone", "bench", False, 1, 4, new or 48)]
     for b in (8, 16, 32):
-        plan += [(f"Llama quick pair B = {b}, draft, adaptive", "llama", True, b, "adaptive", new or 24),
+        # Fixed gamma: adaptive gamma learns its costs from timings each call, and on this machine the gamma it chose
+        # (and the verify passes: 538-818 at B = 16) moved between calls of the same side, which swamps the code.
+        plan += [(f"Llama quick pair B = {b}, draft, gamma 2", "llama", True, b, 2, new or 24),
                  (f"Llama quick pair B = {b}, alone", "llama", False, b, 4, new or 24)]
     for b in (8, 16, 32):
         plan += [(f"T5 pair B = {b}, draft, gamma 3", "t5", True, b, 3, new or 16),
