@@ -479,13 +479,14 @@ def test_rows_that_time_out_mid_batch_leave_and_the_rest_stay_exact(models, prom
     target, draft = models[kind]
     n = 12
 
+    seen: list[int] = []
+
     def jump(tokens):  # row 0's finish check: 100 s pass once it has 3 tokens (every live row sees them)
-        if len(seen := jump.seen) < 3 <= len(seen) + len(tokens):
+        if len(seen) < 3 <= len(seen) + len(tokens):
             now[0] += 100.0
-        seen += list(tokens)
+        seen.extend(tokens)
         return None
 
-    jump.seen = []
     engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=2, num_speculative_tokens=2,
                                        max_new_tokens=n, settings=PassSettings(admit_together=together))
     out = engine.generate_many([(p, 0) for p in prompts], [jump] + [None] * (len(prompts) - 1), max_seconds=50)

@@ -303,12 +303,15 @@ def test_hadolint():
 
 # --- Makefile ------------------------------------------------------------------------------------
 
+def make_dry_run(*args: str) -> str:
+    """What `make -n` would run for the Makefile's targets and variables in `args`."""
+    return subprocess.run(["make", "-s", "-n", "-f", "templates/Makefile", *args, "PROJECT=acme-ml", "RUN_ID=r1"],
+                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
 def test_makefile_run_passes_known_parameters():
-    out = subprocess.run(
-        ["make", "-s", "-n", "-f", "templates/Makefile", "run", "template", "PROJECT=acme-ml", "RUN_ID=r1"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout
+    out = make_dry_run("run", "template")
     assert "gcloud dataflow flex-template run specdec-r1" in out.replace('"', "")
     assert "--metadata-file templates/metadata.json" in out
     params = re.search(r"--parameters '\^~\^([^']*)'", out).group(1)
@@ -334,11 +337,8 @@ def test_makefile_run_passes_known_parameters():
 def test_makefile_run_direct_passes_flags_the_pipeline_accepts_and_extra_args_as_they_are():
     import shlex
 
-    out = subprocess.run(
-        ["make", "-s", "-n", "-f", "templates/Makefile", "run-direct", "PROJECT=acme-ml", "RUN_ID=r1",
-         "CHAT_TEMPLATE=true", "SYSTEM_PROMPT=Be brief, please.", "EXTRA_ARGS=--stop '###' --device_map auto"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout
+    out = make_dry_run("run-direct", "CHAT_TEMPLATE=true", "SYSTEM_PROMPT=Be brief, please.",
+                       "EXTRA_ARGS=--stop '###' --device_map auto")
     argv = shlex.split(out.replace("\\\n", " "))
     assert argv[:3] == ["python", "-m", "pipeline.run"]
     opts = SpecDecOptions(argv[3:])
@@ -346,6 +346,6 @@ def test_makefile_run_direct_passes_flags_the_pipeline_accepts_and_extra_args_as
         ["###"], "auto", True, "Be brief, please.", 16)
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    unknown = set(PipelineOptions(argv[3:]).get_all_options(retain_unknown_options=True)) - set(
-        PipelineOptions(argv[3:]).get_all_options(retain_unknown_options=False))
+    options = PipelineOptions(argv[3:])
+    unknown = set(options.get_all_options(retain_unknown_options=True)) - set(options.get_all_options())
     assert not unknown, f"run-direct passes flags neither the pipeline nor Beam knows: {unknown}"
