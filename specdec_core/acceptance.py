@@ -25,12 +25,8 @@ def verify_greedy(drafts: list[int], target_choice: torch.Tensor | list[int]) ->
     return n, choice[n]
 
 
-def verify_sampled(
-    drafts: list[int],
-    p: torch.Tensor,
-    q: torch.Tensor | None,
-    generator: torch.Generator,
-) -> tuple[int, int]:
+def verify_sampled(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None, generator: torch.Generator
+                   ) -> tuple[int, int]:
     """Speculative sampling: draft i is accepted iff u_i * q_i(x_i) <= p_i(x_i), u_i ~ U[0,1), i.e. w.p. min(1, p/q).
     p: (k+1, V), at each draft and the bonus position. q: (k, V), what the drafts were sampled from, or None for a
     deterministic drafter (one-hot: x accepted w.p. p(x)). One uniform per draft, none without drafts."""

@@ -76,7 +76,7 @@ class BatchKV:
         self.cache = GrowingCache()
         # The mask lives on the CPU: rollbacks and refills change a few entries of a few rows
         # each round, which on a GPU would be a kernel launch per row; a pass sends it over once.
-        self.mask = torch.zeros((rows, 0), dtype=torch.long)
+        self._mask: torch.Tensor | None = torch.zeros((rows, 0), dtype=torch.long)
         self.logits: torch.Tensor | None = None  # the last pass's float32 logits (rows, fed, V)
         self.cols: list[list[int]] = [[] for _ in range(rows)]
         config = model.config
@@ -96,6 +96,12 @@ class BatchKV:
             if "cache_length" not in inspect.signature(module.forward).parameters:
                 raise ValueError(f"{type(model).__name__}: its decoder's position embedding takes no cache length, so "
                                  "rows of different lengths cannot share a batch")
+
+    @property
+    def mask(self) -> torch.Tensor:  # (rows, width): 1 where a row's column is valid (`_mask` None while all are)
+        if self._mask is None:
+            self._mask = torch.ones((self.rows, max(map(len, self.cols), default=0)), dtype=torch.long)
+        return self._mask
 
     @property
     def rows(self) -> int:
@@ -159,10 +165,10 @@ class BatchKV:
         if (not logits or (last and plain)) and _accepts_logits_to_keep(type(self.model)):
             kwargs["logits_to_keep"] = 1  # a prefill (no logits wanted), or one row's last
         out = self._plain(ids, kwargs) if plain else self._padded(feeds, ids, m, width, aligned, kwargs)
-        new = torch.tensor([[1] * len(f) + [0] * (m - len(f)) for f in feeds], dtype=torch.long)
         for b, f in enumerate(feeds):
             self.cols[b].extend(range(width, width + len(f)))
-        self.mask = torch.cat([self.mask, new], dim=1)
+        self._mask = None if plain else torch.cat([self.mask, torch.tensor(
+            [[1] * len(f) + [0] * (m - len(f)) for f in feeds], dtype=torch.long)], dim=1)
         if not logits:
             self.logits = None
             return []
@@ -287,7 +293,7 @@ class BatchKV:
             return
         if self.rows == 1 and len(self.cols[0]) == self.width:
             self.cache.crop(length - self.width)  # (a count of columns to remove)
-            self.mask = self.mask[:, :length]
+            self._mask = None
         else:
             self.mask[b, self.cols[b][length:]] = 0
         del self.cols[b][length:]
@@ -312,7 +318,7 @@ class BatchKV:
         for layer in self.cache.layers + (self.cross.layers if self.encdec else []):
             if layer.is_initialized:
                 layer.keys, layer.values = layer.keys[:n], layer.values[:n]
-        self.mask = self.mask[order]
+        self._mask = self.mask[order]
         if self.encdec:
             self.enc_mask = self.enc_mask[order]
         self.cols = [self.cols[i] for i in order]
@@ -340,8 +346,7 @@ class BatchKV:
                 k[slot, :, width - len(cols):] = fk[j, :, cols.to(fk.device)]
                 v[slot, :, width - len(cols):] = fv[j, :, cols.to(fv.device)]
         for slot, c in zip(slots, fresh.cols, strict=True):
-            self.mask[slot] = 0
-            self.mask[slot, width - len(c):] = 1
+            self.mask[slot] = torch.arange(width) >= width - len(c)
             self.cols[slot] = list(range(width - len(c), width))
 
     def _place_cross(self, slots: list[int], fresh: BatchKV) -> None:
@@ -380,7 +385,7 @@ class BatchKV:
         if cross:
             self.enc_mask = torch.cat([self.enc_mask, self.enc_mask.new_zeros((self.rows, n))], dim=1)
         else:
-            self.mask = torch.cat([self.mask, self.mask.new_zeros((self.rows, n))], dim=1)
+            self._mask = torch.cat([self.mask, self.mask.new_zeros((self.rows, n))], dim=1)
 
     def _layers(self, cross: bool = False) -> KV:
         """The initialized layers' keys and values: the decoder's own, or (cross) its cross-attention ones."""
@@ -444,9 +449,8 @@ class BatchKV:
                 layer.adopt(kbuf, vbuf, width)
         self.cache = GrowingCache() if holder is None else holder.cache
         self.cols = [list(range(width - len(c), width)) for kv in every for c in kv.cols]
-        self.mask = torch.zeros((len(self.cols), width), dtype=torch.long)
-        for b, c in enumerate(self.cols):
-            self.mask[b, width - len(c):] = 1
+        starts = torch.tensor([width - len(c) for c in self.cols], dtype=torch.long)[:, None]
+        self._mask = (torch.arange(width)[None] >= starts).long()  # (right-aligned)
 
 
 # On a CPU one pass over many prompts is slower than several smaller ones: its activations outgrow

@@ -121,13 +121,8 @@ class Costs:
         return self._best[key]
 
     @classmethod
-    def measure(
-        cls,
-        target_step: Callable[[int], float],
-        draft_step: Callable[[], float] | None,
-        ks: Sequence[int] = (2, 3, 4, 5, 6, 7, 8, 9),
-        reps: int = 3,
-    ) -> Costs:
+    def measure(cls, target_step: Callable[[int], float], draft_step: Callable[[], float] | None,
+                ks: Sequence[int] = (2, 3, 4, 5, 6, 7, 8, 9), reps: int = 3) -> Costs:
         """Costs from timers: target_step(k) -> seconds of one k-token pass, draft_step() -> of one draft step.
         Each pass is timed right after a 1-token pass and taken relative to it, so load changes on a shared machine
         cancel out; the median ratio over reps is used."""

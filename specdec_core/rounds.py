@@ -230,22 +230,21 @@ class RoundEngine:
                 if draft:
                     qs[b], confs[b] = draft.q, draft.confidences
             return drafts, qs, confs, caught
-        # The draft reads a row's prompt lazily, in a pass of no logits (an item that never drafts never pays it).
+        keeps = [None if batch_k else r.keep(greedy) for r in live]
+        confs = [None if keep is None else [] for keep in keeps]
+        ends = self.drafter.ends
+        chained = self._chains(live, dkv) and all(keep is None for keep in keeps) and max(ks, default=0) > 0
+        # The draft reads a row's prompt lazily (an item that never drafts never pays it), a pass counted as its
+        # prefill: at batch 1 its first step's (one logit kept); else a pass of no logits before chained steps, or
+        # before a batch's steps (a padded step keeps every position's logits).
         lazy = [b for b, (r, k) in enumerate(zip(live, ks, strict=True))
                 if k > 0 and not r.new and dkv.length(b) < len(r.seq) - 1]
-        if lazy:
+        if lazy and (chained or n > 1):
             t0 = time.perf_counter()
             dkv.forward([r.seq[dkv.length(b):-1] if b in lazy else [] for b, r in enumerate(live)], logits=False)
             synchronize(self.target.device)
-            for b in lazy:
-                caught[b] = time.perf_counter() - t0
-        keeps = []
-        for b, r in enumerate(live):
-            keeps.append(None if batch_k else r.keep(greedy))
-            if keeps[b] is not None:
-                confs[b] = []
-        ends = self.drafter.ends
-        if self._chains(live, dkv) and all(keep is None for keep in keeps) and max(ks, default=0) > 0:
+            caught, lazy = [time.perf_counter() - t0 if b in lazy else 0.0 for b in range(n)], []
+        if chained:
             # The round's steps chained on the device for every row, read back once.
             feeds = [r.seq[dkv.length(b):] if k > 0 else [] for b, (r, k) in enumerate(zip(live, ks, strict=True))]
             picks = dkv.draft_greedy(feeds, max(ks))
@@ -261,7 +260,11 @@ class RoundEngine:
             if not rows:
                 break
             feeds = [curs[b][dkv.length(b):] if b in rows else [] for b in range(n)]
+            t0 = time.perf_counter()
             logits = dkv.forward(feeds, last=True)
+            if i == 0 and lazy:
+                synchronize(self.target.device)
+                caught = [time.perf_counter() - t0 if b in lazy else 0.0 for b in range(n)]
             choices = self._argmax_rows(live, dkv.logits) if all(keep is None for keep in keeps) else None
             for b in rows:
                 live[b].draft_steps += 1

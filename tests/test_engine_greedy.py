@@ -221,9 +221,10 @@ class _NoDrafts(GammaPolicy):
 
 def test_the_drafts_prompt_pass_is_counted_as_prefill(models, tokenizer, monkeypatch):
     """At batch 1 a model draft reads the prompt when it first drafts (lazily: an item that never
-    drafts never pays it), in one pass of no logits. That pass is the draft's prefill: timed
-    apart and counted in prefill_s, not draft_s, as the batch engine counts it (draft_s /
-    draft_steps then is about a step's cost at every batch size)."""
+    drafts never pays it), in its first draft step's pass: the prompt and the first draft's logits
+    in one pass, not a pass of no logits and then a one-token step. That pass is the draft's
+    prefill: timed and counted in prefill_s, not draft_s (the batch engine counts its draft
+    prefills there too)."""
     target, draft = models["llama"]
     ids = tokenizer(PROMPTS[0]).input_ids
     passes = []
@@ -233,15 +234,15 @@ def test_the_drafts_prompt_pass_is_counted_as_prefill(models, tokenizer, monkeyp
         t0 = time.perf_counter()
         out = forward(self, feeds, logits, last)
         if self.model is draft:
-            passes.append((self.length(0), len(out[0][-1:]) if out else 0, time.perf_counter() - t0))
+            passes.append((len(feeds[0]), len(out[0][-1:]) if out else 0, time.perf_counter() - t0))
         return out
     monkeypatch.setattr(BatchKV, "forward", spy)
     out = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=12).generate(ids)
     assert out.tokens == reference(target, ids, 12)
-    assert passes[0][:2] == (len(ids) - 1, 0)  # the prompt but its newest token, no logits: once
-    assert all(logits == 1 for _, logits, _ in passes[1:])  # then one step a pass, one logit each
+    assert passes[0][:2] == (len(ids), 1)  # the whole prompt, the first draft's logits: one pass
+    assert all(fed == 1 and logits == 1 for fed, logits, _ in passes[1:])  # then one token a step
     assert out.stats.prefill_s >= passes[0][2] and out.stats.draft_s >= 0
-    assert out.stats.draft_steps == sum(out.stats.gammas) == len(passes) - 1  # every step a proposed token's
+    assert out.stats.draft_steps == sum(out.stats.gammas) == len(passes)  # every pass a proposed token's
 
     passes.clear()  # an item whose gamma never drafts never reads its prompt in the draft
     never = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=12,
