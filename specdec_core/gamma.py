@@ -162,9 +162,18 @@ class _Calibration:
         self.hits[b] += accepted
 
 
+@dataclass
+class _Backoff:
+    """Backed off: rounds left before a probe with one draft, and the wait after a failed probe (doubled, reset by an
+    accepted draft). Shared by items that share acceptance: a draft that never agrees is probed every few rounds."""
+    on: bool = False
+    wait: int = 0
+    probe_wait: int = 4
+
+
 class AdaptiveGamma(GammaPolicy):
-    """Per-item gamma from measured acceptance and costs (None: the engine times them once per process).
-    share_across_items: new items start from earlier ones' acceptance, so a pair that never agrees drafts no more."""
+    """Per-item gamma from measured acceptance and costs (None: the engine times them once per process). Shared across
+    items (the default), new items start from earlier ones' acceptance and back-off: a pair that never agrees stops."""
 
     prior_weight = 4.0  # tested drafts the prior counts as (a power of two: an unshared pool is the prior exactly)
     decay = 0.85  # of an item's acceptance counts, per round that drafted
@@ -178,8 +187,8 @@ class AdaptiveGamma(GammaPolicy):
         self.early_stop = early_stop
         self._lock = threading.Lock()
         # Process-wide pooled acceptance (decayed counts; not sharing, it stays the prior) and confidence calibration.
-        self._pool_hits = prior_acceptance * self.prior_weight
-        self._pool_trials = self.prior_weight
+        self._pool_hits, self._pool_trials = prior_acceptance * self.prior_weight, self.prior_weight
+        self.backoff = _Backoff()
         self.calibration = _Calibration()
 
     @property
@@ -201,8 +210,7 @@ class AdaptiveGamma(GammaPolicy):
             return
         with self._lock:
             keep = 0.5 ** (trials / 200.0)  # the pool forgets over a few hundred tested drafts
-            self._pool_hits = self._pool_hits * keep + hits
-            self._pool_trials = self._pool_trials * keep + trials
+            self._pool_hits, self._pool_trials = self._pool_hits * keep + hits, self._pool_trials * keep + trials
 
     def start(self, gamma: int) -> _AdaptiveState:
         return _AdaptiveState(self, min(gamma, self.max_gamma))
@@ -215,10 +223,8 @@ class _AdaptiveState(GammaState):
         self.cap = max(cap, 1)
         w = policy.prior_weight
         self.hits, self.trials = policy.prior() * w, w  # decayed Bernoulli counts of tested drafts
-        self.wait = 0  # rounds left without drafting (backed off)
-        self.probe_wait = 4
+        self.backoff = policy.backoff if policy.share else _Backoff()
         self.last_k = 0
-        self.backed_off = False
         self._survival = 1.0  # P(all drafts of this round so far are accepted)
         self._expected = 1.0  # expected tokens of this round if drafting stopped now
 
@@ -230,18 +236,15 @@ class _AdaptiveState(GammaState):
         return self.policy.costs or Costs(c=0.1)
 
     def next(self) -> int:
-        if self.wait > 0:
-            self.wait -= 1
-            k = 0
-        else:
-            costs = self._costs()
-            k = costs.best_gamma(self.acceptance, self.cap)
-            if k == 0 and costs.best_gamma(1.0, self.cap) > 0:  # (no probe where no acceptance could pay)
-                if self.backed_off:  # the wait is over: probe with one draft
-                    k = 1
-                else:
-                    self.backed_off = True
-                    self.wait = self.probe_wait - 1
+        costs, off = self._costs(), self.backoff
+        k = costs.best_gamma(self.acceptance, self.cap)
+        if k == 0 and costs.best_gamma(1.0, self.cap) > 0:  # (no probe where no acceptance could pay)
+            if off.wait > 0:
+                off.wait -= 1
+            elif off.on:  # the wait is over: probe with one draft
+                k = 1
+            else:
+                off.on, off.wait = True, off.probe_wait - 1
         self.last_k = k
         return k
 
@@ -280,15 +283,14 @@ class _AdaptiveState(GammaState):
         # Geometric trials: `accepted` successes, plus one failure if a draft was rejected.
         trials = accepted + (1 if accepted < drafted else 0)
         d = self.policy.decay
-        self.hits = self.hits * d + accepted
-        self.trials = self.trials * d + trials
+        self.hits, self.trials = self.hits * d + accepted, self.trials * d + trials
         self.policy._pool(accepted, trials)
-        if self.backed_off and self.last_k == 1 and accepted == 0:
-            self.probe_wait = min(self.probe_wait * 2, self.policy.max_probe_wait)
-            self.wait = self.probe_wait - 1
+        off = self.backoff
+        if off.on and self.last_k == 1 and accepted == 0:
+            off.probe_wait = min(off.probe_wait * 2, self.policy.max_probe_wait)
+            off.wait = off.probe_wait - 1
         elif accepted > 0:
-            self.backed_off = False
-            self.probe_wait = 4
+            off.on, off.probe_wait = False, 4
 
 
 def batch_gamma(costs: Costs, acceptances: Sequence[float], max_gamma: int, per_token: float = 0.0) -> int:

@@ -116,6 +116,28 @@ def test_shared_prior_starts_new_items_backed_off():
     assert policy.start(8).next() == 0
 
 
+def test_items_sharing_acceptance_share_the_back_off():
+    """A draft that never agrees, over many short items: the wait between probes carries over from item to item
+    (doubling to its cap), so the process probes about once every max_probe_wait rounds, where each item backing
+    off on its own probed twice in its 24 rounds (and read its prompt with the draft for it)."""
+    costs = Costs(c=0.1, v={k: 1.5 for k in range(2, 12)})
+    policy = AdaptiveGamma(costs, max_gamma=8)
+    drafting = []
+    for _ in range(20):
+        st = policy.start(8)
+        for _ in range(24):
+            k = st.next()
+            st.update(k, 0)
+            drafting.append(k > 0)
+    assert sum(drafting[-240:]) <= 240 // AdaptiveGamma.max_probe_wait + 1
+    # One item's accepted draft ends the back-off for the items after it.
+    st = policy.start(8)
+    while st.next() == 0:
+        pass
+    st.update(1, 1)
+    assert policy.backoff.probe_wait == 4 and not policy.backoff.on
+
+
 def test_fixed_gamma_unchanged():
     st = fixed_gamma.start(5)
     st.update(5, 2)
