@@ -290,7 +290,7 @@ class _AdaptiveState(GammaState):
             off.probe_wait = min(off.probe_wait * 2, self.policy.max_probe_wait)
             off.wait = off.probe_wait - 1
         elif accepted > 0:
-            off.on, off.probe_wait = False, 4
+            off.on, off.probe_wait = False, _Backoff.probe_wait
 
 
 def batch_gamma(costs: Costs, acceptances: Sequence[float], max_gamma: int, per_token: float = 0.0) -> int:

@@ -234,16 +234,16 @@ class RoundEngine:
         confs = [None if keep is None else [] for keep in keeps]
         ends = self.drafter.ends
         chained = self._chains(live, dkv) and all(keep is None for keep in keeps) and max(ks, default=0) > 0
-        # The draft reads a row's prompt lazily (an item that never drafts never pays it), a pass counted as its
-        # prefill: at batch 1 its first step's (one logit kept); else a pass of no logits before chained steps, or
-        # before a batch's steps (a padded step keeps every position's logits).
+        # A row's draft reads its prompt lazily (never if it never drafts), in a pass counted as prefill: one row's
+        # first step (folded), else a pass of no logits first (chains feed one token; padded steps keep all logits).
         lazy = [b for b, (r, k) in enumerate(zip(live, ks, strict=True))
                 if k > 0 and not r.new and dkv.length(b) < len(r.seq) - 1]
-        if lazy and (chained or n > 1):
+        folded = bool(lazy) and n == 1 and not chained
+        if lazy and not folded:
             t0 = time.perf_counter()
             dkv.forward([r.seq[dkv.length(b):-1] if b in lazy else [] for b, r in enumerate(live)], logits=False)
             synchronize(self.target.device)
-            caught, lazy = [time.perf_counter() - t0 if b in lazy else 0.0 for b in range(n)], []
+            caught = [time.perf_counter() - t0 if b in lazy else 0.0 for b in range(n)]
         if chained:
             # The round's steps chained on the device for every row, read back once.
             feeds = [r.seq[dkv.length(b):] if k > 0 else [] for b, (r, k) in enumerate(zip(live, ks, strict=True))]
@@ -262,9 +262,9 @@ class RoundEngine:
             feeds = [curs[b][dkv.length(b):] if b in rows else [] for b in range(n)]
             t0 = time.perf_counter()
             logits = dkv.forward(feeds, last=True)
-            if i == 0 and lazy:
+            if i == 0 and folded:
                 synchronize(self.target.device)
-                caught = [time.perf_counter() - t0 if b in lazy else 0.0 for b in range(n)]
+                caught = [time.perf_counter() - t0]
             choices = self._argmax_rows(live, dkv.logits) if all(keep is None for keep in keeps) else None
             for b in rows:
                 live[b].draft_steps += 1
