@@ -181,10 +181,8 @@ class AdaptiveGamma(GammaPolicy):
 
     def __init__(self, costs: Costs | None = None, *, max_gamma: int = 12, prior_acceptance: float = 0.6,
                  share_across_items: bool = True, early_stop: bool = True):
-        self.costs = costs
-        self.max_gamma = max_gamma
-        self.share = share_across_items
-        self.early_stop = early_stop
+        self.costs, self.max_gamma = costs, max_gamma
+        self.share, self.early_stop = share_across_items, early_stop
         self._lock = threading.Lock()
         # Process-wide pooled acceptance (decayed counts; not sharing, it stays the prior) and confidence calibration.
         self._pool_hits, self._pool_trials = prior_acceptance * self.prior_weight, self.prior_weight
@@ -218,8 +216,7 @@ class AdaptiveGamma(GammaPolicy):
 
 class _AdaptiveState(GammaState):
     def __init__(self, policy: AdaptiveGamma, cap: int):
-        self.policy = policy
-        self.stops_early = policy.early_stop
+        self.policy, self.stops_early = policy, policy.early_stop
         self.cap = max(cap, 1)
         w = policy.prior_weight
         self.hits, self.trials = policy.prior() * w, w  # decayed Bernoulli counts of tested drafts
@@ -293,18 +290,18 @@ class _AdaptiveState(GammaState):
             off.on, off.probe_wait = False, _Backoff.probe_wait
 
 
-def batch_gamma(costs: Costs, acceptances: Sequence[float], max_gamma: int, per_token: float = 0.0) -> int:
+def batch_gamma(costs: Costs, acceptances: Sequence[float], max_gamma: int, per_token: float = 0.0,
+                hurdle: float = 0.0) -> int:
     """Drafts per row for a round in which all rows verify in one pass (docs/batching.md).
     A batched pass is as wide as its longest row, so every row may draft K once one does: the round costs
     K c + v(K + 1) at this batch width and yields sum_b E(a_b, K); K = 0 yields one token per row at cost 1.
-    per_token: the draft's prefill of each prompt per token it yields (a batch that does not draft skips it)."""
-    best, best_rate = 0, float(len(acceptances))
+    per_token: the draft's prefill of each prompt per token it yields (a batch that does not draft skips it).
+    hurdle: the fewest drafts whose rate is within this share of the best (what the rule leaves out grows with K)."""
+    rates = [float(len(acceptances))]
     for k in range(1, max_gamma + 1):
         tokens = sum(expected_tokens(a, k) for a in acceptances)
-        rate = tokens / (costs.round_cost(k) + per_token * tokens)
-        if rate > best_rate * (1 + 1e-9):
-            best, best_rate = k, rate
-    return best
+        rates.append(tokens / (costs.round_cost(k) + per_token * tokens))
+    return next(k for k, rate in enumerate(rates) if rate * (1 + hurdle + 1e-9) >= max(rates))
 
 
 def timed(fn: Callable[[], object]) -> float:

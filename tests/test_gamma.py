@@ -56,6 +56,20 @@ def test_batch_gamma_weighs_one_shared_verify_pass():
     assert batch_gamma(dear, [0.8] * 4 + [0.5] * 4, 4, per_token=0.02) == 0
 
 
+def test_batch_gamma_takes_the_fewest_drafts_near_the_best_rate():
+    # Costs measured at B = 8 on the quick pair (CPU): rates (tokens per plain step) at a = 0.8 are
+    # 8, 9.48, 10.30, 10.30, 10.42 for K = 0..4: K = 4 is best by 1%, K = 2 within 5% of it.
+    b8 = Costs(c=0.16, v={2: 1.23, 3: 1.4, 4: 1.6, 5: 1.7})
+    assert batch_gamma(b8, [0.8] * 8, 4, 0.009) == 4
+    assert batch_gamma(b8, [0.8] * 8, 4, 0.009, hurdle=0.05) == 2
+    assert batch_gamma(b8, [0.8] * 8, 4, 0.009, hurdle=0.3) == 1
+    # At a = 0.55 drafting one token is predicted 3% faster than none: within the hurdle, so none.
+    assert batch_gamma(b8, [0.55] * 8, 4, 0.009) == 1
+    assert batch_gamma(b8, [0.55] * 8, 4, 0.009, hurdle=0.05) == 0
+    # A clear gain still drafts.
+    assert batch_gamma(b8, [0.9] * 8, 4, 0.009, hurdle=0.05) > 0
+
+
 def test_costs_interpolate_and_extrapolate():
     costs = Costs(c=0.1, v={2: 1.2, 5: 1.8})
     assert costs.verify(1) == 1.0 and costs.verify(2) == 1.2
