@@ -145,14 +145,15 @@ class BatchKV:
         return self.encoded["encoder_outputs"].last_hidden_state
 
     @torch.inference_mode()
-    def forward(self, feeds: list[list[int]], logits: bool = True, last: bool = False) -> list[torch.Tensor]:
-        """Feed each row its tokens (a row may feed none) in ONE model pass; return each row's
-        float32 logits at its fed positions, (len(feeds[b]), V), or (last) at its last, (1, V).
+    def forward(self, feeds: list[list[int]], logits: bool = True, last: bool = False) -> torch.Tensor | None:
+        """Feed each row its tokens (a row may feed none) in ONE model pass; return the float32 logits, (rows, fed, V),
+        row b's at its fed positions in [b, :len(feeds[b])] (one tensor: a view per row costs more host time than a GPU
+        pass at wide batches), or (last) each row's at its last, (rows, 1, V); None without logits.
         One row without holes runs as `generate()` runs it: the model's own positions and masks."""
         assert len(feeds) == self.rows
         m = max((len(f) for f in feeds), default=0)
         if m == 0:
-            return [torch.empty(0) for _ in feeds]
+            return torch.empty(len(feeds), 0, 0)
         width = self.width
         aligned = all(len(c) == width for c in self.cols)  # no holes, one length: columns are positions
         plain = aligned and self.rows == 1
@@ -171,12 +172,11 @@ class BatchKV:
             [[1] * len(f) + [0] * (m - len(f)) for f in feeds], dtype=torch.long)], dim=1)
         if not logits:
             self.logits = None
-            return []
-        if plain and last:
+        elif plain and last:
             self.logits = out.logits[:, -1:].float()
         else:
-            self.logits = last_logits(out.logits, feeds) if last else out.logits.float()  # (the rows below: views)
-        return [self.logits[b, : min(len(f), 1) if last else len(f)] for b, f in enumerate(feeds)]
+            self.logits = last_logits(out.logits, feeds) if last else out.logits.float()
+        return self.logits
 
     def _plain(self, ids: torch.Tensor, kwargs: dict):
         """One row's pass with no mask and no positions, as `generate()` runs it (and the only pass
@@ -479,7 +479,7 @@ def feed_to(kv, tokens: list[int], n: int) -> torch.Tensor:
     """What a one-row cache lacks of `tokens` fed in one pass: the float32 logits of its last n
     positions (n = 0: none, a prefill)."""
     out = kv.forward([tokens[kv.length(0):]], logits=n > 0, last=n == 1)
-    return out[0][-n:] if n else torch.empty(0)
+    return out[0][-n:] if n else torch.empty(0)  # (one row: no pads)
 
 
 def prefill_chunks(lengths: list[int], budget: int | None) -> list[list[int]]:

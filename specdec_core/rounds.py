@@ -108,7 +108,7 @@ class RoundEngine:
             if choices is not None:
                 n, token = verify_greedy(d, choices[b][len(feeds[b]) - len(d) - 1: len(feeds[b])])
             else:
-                scores = r.transform(r.seq + d, logits[b][-(len(d) + 1):])
+                scores = r.transform(r.seq + d, logits[b, len(feeds[b]) - len(d) - 1: len(feeds[b])])
                 if greedy:
                     n, token = verify_greedy(d, scores.argmax(-1))
                 else:
@@ -143,7 +143,7 @@ class RoundEngine:
             logits = tkv.forward(feeds)
             if self._argmax_rows(live, tkv.logits) is None:
                 for b, r in enumerate(live):
-                    r.transform(r.seq + feeds[b][1:], logits[b]).argmax(-1)
+                    r.transform(r.seq + feeds[b][1:], logits[b, : len(feeds[b])]).argmax(-1)
             for b in range(n):
                 tkv.rollback(b, bases[b])
             synchronize(self.target.device)  # a GPU runs the pass after the call returns

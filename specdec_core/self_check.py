@@ -234,8 +234,8 @@ def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = Tru
                 got: list[list[torch.Tensor]] = [[], []]
                 # row 0's last 4 drafts rejected; the second pass feeds one token per row, over the holes
                 for feeds in ([[seqs[0][-1], *e[:5]], [seqs[1][-1], e[0]]], [[e[1]], [e[1]]], [e[2:4], e[2:4]]):
-                    for row, logits in zip(got, kv.forward(feeds), strict=True):
-                        row.append(logits)
+                    for row, logits, fed in zip(got, kv.forward(feeds), feeds, strict=True):
+                        row.append(logits[: len(fed)])
                     if len(got[0]) == 1:
                         kv.rollback(0, len(seqs[0]) + 1)
         except Exception as ex:  # a model whose passes fail there

@@ -120,9 +120,9 @@ class SlotKV(StaticKV):
         return new
 
     @torch.inference_mode()
-    def forward(self, feeds: list[list[int]], logits: bool = True, last: bool = False) -> list[torch.Tensor]:
-        """Feed each row its tokens (a row may feed none) in ONE pass over all slots; return each
-        row's float32 logits at its fed positions, (len(feeds[b]), V), or (last) at its last, (1, V)."""
+    def forward(self, feeds: list[list[int]], logits: bool = True, last: bool = False) -> torch.Tensor | None:
+        """Feed each row its tokens (a row may feed none) in ONE pass over all slots; return the float32 logits as
+        `BatchKV.forward` does: (rows, fed, V), row b's in [b, :len(feeds[b])], or (last) (rows, 1, V)."""
         assert len(feeds) == len(self.slot_of)
         one = self.buffer_rows == 1
         wanted = (1 if last else len(feeds[0])) if logits and one else 0  # (one slot: the logits kept)
@@ -130,7 +130,7 @@ class SlotKV(StaticKV):
             feeds = [self._prefill_head(feeds[0], wanted)]
         w = max((len(f) for f in feeds), default=0)
         if w == 0:
-            return [torch.empty(0) for _ in feeds]
+            return torch.empty(len(feeds), 0, 0)
         self._fit(self.width + w, self.width)
         inp = self._slot_inputs(feeds, w)
         narrow = w <= self.max_graph_width
@@ -141,11 +141,10 @@ class SlotKV(StaticKV):
                               f"a {w}-token pass" + ("" if one else f" over {self.buffer_rows} slots"), graphed=narrow)
         for slot, f in zip(self.slot_of, feeds, strict=True):
             self.lengths[slot] += len(f)
+        # A copy either way: in fp32 `.float()` would return a graph's output, which the next replay overwrites.
         if not logits:
             self.logits = None
-            return []
-        # A copy either way: in fp32 `.float()` would return a graph's output, which the next replay overwrites.
-        if one:  # (its last fed position is the pass's last)
+        elif one:  # (its last fed position is the pass's last)
             self.logits = out[:, -wanted:].to(torch.float32, copy=True)
         elif last:
             self.logits = last_logits(out, feeds, self.slot_of)
@@ -153,7 +152,7 @@ class SlotKV(StaticKV):
             self.logits = out.to(torch.float32, copy=True)
         else:
             self.logits = out[torch.tensor(self.slot_of, device=out.device)].float()
-        return [self.logits[b, : min(len(f), 1) if last else len(f)] for b, f in enumerate(feeds)]
+        return self.logits
 
     @torch.inference_mode()
     def draft_greedy(self, feeds: list[list[int]], k: int) -> list[list[int]]:

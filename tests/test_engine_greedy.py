@@ -234,10 +234,11 @@ def test_the_drafts_prompt_pass_is_counted_as_prefill(models, tokenizer, monkeyp
         t0 = time.perf_counter()
         out = forward(self, feeds, logits, last)
         if self.model is draft:
-            passes.append((len(feeds[0]), len(out[0][-1:]) if out else 0, time.perf_counter() - t0))
+            passes.append((len(feeds[0]), 0 if out is None else len(out[0][-1:]), time.perf_counter() - t0))
         return out
-    monkeypatch.setattr(BatchKV, "forward", spy)
-    out = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=12).generate(ids)
+    engine = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=12)
+    monkeypatch.setattr(BatchKV, "forward", spy)  # (after the engine's self-checks, which a first test runs)
+    out = engine.generate(ids)
     assert out.tokens == reference(target, ids, 12)
     assert passes[0][:2] == (len(ids), 1)  # the whole prompt, the first draft's logits: one pass
     assert all(fed == 1 and logits == 1 for fed, logits, _ in passes[1:])  # then one token a step
