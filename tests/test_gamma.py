@@ -1,5 +1,7 @@
 """Gamma policies: the paper's formula, back-off when drafts do not pay, and exactness."""
 
+import random
+
 import pytest
 import torch
 
@@ -68,6 +70,19 @@ def test_batch_gamma_takes_the_fewest_drafts_near_the_best_rate():
     assert batch_gamma(b8, [0.55] * 8, 4, 0.009, hurdle=0.05) == 0
     # A clear gain still drafts.
     assert batch_gamma(b8, [0.9] * 8, 4, 0.009, hurdle=0.05) > 0
+
+
+def test_batch_gamma_rates_rounds_by_the_papers_expected_tokens():
+    """The rule sums rows' a^i as it goes (host time at wide batches): its picks are the closed form's, E(a, K)."""
+    rng = random.Random(0)
+    for _ in range(3000):
+        accs = [rng.choice([rng.random(), 0.0, 1.0, 0.5]) for _ in range(rng.choice([1, 2, 8, 128]))]
+        costs = Costs(c=rng.uniform(0.01, 0.5), v={k: 1 + rng.uniform(0, 0.3) * (k - 1) for k in range(2, 8)})
+        cap, per_token, hurdle = rng.randint(1, 6), rng.choice([0.0, rng.uniform(0, 0.2)]), rng.choice([0.0, 0.05])
+        tokens = [sum(expected_tokens(a, k) for a in accs) for k in range(cap + 1)]
+        rates = [t / (costs.round_cost(k) + per_token * t) if k else t for k, t in enumerate(tokens)]
+        want = next(k for k, rate in enumerate(rates) if rate * (1 + hurdle + 1e-9) >= max(rates))
+        assert batch_gamma(costs, accs, cap, per_token, hurdle) == want
 
 
 def test_costs_interpolate_and_extrapolate():
