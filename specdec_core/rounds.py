@@ -222,7 +222,7 @@ class RoundEngine:
         confs: list[list[float] | None] = [None] * n
         caught = [0.0] * n
         greedy = self.sampling.greedy
-        if dkv is None:
+        if dkv is None or not any(ks):  # sessions draft per row; with no row drafting nothing else runs either
             drafts = []
             for b, (r, k) in enumerate(zip(live, ks, strict=True)):
                 draft = r.session.propose(r.seq, k, None if batch_k else r.keep(greedy)) if k > 0 else None
@@ -233,7 +233,7 @@ class RoundEngine:
         keeps = [None if batch_k else r.keep(greedy) for r in live]
         confs = [None if keep is None else [] for keep in keeps]
         ends = self.drafter.ends
-        chained = self._chains(live, dkv) and all(keep is None for keep in keeps) and max(ks, default=0) > 0
+        chained = self._chains(live, dkv) and all(keep is None for keep in keeps)
         # A row's draft reads its prompt lazily (never if it never drafts), in a pass counted as prefill: one row's
         # first step (folded), else a pass of no logits first (chains feed one token; padded steps keep all logits).
         lazy = [b for b, (r, k) in enumerate(zip(live, ks, strict=True))
