@@ -104,11 +104,11 @@ class RoundEngine:
         choices = self._argmax_rows(live, tkv.logits)
         t2 = time.perf_counter()
         for b, r in enumerate(live):
-            d = drafts[b]
+            d, at = drafts[b], slice(len(feeds[b]) - len(drafts[b]) - 1, len(feeds[b]))  # its drafts' positions, +1
             if choices is not None:
-                n, token = verify_greedy(d, choices[b][len(feeds[b]) - len(d) - 1: len(feeds[b])])
+                n, token = verify_greedy(d, choices[b][at])
             else:
-                scores = r.transform(r.seq + d, logits[b, len(feeds[b]) - len(d) - 1: len(feeds[b])])
+                scores = r.transform(r.seq + d, logits[b, at])
                 if greedy:
                     n, token = verify_greedy(d, scores.argmax(-1))
                 else:
