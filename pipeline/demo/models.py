@@ -133,7 +133,7 @@ class Recipe:
     name: str
     vocab_size: int
     target: ModelSpec
-    draft_layers: int  # the draft: the target's encoder and its first decoder layers
+    draft_layers: int  # the draft: the target's encoder (if any) and its first decoder layers
     train: TrainSpec
     gate: QualityGate
     kinds: tuple[str, ...] = data.KINDS
@@ -410,7 +410,7 @@ def compose_digit_embeddings(model, tokenizer, seed: int) -> int:
 
 
 def cut_draft(target, layers: int):
-    """The draft: the target's embedding, encoder, first `layers` decoder layers and final norms."""
+    """The draft: the target's embedding, encoder (if any), first `layers` decoder layers and final norms."""
     spec = dataclasses.replace(spec_of(target.config), decoder_layers=layers)
     draft = make_model(spec, target.config.vocab_size, 0)
     own = draft.state_dict()
