@@ -749,7 +749,7 @@ def retrain(out: Path = ASSETS, recipe: Recipe = FULL, workdir: Path | None = No
             info["target"]["init_from"] = {"recipe": recipe.init_from, **read_manifest(init_from).get("target", {})}
     info["target"]["params"] = sum(p.numel() for p in target.parameters())
     info["draft"] = {"decoder_layers": recipe.draft_layers, "note": "the target's encoder and first decoder layers"
-                     if recipe.target.encoder_layers else "the target's first decoder layers"}
+                     if recipe.target.encoder_decoder else "the target's first decoder layers"}
     manifest = write_pair(Path(out), target, tokenizer, rows, recipe, info)
     logger.info("demo pair written to %s in %s", out, _fmt_s(time.monotonic() - t0))
     return manifest
