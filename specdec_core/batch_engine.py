@@ -197,8 +197,6 @@ class BatchSpeculativeGenerator(RoundEngine):
                 (waiting.popleft() for _ in range(min(slots, len(waiting))))]
         waited = live + rows
         setup = setup_seconds(tkv, dkv)
-        for r in rows:
-            r.setup = setup
         # Invariant between rounds, as at batch 1: each cache holds every committed token but the newest; the draft's
         # may hold fewer (`_draft` feeds what it lacks), and newcomers skip it while the batch does not draft.
         by_rows = _by_rows(tkv, len(rows))
@@ -219,7 +217,7 @@ class BatchSpeculativeGenerator(RoundEngine):
         now = time.perf_counter()
         spent = now - t0 - (setup_seconds(tkv, dkv) - setup)  # one-off graph captures left out
         for r in rows:
-            r.stats.prefill_s = now - r.start
+            r.setup, r.stats.prefill_s = setup, now - r.start
             r.stats.admitted_with, r.stats.admit_passes = len(rows), self.admitted[1] - passes
         for r in waited:  # the rows that go on waited for the new ones
             if not r.finish:

@@ -10,6 +10,7 @@ and what it cost (`capture_s`). A cache's buffers moving invalidates its graphs 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import time
 from dataclasses import dataclass
@@ -200,12 +201,15 @@ class PassGraphs:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        previous = torch.cuda.current_stream(self.device)
+        previous, collecting = torch.cuda.current_stream(self.device), gc.isenabled()
         clear_cublas_workspaces()
+        gc.disable()  # a graph collected (a dropped engine's, in a cycle) is destroyed, which would end the capture
         try:
             with torch.cuda.graph(graph, pool=self._pool, stream=self._side()):
                 out = run(static)
         finally:
             torch.cuda.set_stream(previous)  # a capture that failed would leave its stream current
             clear_cublas_workspaces()
+            if collecting:
+                gc.enable()
         return graph, out

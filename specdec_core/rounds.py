@@ -201,9 +201,7 @@ class RoundEngine:
     def _argmax_rows(self, live: list[Row], logits: torch.Tensor) -> list[list[int]] | None:
         """Greedy with no logits processor on any row: every row's argmax at every fed position, in one read-back
         (one per row would stall a GPU each); None when some row's picks need its own processing."""
-        if not self._plain_greedy(live):
-            return None
-        return logits.argmax(-1).tolist()
+        return logits.argmax(-1).tolist() if self._plain_greedy(live) else None
 
     def _chains(self, live: list[Row], dkv) -> bool:
         """Whether a round's draft steps can run chained on the device: static cache, chaining drafter, argmax picks."""

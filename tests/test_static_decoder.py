@@ -440,3 +440,38 @@ def test_a_replay_that_recorded_other_work_is_told_apart_in_every_dtype(dtype):
     assert _same((eager.float() * (1 + 4 * torch.finfo(dtype).eps)).to(dtype), eager)  # a few units of rounding
     assert not _same((torch.randn(4, 300, generator=gen) * 8).to(dtype), eager)
     assert not _same(torch.zeros_like(eager), eager)
+
+
+def test_no_garbage_is_collected_while_a_graph_is_captured(monkeypatch):
+    """Collecting an old graph (a dropped engine's, in a reference cycle) destroys it, which a capture forbids: on the
+    H200 a BART capture then failed at its next kernel and graphs went off. The collector stays off while a graph
+    is captured, and comes back on after, the capture failed or not."""
+    import gc
+
+    from specdec_core import graphs
+    from specdec_core.pass_settings import DEFAULT
+
+    seen = []
+
+    class Capture:  # torch.cuda.graph on a CPU: notes whether the collector could run inside it
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            seen.append(gc.isenabled())
+
+        def __exit__(self, *exc):
+            return False
+
+    for name, stand_in in {"graph": Capture, "CUDAGraph": lambda: None, "graph_pool_handle": lambda: None,
+                           "current_stream": lambda device: None, "set_stream": lambda stream: None}.items():
+        monkeypatch.setattr(torch.cuda, name, stand_in)
+    monkeypatch.setattr(graphs, "clear_cublas_workspaces", lambda: None)
+    passes = PassGraphs("m", torch.device("cpu"), DEFAULT, graphs=True, strict=False, compile=False,
+                        compile_prefills=False)
+    monkeypatch.setattr(passes, "_side", lambda: None)
+    assert gc.isenabled()
+    assert torch.equal(passes._record(lambda x: x + 1, torch.zeros(2))[1], torch.ones(2))
+    with pytest.raises(ZeroDivisionError):
+        passes._record(lambda x: 1 / 0, torch.zeros(2))
+    assert seen == [False, False] and gc.isenabled()
