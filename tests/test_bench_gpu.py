@@ -87,7 +87,7 @@ def test_figures_are_saved_as_they_are_made(tmp_path):
     """A run cut short keeps what it measured: the single section is written after each prompt,
     the batched one after each configuration, each marked partial until its section ends; the
     configurations that compile run last, so a run cut short while compiling keeps the others, and
-    HF's compiled `generate()` after ours but the adaptive gamma's."""
+    HF's compiled `generate()` right after ours with the defaults, before ours' other variants."""
     args = gpu.parse_args([*TINY, "--batched_before", "--torch_compile", "--hf_compile", "--include",
                            "chained|draft, eager, cuDNN|static cache"])
     target, draft = gpu.build_pair(gpu.SHAPES["tiny"], gpu.torch.device("cpu"), gpu.torch.float32)
@@ -95,13 +95,17 @@ def test_figures_are_saved_as_they_are_made(tmp_path):
     gpu.run_single(target, draft, args, single.append)
     gpu.run_batched(target, draft, args, batched.append)
     compiled, hf_compiled = "ours, draft, chained, compiled", "HF generate, static cache + compile"
-    assert [p["prompts"] for p in single] == [1, 2, 2, 2, 2, 2]
-    assert [compiled in p["rows"] for p in single] == [False, False, True, True, True, True]
-    assert [hf_compiled in p["rows"] for p in single] == [False, False, False, False, True, True]
+    assert [p["prompts"] for p in single] == [1, 2, 2, 2, 2, 2, 2, 2]  # 4 groups: see below
+    assert [compiled in p["rows"] for p in single] == [False, False, True, True, True, True, True, True]
+    assert [hf_compiled in p["rows"] for p in single] == [False, False, False, False, True, True, True, True]
+    assert [f"{compiled}, compiled prefills" in p["rows"] for p in single] == [False] * 6 + [True, True]
     assert single[-1]["rows"][compiled]["prompts"] == 2 and single[-1]["rows"][compiled]["identical_to_hf"] == 2
     at_two = [list(p["by_batch_size"]["2"]) for p in batched if p["batch_size_partial"] == 2]
-    # compiling runs last, HF's after ours, then the adaptive gamma (it compiles a chained draft per gamma it picks)
-    assert at_two[0] == ["HF generate"] and at_two[-1][-2:] == [hf_compiled, f"{compiled}, adaptive gamma"]
+    # compiling runs last: ours with the defaults, HF's, ours' other variants, and the adaptive gamma (it compiles a
+    # chained draft per gamma it picks)
+    order = at_two[-1]
+    assert at_two[0] == ["HF generate"] and order[-1] == f"{compiled}, adaptive gamma"
+    assert order.index(compiled) + 1 == order.index(hf_compiled) == order.index(f"{compiled}, uncompiled prefills") - 1
     assert {compiled, f"{compiled}, uncompiled prefills", f"{compiled}, eager prefills of 4+ rows",
             f"{compiled}, eager prefills of 16+ rows", f"{compiled}, admitted a quarter at a time"} <= set(at_two[-1])
     assert batched[-1]["by_batch_size"]["4"][f"{compiled}, admitted a quarter at a time"]["identical_to_hf"] == 5
