@@ -208,8 +208,8 @@ class PassGraphs:
             with torch.cuda.graph(graph, pool=self._pool, stream=self._side()):
                 out = run(static)
         finally:
-            torch.cuda.set_stream(previous)  # a capture that failed would leave its stream current
-            clear_cublas_workspaces()
             if collecting:
                 gc.enable()
+            torch.cuda.set_stream(previous)  # a capture that failed would leave its stream current
+            clear_cublas_workspaces()
         return graph, out
