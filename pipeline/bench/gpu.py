@@ -280,8 +280,6 @@ def run_single(target, draft, args, save: Callable[[dict], None] = lambda partia
     failed: dict[str, str] = {}
     for rank in sorted({_order(name) for name in configs}):
         group = {name: fn for name, fn in configs.items() if _order(name) == rank}
-        if not group:
-            continue
         for ids in warm:  # compile, allocate, load kernels: on prompts that are never measured
             for name, fn in list(group.items()):
                 t0 = time.perf_counter()
