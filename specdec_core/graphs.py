@@ -3,8 +3,7 @@
 A static cache (`static_kv.StaticKV`) exposes plain pass functions over packed inputs; `PassGraphs` runs them
 and owns everything about graphs and compiling: one graph per key (a pass kind and its shape), captured from one
 side stream into one pool and checked by a replay, inputs copied in, cuBLAS workspaces cleared, `torch.compile`,
-and what it cost (`capture_s`). A cache's buffers moving invalidates its graphs (`drop`)
-(docs/how-it-works.md, "On a GPU: static caches and CUDA graphs").
+and what it cost (`capture_s`). A cache's buffers moving invalidates its graphs (`drop`; docs/how-it-works.md).
 """
 
 from __future__ import annotations
@@ -87,11 +86,12 @@ class PassGraphs:
 
     def compiled(self, kind: str, fn, inp: torch.Tensor, *args) -> torch.Tensor | None:
         """`fn(inp, *args)` through `torch.compile`, one function per kind, the width (dim 1) dynamic so one serves
-        every width; None after a compile fails, which turns compiling off."""
+        every width, and a prefill's rows (dim 0): 16 and 4 new rows share a compile (dynamo compiles 1 row apart);
+        None after a compile fails, which turns compiling off."""
         if kind not in self._compiled:
             self._compiled[kind] = torch.compile(fn)
         try:
-            torch._dynamo.maybe_mark_dynamic(inp, 1)
+            torch._dynamo.maybe_mark_dynamic(inp, (0, 1) if kind == "prefill" else 1)
             with torch._dynamo.config.patch(recompile_limit=COMPILE_LIMIT):
                 return self._compiled[kind](inp, *args)
         except torch.OutOfMemoryError:  # the pass's own failure, not the compiler's

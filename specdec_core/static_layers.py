@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
 
 def _first_rows(keys: torch.Tensor, values: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Views of the buffers' first `rows` rows (new rows admitted together), so a pass's writes land in them."""
-    return (keys, values) if rows == keys.shape[0] else (keys[:rows], values[:rows])
+    """The first `rows` rows, where a pass writes; sliced even if all (testing `rows` fixes a compiled prefill's)."""
+    return keys[:rows], values[:rows]
 
 
 class Buffers(CacheLayerMixin):

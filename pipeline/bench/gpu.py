@@ -331,7 +331,9 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
     measuring under "batch_size_partial")."""
     device, n, g = target.device, args.batch_max_new_tokens or args.max_new_tokens, args.gamma
     prompts = distinct_prompts(args.batch_prompts, args.min_len, args.max_len, target.config.vocab_size, seed=2)
-    warm = distinct_prompts(max(args.batch_sizes), args.min_len, args.max_len, target.config.vocab_size, seed=2000)
+    # Warm-ups are calls like the measured one, on other prompts: as many, so that they meet its later admissions' row
+    # counts too (a compiled prefill per row count took about 50 s on the H200, inside the measured call before).
+    warm = distinct_prompts(args.batch_prompts, args.min_len, args.max_len, target.config.vocab_size, seed=2000)
 
     def hf(batch_size: int, items: list[list[int]], **kwargs) -> list[list[int]]:
         return hf_batched(target, batch_size, items, n, **kwargs)
@@ -414,7 +416,7 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
         results[str(b)] = row
         for name, fn in configs.items():
             try:
-                fn(warm[:b])  # this batch width's shapes, graphs and allocations, on prompts never measured
+                fn(warm)  # this batch width's shapes, graphs, compiles and allocations, on prompts never measured
             except Exception as e:  # noqa: BLE001 (a configuration this machine cannot run is reported, not fatal)
                 _LOG.exception("B=%d %s failed in its warm-up: left out", b, name)
                 failed[f"B={b} {name}"] = f"{type(e).__name__}: {e}"[:300]
