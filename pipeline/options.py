@@ -45,8 +45,8 @@ class SpecDecOptions(PipelineOptions):
           "on: insist; off: eager)")
         a("--torch_compile", nargs="?", const="on", default="auto", choices=GRAPH_MODES,
           help="the passes over static caches compiled by torch.compile before they are captured (fewer, fused "
-          "kernels per pass; about a minute of compiling per worker and batch width), the draft's steps chained "
-          "(auto: wherever --cuda_graphs puts passes in graphs, on a GPU; on: also with --cuda_graphs on on a "
+          "kernels per pass; a minute to a few minutes of compiling per worker and batch width), the draft's steps "
+          "chained (auto: wherever --cuda_graphs puts passes in graphs, on a GPU; on: also with --cuda_graphs on on a "
           "CPU; off)")
         a("--draft_dtype", default="auto", choices=DRAFT_DTYPES,
           help="the draft model's weights only (the target keeps --dtype, so outputs are unchanged): auto = "
