@@ -251,6 +251,7 @@ def test_new_rows_in_compiled_slots_prefill_through_compiled_graphs(models, monk
     assert pre.passes.compile_prefills and "prefill" in pre.passes._compiled and pre.passes.captures > 0
 
 
+@pytest.mark.slow
 @pytest.mark.dynamo
 def test_new_rows_prefills_of_16_and_4_rows_share_one_compile(models):
     """New rows' compiled prefill passes (16, 4 or 1 rows: `admission_rows`) keep their row count dynamic, so 16 and
