@@ -42,6 +42,7 @@ from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma
 from specdec_core.pass_settings import PassSettings
 from specdec_core.rounds import setup_seconds
+from specdec_core.slot_kv import ADMIT_ROWS
 
 _LOG = logging.getLogger("pipeline.bench.gpu")
 
@@ -331,9 +332,10 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
     measuring under "batch_size_partial")."""
     device, n, g = target.device, args.batch_max_new_tokens or args.max_new_tokens, args.gamma
     prompts = distinct_prompts(args.batch_prompts, args.min_len, args.max_len, target.config.vocab_size, seed=2)
-    # Warm-ups are calls like the measured one, on other prompts: as many, so that they meet its later admissions' row
-    # counts too (a compiled prefill per row count took about 50 s on the H200, inside the measured call before).
-    warm = distinct_prompts(args.batch_prompts, args.min_len, args.max_len, target.config.vocab_size, seed=2000)
+    # Warm-ups run B prompts and up to 16 more (never measured), so that rows admitted later, a few at a time, compile
+    # their prefills there (about 50 s each on the H200), not in the measured call, as B prompts alone left them.
+    warm = distinct_prompts(max(args.batch_sizes) + ADMIT_ROWS, args.min_len, args.max_len, target.config.vocab_size,
+                            seed=2000)
 
     def hf(batch_size: int, items: list[list[int]], **kwargs) -> list[list[int]]:
         return hf_batched(target, batch_size, items, n, **kwargs)
@@ -416,7 +418,8 @@ def run_batched(target, draft, args, save: Callable[[dict], None] = lambda parti
         results[str(b)] = row
         for name, fn in configs.items():
             try:
-                fn(warm)  # this batch width's shapes, graphs, compiles and allocations, on prompts never measured
+                # This batch width's shapes, graphs, compiles and allocations; admissions after the first wave too.
+                fn(warm[: min(b + ADMIT_ROWS, len(prompts))])
             except Exception as e:  # noqa: BLE001 (a configuration this machine cannot run is reported, not fatal)
                 _LOG.exception("B=%d %s failed in its warm-up: left out", b, name)
                 failed[f"B={b} {name}"] = f"{type(e).__name__}: {e}"[:300]
