@@ -345,8 +345,8 @@ def _check_output(opts: SpecDecOptions) -> None:
                              f"{os.path.basename(opts.output)}-*-of-*.parquet when it finishes, and {foreign[0]} "
                              "is not this prefix's: use a prefix that no other file name starts with")
     if existing and not opts.overwrite:
-        raise JobConfigError(f"--output {opts.output!r} already holds {len(existing)} result files (e.g. "
-                             f"{existing[0]}): use a new prefix, or pass --overwrite to delete them")
+        raise JobConfigError(f"--output {opts.output!r} already holds {len(existing)} output files (results or "
+                             f"failed rows, e.g. {existing[0]}): use a new prefix, or pass --overwrite to delete them")
 
 
 def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:

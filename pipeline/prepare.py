@@ -34,6 +34,8 @@ def load(dataset: str, config: str | None, split: str):
     import datasets
 
     suffix = next((s for s in _BUILDERS if dataset.split("*")[0].endswith(s) or dataset.endswith(s)), None)
+    if suffix and not match([dataset]):  # (datasets' own error for it: "StopIteration")
+        raise FileNotFoundError(f"--dataset {dataset!r} matches no files")
     if suffix == ".csv":
         # CSV has no types: every column read as the text in the file, so that ids keep their
         # digits ("007"; pandas would make 7, or 1.0 in a column with a gap) and "NA" stays "NA".
@@ -47,10 +49,7 @@ def load(dataset: str, config: str | None, split: str):
 
 
 def _csv_header(pattern: str) -> list[str]:
-    files = match([pattern])
-    if not files:
-        raise FileNotFoundError(f"--dataset {pattern!r} matches no files")
-    with FileSystems.open(files[0]) as f:
+    with FileSystems.open(match([pattern])[0]) as f:
         return next(csv.reader(io.TextIOWrapper(f, encoding="utf-8-sig")), [])
 
 

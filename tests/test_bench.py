@@ -16,7 +16,12 @@ from tests.numerics import assert_logits_close
 
 
 @pytest.mark.slow
-def test_bench_quick_tiny_writes_report(tmp_path):
+def test_bench_quick_tiny_writes_report(tmp_path, monkeypatch):
+    import tempfile
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # where the Beam job's folder goes, and must not stay
     out = tmp_path / "BENCHMARKS.md"
     kept = "<!-- by-hand:begin -->\n## A run by hand\nkept\n<!-- by-hand:end -->"
     out.write_text(f"# Old report\n\nby hand\n\n<!-- bench:begin -->\nstale table\n<!-- bench:end -->\n\n{kept}\n")
@@ -34,6 +39,7 @@ def test_bench_quick_tiny_writes_report(tmp_path):
                    "Sampling against greedy", "| T=1 | HF assisted g=4 |", "| T=0.7, top-p 0.9 | ours: model g=4 |",
                    "acceptance a "):
         assert needle in text, needle
+    assert not list(temp.iterdir())  # the Beam job's prompts and outputs are removed
     rows = list(csv.DictReader(open(tmp_path / "benchmarks" / "results.csv")))
     greedy = [r for r in rows if ", T=" not in r["config"]]
     sampled = [r for r in rows if ", T=" in r["config"]]

@@ -167,4 +167,4 @@ def test_chunks_resume_and_output_safety_on_gcs(gcs, saved_pairs, tmp_path, monk
     capsys.readouterr()
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: --output '{out}' already holds 2 result files") and "\n" not in err
+    assert err.startswith(f"error: --output '{out}' already holds 2 output files") and "\n" not in err

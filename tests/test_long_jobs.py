@@ -170,7 +170,7 @@ def test_existing_output_stops_the_job_unless_overwrite(tmp_path, saved_pairs, c
     capsys.readouterr()
     assert main(_args(src, out, target, None)) == 2
     err = _one_line_error(capsys)
-    assert "--output" in err and "--overwrite" in err and "2 result files" in err
+    assert "--output" in err and "--overwrite" in err and "2 output files" in err
     assert len(_files(out)) == 2  # untouched
 
     assert main(_args(src, out, target, None, "--overwrite")) == 0

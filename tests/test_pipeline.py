@@ -474,7 +474,7 @@ def test_bare_relative_paths_work_as_paths_with_a_folder(tmp_path, saved_pairs, 
     capsys.readouterr()
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --output ") and "already holds 2 result files" in err
+    assert err.startswith("error: --output ") and "already holds 2 output files" in err
     assert report(["gens"]) == 0
     assert main(["--input", "p-1.parquet", "--output", "again", "--resume_from", "gens", *args[4:]]) == 0
     assert read_outputs("again")[0].num_rows == 0  # its one id was done

@@ -108,6 +108,8 @@ def test_settings_that_would_lose_or_mix_rows_are_one_line_errors(tmp_path, caps
         "--num_shards must be >= 1, got 0": ["--num_shards", "0"],
         "--limit must be >= 0, got -1": ["--limit", "-1"],
         "cannot load it": ["--dataset", str(tmp_path / "empty.jsonl")],
+        f"--dataset '{tmp_path}/nothing-*.jsonl' matches no files": ["--dataset", str(tmp_path / "nothing-*.jsonl")],
+        f"--dataset '{tmp_path}/none.csv' matches no files": ["--dataset", str(tmp_path / "none.csv")],
         "--id_field 'doc' holds values of several types (such as 1 and \"b\")": [
             "--dataset", str(mixed), "--id_field", "doc"],
         "--keep_fields 'k' holds values of several types": ["--dataset", str(mixed), "--keep_fields", "k"],

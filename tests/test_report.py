@@ -377,6 +377,8 @@ def test_report_scores_translation_metrics_with_sacrebleu(two_runs, capsys):
         got = labelled(capsys.readouterr().out)
         expected = fn(gens, [refs]).score
         assert 0 < expected < 100 and got[label] == f"{expected:.2f}"
+        # every score under its own label, none under its key
+        assert f"{len(set(gens)) / len(gens):.4f}" == got["distinct outputs (share)"] and "distinct_share" not in got
         assert "speed-up (baseline / run generation time)" not in got
 
 

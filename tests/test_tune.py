@@ -116,6 +116,8 @@ def test_cli_end_to_end_with_two_drafts(tiny, capsys):
                            "--output_json", str(out))) == 0
     printed = capsys.readouterr().out
     assert "python -m pipeline.run" in printed and "draft bad_draft" in printed
+    assert "4 prompts of the input (mean " in printed
+    assert "; 2 unusable rows skipped: InvalidUtf8 x1, EmptyPrompt x1)" in printed
     res = json.loads(out.read_text())
     assert set(res) >= {"settings", "sample", "candidates", "runs", "throughput", "recommended", "job_estimate",
                         "prediction_error"}

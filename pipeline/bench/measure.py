@@ -171,14 +171,20 @@ def run_interleaved(label: str, configs: list[Config], prompts: list[tuple[str, 
         m.remove()
     return rows
 
+
 def beam_overhead(target_dir: Path, draft_dir: Path, prompts: list[tuple[str, str]], args) -> dict:
+    """The Beam job's cost over the bare engine on the same prompts, in a temporary folder removed after."""
+    with tempfile.TemporaryDirectory(prefix="specdec-bench-beam-") as tmp:  # (the job's outputs go with it)
+        return _beam_overhead(Path(tmp), target_dir, draft_dir, prompts, args)
+
+
+def _beam_overhead(work: Path, target_dir: Path, draft_dir: Path, prompts: list[tuple[str, str]], args) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from specdec_core.loading import item_seed
     from specdec_core.text import GeneratorSpec, TextGenerator
 
-    work = Path(tempfile.mkdtemp(prefix="specdec-bench-beam-"))
     ids = [f"p{i:03d}" for i in range(len(prompts))]
     pq.write_table(pa.table({"id": ids, "prompt": [t for _, t in prompts]}), work / "prompts.parquet")
     spec = GeneratorSpec(target_model=str(target_dir), draft_model=str(draft_dir), drafter="model",

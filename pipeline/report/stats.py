@@ -307,7 +307,7 @@ Section = tuple[str, list[tuple[str, str]]]
 SCORE_LABELS = {
     "rouge1": "ROUGE-1 F1", "rouge2": "ROUGE-2 F1", "rougeL": "ROUGE-L F1", "bleu": "BLEU (0-100)",
     "chrf": "chrF (0-100)", "degenerate_share": "degenerate outputs (share)",
-    "repeated_3gram_share": "repeated word 3-grams (mean share)",
+    "repeated_3gram_share": "repeated word 3-grams (mean share)", "distinct_share": "distinct outputs (share)",
 }
 
 

@@ -21,7 +21,10 @@ def format_report(res: dict) -> str:
     mode = "greedy" if st["greedy"] else f"sampling, temperature {st['temperature']:g}" + (
         f", top-p {st['top_p']:g}" if st["top_p"] else "") + (f", top-k {st['top_k']}" if st["top_k"] else "")
     n = sm["prompts"]
-    lines = [f"pipeline.tune: {n} prompts of the input (mean {sm['mean_prompt_tokens']:.0f} tokens), "
+    why = sm.get("skipped", {})
+    skipped = (f"; {sum(why.values())} unusable rows skipped: " + ", ".join(f"{k} x{v}" for k, v in why.items())
+               if why else "")
+    lines = [f"pipeline.tune: {n} prompts of the input (mean {sm['mean_prompt_tokens']:.0f} tokens{skipped}), "
              f"{st['max_new_tokens']} new tokens each, {mode}; {st['threads']} thread(s) on {st['device']}.",
              "target v(k) = " + (" ".join(f"{k}:{v:.2f}" for k, v in sorted(res["target_v"].items()))
                                  or "not measured (no drafter to verify)"), ""]
