@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.localfilesystem import LocalFileSystem
 from apache_beam.options.pipeline_options import TestOptions
 
 from pipeline.options import SpecDecOptions
@@ -330,10 +331,25 @@ def _check_prefix(flag: str, prefix: str) -> None:
                              "PREFIX-chunk-* name a run's failed rows and chunks)")
 
 
+def _check_local_folder(flag: str, prefix: str) -> None:
+    """The writers make a local prefix's missing folders; a file where a folder must be failed the job only when it
+    began to write, in a traceback."""
+    if not isinstance(FileSystems.get_filesystem(prefix), LocalFileSystem):
+        return
+    nearest = os.path.dirname(os.path.abspath(prefix))
+    while not os.path.exists(nearest):
+        nearest = os.path.dirname(nearest)
+    if not os.path.isdir(nearest):
+        raise JobConfigError(f"{flag} {prefix!r}: {nearest} is a file, where the output's folder must be")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise JobConfigError(f"{flag} {prefix!r}: this process cannot write in {nearest}")
+
+
 def _check_output(opts: SpecDecOptions) -> None:
     _check_prefix("--output", opts.output)
     if is_dry_run(opts):
         return
+    _check_local_folder("--output", opts.output)
     try:
         existing = output_files(opts.output)
         doomed = sink_deletes(opts.output)

@@ -319,6 +319,9 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         # (it wrote out/run1-*.parquet, beside the folder)
         f"--output '{tmp_path / 'out/run1'}/': a prefix names files": base[:2] + [
             "--output", str(tmp_path / "out/run1") + "/"] + base[4:] + ["--drafter", "none"],
+        # (it ran, then every row's write failed in a traceback: "Not a directory")
+        f"--output '{src}/run/gens': {src} is a file, where the output's folder must be": base[:2] + [
+            "--output", f"{src}/run/gens"] + base[4:] + ["--drafter", "none"],
         "--output 'gs://bucket/run1/': a prefix names files (PREFIX-00000-of-00001.parquet), not a folder: say "
         "gs://bucket/run1/gens": base[:2] + ["--output", "gs://bucket/run1/"] + base[4:] + ["--drafter", "none"],
     }
