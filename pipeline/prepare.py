@@ -34,12 +34,13 @@ def load(dataset: str, config: str | None, split: str):
     import datasets
 
     suffix = next((s for s in _BUILDERS if dataset.split("*")[0].endswith(s) or dataset.endswith(s)), None)
-    if suffix and not match([dataset]):  # (datasets' own error for it: "StopIteration")
+    files = match([dataset]) if suffix else []
+    if suffix and not files:  # (datasets' own error for it: "StopIteration")
         raise FileNotFoundError(f"--dataset {dataset!r} matches no files")
     if suffix == ".csv":
         # CSV has no types: every column read as the text in the file, so that ids keep their
         # digits ("007"; pandas would make 7, or 1.0 in a column with a gap) and "NA" stays "NA".
-        columns = _csv_header(dataset)
+        columns = _csv_header(files[0])
         features = datasets.Features({c: datasets.Value("string") for c in columns})
         return datasets.load_dataset("csv", data_files=dataset, split=split, features=features,
                                      keep_default_na=False)
@@ -48,8 +49,8 @@ def load(dataset: str, config: str | None, split: str):
     return datasets.load_dataset(dataset, config, split=split)
 
 
-def _csv_header(pattern: str) -> list[str]:
-    with FileSystems.open(match([pattern])[0]) as f:
+def _csv_header(path: str) -> list[str]:
+    with FileSystems.open(path) as f:
         return next(csv.reader(io.TextIOWrapper(f, encoding="utf-8-sig")), [])
 
 
