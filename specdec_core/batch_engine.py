@@ -36,6 +36,9 @@ PROBE_ROWS = 8
 # A batch drafts the fewest tokens predicted within this share of the best rate (none counted): what the rule leaves out
 # (compacting rejected drafts' holes, rows ending apart and entering in smaller passes) grows with K (docs/batching.md).
 DRAFT_HURDLE = 0.05
+# Drafting rounds' measured seconds against their predicted costs, relative to plain rounds', over this many recent
+# rounds of each at the full width (what the costs leave out: per-row host work, the holes of rejected drafts).
+FIT_ROUNDS, FIT_MIN_ROUNDS = 64, 3
 
 
 def _by_rows(kv: BatchKV | SlotKV | None, rows: int) -> bool:
@@ -91,8 +94,10 @@ class BatchSpeculativeGenerator(RoundEngine):
         self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT
         self._drafting = True  # the batch policy's latest choice, probes aside
         # The batch policy prices the draft's prefill per new token from these.
-        self._draft_prefill = [0.0, 0]  # seconds, prompts
+        self._draft_prefill = [0.0, 0, 0]  # seconds, prompts, tokens
         self._row_tokens = [0, 0]  # new tokens, finished rows
+        # (seconds, predicted seconds) of recent plain and drafting rounds at the full width
+        self._fit: dict[bool, deque[tuple[float, float]]] = {d: deque(maxlen=FIT_ROUNDS) for d in (False, True)}
         self.admit_s = 0.0  # wall seconds spent admitting rows (their prefills), since construction
         self.admitted = [0, 0]  # rows admitted, and the target's prefill passes that took them in
 
@@ -152,7 +157,7 @@ class BatchSpeculativeGenerator(RoundEngine):
                 live += self._admit(waiting, self.batch_size - len(live), live, tkv, dkv)
                 if self._wants_costs(len(live)):
                     self._measure_costs(live, tkv, dkv)
-            self._round(live, tkv, dkv)
+            self._fitted_round(live, tkv, dkv)
             if max_seconds is not None:
                 setup = setup_seconds(tkv, dkv)
                 for r in live:
@@ -261,17 +266,24 @@ class BatchSpeculativeGenerator(RoundEngine):
         if model is self.draft_model:  # what drafting costs per prompt: one-off graph captures left out
             self._draft_prefill[0] += time.perf_counter() - t0 - (setup_seconds(kv) - setup)
             self._draft_prefill[1] += len(rows)
+            self._draft_prefill[2] += sum(len(p) for p in prompts) if self.encdec else sum(len(f) for f in feeds)
             for r, feed in zip(rows, feeds, strict=True):
                 r.draft_behind = not feed and len(r.seq) > 1
         return hidden
 
-    def _prefill_per_token(self, costs: Costs) -> float:
-        """The draft's prefill per token generated, in plain steps: what drafting costs outside the rounds."""
-        seconds, prompts = self._draft_prefill
+    def _prefill_per_token(self, costs: Costs, live: list[Row]) -> float:
+        """The draft's prefill per token generated, in plain steps: what drafting costs outside the rounds. Each new
+        prompt's, spread over the tokens a row yields; and, to turn drafting on, the catch-up of the rows admitted
+        while the batch did not draft (each one's tokens so far, at the measured seconds per token), spread over the
+        tokens the live rows have left. A drafting batch has none to catch up: it drafts while its rounds pay, and
+        starts again only where they also pay for the catch-up."""
+        seconds, prompts, tokens = self._draft_prefill
         if not prompts or not costs.step_s:
             return 0.0
-        tokens = self._row_tokens[0] / self._row_tokens[1] if self._row_tokens[1] else self.max_new_tokens
-        return seconds / prompts / max(tokens, 1.0) / costs.step_s
+        expected = self._row_tokens[0] / self._row_tokens[1] if self._row_tokens[1] else self.max_new_tokens
+        behind = sum(len(r.seq) - 1 for r in live if r.draft_behind and self.drafter.room(len(r.seq)) >= 1)
+        left = sum(max(expected - len(r.new), 1.0) for r in live)
+        return seconds / costs.step_s * (1 / prompts / max(expected, 1.0) + behind / max(tokens, 1) / left)
 
     # -- costs at this batch width ---------------------------------------------------------------
 
@@ -298,11 +310,30 @@ class BatchSpeculativeGenerator(RoundEngine):
         for r in live:
             r.start += spent
 
+    def _fitted_round(self, live: list[Row], tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None) -> None:
+        """A round, its seconds kept against what the costs predict for it (a catch-up of the draft's cache and
+        one-off graph captures left out: priced apart, and not the round's)."""
+        t0, setup, caught = time.perf_counter(), setup_seconds(tkv, dkv), self._draft_prefill[0]
+        self._round(live, tkv, dkv)
+        costs = getattr(self.gamma_policy, "costs", None)
+        if costs is not None and costs.step_s and len(live) == self.batch_size > 1:
+            k = max(r.stats.gammas[-1] for r in live)
+            spent = time.perf_counter() - t0 - (setup_seconds(tkv, dkv) - setup) - (self._draft_prefill[0] - caught)
+            self._fit[k > 0].append((spent, costs.step_s * costs.round_cost(k)))
+
+    def _round_factor(self) -> float:
+        """What drafting rounds cost against the costs' prediction, over the same for plain rounds (each 1.0 until a
+        few are timed; a plain round is predicted as one plain step)."""
+        fit = [sum(s for s, _ in f) / sum(p for _, p in f) if len(f) >= FIT_MIN_ROUNDS else 1.0
+               for f in (self._fit[True], self._fit[False])]
+        return fit[0] / fit[1]
+
     def _batch_gamma(self, policy: AdaptiveGamma, live: list[Row]) -> int:
         """One gamma for all rows: a verify pass is as wide as its longest row; a row drafting less wastes its share."""
         cap = min(self.gamma, policy.max_gamma)
-        per_token = self._prefill_per_token(policy.costs) if self.draft_model is not None else 0.0
-        k = batch_gamma(policy.costs, [r.gamma_state.acceptance for r in live], cap, per_token, DRAFT_HURDLE)
+        per_token = self._prefill_per_token(policy.costs, live) if self.draft_model is not None else 0.0
+        k = batch_gamma(policy.costs, [r.gamma_state.acceptance for r in live], cap, per_token, DRAFT_HURDLE,
+                        self._round_factor())
         self._drafting = k > 0
         if k > 0:
             self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT

@@ -291,17 +291,18 @@ class _AdaptiveState(GammaState):
 
 
 def batch_gamma(costs: Costs, acceptances: Sequence[float], max_gamma: int, per_token: float = 0.0,
-                hurdle: float = 0.0) -> int:
+                hurdle: float = 0.0, round_factor: float = 1.0) -> int:
     """Drafts per row for a round in which all rows verify in one pass (docs/batching.md).
     A batched pass is as wide as its longest row, so every row may draft K once one does: the round costs
     K c + v(K + 1) at this batch width and yields sum_b E(a_b, K); K = 0 yields one token per row at cost 1.
     per_token: the draft's prefill of each prompt per token it yields (a batch that does not draft skips it).
-    hurdle: the fewest drafts whose rate is within this share of the best (what the rule leaves out grows with K)."""
+    hurdle: the fewest drafts whose rate is within this share of the best (what the rule leaves out grows with K).
+    round_factor: what drafting rounds were measured to cost against K c + v(K + 1), relative to plain rounds."""
     tokens, powers, rates = float(len(acceptances)), list(acceptances), [float(len(acceptances))]
     for k in range(1, max_gamma + 1):  # sum_b E(a_b, k) = sum_b (1 + a_b + ... + a_b^k), a term a row per k (host time)
         tokens += sum(powers)
         powers = [p * a for p, a in zip(powers, acceptances, strict=True)]
-        rates.append(tokens / (costs.round_cost(k) + per_token * tokens))
+        rates.append(tokens / (costs.round_cost(k) * round_factor + per_token * tokens))
     return next(k for k, rate in enumerate(rates) if rate * (1 + hurdle + 1e-9) >= max(rates))
 
 

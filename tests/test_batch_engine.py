@@ -455,6 +455,54 @@ def test_rows_admitted_while_the_batch_does_not_draft_skip_the_draft_prefill(mod
     assert all(o.stats.draft_tokens > 0 for o in out if o.stats.new_tokens > 1)
 
 
+def test_a_batch_turns_drafting_on_only_where_its_rounds_pay_for_the_catch_up(models, prompts):
+    """Rows admitted while the batch did not draft have no draft cache: turning drafting on first prefills the
+    draft with each row's tokens so far. Near the rows' end that catch-up costs more than the rounds gain, so the
+    batch stays plain; the same rows caught up (a batch that drafts) go on drafting, and fresh rows catch up."""
+    from specdec_core.gamma import AdaptiveGamma, Costs
+
+    target, draft = models["llama"]
+    policy = AdaptiveGamma(Costs(c=0.1, v={k: 0.8 + 0.2 * k for k in range(2, 6)}, step_s=0.01), max_gamma=3,
+                           prior_acceptance=0.8, early_stop=False)
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=3,
+                                       max_new_tokens=40, gamma_policy=policy)
+    engine._draft_prefill = [0.02, 4, 40]  # 0.05 plain steps per prompt token
+
+    def rows(done: int, behind: bool):
+        live = [engine._new_row(b, p, 0) for b, p in enumerate(prompts[:4])]
+        for r in live:
+            r.new, r.seq, r.draft_behind = [5] * done, r.seq + [5] * done, behind
+        return live
+
+    assert engine._prefill_per_token(policy.costs, rows(36, False)) == pytest.approx(0.0125)  # the prompts' alone
+    assert engine._batch_gamma(policy, rows(36, True)) == 0  # 4 tokens a row left to pay for ~43 prefilled
+    assert engine._batch_gamma(policy, rows(36, False)) > 0
+    assert engine._batch_gamma(policy, rows(0, True)) > 0
+
+    # Drafting rounds timed at 2.2x their predicted cost where plain rounds took 1.1x: priced at twice the costs.
+    engine._fit[False].extend([(0.011, 0.01)] * 3)
+    engine._fit[True].extend([(0.0286, 0.013)] * 3)
+    assert engine._round_factor() == pytest.approx(2.0)
+    assert engine._batch_gamma(policy, rows(36, False)) == 0
+
+
+def test_full_width_rounds_are_timed_against_their_predicted_cost(models, prompts):
+    """The rounds at the batch's full width keep (seconds, predicted seconds): plain ones at one step, drafting ones
+    at K c + v(K + 1) steps; outputs stay exact."""
+    from specdec_core.gamma import AdaptiveGamma, Costs
+
+    target, draft = models["llama"]
+    policy = AdaptiveGamma(Costs(c=0.1, v={k: 0.8 + 0.2 * k for k in range(2, 6)}, step_s=0.01), max_gamma=3,
+                           prior_acceptance=0.8, early_stop=False)
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=3,
+                                       max_new_tokens=16, gamma_policy=policy)
+    out = engine.generate_many([(p, 0) for p in prompts])
+    assert [o.tokens for o in out] == [hf_greedy(target, p, 16) for p in prompts]
+    fits = list(engine._fit[True])
+    assert fits and all(s > 0 for s, _ in fits)
+    assert {round(p / 0.01, 6) for _, p in fits} <= {round(policy.costs.round_cost(k), 6) for k in range(1, 4)}
+
+
 def test_stop_strings_end_each_row_where_batch_one_does(models, prompts, tokenizer):
     """A per-row finish check (stop strings) cuts each row at the token the batch-1 engine cuts at."""
     from specdec_core.stopping import StopStrings

@@ -58,6 +58,12 @@ def test_batch_gamma_weighs_one_shared_verify_pass():
     assert batch_gamma(dear, [0.8] * 4 + [0.5] * 4, 4, per_token=0.02) == 0
 
 
+def test_batch_gamma_prices_drafting_rounds_at_their_measured_cost():
+    costs = Costs(c=0.1, v={k: 0.8 + 0.2 * k for k in range(2, 6)})
+    assert batch_gamma(costs, [0.8] * 8, 4) > 0
+    assert batch_gamma(costs, [0.8] * 8, 4, round_factor=2.0) == 0  # a round at twice its costs loses at any K
+
+
 def test_batch_gamma_takes_the_fewest_drafts_near_the_best_rate():
     # Costs measured at B = 8 on the quick pair (CPU): rates (tokens per plain step) at a = 0.8 are
     # 8, 9.48, 10.30, 10.30, 10.42 for K = 0..4: K = 4 is best by 1%, K = 2 within 5% of it.
