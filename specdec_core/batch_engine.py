@@ -324,8 +324,8 @@ class BatchSpeculativeGenerator(RoundEngine):
     def _round_factor(self) -> float:
         """What drafting rounds cost against the costs' prediction, over the same for plain rounds (each 1.0 until a
         few are timed; a plain round is predicted as one plain step)."""
-        fit = [sum(s for s, _ in f) / sum(p for _, p in f) if len(f) >= FIT_MIN_ROUNDS else 1.0
-               for f in (self._fit[True], self._fit[False])]
+        fit = [sum(s for s, _ in f) / sum(p for _, p in f) if len(f) >= FIT_MIN_ROUNDS else 1.0  # (copies: another
+               for f in (list(self._fit[True]), list(self._fit[False]))]  # thread's call may append meanwhile)
         return fit[0] / fit[1]
 
     def _batch_gamma(self, policy: AdaptiveGamma, live: list[Row]) -> int:
