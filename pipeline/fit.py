@@ -256,6 +256,8 @@ def longest_prompt_tokens(opts: SpecDecOptions) -> tuple[int, str]:
     tokenizer = load_tokenizer(path, opts.trust_remote_code)
     best = 0
     for _, prompt in candidates:
+        if is_conversation(prompt) and not prompt:
+            continue  # (the job fails its row: EmptyConversation)
         if is_conversation(prompt) or opts.chat_template:
             messages = prompt if is_conversation(prompt) else [{"role": "user", "content": prompt or ""}]
             messages = [{"role": m["role"], "content": m["content"] or ""} for m in messages]

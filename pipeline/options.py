@@ -21,7 +21,8 @@ class SpecDecOptions(PipelineOptions):
         a("--input", required=True, help="Parquet file pattern of prompt rows, local or gs://")
         a("--output", required=True, help="output prefix, local or gs://: PREFIX-SSSSS-of-NNNNN.parquet")
         a("--target_model", required=True, help="target model: local directory, gs:// directory or hub id")
-        a("--draft_model", default=None, help="draft model, same forms; required when --drafter model")
+        a("--draft_model", default=None,
+          help="draft model, same forms; required with --drafter model, refused with ngram or none")
         a("--drafter", default="model", choices=DRAFTERS, help="model, ngram (prompt lookup) or none (baseline)")
         a("--tokenizer", default=None, help="tokenizer location (default: the target's)")
         a("--prompt_column", default="prompt",
@@ -76,7 +77,8 @@ class SpecDecOptions(PipelineOptions):
           "prompt added (conversation columns always go through it)")
         a("--system_prompt", default=None,
           help="with --chat_template or a conversation column: a system message put first (conversations that "
-          "open with their own system message keep it)")
+          "open with their own system message keep it); '' puts an empty one, which suppresses a template's "
+          "default system prompt")
         a("--stop", action="append", default=None,
           help="stop string (repeatable): generation ends at its first occurrence in the output, which it is "
           "cut from; finish_reason is stop")

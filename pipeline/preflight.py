@@ -509,6 +509,9 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
         opts.generator_spec()
     except ValueError as e:  # (the engine's sampling settings are named as their flags are)
         raise JobConfigError(f"--{e}" if str(e).startswith(("temperature ", "top_k ", "top_p ")) else str(e)) from e
+    if opts.draft_model and opts.drafter != "model":  # (it was ignored: a job that looked speculative ran without it)
+        raise JobConfigError(f"--draft_model {opts.draft_model!r} with --drafter {opts.drafter}, which uses no draft "
+                             "model: drop --draft_model, or use --drafter model")
     for flag, value in [("--num_speculative_tokens", opts.num_speculative_tokens),
                         ("--max_new_tokens", opts.max_new_tokens)]:
         if value < 1:

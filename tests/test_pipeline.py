@@ -302,6 +302,11 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         "error: --top_p must be in (0, 1], got 1.5": base + [
             "--drafter", "none", "--temperature", "1", "--top_p", "1.5"],
         "--ngram_min_size 1 and --ngram_max_size 0": base + ["--drafter", "ngram", "--ngram_max_size", "0"],
+        # (the draft was ignored: a job that looked speculative ran without it)
+        f"--draft_model '{draft}' with --drafter ngram, which uses no draft model: drop --draft_model, or use "
+        "--drafter model": base + ["--draft_model", str(draft), "--drafter", "ngram"],
+        f"--draft_model '{draft}' with --drafter none, which uses no draft model": base + [
+            "--drafter", "none", "--draft_model", str(draft)],
         # a name, not a path: a hub id that does not resolve (it failed every row on the workers)
         "--tokenizer 'nosuch_tok': no local directory of that name, and no hub tokenizer of that id loads": base + [
             "--drafter", "ngram", "--tokenizer", "nosuch_tok"],

@@ -23,7 +23,7 @@ from pipeline.run import main
 from specdec_core import placement
 from specdec_core.placement import GIB, Copy, Footprint, Gpu, fit_problem, plan_copies
 from specdec_core.text import GeneratorSpec
-from tests.tiny_models import not_utf8
+from tests.tiny_models import build_chat_tokenizer, not_utf8
 from transforms.copies import PairGone, PairRouter
 from transforms.model_handler import SpecDecModelHandler
 
@@ -276,6 +276,24 @@ def test_the_fit_check_reads_the_longest_prompt_in_tokens(tmp_path, tokenizer):
     tokens, how = longest_prompt_tokens(opts)
     assert tokens == len(tokenizer("word " * 60)["input_ids"]) and how == "tokens of the longest prompt"
     assert check_fit(opts) == [Copy(("cuda:0",)), Copy(("cuda:1",))]
+
+
+@pytest.mark.parametrize("system", ["", "Be brief."])
+def test_the_fit_check_encodes_conversations_as_the_job_does(tmp_path, system):
+    """--system_prompt first, '' too (an empty system message: a template's default one suppressed);
+    an empty conversation, whose row the job fails, is passed over (it raised IndexError here)."""
+    tokenizer = build_chat_tokenizer()
+    target = _big_target(tmp_path, tokenizer, layers=2)
+    messages = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+    user = [{"role": "user", "content": "hello there"}]
+    pq.write_table(pa.table({"id": [1, 2], "prompt": pa.array([[], user], messages)}), tmp_path / "p.parquet")
+    opts = SpecDecOptions(["--input", str(tmp_path / "p.parquet"), "--output", "o", "--target_model", str(target),
+                           "--drafter", "none", "--system_prompt", system])
+    from pipeline.fit import longest_prompt_tokens
+
+    ids = tokenizer.apply_chat_template([{"role": "system", "content": system}, *user], add_generation_prompt=True,
+                                        tokenize=True, return_dict=True)["input_ids"]
+    assert longest_prompt_tokens(opts) == (len(ids), "tokens of the longest prompt")
 
 
 def test_a_local_job_without_a_gpu_logs_that_it_runs_on_the_cpu(monkeypatch, caplog):

@@ -349,3 +349,17 @@ def test_makefile_run_direct_passes_flags_the_pipeline_accepts_and_extra_args_as
     options = PipelineOptions(argv[3:])
     unknown = set(options.get_all_options(retain_unknown_options=True)) - set(options.get_all_options())
     assert not unknown, f"run-direct passes flags neither the pipeline nor Beam knows: {unknown}"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+@pytest.mark.parametrize("drafter", ["model", "ngram", "none"])
+def test_makefile_passes_the_default_draft_model_with_drafter_model_only(drafter):
+    """The job refuses --draft_model with a drafter that uses no draft model: DRAFTER=ngram (or none)
+    alone ran into that refusal, the default DRAFT_MODEL being passed with every drafter."""
+    expected = drafter == "model"
+    run, direct = make_dry_run("run", f"DRAFTER={drafter}"), make_dry_run("run-direct", f"DRAFTER={drafter}")
+    assert ("~draft_model=gs://acme-ml-specdec/models/draft" in run) is expected, run
+    assert ("--draft_model 'gs://acme-ml-specdec/models/draft'" in direct) is expected, direct
+    assert f"~drafter={drafter}" in run and f"--drafter '{drafter}'" in direct
+    # one the user names is passed with any drafter, for the job to refuse in one line
+    assert "--draft_model 'gs://b/d'" in make_dry_run("run-direct", f"DRAFTER={drafter}", "DRAFT_MODEL=gs://b/d")

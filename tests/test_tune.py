@@ -215,6 +215,23 @@ def test_bad_input_is_a_one_line_error(tiny, tmp_path, capsys):
     assert len(err) == 1 and "matches no files" in err[0]
 
 
+def test_the_sample_measures_distinct_prompts(tmp_path):
+    """A prompt already in the sample is skipped, whatever its id (the same row twice, or the same
+    prompt under another id): it measured nothing new and weighted one prompt twice."""
+    path = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"id": ["a", "a", "a", "b", "c", "d", "e"],
+                             "prompt": ["x y", "x y", "x y", "x y", "z w", "", "q"]}), path)
+
+    def encode(value):
+        if not value:
+            raise tune.PromptError("empty")
+        return [ord(c) for c in value]
+
+    ids, rows, skipped = tune.read_sample(str(path), "prompt", 3, encode)
+    assert [bytes(x).decode() for x in ids] == ["x y", "z w", "q"] and rows == 7
+    assert skipped == {"DuplicatePrompt": 3, "PromptError": 1}
+
+
 def test_batched_times_leave_out_graph_captures(monkeypatch):
     """A batched setting's time leaves out what its engine spent capturing graphs (on a GPU, at
     its first rounds): a job's worker pays that once, not per sample. A stand-in engine and clock."""

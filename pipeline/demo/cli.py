@@ -94,9 +94,9 @@ def _run_job(name: str, workdir: Path, prompts: Path, target: Path, draft: Path,
     logging.getLogger(__name__).info("running the job with %s on %s", name, prompts)
     start = time.perf_counter()
     rc = run.main(["--input", str(prompts), "--output", prefix, "--target_model", str(target),
-                   "--draft_model", str(draft), "--passthrough_columns", "reference",
-                   "--max_new_tokens", str(args.max_new_tokens),
-                   "--num_speculative_tokens", str(args.num_speculative_tokens), *JOBS[name]])
+                   "--passthrough_columns", "reference", "--max_new_tokens", str(args.max_new_tokens),
+                   "--num_speculative_tokens", str(args.num_speculative_tokens), *JOBS[name],
+                   *(["--draft_model", str(draft)] if "model" in JOBS[name] else [])])  # (refused with ngram, none)
     if rc:
         raise SystemExit(rc)
     return prefix, time.perf_counter() - start

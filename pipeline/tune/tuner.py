@@ -90,7 +90,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a("--torch_compile", nargs="?", const="on", default="auto", choices=GRAPH_MODES)
     a("--trust_remote_code", action="store_true", default=False)
     # Tune's own.
-    a("--sample", type=int, default=8, help="prompts measured: the first N usable rows of --input")
+    a("--sample", type=int, default=8, help="prompts measured: the first N usable distinct prompts of --input")
     a("--max_gamma", type=int, default=8, help="largest gamma predicted and tried")
     a("--verify", type=int, default=3, help="best predicted settings run for real, besides each candidate's first")
     a("--batch_sizes", default="1,4,8,16", help="comma-separated batch sizes measured (capped by --sample)")
@@ -185,12 +185,14 @@ def check_settings(args: argparse.Namespace) -> None:
 
 
 def read_sample(pattern: str, column: str, n: int, encode) -> tuple[list[list[int]], int, dict[str, int]]:
-    """(prompt ids of the first n usable rows, rows in the whole input, unusable rows skipped by
-    error type). Row counts come from each file's Parquet footer: nothing else is read past the
-    sample."""
+    """(prompt ids of the first n usable rows of distinct prompts, rows in the whole input, rows
+    skipped by error type: unusable, or DuplicatePrompt for a prompt already in the sample, which
+    measures nothing new and weights one prompt twice). Row counts come from each file's Parquet
+    footer: nothing else is read past the sample."""
     files = match([pattern])
     ids: list[list[int]] = []
     skipped: dict[str, int] = {}
+    seen: set[tuple[int, ...]] = set()  # (prompts as encoded: the same text from another row or id is a duplicate)
     rows = 0
     for path in files:
         with FileSystems.open(path) as f:
@@ -203,9 +205,15 @@ def read_sample(pattern: str, column: str, n: int, encode) -> tuple[list[list[in
                     if len(ids) >= n:
                         break
                     try:
-                        ids.append(encode(value))
+                        prompt = encode(value)
                     except PromptError as e:
                         skipped[type(e).__name__] = skipped.get(type(e).__name__, 0) + 1
+                        continue
+                    if tuple(prompt) in seen:
+                        skipped["DuplicatePrompt"] = skipped.get("DuplicatePrompt", 0) + 1
+                        continue
+                    seen.add(tuple(prompt))
+                    ids.append(prompt)
                 if len(ids) >= n:
                     break
     if not ids:
