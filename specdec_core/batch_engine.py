@@ -92,7 +92,7 @@ class BatchSpeculativeGenerator(RoundEngine):
                       for m in (target, self.draft_model) if m is not None}
         self._costs_width = 0  # the batch width of the costs this engine measured (0: none yet)
         self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT
-        self._drafting = True  # the batch policy's latest choice, probes aside
+        self._drafting = True  # the batch policy's latest choice, probes aside (`_starts_drafting` at an empty batch)
         # The batch policy prices the draft's prefill per new token from these.
         self._draft_prefill = [0.0, 0, 0]  # seconds, prompts, tokens
         self._row_tokens = [0, 0]  # new tokens, finished rows
@@ -153,6 +153,8 @@ class BatchSpeculativeGenerator(RoundEngine):
     def _decode(self, waiting: deque, results: list, live: list[Row], tkv: BatchKV | SlotKV,
                 dkv: BatchKV | SlotKV | None, max_seconds: float | None) -> None:
         while waiting or live:
+            if waiting and not live:
+                self._drafting = self._starts_drafting(min(len(waiting), self.batch_size))
             if waiting and self._admits(self.batch_size - len(live), len(waiting)):
                 live += self._admit(waiting, self.batch_size - len(live), live, tkv, dkv)
                 if self._wants_costs(len(live)):
@@ -282,7 +284,7 @@ class BatchSpeculativeGenerator(RoundEngine):
             return 0.0
         expected = self._row_tokens[0] / self._row_tokens[1] if self._row_tokens[1] else self.max_new_tokens
         behind = sum(len(r.seq) - 1 for r in live if r.draft_behind and self.drafter.room(len(r.seq)) >= 1)
-        left = sum(max(expected - len(r.new), 1.0) for r in live)
+        left = max(sum(max(expected - len(r.new), 1.0) for r in live), 1.0)
         return seconds / costs.step_s * (1 / prompts / max(expected, 1.0) + behind / max(tokens, 1) / left)
 
     # -- costs at this batch width ---------------------------------------------------------------
@@ -327,6 +329,16 @@ class BatchSpeculativeGenerator(RoundEngine):
         fit = [sum(s for s, _ in f) / sum(p for _, p in f) if len(f) >= FIT_MIN_ROUNDS else 1.0  # (copies: another
                for f in (list(self._fit[True]), list(self._fit[False]))]  # thread's call may append meanwhile)
         return fit[0] / fit[1]
+
+    def _starts_drafting(self, width: int) -> bool:
+        """Whether rows entering an empty batch prefill the draft: unless the batch rule, with the costs known and every
+        row at the policy's pooled acceptance (where a new row starts), says that `width` rows do not draft."""
+        policy = self.gamma_policy
+        if not (isinstance(policy, AdaptiveGamma) and policy.costs is not None and width > 1):
+            return True
+        acceptances = [policy.prior()] * width
+        return batch_gamma(policy.costs, acceptances, min(self.gamma, policy.max_gamma),
+                           self._prefill_per_token(policy.costs, []), DRAFT_HURDLE, self._round_factor()) > 0
 
     def _batch_gamma(self, policy: AdaptiveGamma, live: list[Row]) -> int:
         """One gamma for all rows: a verify pass is as wide as its longest row; a row drafting less wastes its share."""

@@ -417,16 +417,18 @@ def test_a_batch_does_not_draft_for_a_gain_within_the_hurdle(models, prompts, mo
 
 
 def test_rows_admitted_while_the_batch_does_not_draft_skip_the_draft_prefill(models, prompts):
-    """While drafting does not pay, newcomers skip the draft's prefill; a probe catches up the
-    rows it drafts on, and so does a batch that starts drafting again. Outputs stay exact."""
+    """An empty batch starts drafting only where the batch rule, at the pooled acceptance new rows start from, says
+    it pays; while it does not draft, newcomers skip the draft's prefill, and a probe catches up the rows it drafts
+    on, as does a batch that starts drafting again. Outputs stay exact."""
     from specdec_core.gamma import AdaptiveGamma, Costs
 
     target, draft = models["llama"]
 
-    def run(policy, drafting_at_start):
+    def run(policy, starts=None):
         engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=2, num_speculative_tokens=3,
                                            max_new_tokens=24, gamma_policy=policy)
-        engine._drafting = drafting_at_start
+        if starts is not None:
+            engine._starts_drafting = lambda width: starts
         prefilled, prefill = [], engine._prefill
 
         def recorded(model, kv, rows, into, *encoded):  # (row, caught up rather than admitted) per draft prefill
@@ -440,16 +442,20 @@ def test_rows_admitted_while_the_batch_does_not_draft_skip_the_draft_prefill(mod
 
     # Drafting pays only at an acceptance above 0.99 (so it probes, and does not draft at the rows' acceptance).
     full = AdaptiveGamma(Costs(c=0.2, v={k: 0.22 + 0.78 * k for k in range(2, 6)}), max_gamma=3, prior_acceptance=0.95)
-    prefilled, out = run(full, True)
-    assert prefilled[:2] == [(0, False), (1, False)]  # the first rows, admitted before the batch chose
-    assert any(late for _, late in prefilled)  # a probe caught rows up
+    prefilled, out = run(full)
+    assert prefilled and all(late for _, late in prefilled)  # none at admission: only probes caught rows up
     never = set(range(len(prompts))) - {i for i, _ in prefilled}
     assert never and all(not any(out[i].stats.gammas) for i in never)  # skipped, and never drafted
     assert all(i in {j for j, _ in prefilled} for i, o in enumerate(out) if any(o.stats.gammas))
+    prefilled, _ = run(full, starts=True)  # an engine that started drafting
+    assert prefilled[:2] == [(0, False), (1, False)]  # the first rows, admitted before the batch chose
 
     cheap = AdaptiveGamma(Costs(c=0.05, v={k: 1.0 + 0.02 * k for k in range(2, 6)}), max_gamma=3,
                           prior_acceptance=0.9, early_stop=False)
-    prefilled, out = run(cheap, False)  # admitted without the prefill, then the batch drafts
+    prefilled, out = run(cheap)
+    assert prefilled[:2] == [(0, False), (1, False)]  # drafting pays at the prior: prefilled as they enter
+    assert all(o.stats.draft_tokens > 0 for o in out if o.stats.new_tokens > 1)
+    prefilled, out = run(cheap, starts=False)  # admitted without the prefill, then the batch drafts
     assert prefilled[:2] == [(0, True), (1, True)]  # caught up, before any draft cache existed
     assert sorted({i for i, _ in prefilled}) == list(range(len(prompts)))
     assert all(o.stats.draft_tokens > 0 for o in out if o.stats.new_tokens > 1)
