@@ -180,16 +180,15 @@ class BatchSpeculativeGenerator(RoundEngine):
                     new = self._admit(waiting, len(refill), live, tkv, dkv, into=refill)
                     for b, row in zip(refill, new, strict=True):
                         live[b] = row
-                if len(done) > len(refill):  # the last rows move into the places left
-                    gone = [b for b, r in enumerate(live) if r.finish]
+                if gone := done[len(refill):]:  # those not refilled leave: the last rows move into their places
                     order = tkv.drop(gone)
                     if dkv is not None:
                         dkv.drop(gone)
                     live = [live[b] for b in order]
             for kv in (tkv, dkv):
-                # Holes cost attention work every pass; a gather costs about one cache copy.
-                if kv is not None and kv.rows and kv.wasted() > 8 + kv.width // 8:
-                    kv.compact()
+                # Holes (none in slots) cost attention work every pass; a gather costs about one cache copy.
+                if isinstance(kv, BatchKV) and kv.rows and kv.wasted() > 8 + kv.width // 8:
+                    kv.merge()
 
     def _admits(self, free: int, waiting: int) -> bool:
         """Whether `free` slots take new rows now: `admit_together` of them, or all waiting prompts (at most B)."""
@@ -303,8 +302,8 @@ class BatchSpeculativeGenerator(RoundEngine):
         ks = tuple(range(2, self.gamma + 2))
         costs = self._time_passes(live, tkv, dkv, ks, reps=2)
         for kv in (tkv, dkv):
-            if kv is not None:
-                kv.compact()  # the timing passes left holes
+            if isinstance(kv, BatchKV):
+                kv.merge()  # the timing passes left holes (slots have none)
         self.gamma_policy.set_costs(costs, replace=True)
         self._costs_width = len(live)
         # (Graphs captured meanwhile are left out of the rows' limits with the others: `r.setup`.)

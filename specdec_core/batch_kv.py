@@ -1,7 +1,7 @@
 """One model's KV cache shared by rows of different lengths (continuous batching).
 
 A `kv_cache.GrowingCache` whose batch dimension is the rows: feeds shorter than the longest are right-padded, a 2D
-mask marks each row's valid columns (pads and rejected drafts become holes that `compact` gathers away) and
+mask marks each row's valid columns (pads and rejected drafts become holes that `merge` gathers away) and
 positions are explicit per row, so a row's logits equal the row decoded alone up to float rounding. Models that
 compute from cache columns (position tables, relative biases, sliding windows) get each row's true positions here
 (`_true_positions`, `_window_masks`); encoder-decoder rows carry their cross-attention keys/values
@@ -420,14 +420,11 @@ class BatchKV:
                 index[b, width - len(c):] = torch.tensor(c, dtype=torch.long)
         return index
 
-    def compact(self) -> None:
-        """Drop the holes: each row's valid columns, right-aligned in the longest row's width."""
-        self.merge()
-
     @torch.inference_mode()
     def merge(self, *others: BatchKV) -> None:
         """Append the rows of `others` (freshly prefilled prompts, used up: their buffers and cross-attention caches
-        become this cache's) after its rows, compacted: each part gathered into a new buffer with spare columns."""
+        become this cache's) after its rows, compacted: each part gathered into a new buffer with spare columns (no
+        `others`: the holes dropped, each row's valid columns right-aligned in the longest row's width)."""
         every = [kv for kv in (self, *others) if kv.rows]
         if self.encdec and every and (len(every) > 1 or every[0] is not self):
             self._merge_cross(every)

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import logging
 import statistics
+import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from specdec_core.gamma import timed
 
 _LOG = logging.getLogger(__name__)
 
@@ -69,7 +68,12 @@ def _replace_linears(model: nn.Module, min_weight: int, make) -> list[nn.Module]
 
 
 def _median_time(fn, reps: int) -> float:
-    return statistics.median(timed(fn) for _ in range(reps))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def packed_from_rows(linears: list[PrepackedLinear], max_rows: int = 4, reps: int = 5, margin: float = 0.85,
@@ -105,8 +109,8 @@ def packed_from_rows(linears: list[PrepackedLinear], max_rows: int = 4, reps: in
     return max_rows
 
 
-def prepare_for_cpu(model: nn.Module, *, prepack: bool = True, threshold_rows: int | None = None,
-                    pack_rows: int = 8, min_weight: int = 1_000_000) -> nn.Module:
+def prepare_for_cpu(model: nn.Module, *, threshold_rows: int | None = None, pack_rows: int = 8,
+                    min_weight: int = 1_000_000) -> nn.Module:
     """Make `model` (fp32 or bf16, CPU, eval) faster for batch-1 decoding, in place and idempotently; returns it.
     fp32: only linears of at least `min_weight` weights (small ones stay in cache, where stock kernels are as fast),
     used from `threshold_rows` rows (None: timed). bf16 (needs native bf16): every linear, packed for one row, used
@@ -114,7 +118,7 @@ def prepare_for_cpu(model: nn.Module, *, prepack: bool = True, threshold_rows: i
     params = list(model.parameters())
     if not params or params[0].device.type != "cpu" or params[0].dtype not in (torch.float32, torch.bfloat16):
         return model
-    if not prepack or not prepack_available():
+    if not prepack_available():
         _LOG.info("prepare_for_cpu: oneDNN prepacking unavailable, model left as is")
         return model
     if params[0].dtype == torch.bfloat16:

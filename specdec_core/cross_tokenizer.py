@@ -15,7 +15,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from specdec_core.batch_kv import BatchKV, feed_to, one_row
 from specdec_core.decoder import eos_ids, initial_decoder_ids
-from specdec_core.drafters import Draft, DraftSession, KeepDrafting, Picker, SessionDrafter, StepTimer
+from specdec_core.drafters import Draft, DraftSession, Picker, SessionDrafter, StepTimer
+from specdec_core.loading import context_limit
 
 _PARTIAL = "\ufffd"  # what an incomplete UTF-8 sequence decodes to
 CONTEXT = 4  # tokens of context before a decoded suffix
@@ -103,8 +104,6 @@ class CrossTokenizerDrafter(SessionDrafter):
         draft_tokenizer: PreTrainedTokenizerBase,
         max_draft_steps: int | None = None,
     ):
-        from specdec_core.loading import context_limit
-
         self.model = model
         self.target_tokenizer = target_tokenizer
         self.draft_tokenizer = draft_tokenizer
@@ -187,7 +186,7 @@ class CrossTokenizerSession(DraftSession):
         self.decoder.rollback(0, max(keep, 0))
         return full
 
-    def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
+    def propose(self, seq: list[int], k: int) -> Draft:
         cur = self.sync(seq)
         if not cur or k < 1:
             return Draft([], None)

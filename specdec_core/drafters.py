@@ -29,8 +29,8 @@ from specdec_core.slot_kv import SlotKV
 Picker = Callable[[list[int], torch.Tensor], tuple[int, torch.Tensor | None]]
 
 
-def through_end(tokens: list[int], ends: set[int]) -> list[int]:
-    """A chain of drafts cut after its first end token: nothing after an end is ever kept."""
+def through_end(tokens: list[int], ends: set[int] | frozenset[int]) -> list[int]:
+    """Tokens (a chain of drafts, a round's) cut after their first end token: nothing after an end is ever kept."""
     end = next((i for i, t in enumerate(tokens) if t in ends), None)
     return tokens if end is None else tokens[: end + 1]
 
@@ -45,15 +45,14 @@ KeepDrafting = Callable[[int, float], bool]
 class Draft:
     tokens: list[int]
     q: torch.Tensor | None  # (k, V) probabilities the tokens were sampled from; None = one-hot / greedy
-    confidences: list[float] | None = None  # draft's probability of each proposed token, when asked for
 
 
 class DraftSession(ABC):
     steps = 0  # draft model forward passes, for statistics
 
     @abstractmethod
-    def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
-        """Up to k tokens after `seq`; a model drafter stops at the first no from `keep`, others ignore it."""
+    def propose(self, seq: list[int], k: int) -> Draft:
+        """Up to k tokens after `seq` (only a model drafter stops early on its confidence: `Row.keep`)."""
 
     def rollback(self, valid_len: int) -> None:  # noqa: B027 (an optional hook: stateless drafters keep nothing)
         """The first `valid_len` tokens of the decoder sequence are now final."""
@@ -94,7 +93,7 @@ class NoDrafter(SessionDrafter):
 
 
 class _EmptySession(DraftSession):
-    def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
+    def propose(self, seq: list[int], k: int) -> Draft:
         return Draft([], None)
 
 
@@ -185,21 +184,20 @@ class NgramDrafter(SessionDrafter):
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= ngram_min_size <= ngram_max_size, got {min_ngram}, {max_ngram}")
-        self.max_ngram = max_ngram
-        self.min_ngram = min_ngram
+        self.sizes = range(max_ngram, min_ngram - 1, -1)  # longest first
 
     def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession:
         # For encoder-decoder models the prompt is not in the decoder sequence: search it too.
         prefix = [] if decoder_ids[: len(prompt_ids)] == prompt_ids else list(prompt_ids)
-        return _NgramSession(prefix, self.max_ngram, self.min_ngram)
+        return _NgramSession(prefix, self.sizes)
 
 
 class _NgramSession(DraftSession):
-    def __init__(self, prefix: list[int], max_ngram: int, min_ngram: int):
+    def __init__(self, prefix: list[int], sizes: range):
         self.prefix = prefix
-        self.sizes = range(max_ngram, min_ngram - 1, -1)
+        self.sizes = sizes
 
-    def propose(self, seq: list[int], k: int, keep: KeepDrafting | None = None) -> Draft:
+    def propose(self, seq: list[int], k: int) -> Draft:
         return Draft(lookup(np.asarray(self.prefix + seq), self.sizes, k) if k else [], None)
 
 

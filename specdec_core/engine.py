@@ -52,11 +52,10 @@ class SpeculativeGenerator(RoundEngine):
             if limit is not None:
                 prompt_ids = prompt_ids[: max(1, limit - max(ks) + 1)]
         row = Row.begin(self.target, prompt_ids, 0, self.sampling, self.max_new_tokens, fixed_gamma.start(self.gamma))
-        seq = row.seq
         with contextlib.ExitStack() as held:
             tkv, dkv = self._caches(row, prompt_ids, held)  # the passes the items will run (graphs or not)
-            if dkv is not None and len(seq) > 1:
-                dkv.forward([seq[:-1]], logits=False)
+            if dkv is not None and len(row.seq) > 1:
+                dkv.forward([row.seq[:-1]], logits=False)
             return self._time_passes([row], tkv, dkv, ks, reps)
 
     def generate(self, prompt_ids: list[int], seed: int = 0, finish_check: FinishCheck | None = None,

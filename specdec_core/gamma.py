@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bisect
 import threading
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -304,9 +303,3 @@ def batch_gamma(costs: Costs, acceptances: Sequence[float], max_gamma: int, per_
         powers = [p * a for p, a in zip(powers, acceptances, strict=True)]
         rates.append(tokens / (costs.round_cost(k) * round_factor + per_token * tokens))
     return next(k for k, rate in enumerate(rates) if rate * (1 + hurdle + 1e-9) >= max(rates))
-
-
-def timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0

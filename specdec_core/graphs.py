@@ -132,17 +132,15 @@ class PassGraphs:
                 try:
                     g = self.kept[key] = self._capture(run, inp)
                 except Exception as e:  # e.g. a model whose forward waits on a value from the device
-                    if prompt:
-                        log.warning("%s: no CUDA graph of %s (%s: %s); such passes of prompts run eagerly from "
-                                    "now on", self.name, what, type(e).__name__, str(e)[:200])
-                        self.uncaptured.add(key[0])
-                        return (fallback or run)(self.to_device(inp))
-                    if self.strict:  # a row's error (every row's, for such a model): say which flag insists
+                    if self.strict and not prompt:  # each row's error, for such a model: say which flag insists
                         raise CaptureFailed(f"--cuda_graphs on: {what} of {self.name} cannot be captured as a "
                                             f"CUDA graph ({type(e).__name__}: {str(e)[:200]}); --cuda_graphs auto "
                                             "runs such passes eagerly") from e
-                    log.warning("%s: no CUDA graph of %s (%s: %s); its passes run eagerly from now on",
-                                self.name, what, type(e).__name__, str(e)[:200])
+                    log.warning("%s: no CUDA graph of %s (%s: %s); %s run eagerly from now on", self.name, what,
+                                type(e).__name__, str(e)[:200], "such passes of prompts" if prompt else "its passes")
+                    if prompt:
+                        self.uncaptured.add(key[0])
+                        return (fallback or run)(self.to_device(inp))
                     self.on = False
                     self.kept.clear()
                     return run(self.to_device(inp))

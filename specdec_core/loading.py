@@ -211,8 +211,7 @@ def share_encoder(target: PreTrainedModel, draft: PreTrainedModel) -> bool:
 def context_limit(*models: PreTrainedModel, encoder: bool = False) -> int | None:
     """The longest decoder sequence every model can position, or with `encoder` the longest prompt its encoder can
     (LED: 16384 and 1024); None for relative positions (T5)."""
-    limits = [n for n in (_usable_positions(m, encoder) for m in models) if n is not None]
-    return min(limits) if limits else None
+    return min((n for n in (_usable_positions(m, encoder) for m in models) if n is not None), default=None)
 
 
 def _usable_positions(model: PreTrainedModel, encoder: bool) -> int | None:

@@ -8,7 +8,6 @@ and a worker can lay its copies out the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -94,11 +93,6 @@ def device_capacity(device: str) -> int:
     import psutil
 
     return psutil.virtual_memory().available
-
-
-def devices_of(model: torch.nn.Module) -> Iterator[torch.device]:
-    """Every distinct device holding a parameter of the model, in order of first appearance."""
-    return iter(dict.fromkeys(p.device for p in model.parameters()))
 
 
 @dataclass(frozen=True)
@@ -269,10 +263,8 @@ def fit_problem(need: Footprint, gpus: list[Gpu], copies: list[Copy], *, batch_s
         return (f"--max_new_tokens: {what}, more than {where}: not one row of {tokens} tokens (the longest "
                 "prompt and --max_new_tokens) fits beside the weights; lower --max_new_tokens, "
                 + ("or pass --device_map auto" if split else "or use larger GPUs"))
-    if split:
-        return (f"--batch_size {batch_size}: {what}, more than {where}; use --batch_size {rows} or less, "
-                "or --device_map auto")
-    return f"--batch_size {batch_size}: {what}, more than {where}; use --batch_size {rows} or less"
+    return (f"--batch_size {batch_size}: {what}, more than {where}; use --batch_size {rows} or less"
+            + (", or --device_map auto" if split else ""))
 
 
 def describe_plan(copies: list[Copy]) -> str:

@@ -38,11 +38,6 @@ def timing_tokens(tokens: list[int], n: int) -> list[int]:
     return list(itertools.islice(itertools.cycle(tokens), n))
 
 
-def one_off_work(*caches) -> bool:
-    """Whether a cache's first pass of a new width captures a graph or compiles (a cost timer runs it untimed)."""
-    return any(kv is not None and hasattr(kv, "passes") and (kv.passes.on or kv.passes.compiles) for kv in caches)
-
-
 def check_engine(target: PreTrainedModel, drafter: Drafter | None, num_speculative_tokens: int,
                  max_new_tokens: int) -> Drafter:
     """The checks both engines make before any work; returns the drafter (the target alone: `NoDrafter`)."""
@@ -150,7 +145,7 @@ class RoundEngine:
             return time.perf_counter() - t
 
         target_step(1)  # warm-up
-        if one_off_work(tkv, dkv):
+        if any(hasattr(kv, "passes") and (kv.passes.on or kv.passes.compiles) for kv in (tkv, dkv)):  # (one-off work)
             for k in ks:
                 target_step(k)
             if draft_step is not None:
@@ -216,20 +211,13 @@ class RoundEngine:
         batch_k: the batch chose one gamma for all rows, so a row stopping early on its draft's confidence would save
         nothing (the passes run while any row drafts)."""
         n = len(live)
-        qs: list[torch.Tensor | None] = [None] * n
-        confs: list[list[float] | None] = [None] * n
         caught = [0.0] * n
         greedy = self.sampling.greedy
         if dkv is None or not any(ks):  # sessions draft per row; with no row drafting nothing else runs either
-            drafts = []
-            for b, (r, k) in enumerate(zip(live, ks, strict=True)):
-                draft = r.session.propose(r.seq, k, None if batch_k else r.keep(greedy)) if k > 0 else None
-                drafts.append(draft.tokens if draft else [])
-                if draft:
-                    qs[b], confs[b] = draft.q, draft.confidences
-            return drafts, qs, confs, caught
+            found = [r.session.propose(r.seq, k) if k > 0 else None for r, k in zip(live, ks, strict=True)]
+            return [d.tokens if d else [] for d in found], [d.q if d else None for d in found], [None] * n, caught
         keeps = [None if batch_k else r.keep(greedy) for r in live]
-        confs = [None if keep is None else [] for keep in keeps]
+        confs: list[list[float] | None] = [None if keep is None else [] for keep in keeps]
         ends = self.drafter.ends
         chained = self._chains(live, dkv) and all(keep is None for keep in keeps)
         # A row's draft reads its prompt lazily (never if it never drafts), in a pass counted as prefill: one row's
@@ -248,7 +236,7 @@ class RoundEngine:
             picks = dkv.draft_greedy(feeds, max(ks))
             for r, k in zip(live, ks, strict=True):
                 r.draft_steps += k
-            return [through_end(p[:k], ends) for p, k in zip(picks, ks, strict=True)], qs, confs, caught
+            return [through_end(p[:k], ends) for p, k in zip(picks, ks, strict=True)], [None] * n, confs, caught
         curs = [list(r.seq) for r in live]  # each row's tokens and its drafts so far (a picker reads them)
         picks = [r.picker(greedy) for r in live]
         draft_q: list[list[torch.Tensor]] = [[] for _ in live]
@@ -282,7 +270,4 @@ class RoundEngine:
                 if token in ends:  # as at batch 1: nothing after an end is ever kept
                     active[b] = False
         drafts = [curs[b][len(r.seq):] for b, r in enumerate(live)]
-        for b in range(n):
-            if draft_q[b]:
-                qs[b] = torch.cat(draft_q[b])
-        return drafts, qs, confs, caught
+        return drafts, [torch.cat(q) if q else None for q in draft_q], confs, caught

@@ -15,7 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec_core.decoder import initial_decoder_ids
-from specdec_core.drafters import DraftSession, KeepDrafting, Picker
+from specdec_core.drafters import DraftSession, KeepDrafting, Picker, through_end
 from specdec_core.gamma import GammaState
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors, draft_pick
 
@@ -76,12 +76,11 @@ def cut_at_end(emitted: list[int], remaining: int, eos: set[int] | frozenset[int
     """A round's tokens cut at the first end: a stop (finish_check), an EOS, or the budget. They are the target's own
     up to the cut, so a rule on committed tokens alone stops where the target alone would (greedy and sampled)."""
     emitted = emitted[:remaining]
-    end = next((i for i, tok in enumerate(emitted) if tok in eos), None)
-    kept = emitted if end is None else emitted[: end + 1]
+    kept = through_end(emitted, eos)
     stop = finish_check(kept) if finish_check else None
     if stop is not None:
         return kept[: stop + 1], "stop"
-    if end is not None:
+    if kept and kept[-1] in eos:
         return kept, "eos"
     if len(emitted) >= remaining:
         return emitted, "length"

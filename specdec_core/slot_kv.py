@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 from specdec_core.batch_kv import KV, BatchKV, drop_order, last_logits
 from specdec_core.decoder import bias_by_row, decoder_position_modules, hooked
 from specdec_core.pass_settings import DEFAULT, PassSettings
-from specdec_core.static_kv import StaticKV
+from specdec_core.static_kv import MAX_GRAPH_WIDTH, StaticKV
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +91,6 @@ class SlotKV(StaticKV):
     def length(self, b: int) -> int:
         return self.lengths[self.slot_of[b]]
 
-    def wasted(self) -> int:
-        return 0  # no holes
-
-    def compact(self) -> None:
-        pass
-
     @torch.inference_mode()
     def start(self, prompt_ids: list[int], encoded: dict | None = None) -> None:
         """Batch 1: the item's row in slot 0, empty, its prompt encoded in place (encoder-decoder: `encode_rows`;
@@ -112,7 +106,7 @@ class SlotKV(StaticKV):
         in place (`prefill_rows`) but for its last `tail` tokens, returned for the pass that needs their logits."""
         if not self.passes.prompt_graphs("prefill") or self.encdec:
             return new
-        if tail and (len(new) <= self.max_graph_width or tail > self.max_graph_width):
+        if tail and (len(new) <= MAX_GRAPH_WIDTH or tail > MAX_GRAPH_WIDTH):
             return new  # a decode graph's width already, or more logits than a decode graph keeps
         head, new = (new, []) if tail == 0 else (new[:-tail], new[-tail:])
         self.prefill_rows([head], [self.lengths[0]])
@@ -133,7 +127,7 @@ class SlotKV(StaticKV):
             return torch.empty(len(feeds), 0, 0)
         self._fit(self.width + w, self.width)
         inp = self._slot_inputs(feeds, w)
-        narrow = w <= self.max_graph_width
+        narrow = w <= MAX_GRAPH_WIDTH
         # A graph or compiled pass keeps every position's logits; one slot's eager pass only those wanted (a
         # compiled prefill keeps one).
         keep = max(wanted, 1) if one and not (narrow and (self.passes.on or self.passes.compiles)) else w
@@ -169,7 +163,7 @@ class SlotKV(StaticKV):
         self._fit(self.width + w + k - 1, self.width)
         inp = self._slot_inputs(feeds, w)
         picks = self.passes.run((w, k), inp, lambda x: self._chain(x, k), f"{k} draft steps after {w} tokens over "
-                                f"{self.buffer_rows} slots", graphed=w <= self.max_graph_width).tolist()
+                                f"{self.buffer_rows} slots", graphed=w <= MAX_GRAPH_WIDTH).tolist()
         for slot, f in zip(self.slot_of, feeds, strict=True):
             if f:
                 self.lengths[slot] += len(f) + k - 1

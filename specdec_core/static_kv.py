@@ -79,7 +79,6 @@ class StaticKV:
         self.settings = settings
         self.device = model.device
         self.buffer_rows = rows
-        self.max_graph_width = MAX_GRAPH_WIDTH
         self.min_width = min_width
         self.layers = decoder_layers(model.config)
         # A chain's steps past a row's drafts are clamped here: no position table is indexed past its end.
@@ -150,7 +149,7 @@ class StaticKV:
             ready = self.cache.layers[0].is_initialized
             if ready and keep == 1 < w and self.passes.compiling("prefill"):
                 out = self.passes.compiled("prefill", self._prefill_pass, inp)
-            elif ready and keep == w <= self.max_graph_width and self.passes.compiling("decode"):
+            elif ready and keep == w <= MAX_GRAPH_WIDTH and self.passes.compiling("decode"):
                 out = self.passes.compiled("decode", self._packed_pass, inp, 0)  # 0: all logits
             else:
                 out = None
@@ -209,7 +208,7 @@ class StaticKV:
         w = inp.shape[1] - 2
         base, fed = inp[:, w], inp[:, w + 1]
         # One row past the graph width (a prompt) feeds all w: its last position's logits suffice.
-        keep = 1 if self.buffer_rows == 1 and w > self.max_graph_width else w
+        keep = 1 if self.buffer_rows == 1 and w > MAX_GRAPH_WIDTH else w
         logits = self._pass(inp, keep)
         last = (fed - 1).clamp(min=0) - (w - logits.shape[1])  # (a model may return them all)
         picks = [logits[torch.arange(self.buffer_rows, device=self.device), last].argmax(-1)]

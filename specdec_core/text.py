@@ -37,7 +37,7 @@ from specdec_core.loading import (
     resolve_dtype,
     share_encoder,
 )
-from specdec_core.placement import DTYPE_BYTES, check_device, check_device_map, devices_of, parameter_count
+from specdec_core.placement import DTYPE_BYTES, check_device, check_device_map, parameter_count
 from specdec_core.plan import GRAPH_MODES, compiles
 from specdec_core.processing import SamplingSettings, unapplied
 from specdec_core.rows import Generation, ItemTimeout  # noqa: F401 (ItemTimeout: re-exported)
@@ -240,8 +240,6 @@ class TextGenerator:
         max_new_tokens: int = 128,
         sampling: SamplingSettings = SamplingSettings(),
         gamma_policy: GammaPolicy | None = None,
-        context: int | None = None,
-        prompt_context: int | None = None,
         chat_template: bool = False,
         system_prompt: str | None = None,
         stop: Sequence[str] = (),
@@ -267,8 +265,10 @@ class TextGenerator:
             self.batch_engine = BatchSpeculativeGenerator(target, drafter, **both, batch_size=batch_size,
                                                           gamma_policy=self.engine.gamma_policy,
                                                           cuda_graphs=cuda_graphs, torch_compile=torch_compile)
-        # Positions: the decoder's (a causal one holds prompt + output), and an encoder's prompt.
-        self.context, self.prompt_context = context, prompt_context
+        # Positions: the decoder's (a causal one holds prompt + output), and an encoder's prompt. Only the target's
+        # bind a row: a draft with fewer stops drafting past its own.
+        self.context = context_limit(target)
+        self.prompt_context = context_limit(target, encoder=True) if target.config.is_encoder_decoder else None
         # The ids a prompt may hold: those the target embeds (a draft reads an id past its rows as its last row). A
         # checkpoint may embed fewer tokens than its tokenizer has (bart-large-cnn leaves out <mask>); a prompt holding
         # one fails. None: no input embeddings to find (some remote code).
@@ -276,9 +276,9 @@ class TextGenerator:
         self.embedded: int | None = None if weight is None else int(weight.shape[0])
         # Beam threads share one generator per process; items run one at a time so each one's latency is its own.
         self._lock = threading.Lock()
-        # The pair's devices, probed after a CUDA error (`placement.check_device`).
+        # The devices holding the pair's parameters, probed after a CUDA error (`placement.check_device`).
         models = [target, getattr(drafter, "model", None)]
-        self.devices = list(dict.fromkeys(d for m in models if m is not None for d in devices_of(m)))
+        self.devices = list(dict.fromkeys(p.device for m in models if m is not None for p in m.parameters()))
 
     @classmethod
     def load(cls, spec: GeneratorSpec, gamma_policy: GammaPolicy | None = None) -> TextGenerator:
@@ -336,9 +336,6 @@ class TextGenerator:
             max_new_tokens=spec.max_new_tokens,
             sampling=SamplingSettings(spec.temperature, spec.top_k, spec.top_p),
             gamma_policy=gamma_policy,
-            # Only the target's positions bind a row: a draft with fewer stops drafting past its own.
-            context=context_limit(target),
-            prompt_context=context_limit(target, encoder=True) if target.config.is_encoder_decoder else None,
             chat_template=spec.chat_template,
             system_prompt=spec.system_prompt,
             stop=spec.stop,

@@ -193,7 +193,7 @@ def test_row_logits_by_true_positions(pairs, prompts, family):
             order = kv.drop([0])
             state = [state[i] for i in order]
         if step == 5:
-            kv.compact()
+            kv.merge()  # (nothing to append: the holes dropped)
     assert max(kv.length(b) for b in range(kv.rows)) > WINDOW  # the windows were reached
 
 

@@ -14,7 +14,7 @@ from specdec_core.drafters import ModelDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.graphs import PassGraphs
 from specdec_core.pass_settings import PassSettings
-from specdec_core.static_kv import StaticKV
+from specdec_core.static_kv import MAX_GRAPH_WIDTH, StaticKV
 from specdec_core.text import GeneratorSpec
 from tests.test_batch_engine import TEXTS, hf_greedy
 
@@ -59,7 +59,7 @@ def test_compiled_passes_decode_what_generate_does(models, prompts, kind):
                                torch_compile=True)
     runs = count_compiled(gen.static, drafter.static)
     assert [gen.generate(p).tokens for p in prompts] == reference
-    assert {1, 4} <= {w for _, w in runs} and max(w for _, w in runs) <= gen.static.max_graph_width
+    assert {1, 4} <= {w for _, w in runs} and max(w for _, w in runs) <= MAX_GRAPH_WIDTH
     batch = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=2, num_speculative_tokens=3,
                                       max_new_tokens=n, cuda_graphs="on", torch_compile=True)
     runs = count_compiled(*batch.slots.values())
