@@ -361,9 +361,11 @@ class BatchSpeculativeGenerator(RoundEngine):
 
     # -- one round --------------------------------------------------------------------------------
 
-    def _gammas(self, live: list[Row], dkv: BatchKV | SlotKV | None) -> tuple[list[int], bool]:
+    def _gammas(self, live: list[Row], dkv: BatchKV | SlotKV | None) -> tuple[list[int], bool, bool]:
         """Each row's drafts: one gamma for the batch under the adaptive policy with measured costs, else each row's
-        own. Rows admitted while the batch did not draft get their draft cache prefilled first (a probe: a few)."""
+        own; and whether the round is a probe. Rows admitted while the batch did not draft get their draft cache
+        prefilled first (a probe: a few). A probe's rows keep one token each, as in the plain rounds around it: rows
+        gaining tokens in it would end a round apart from their wave and enter in more, smaller prefill passes."""
         policy = self.gamma_policy
         batch_k = isinstance(policy, AdaptiveGamma) and policy.costs is not None and len(live) > 1
         k = self._batch_gamma(policy, live) if batch_k else 0
@@ -377,4 +379,4 @@ class BatchSpeculativeGenerator(RoundEngine):
                 behind = behind[:room]
             if behind:  # their draft cache, written over their (empty) places
                 self._prefill(self.draft_model, dkv, [live[b] for b in behind], behind)
-        return ks, batch_k
+        return ks, batch_k, batch_k and not self._drafting and any(ks)

@@ -80,15 +80,16 @@ class RoundEngine:
         return [max(min(pick(r), self.max_new_tokens - len(r.new) - 1, self.drafter.room(len(r.seq))), 0)
                 for r in live]
 
-    def _gammas(self, live: list[Row], dkv) -> tuple[list[int], bool]:
-        """Each row's drafts (its own gamma state's choice), and whether the batch chose one gamma for all rows."""
-        return self._row_gammas(live, lambda r: r.gamma_state.next()), False
+    def _gammas(self, live: list[Row], dkv) -> tuple[list[int], bool, bool]:
+        """Each row's drafts (its own gamma state's choice), whether the batch chose one gamma for all rows, and whether
+        the round is a probe (its drafts measured, each row keeping one token as a plain round does)."""
+        return self._row_gammas(live, lambda r: r.gamma_state.next()), False, False
 
     def _round(self, live: list[Row], tkv, dkv) -> None:
         """One round over the rows `live`: target cache `tkv` (`BatchKV`, `SlotKV`, at batch 1 one row of either),
         a model draft's cache `dkv` or None (each row's `session` drafts)."""
         greedy = self.sampling.greedy
-        ks, batch_k = self._gammas(live, dkv)
+        ks, batch_k, probe = self._gammas(live, dkv)
         for r, k in zip(live, ks, strict=True):
             r.stats.gammas.append(k)
         t0 = time.perf_counter()
@@ -111,7 +112,7 @@ class RoundEngine:
             r.stats.prefill_s += caught[b]
             r.stats.draft_s += t1 - t0 - caught[b]  # the row waited for the whole batched pass
             r.stats.verify_s += t2 - t1
-            valid = r.commit(d, n, token, confs[b], self.max_new_tokens, self.eos)
+            valid = r.commit(d, n, token, confs[b], self.max_new_tokens, self.eos, probe)
             tkv.rollback(b, valid)
             if dkv is not None:
                 # A row past the draft's positions drafts no more: its cache is dropped so its pads stay in positions.

@@ -137,9 +137,11 @@ class Row:
         return self.gamma_state.keep_drafting if greedy and self.gamma_state.stops_early else None
 
     def commit(self, drafts: list[int], n: int, token: int, confidences: list[float] | None, budget: int,
-               eos: set[int] | frozenset[int]) -> int:
+               eos: set[int] | frozenset[int], probe: bool = False) -> int:
         """A round's outcome: the first `n` drafts kept and the target's `token` after them, cut at the row's end; stats
-        and gamma state told. Returns the cached length still on the committed path, for the caches to roll back to."""
+        and gamma state told. Returns the cached length still on the committed path, for the caches to roll back to.
+        probe: only the first of those tokens is kept (it follows the target's distribution as the whole run does), so
+        that a batch decoding plainly, which drafts now and then only to measure, keeps its rows in step."""
         s = self.stats
         s.verify_steps += 1
         s.draft_tokens += len(drafts)
@@ -148,12 +150,13 @@ class Row:
         s.rejections += n < len(drafts)
         if confidences is not None:
             self.gamma_state.record_confidences(confidences, n)
-        emitted, self.finish = cut_at_end(drafts[:n] + [token], budget - len(self.new), eos, self.finish_check)
+        kept = drafts[:n] + [token]
+        emitted, self.finish = cut_at_end(kept[:1] if probe else kept, budget - len(self.new), eos, self.finish_check)
         s.accepted_tokens += min(n, len(emitted))
         if not self.new:
             s.ttft_s = time.perf_counter() - self.start
         self.new += emitted
-        valid = len(self.seq) + n
+        valid = len(self.seq) + (0 if probe else n)
         self.seq += emitted
         return valid
 

@@ -281,14 +281,23 @@ PROMPTS = ([1, 2, 3, 1, 2], [4, 0, 5, 3, 2, 1, 4, 4, 5])  # two lengths in one b
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter", ["model", "ngram"])
+@pytest.mark.parametrize("drafter", ["model", "ngram", "probes"])
 def test_batched_sampling_matches_target_distribution_per_row(drafter):
+    """probes: every round a probe of a batch that does not draft (each row keeps the first token of its round)."""
+    from specdec_core.gamma import AdaptiveGamma, Costs
+
     target = tiny("llama", seed=0, std=0.8)
     draft = perturbed_copy(target, noise=0.8, seed=1)
     sampling = SamplingSettings(temperature=1.0)
-    make = (lambda: ModelDrafter(draft)) if drafter == "model" else (lambda: NgramDrafter(max_ngram=2))
+    make = (lambda: ModelDrafter(draft)) if drafter != "ngram" else (lambda: NgramDrafter(max_ngram=2))
+    policy = AdaptiveGamma(Costs(c=0.1, v={2: 1.5, 3: 2.0})) if drafter == "probes" else None
     engine = BatchSpeculativeGenerator(target, make(), batch_size=128, num_speculative_tokens=2,
-                                       max_new_tokens=N_NEW, sampling=sampling)
+                                       max_new_tokens=N_NEW, sampling=sampling, gamma_policy=policy)
+    if drafter == "probes":
+        def probe(policy, live):
+            engine._drafting = False
+            return 1
+        engine._batch_gamma = probe
     items = [(list(PROMPTS[s % 2]), s) for s in range(2 * SAMPLES)]
     outs = engine.generate_many(items)
     for which, prompt in enumerate(PROMPTS):
@@ -298,10 +307,12 @@ def test_batched_sampling_matches_target_distribution_per_row(drafter):
                 counts[tuple(o.tokens)] = counts.get(tuple(o.tokens), 0) + 1
         p = chi2_pvalue(counts, exact_distribution(target, sampling, prompt))
         assert p > 1e-3, f"prompt {which}: samples do not follow the target (p={p:.2e})"
-        if drafter == "model":
+        if drafter != "ngram":
             assert chi2_pvalue(counts, exact_distribution(draft, sampling, prompt)) < 1e-6  # the test has power
     drafted = sum(o.stats.draft_tokens for o in outs)
     assert 0 < sum(o.stats.accepted_tokens for o in outs) < drafted  # rejections happened
+    if drafter == "probes":
+        assert all(o.stats.verify_steps == o.stats.new_tokens for o in outs)
 
 
 def test_batched_sample_of_a_seed_equals_its_batch_one_sample(models, prompts):
@@ -444,6 +455,9 @@ def test_rows_admitted_while_the_batch_does_not_draft_skip_the_draft_prefill(mod
     full = AdaptiveGamma(Costs(c=0.2, v={k: 0.22 + 0.78 * k for k in range(2, 6)}), max_gamma=3, prior_acceptance=0.95)
     prefilled, out = run(full)
     assert prefilled and all(late for _, late in prefilled)  # none at admission: only probes caught rows up
+    # A probe's rows keep one token each, as plain rounds do (its accepted drafts measured, not kept): in step.
+    assert sum(o.stats.accepted_tokens for o in out) > 0
+    assert all(o.stats.verify_steps == o.stats.new_tokens for o in out[:-1])  # (the last, alone, drafts its own way)
     never = set(range(len(prompts))) - {i for i, _ in prefilled}
     assert never and all(not any(out[i].stats.gammas) for i in never)  # skipped, and never drafted
     assert all(i in {j for j, _ in prefilled} for i, o in enumerate(out) if any(o.stats.gammas))

@@ -273,7 +273,7 @@ def test_tune_runs_the_passes_as_the_job_would(tiny, monkeypatch, capsys):
         monkeypatch.setattr(tune, name, spy)
     out = tiny["root"] / "compiled.json"
     assert tune.main(["--input", str(tiny["input"]), "--target_model", str(tiny["target"]), "--draft_model",
-                      str(tiny["draft"]), "--no_ngram", "--sample", "2", "--max_new_tokens", "4", "--max_gamma", "2",
+                      str(tiny["draft"]), "--no_ngram", "--sample", "2", "--max_new_tokens", "4", "--max_gamma", "1",
                       "--verify", "0", "--batch_sizes", "2", "--cuda_graphs", "on", "--torch_compile",
                       "--output_json", str(out)]) == 0
     res = json.loads(out.read_text())
