@@ -282,10 +282,8 @@ PROMPTS = ([1, 2, 3, 1, 2], [4, 0, 5, 3, 2, 1, 4, 4, 5])  # two lengths in one b
 
 @pytest.mark.slow
 @pytest.mark.parametrize("drafter", ["model", "ngram", "probes"])
-def test_batched_sampling_matches_target_distribution_per_row(drafter):
+def test_batched_sampling_matches_target_distribution_per_row(drafter, monkeypatch):
     """probes: every round a probe of a batch that does not draft (each row keeps the first token of its round)."""
-    from specdec_core.gamma import AdaptiveGamma, Costs
-
     target = tiny("llama", seed=0, std=0.8)
     draft = perturbed_copy(target, noise=0.8, seed=1)
     sampling = SamplingSettings(temperature=1.0)
@@ -298,6 +296,7 @@ def test_batched_sampling_matches_target_distribution_per_row(drafter):
             engine._drafting = False
             return 1
         engine._batch_gamma = probe
+        monkeypatch.setattr(batch_engine, "PROBE_ROWS", engine.batch_size)  # every row probes, every round
     items = [(list(PROMPTS[s % 2]), s) for s in range(2 * SAMPLES)]
     outs = engine.generate_many(items)
     for which, prompt in enumerate(PROMPTS):
@@ -312,7 +311,7 @@ def test_batched_sampling_matches_target_distribution_per_row(drafter):
     drafted = sum(o.stats.draft_tokens for o in outs)
     assert 0 < sum(o.stats.accepted_tokens for o in outs) < drafted  # rejections happened
     if drafter == "probes":
-        assert all(o.stats.verify_steps == o.stats.new_tokens for o in outs)
+        assert all(o.stats.verify_steps == o.stats.new_tokens <= o.stats.draft_tokens + 1 for o in outs)
 
 
 def test_batched_sample_of_a_seed_equals_its_batch_one_sample(models, prompts):
