@@ -363,9 +363,9 @@ class BatchSpeculativeGenerator(RoundEngine):
 
     def _gammas(self, live: list[Row], dkv: BatchKV | SlotKV | None) -> tuple[list[int], bool, bool]:
         """Each row's drafts: one gamma for the batch under the adaptive policy with measured costs, else each row's
-        own; and whether the round is a probe. Rows admitted while the batch did not draft get their draft cache
-        prefilled first (a probe: a few). A probe's rows keep one token each, as in the plain rounds around it: rows
-        gaining tokens in it would end a round apart from their wave and enter in more, smaller prefill passes."""
+        own; and whether the round is a probe, whose rows keep one token each (in step with their wave, which enters
+        in as few prefill passes). Rows admitted while the batch did not draft get their draft cache prefilled first
+        (in a probe, a few)."""
         policy = self.gamma_policy
         batch_k = isinstance(policy, AdaptiveGamma) and policy.costs is not None and len(live) > 1
         k = self._batch_gamma(policy, live) if batch_k else 0

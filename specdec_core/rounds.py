@@ -81,8 +81,7 @@ class RoundEngine:
                 for r in live]
 
     def _gammas(self, live: list[Row], dkv) -> tuple[list[int], bool, bool]:
-        """Each row's drafts (its own gamma state's choice), whether the batch chose one gamma for all rows, and whether
-        the round is a probe (its drafts measured, each row keeping one token as a plain round does)."""
+        """Each row's drafts (its gamma state's choice), whether the batch chose one gamma, and whether it probes."""
         return self._row_gammas(live, lambda r: r.gamma_state.next()), False, False
 
     def _round(self, live: list[Row], tkv, dkv) -> None:

@@ -140,8 +140,7 @@ class Row:
                eos: set[int] | frozenset[int], probe: bool = False) -> int:
         """A round's outcome: the first `n` drafts kept and the target's `token` after them, cut at the row's end; stats
         and gamma state told. Returns the cached length still on the committed path, for the caches to roll back to.
-        probe: only the first of those tokens is kept (it follows the target's distribution as the whole run does), so
-        that a batch decoding plainly, which drafts now and then only to measure, keeps its rows in step."""
+        probe: only the first of those tokens, distributed as the target's (so a plain batch's rows stay in step)."""
         s = self.stats
         s.verify_steps += 1
         s.draft_tokens += len(drafts)
@@ -150,8 +149,8 @@ class Row:
         s.rejections += n < len(drafts)
         if confidences is not None:
             self.gamma_state.record_confidences(confidences, n)
-        kept = drafts[:n] + [token]
-        emitted, self.finish = cut_at_end(kept[:1] if probe else kept, budget - len(self.new), eos, self.finish_check)
+        kept = (drafts[:n] + [token])[: 1 if probe else None]
+        emitted, self.finish = cut_at_end(kept, budget - len(self.new), eos, self.finish_check)
         s.accepted_tokens += min(n, len(emitted))
         if not self.new:
             s.ttft_s = time.perf_counter() - self.start
