@@ -13,7 +13,9 @@ It replaced `make_fx`, which builds an FX graph of the same ops and spent about 
 capture of a tiny model on proxies and code generation: most of the family tests' time. The
 recorded ops are then written out as one straight-line Python function (a line per op, the
 recording's tensors bound by name), so that a replay calls the ops and nothing else: rebuilding
-each op's arguments through pytree at every replay took a third of the family tests' time.
+each op's arguments through pytree at every replay took a third of the family tests' time. An op's
+arguments are flattened by `_leaves` (ATen's are lists, tuples and values), not by pytree, which
+took most of a recording's time.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ import threading
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 _INPUT, _RESULT, _CONSTANT = 0, 1, 2
 _recording = threading.local()
@@ -56,6 +57,19 @@ def _reads_values(func, args) -> bool:
     return torch.Tag.dynamic_output_shape in func.tags or torch.Tag.data_dependent_output in func.tags
 
 
+def _leaves(x, out: list) -> list:
+    """`x`'s values in order, into `out`: lists and tuples (and dicts' values) opened, anything else a value."""
+    if isinstance(x, (list, tuple)):
+        for e in x:
+            _leaves(e, out)
+    elif type(x) is dict:
+        for e in x.values():
+            _leaves(e, out)
+    else:
+        out.append(x)
+    return out
+
+
 class _Recorder(TorchDispatchMode):
     """Runs each op and notes it, its tensor arguments as the input, an earlier op's result, or a
     constant (a tensor the pass did not make: weights, cache buffers, tables)."""
@@ -79,10 +93,9 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if _reads_values(func, args):
             raise RuntimeError(f"{func} reads a tensor's values on the host while capturing")
-        leaves, spec = tree_flatten((args, kwargs))
-        arguments = [self.leaf(x) for x in leaves]
+        arguments = [self.leaf(x) for x in _leaves((args, kwargs), [])]
         out = func(*args, **kwargs)
-        flat = tree_flatten(out)[0]
+        flat = [out] if isinstance(out, torch.Tensor) else _leaves(out, [])
         made = []  # (where in the flattened result, result number)
         for i, t in enumerate(flat):
             if isinstance(t, torch.Tensor):
@@ -92,33 +105,23 @@ class _Recorder(TorchDispatchMode):
                 self.results += 1
         shape = "tensor" if isinstance(out, torch.Tensor) else (
             "flat" if type(out) in (tuple, list) and len(flat) == len(out) else "tree")
-        self.ops.append((func, arguments, spec, shape, made))
+        self.ops.append((func, arguments, (args, kwargs), shape, made))
         return out
 
 
-class _Name:
-    """A name in the replay's code, standing for an argument while the arguments' structure is rebuilt."""
-
-    def __init__(self, code: str):
-        self.code = code
-
-
-def _spelled(x) -> str | None:
-    """Python code for an op's argument built of names, lists and tuples; None for another structure."""
-    if isinstance(x, _Name):
-        return x.code
-    if type(x) in (list, tuple):
-        parts = [_spelled(e) for e in x]
-        if None in parts:
-            return None
-        inner = "".join(p + ", " for p in parts)
-        return f"[{inner}]" if type(x) is list else f"({inner})"
-    return None
+def _spelled(x, codes) -> str:
+    """Python code for an op's argument `x`, its values taken from the iterator `codes` in `_leaves`'s order."""
+    if isinstance(x, (list, tuple)):
+        inner = "".join(_spelled(e, codes) + ", " for e in x)
+        return f"[{inner}]" if isinstance(x, list) else f"({inner})"
+    if type(x) is dict:
+        return "{" + "".join(f"{k!r}: {_spelled(v, codes)}, " for k, v in x.items()) + "}"
+    return next(codes)
 
 
 def _replay_code(ops: list[tuple], result: tuple[int, object]) -> tuple[str, dict]:
     """The recorded ops as the source of `_replay(static)` and the names it reads (ops, constants)."""
-    names: dict[str, object] = {"_flatten": tree_flatten, "_unflatten": tree_unflatten}
+    names: dict[str, object] = {"_leaves": _leaves}
 
     def bound(x) -> str:
         name = f"c{len(names)}"
@@ -129,20 +132,14 @@ def _replay_code(ops: list[tuple], result: tuple[int, object]) -> tuple[str, dic
         return "static" if kind == _INPUT else f"r{x}" if kind == _RESULT else bound(x)
 
     lines = ["def _replay(static):"]
-    for func, arguments, spec, shape, made in ops:
-        codes = [named(kind, x) for kind, x in arguments]
-        args, kwargs = tree_unflatten([_Name(c) for c in codes], spec)
-        spelled = [_spelled(a) for a in args], {k: _spelled(v) for k, v in kwargs.items()}
-        if None in spelled[0] or None in spelled[1].values():  # (a structure pytree knows, spelled by it)
-            call = f"{bound(func)}(*_a, **_k)"
-            lines.append(f"    _a, _k = _unflatten([{', '.join(codes)}], {bound(spec)})")
-        else:
-            call = (f"{bound(func)}(" + "".join(a + ", " for a in spelled[0])
-                    + "".join(f"{k}={v}, " for k, v in spelled[1].items()) + ")")
+    for func, arguments, (args, kwargs), shape, made in ops:
+        codes = iter([named(kind, x) for kind, x in arguments])
+        call = (f"{bound(func)}(" + "".join(_spelled(a, codes) + ", " for a in args)
+                + "".join(f"{k}={_spelled(v, codes)}, " for k, v in kwargs.items()) + ")")
         if shape == "tensor":
             lines.append(f"    r{made[0][1]} = {call}")
             continue
-        lines.append(f"    _o = {call}" if shape == "flat" else f"    _o = _flatten({call})[0]")
+        lines.append(f"    _o = {call}" if shape == "flat" else f"    _o = _leaves({call}, [])")
         lines.extend(f"    r{n} = _o[{i}]" for i, n in made)
     lines.append(f"    return {named(*result)}")
     return "\n".join(lines) + "\n", names
