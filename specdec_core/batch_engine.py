@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 FIRST_BATCH_PROBE_WAIT, MAX_BATCH_PROBE_WAIT = 8, 256
 # Newcomers skip the draft's prefill while the batch does not draft; a probe catches up rows to at least this many.
 PROBE_ROWS = 8
-# A batch drafts the fewest tokens predicted within this share of the best rate (none counted): what the rule leaves out
-# (compacting rejected drafts' holes, rows ending apart and entering in smaller passes) grows with K (docs/batching.md).
+# A batch drafts the fewest tokens predicted within this share of the best rate (none counted), one that does not draft
+# starts past twice it: what the rule leaves out (holes of rejected drafts, rows ending apart) grows with K (docs).
 DRAFT_HURDLE = 0.05
 # Drafting rounds' measured seconds against their predicted costs, relative to plain rounds', over this many recent
 # rounds of each at the full width (what the costs leave out: per-row host work, the holes of rejected drafts).
@@ -343,8 +343,8 @@ class BatchSpeculativeGenerator(RoundEngine):
         """One gamma for all rows: a verify pass is as wide as its longest row; a row drafting less wastes its share."""
         cap = min(self.gamma, policy.max_gamma)
         per_token = self._prefill_per_token(policy.costs, live) if self.draft_model is not None else 0.0
-        k = batch_gamma(policy.costs, [r.gamma_state.acceptance for r in live], cap, per_token, DRAFT_HURDLE,
-                        self._round_factor())
+        k = batch_gamma(policy.costs, [r.gamma_state.acceptance for r in live], cap, per_token,
+                        DRAFT_HURDLE * (1 if self._drafting else 2), self._round_factor())
         self._drafting = k > 0
         if k > 0:
             self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT

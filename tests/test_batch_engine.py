@@ -426,6 +426,22 @@ def test_a_batch_does_not_draft_for_a_gain_within_the_hurdle(models, prompts, mo
     assert first_round(0.0) == [1, 1, 1]
 
 
+def test_a_batch_that_does_not_draft_starts_only_past_twice_the_hurdle(models, prompts):
+    """At the rows' acceptance drafting one token is predicted 8% faster than none: past `DRAFT_HURDLE`, so a batch
+    that drafts goes on drafting, but within twice it, so a batch that does not (its rows end in waves) stays plain."""
+    from specdec_core.gamma import AdaptiveGamma, Costs
+
+    target, draft = models["llama"]
+    policy = AdaptiveGamma(Costs(c=0.16, v={2: 1.23, 3: 1.4, 4: 1.6, 5: 1.7}), max_gamma=4, prior_acceptance=0.5,
+                           early_stop=False)
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=4,
+                                       max_new_tokens=12, gamma_policy=policy)
+    live = [engine._new_row(b, p, 0) for b, p in enumerate(prompts[:3])]
+    assert engine._drafting and engine._batch_gamma(policy, live) == 1 and engine._drafting
+    engine._drafting = False
+    assert engine._batch_gamma(policy, live) == 0 and not engine._drafting
+
+
 def test_rows_admitted_while_the_batch_does_not_draft_skip_the_draft_prefill(models, prompts):
     """An empty batch starts drafting only where the batch rule, at the pooled acceptance new rows start from, says
     it pays; while it does not draft, newcomers skip the draft's prefill, and a probe catches up the rows it drafts
