@@ -1,8 +1,11 @@
 """`pipeline.bench.throughput` on tiny models: it writes its section and our outputs match HF's."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from pipeline.bench import throughput as bench_throughput
+from specdec_core.drafters import ModelDrafter
 
 
 def test_throughput_section_is_written_and_replaced(tmp_path):
@@ -26,6 +29,25 @@ def test_throughput_section_is_written_and_replaced(tmp_path):
     assert all(a == "–" for line, a in zip(rows, admitting, strict=True) if "| 1 |" in line), admitting
     batched = [a for line, a in zip(rows, admitting, strict=True) if "| 3 |" in line]
     assert batched and all(a.endswith("%") and 0 < int(a[:-1]) < 100 for a in batched), batched
+
+
+def test_adaptive_is_timed_from_a_warm_workers_policy(models, tokenizer):
+    """A job's worker keeps its policy across batches, so the bench times adaptive gamma after one wave of the first
+    prompts at the timed call's own settings, with the same policy: its costs are known when the clock starts."""
+    target, draft = models["llama"]
+    core, calls = bench_throughput.engine_modules(), []
+
+    class Recording(core.batch_engine.BatchSpeculativeGenerator):
+        def generate_many(self, items, *args, **kwargs):
+            calls.append((len(items), self.max_new_tokens, getattr(self.gamma_policy, "costs", None) is not None))
+            return super().generate_many(items, *args, **kwargs)
+
+    core = SimpleNamespace(**vars(core) | {"batch_engine": SimpleNamespace(BatchSpeculativeGenerator=Recording)})
+    prompts = [tokenizer(f"prompt number {i} of the bench")["input_ids"] for i in range(5)]
+    outs, _, _ = bench_throughput.ours_batched(target, ModelDrafter(draft), prompts, 2, "adaptive", 6, core=core)
+    assert calls == [(2, 6, False), (5, 6, True)]  # the warm-up wave, then the timed call
+    plain, _, _ = bench_throughput.ours_batched(target, ModelDrafter(draft), prompts, 2, 2, 6, core=core)
+    assert outs == plain and calls[2:] == [(5, 6, False)]  # a fixed gamma needs no warm-up
 
 
 def test_plain_batching_with_hf_static_cache_is_a_baseline(tmp_path):

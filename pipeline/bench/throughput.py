@@ -70,19 +70,23 @@ def engine_modules(package: str = "specdec_core") -> SimpleNamespace:
 def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int, gamma: int | str,
                  max_new: int, core: SimpleNamespace | None = None) -> tuple[list[list[int]], float, dict]:
     """Our engine as the pipeline runs it: batch-1 engine at B=1, the batched one above.
-    gamma "adaptive": `--gamma_policy adaptive`, its costs measured at this B before the clock
-    starts (a job measures them once per worker, which a bench of a few hundred rows would
-    otherwise overstate). core: the engine's modules (`engine_modules`), by default this tree's."""
+    gamma "adaptive": `--gamma_policy adaptive` as a warm worker runs it. A job's worker keeps one
+    policy for all its batches: it measures the pair's costs at its width once and pools the
+    rows' acceptance, so only its first rows start from the prior. One wave of the first B prompts
+    (at B=1, one prompt), decoded off the clock with the same policy, puts it there; a bench of a
+    few hundred rows would otherwise charge every call a worker's one-off start.
+    core: the engine's modules (`engine_modules`), by default this tree's."""
     core = core or engine_modules()
     one_row, batched = core.engine.SpeculativeGenerator, core.batch_engine.BatchSpeculativeGenerator
     adaptive = gamma == "adaptive"
     policy, cap = (core.gamma.AdaptiveGamma(max_gamma=ADAPTIVE_MAX), ADAPTIVE_MAX) if adaptive else (None, gamma)
     if policy is not None and not isinstance(drafter, core.drafters.NoDrafter):
         if batch == 1:
-            one = one_row(target, drafter, num_speculative_tokens=cap, gamma_policy=policy)
+            one = one_row(target, drafter, num_speculative_tokens=cap, max_new_tokens=max_new, gamma_policy=policy)
             policy.set_costs(one.measure_costs(prompts[0]))
-        else:  # one new token: the rows never draft, so only the costs are learnt
-            batched(target, drafter, batch_size=batch, num_speculative_tokens=cap, max_new_tokens=1,
+            one.generate(prompts[0], 0)
+        else:  # (the engine measures its costs as its first rows enter)
+            batched(target, drafter, batch_size=batch, num_speculative_tokens=cap, max_new_tokens=max_new,
                     gamma_policy=policy).generate_many([(p, 0) for p in prompts[:batch]])
     t0 = time.perf_counter()
     admit_s = None
