@@ -31,23 +31,27 @@ def test_throughput_section_is_written_and_replaced(tmp_path):
     assert batched and all(a.endswith("%") and 0 < int(a[:-1]) < 100 for a in batched), batched
 
 
-def test_adaptive_is_timed_from_a_warm_workers_policy(models, tokenizer):
-    """A job's worker keeps its policy across batches, so the bench times adaptive gamma after one wave of the first
-    prompts at the timed call's own settings, with the same policy: its costs are known when the clock starts."""
+def test_adaptive_is_timed_as_a_warm_worker_runs_it(models, tokenizer):
+    """A job's worker keeps its engine and policy across batches, so the bench times adaptive gamma on an engine that
+    has decoded one wave of the first prompts at the timed call's own settings: its costs known, its admissions
+    counted apart."""
     target, draft = models["llama"]
     core, calls = bench_throughput.engine_modules(), []
 
     class Recording(core.batch_engine.BatchSpeculativeGenerator):
         def generate_many(self, items, *args, **kwargs):
-            calls.append((len(items), self.max_new_tokens, getattr(self.gamma_policy, "costs", None) is not None))
+            calls.append((self, len(items), self.max_new_tokens, getattr(self.gamma_policy, "costs", None) is not None))
             return super().generate_many(items, *args, **kwargs)
 
     core = SimpleNamespace(**vars(core) | {"batch_engine": SimpleNamespace(BatchSpeculativeGenerator=Recording)})
     prompts = [tokenizer(f"prompt number {i} of the bench")["input_ids"] for i in range(5)]
-    outs, _, _ = bench_throughput.ours_batched(target, ModelDrafter(draft), prompts, 2, "adaptive", 6, core=core)
-    assert calls == [(2, 6, False), (5, 6, True)]  # the warm-up wave, then the timed call
+    outs, secs, stats = bench_throughput.ours_batched(target, ModelDrafter(draft), prompts, 2, "adaptive", 6,
+                                                      core=core)
+    (warm, *warm_up), (timed, *call) = calls
+    assert timed is warm and warm_up == [2, 6, False] and call == [5, 6, True]  # one engine: the wave, then the call
+    assert 0 < stats["admitting"] * secs < timed.admit_s  # the wave's admissions left out
     plain, _, _ = bench_throughput.ours_batched(target, ModelDrafter(draft), prompts, 2, 2, 6, core=core)
-    assert outs == plain and calls[2:] == [(5, 6, False)]  # a fixed gamma needs no warm-up
+    assert outs == plain and [list(c[1:]) for c in calls[2:]] == [[5, 6, False]]  # a fixed gamma needs no warm-up
 
 
 def test_plain_batching_with_hf_static_cache_is_a_baseline(tmp_path):

@@ -71,33 +71,31 @@ def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int,
                  max_new: int, core: SimpleNamespace | None = None) -> tuple[list[list[int]], float, dict]:
     """Our engine as the pipeline runs it: batch-1 engine at B=1, the batched one above.
     gamma "adaptive": `--gamma_policy adaptive` as a warm worker runs it. A job's worker keeps one
-    policy for all its batches: it measures the pair's costs at its width once and pools the
-    rows' acceptance, so only its first rows start from the prior. One wave of the first B prompts
-    (at B=1, one prompt), decoded off the clock with the same policy, puts it there; a bench of a
-    few hundred rows would otherwise charge every call a worker's one-off start.
-    core: the engine's modules (`engine_modules`), by default this tree's."""
+    engine and policy for all its batches: it measures the pair's costs at its width once, pools
+    the rows' acceptance and backs off its probes, so only its first rows start from the prior.
+    One wave of the first B prompts (at B=1, one prompt), decoded by the same engine off the clock,
+    puts it there; a bench of a few hundred rows would otherwise charge every call a worker's
+    one-off start. core: the engine's modules (`engine_modules`), by default this tree's."""
     core = core or engine_modules()
     one_row, batched = core.engine.SpeculativeGenerator, core.batch_engine.BatchSpeculativeGenerator
     adaptive = gamma == "adaptive"
     policy, cap = (core.gamma.AdaptiveGamma(max_gamma=ADAPTIVE_MAX), ADAPTIVE_MAX) if adaptive else (None, gamma)
+    settings = {"num_speculative_tokens": cap, "max_new_tokens": max_new, "gamma_policy": policy}
+    gen = one_row(target, drafter, **settings) if batch == 1 else batched(target, drafter, batch_size=batch, **settings)
     if policy is not None and not isinstance(drafter, core.drafters.NoDrafter):
         if batch == 1:
-            one = one_row(target, drafter, num_speculative_tokens=cap, max_new_tokens=max_new, gamma_policy=policy)
-            policy.set_costs(one.measure_costs(prompts[0]))
-            one.generate(prompts[0], 0)
+            policy.set_costs(gen.measure_costs(prompts[0]))
+            gen.generate(prompts[0], 0)
         else:  # (the engine measures its costs as its first rows enter)
-            batched(target, drafter, batch_size=batch, num_speculative_tokens=cap, max_new_tokens=max_new,
-                    gamma_policy=policy).generate_many([(p, 0) for p in prompts[:batch]])
+            gen.generate_many([(p, 0) for p in prompts[:batch]])
     t0 = time.perf_counter()
     admit_s = None
     if batch == 1:
-        gen = one_row(target, drafter, num_speculative_tokens=cap, max_new_tokens=max_new, gamma_policy=policy)
         outs = [gen.generate(p, 0) for p in prompts]
     else:
-        bgen = batched(target, drafter, batch_size=batch, num_speculative_tokens=cap, max_new_tokens=max_new,
-                       gamma_policy=policy)
-        outs = bgen.generate_many([(p, 0) for p in prompts])
-        admit_s = bgen.admit_s
+        admitted = gen.admit_s
+        outs = gen.generate_many([(p, 0) for p in prompts])
+        admit_s = gen.admit_s - admitted
     secs = time.perf_counter() - t0
     drafted = sum(o.stats.draft_tokens for o in outs)
     stats = {"acceptance": sum(o.stats.accepted_tokens for o in outs) / drafted if drafted else None,
