@@ -256,6 +256,40 @@ def test_batched_times_leave_out_graph_captures(monkeypatch):
     assert (run.total_s, run.decode_s, run.new_tokens) == (6.0, 6.0, 6)
 
 
+def test_batched_adaptive_is_timed_as_a_warm_worker_runs_it(monkeypatch):
+    """Batched, the adaptive policy runs as the job builds it (no batch-1 costs: the engine times its own at its
+    width) and is timed after one wave of the first B prompts on the same engine, off the clock, as a job's worker
+    runs its later batches. A stand-in engine and clock."""
+    from types import SimpleNamespace
+
+    from specdec_core.gamma import AdaptiveGamma
+
+    clock, calls = [100.0], []
+
+    class Engine:
+        def __init__(self, *args, gamma_policy=None, **kwargs):
+            self.slots, self.policy = {}, gamma_policy
+
+        def generate_many(self, items):
+            calls.append((self, len(items), getattr(self.policy, "costs", None)))
+            clock[0] += 5.0 * len(items)
+            stats = SimpleNamespace(draft_tokens=0, accepted_tokens=0, rejections=0)
+            return [SimpleNamespace(tokens=[1, 2, 3], stats=stats) for _ in items]
+
+    monkeypatch.setattr(tune, "BatchSpeculativeGenerator", Engine)
+    monkeypatch.setattr(tune.time, "perf_counter", lambda: clock[0])
+    cand = SimpleNamespace(costs=Costs(c=0.1))
+    assert tune.Tuner.policy_of(tune.Setting(cand, 4, "adaptive")).costs is cand.costs  # batch 1: its costs
+    policy = tune.Tuner.policy_of(tune.Setting(cand, 4, "adaptive", batch_size=2))
+    assert isinstance(policy, AdaptiveGamma) and policy.costs is None
+    run = tune.run_batched(None, None, [[5], [6], [7]], 4, 2, SimpleNamespace(max_new_tokens=3), None, policy)
+    (warm, *wave), (timed, *call) = calls
+    assert timed is warm and wave == [2, None] and call == [3, None] and run.total_s == 15.0
+    calls.clear()
+    tune.run_batched(None, None, [[5], [6], [7]], 4, 2, SimpleNamespace(max_new_tokens=3), None, None)
+    assert [c[1] for c in calls] == [3]  # a fixed gamma: no wave first
+
+
 @pytest.mark.slow
 @pytest.mark.dynamo  # the flags reaching every engine: compiles through dynamo alone (conftest)
 def test_tune_runs_the_passes_as_the_job_would(tiny, monkeypatch, capsys):

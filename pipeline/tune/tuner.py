@@ -295,10 +295,14 @@ def run_batched(target, drafter: Drafter, ids: list[list[int]], gamma: int, batc
                 ) -> SampleRun:
     """All prompts through the continuous-batching engine, as pipeline.run's --batch_size B
     (engine: `engine_options`). Its graph captures and compiles (on a GPU) are left out of the
-    time: a job's worker pays them once."""
+    time: a job's worker pays them once. So is, for the adaptive policy, one wave of the first B
+    prompts decoded first by the same engine: a job's worker times its pass costs at its width
+    and pools acceptance once, and keeps them for all its later batches."""
     gen = BatchSpeculativeGenerator(target, drafter, batch_size=batch, num_speculative_tokens=max(gamma, 1),
                                     max_new_tokens=args.max_new_tokens, sampling=sampling, gamma_policy=policy,
                                     **(engine or {}))
+    if isinstance(policy, AdaptiveGamma):
+        gen.generate_many([(p, seed) for seed, p in enumerate(ids[:batch])])
     t0, setup = time.perf_counter(), setup_seconds(*gen.slots.values())
     outs = gen.generate_many([(p, seed) for seed, p in enumerate(ids)])
     secs = time.perf_counter() - t0 - (setup_seconds(*gen.slots.values()) - setup)
@@ -460,7 +464,10 @@ class Tuner:
 
     @staticmethod
     def policy_of(s: Setting) -> GammaPolicy | None:
-        return AdaptiveGamma(costs=s.candidate.costs, max_gamma=s.gamma) if s.policy == "adaptive" else None
+        """As the job builds it: batched, without batch-1 costs (the engine times its own at its width)."""
+        if s.policy != "adaptive":
+            return None
+        return AdaptiveGamma(costs=s.candidate.costs if s.batch_size == 1 else None, max_gamma=s.gamma)
 
     def measure_costs(self) -> None:
         # Warm-up outside every clock: oneDNN builds kernels per shape on first use.
