@@ -96,6 +96,8 @@ class BatchSpeculativeGenerator(RoundEngine):
         # The batch policy prices the draft's prefill per new token from these.
         self._draft_prefill = [0.0, 0, 0]  # seconds, prompts, tokens
         self._row_tokens = [0, 0]  # new tokens, finished rows
+        # The target's prefill (seconds, rows) of fewer rows than the batch (rows that ended apart), and of a batch
+        self._admissions = ([0.0, 0], [0.0, 0])
         # (seconds, predicted seconds) of recent plain and drafting rounds at the full width
         self._fit: dict[bool, deque[tuple[float, float]]] = {d: deque(maxlen=FIT_ROUNDS) for d in (False, True)}
         self.admit_s = 0.0  # wall seconds spent admitting rows (their prefills), since construction
@@ -185,10 +187,6 @@ class BatchSpeculativeGenerator(RoundEngine):
                     if dkv is not None:
                         dkv.drop(gone)
                     live = [live[b] for b in order]
-            for kv in (tkv, dkv):
-                # Holes (none in slots) cost attention work every pass; a gather costs about one cache copy.
-                if isinstance(kv, BatchKV) and kv.rows and kv.wasted() > 8 + kv.width // 8:
-                    kv.merge()
 
     def _admits(self, free: int, waiting: int) -> bool:
         """Whether `free` slots take new rows now: `admit_together` of them, or all waiting prompts (at most B)."""
@@ -261,11 +259,14 @@ class BatchSpeculativeGenerator(RoundEngine):
                 parts.append(fresh)
             if into is None:
                 kv.merge(*parts)
+        spent = time.perf_counter() - t0 - (setup_seconds(kv) - setup)  # one-off graph captures left out
         if model is self.target:
             self.admitted[0] += len(rows)
             self.admitted[1] += passes
-        if model is self.draft_model:  # what drafting costs per prompt: one-off graph captures left out
-            self._draft_prefill[0] += time.perf_counter() - t0 - (setup_seconds(kv) - setup)
+            admissions = self._admissions[len(rows) >= self.batch_size]
+            admissions[:] = admissions[0] + spent, admissions[1] + len(rows)
+        if model is self.draft_model:  # what drafting costs per prompt
+            self._draft_prefill[0] += spent
             self._draft_prefill[1] += len(rows)
             self._draft_prefill[2] += sum(len(p) for p in prompts) if self.encdec else sum(len(f) for f in feeds)
             for r, feed in zip(rows, feeds, strict=True):
@@ -273,26 +274,32 @@ class BatchSpeculativeGenerator(RoundEngine):
         return hidden
 
     def _prefill_per_token(self, costs: Costs, live: list[Row]) -> float:
-        """The draft's prefill per token generated, in plain steps: what drafting costs outside the rounds. Each new
+        """What drafting costs outside the rounds per token generated, in plain steps. The draft's prefill: each new
         prompt's, spread over the tokens a row yields; and, to turn drafting on, the catch-up of the rows admitted
         while the batch did not draft (each one's tokens so far, at the measured seconds per token), spread over the
         tokens the live rows have left. A drafting batch has none to catch up: it drafts while its rounds pay, and
-        starts again only where they also pay for the catch-up."""
+        starts again only where they also pay for the catch-up. And for a batch in step (rows that entered together
+        and end together unless drafting scatters them), the target's prefill per row of rows admitted apart over
+        that of a whole batch admitted at once: a batch already scattered gains nothing by not drafting."""
         seconds, prompts, tokens = self._draft_prefill
-        if not prompts or not costs.step_s:
+        (apart_s, apart), (whole_s, whole) = self._admissions
+        if not costs.step_s:
             return 0.0
-        expected = self._row_tokens[0] / self._row_tokens[1] if self._row_tokens[1] else self.max_new_tokens
-        behind = sum(len(r.seq) - 1 for r in live if r.draft_behind and self.drafter.room(len(r.seq)) >= 1)
-        left = max(sum(max(expected - len(r.new), 1.0) for r in live), 1.0)
-        return seconds / costs.step_s * (1 / prompts / max(expected, 1.0) + behind / max(tokens, 1) / left)
+        expected = max(self._row_tokens[0] / self._row_tokens[1] if self._row_tokens[1] else self.max_new_tokens, 1.0)
+        in_step = whole and apart and len({len(r.new) for r in live}) < 2
+        per_row = max(apart_s / apart - whole_s / whole, 0.0) if in_step else 0.0  # seconds a row
+        if prompts:
+            behind = sum(len(r.seq) - 1 for r in live if r.draft_behind and self.drafter.room(len(r.seq)) >= 1)
+            left = max(sum(max(expected - len(r.new), 1.0) for r in live), 1.0)
+            per_row += seconds / prompts + seconds / max(tokens, 1) * behind * expected / left
+        return per_row / expected / costs.step_s
 
     # -- costs at this batch width ---------------------------------------------------------------
 
     def _wants_costs(self, width: int) -> bool:
         """Given costs are kept; measured ones are remeasured for a wider batch (a job's first call may be narrower)."""
-        if isinstance(self.drafter, NoDrafter):
-            return False
-        return self.gamma_policy.needs_costs or 0 < self._costs_width < width
+        remeasure = self.gamma_policy.needs_costs or 0 < self._costs_width < width
+        return remeasure and not isinstance(self.drafter, NoDrafter)
 
     def _measure_costs(self, live: list[Row], tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None) -> None:
         """c and v(k) at this batch width (batch-1 costs mislead a batch), timed on the live caches and rolled back.
@@ -312,10 +319,14 @@ class BatchSpeculativeGenerator(RoundEngine):
             r.start += spent
 
     def _fitted_round(self, live: list[Row], tkv: BatchKV | SlotKV, dkv: BatchKV | SlotKV | None) -> None:
-        """A round, its seconds kept against what the costs predict for it (a catch-up of the draft's cache and
-        one-off graph captures left out: priced apart, and not the round's)."""
+        """A round and its holes' compaction, its seconds kept against what the costs predict for it (a catch-up of
+        the draft's cache and one-off graph captures left out: priced apart, and not the round's)."""
         t0, setup, caught = time.perf_counter(), setup_seconds(tkv, dkv), self._draft_prefill[0]
         self._round(live, tkv, dkv)
+        for kv in (tkv, dkv):
+            # Holes (none in slots) cost attention work every pass; a gather costs about one cache copy.
+            if isinstance(kv, BatchKV) and kv.rows and kv.wasted() > 8 + kv.width // 8:
+                kv.merge()
         costs = getattr(self.gamma_policy, "costs", None)
         if costs is not None and costs.step_s and len(live) == self.batch_size > 1:
             k = max(r.stats.gammas[-1] for r in live)
@@ -335,14 +346,13 @@ class BatchSpeculativeGenerator(RoundEngine):
         policy = self.gamma_policy
         if not (isinstance(policy, AdaptiveGamma) and policy.costs is not None and width > 1):
             return True
-        acceptances = [policy.prior()] * width
-        return batch_gamma(policy.costs, acceptances, min(self.gamma, policy.max_gamma),
+        return batch_gamma(policy.costs, [policy.prior()] * width, min(self.gamma, policy.max_gamma),
                            self._prefill_per_token(policy.costs, []), DRAFT_HURDLE, self._round_factor()) > 0
 
     def _batch_gamma(self, policy: AdaptiveGamma, live: list[Row]) -> int:
         """One gamma for all rows: a verify pass is as wide as its longest row; a row drafting less wastes its share."""
         cap = min(self.gamma, policy.max_gamma)
-        per_token = self._prefill_per_token(policy.costs, live) if self.draft_model is not None else 0.0
+        per_token = self._prefill_per_token(policy.costs, live)
         k = batch_gamma(policy.costs, [r.gamma_state.acceptance for r in live], cap, per_token,
                         DRAFT_HURDLE * (1 if self._drafting else 2), self._round_factor())
         self._drafting = k > 0

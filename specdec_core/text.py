@@ -328,22 +328,12 @@ class TextGenerator:
         adaptive = spec.gamma_policy == "adaptive" or (spec.gamma_policy == "auto" and spec.temperature == 0)
         if gamma_policy is None and adaptive and spec.drafter != "none":
             gamma_policy = AdaptiveGamma(max_gamma=spec.num_speculative_tokens)
-        return cls(
-            target,
-            tokenizer,
-            drafter,
-            num_speculative_tokens=spec.num_speculative_tokens,
-            max_new_tokens=spec.max_new_tokens,
-            sampling=SamplingSettings(spec.temperature, spec.top_k, spec.top_p),
-            gamma_policy=gamma_policy,
-            chat_template=spec.chat_template,
-            system_prompt=spec.system_prompt,
-            stop=spec.stop,
-            max_item_seconds=spec.max_item_seconds,
-            batch_size=spec.batch_size,
-            cuda_graphs=spec.cuda_graphs,
-            torch_compile=compiled,
-        )
+        sampling = SamplingSettings(spec.temperature, spec.top_k, spec.top_p)
+        return cls(target, tokenizer, drafter, num_speculative_tokens=spec.num_speculative_tokens,
+                   max_new_tokens=spec.max_new_tokens, sampling=sampling, gamma_policy=gamma_policy,
+                   chat_template=spec.chat_template, system_prompt=spec.system_prompt, stop=spec.stop,
+                   max_item_seconds=spec.max_item_seconds, batch_size=spec.batch_size, cuda_graphs=spec.cuda_graphs,
+                   torch_compile=compiled)
 
     def encode(self, prompt: object) -> list[int]:
         """Prompt ids: the text's own tokens, or, for a conversation or with `chat_template`, the

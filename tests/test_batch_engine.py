@@ -521,6 +521,41 @@ def test_a_batch_turns_drafting_on_only_where_its_rounds_pay_for_the_catch_up(mo
     assert engine._batch_gamma(policy, rows(36, False)) == 0
 
 
+def test_a_batch_in_step_prices_what_admitting_rows_apart_costs(models, prompts):
+    """Rows that entered together end together unless drafting scatters them, and rows admitted apart cost more a row
+    than a whole batch admitted at once. A batch in step (and an empty one) is charged that difference, spread over
+    a row's tokens; a batch already out of step is not: it gains nothing by not drafting. The engine keeps both
+    costs from its target's prefills, and outputs stay exact."""
+    from specdec_core.gamma import AdaptiveGamma, Costs
+
+    target, draft = models["llama"]
+    policy = AdaptiveGamma(Costs(c=0.1, v={k: 0.8 + 0.2 * k for k in range(2, 6)}, step_s=0.01), max_gamma=3,
+                           prior_acceptance=0.8, early_stop=False)
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=3,
+                                       max_new_tokens=40, gamma_policy=policy)
+
+    def rows(*done: int):
+        live = [engine._new_row(b, p, 0) for b, p in enumerate(prompts[:4])]
+        for r, n in zip(live, done, strict=True):
+            r.new, r.seq = [5] * n, r.seq + [5] * n
+        return live
+
+    assert engine._starts_drafting(4) and engine._batch_gamma(policy, rows(3, 3, 3, 3)) > 0  # nothing measured yet
+    engine._admissions = ([2.0, 16], [0.4, 16])  # 125 ms a row admitted apart, 25 ms together
+    assert engine._prefill_per_token(policy.costs, rows(3, 3, 3, 3)) == pytest.approx(0.1 / 40 / 0.01)
+    assert not engine._starts_drafting(4)
+    assert engine._batch_gamma(policy, rows(3, 3, 3, 3)) == 0
+    assert engine._prefill_per_token(policy.costs, rows(3, 5, 3, 3)) == 0.0
+    assert engine._batch_gamma(policy, rows(3, 5, 3, 3)) > 0
+
+    fresh = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=2, num_speculative_tokens=3,
+                                      max_new_tokens=12)
+    out = fresh.generate_many([(p, 0) for p in prompts[:5]])
+    assert [o.tokens for o in out] == [hf_greedy(target, p, 12) for p in prompts[:5]]
+    (apart_s, apart), (whole_s, whole) = fresh._admissions
+    assert whole + apart == 5 and whole >= 2 and whole % 2 == 0 and whole_s > 0 and (apart_s > 0) == (apart > 0)
+
+
 def test_full_width_rounds_are_timed_against_their_predicted_cost(models, prompts):
     """The rounds at the batch's full width keep (seconds, predicted seconds): plain ones at one step, drafting ones
     at K c + v(K + 1) steps; outputs stay exact."""

@@ -33,7 +33,7 @@ def test_throughput_section_is_written_and_replaced(tmp_path):
 
 def test_adaptive_is_timed_as_a_warm_worker_runs_it(models, tokenizer):
     """A job's worker keeps its engine and policy across batches, so the bench times adaptive gamma on an engine that
-    has decoded one wave of the first prompts at the timed call's own settings: its costs known, its admissions
+    has decoded two waves of the first prompts at the timed call's own settings: its costs known, its admissions
     counted apart."""
     target, draft = models["llama"]
     core, calls = bench_throughput.engine_modules(), []
@@ -48,7 +48,7 @@ def test_adaptive_is_timed_as_a_warm_worker_runs_it(models, tokenizer):
     outs, secs, stats = bench_throughput.ours_batched(target, ModelDrafter(draft), prompts, 2, "adaptive", 6,
                                                       core=core)
     (warm, *warm_up), (timed, *call) = calls
-    assert timed is warm and warm_up == [2, 6, False] and call == [5, 6, True]  # one engine: the wave, then the call
+    assert timed is warm and warm_up == [4, 6, False] and call == [5, 6, True]  # one engine: two waves, then the call
     assert 0 < stats["admitting"] * secs < timed.admit_s  # the wave's admissions left out
     plain, _, _ = bench_throughput.ours_batched(target, ModelDrafter(draft), prompts, 2, 2, 6, core=core)
     assert outs == plain and [list(c[1:]) for c in calls[2:]] == [[5, 6, False]]  # a fixed gamma needs no warm-up

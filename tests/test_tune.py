@@ -258,8 +258,8 @@ def test_batched_times_leave_out_graph_captures(monkeypatch):
 
 def test_batched_adaptive_is_timed_as_a_warm_worker_runs_it(monkeypatch):
     """Batched, the adaptive policy runs as the job builds it (no batch-1 costs: the engine times its own at its
-    width) and is timed after one wave of the first B prompts on the same engine, off the clock, as a job's worker
-    runs its later batches. A stand-in engine and clock."""
+    width) and is timed after the first 2B prompts (two waves) on the same engine, off the clock, as a job's
+    worker runs its later batches. A stand-in engine and clock."""
     from types import SimpleNamespace
 
     from specdec_core.gamma import AdaptiveGamma
@@ -282,9 +282,10 @@ def test_batched_adaptive_is_timed_as_a_warm_worker_runs_it(monkeypatch):
     assert tune.Tuner.policy_of(tune.Setting(cand, 4, "adaptive")).costs is cand.costs  # batch 1: its costs
     policy = tune.Tuner.policy_of(tune.Setting(cand, 4, "adaptive", batch_size=2))
     assert isinstance(policy, AdaptiveGamma) and policy.costs is None
-    run = tune.run_batched(None, None, [[5], [6], [7]], 4, 2, SimpleNamespace(max_new_tokens=3), None, policy)
+    ids = [[5], [6], [7], [8], [9]]
+    run = tune.run_batched(None, None, ids, 4, 2, SimpleNamespace(max_new_tokens=3), None, policy)
     (warm, *wave), (timed, *call) = calls
-    assert timed is warm and wave == [2, None] and call == [3, None] and run.total_s == 15.0
+    assert timed is warm and wave == [4, None] and call == [5, None] and run.total_s == 25.0
     calls.clear()
     tune.run_batched(None, None, [[5], [6], [7]], 4, 2, SimpleNamespace(max_new_tokens=3), None, None)
     assert [c[1] for c in calls] == [3]  # a fixed gamma: no wave first

@@ -73,9 +73,10 @@ def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int,
     gamma "adaptive": `--gamma_policy adaptive` as a warm worker runs it. A job's worker keeps one
     engine and policy for all its batches: it measures the pair's costs at its width once, pools
     the rows' acceptance and backs off its probes, so only its first rows start from the prior.
-    One wave of the first B prompts (at B=1, one prompt), decoded by the same engine off the clock,
-    puts it there; a bench of a few hundred rows would otherwise charge every call a worker's
-    one-off start. core: the engine's modules (`engine_modules`), by default this tree's."""
+    The first 2B prompts (at B=1, one prompt), decoded by the same engine off the clock, put it
+    there: two waves, the second's rows entering as the first's end, so that it has also timed
+    admitting rows apart; a bench of a few hundred rows would otherwise charge every call a
+    worker's one-off start. core: the engine's modules (`engine_modules`), by default this tree's."""
     core = core or engine_modules()
     one_row, batched = core.engine.SpeculativeGenerator, core.batch_engine.BatchSpeculativeGenerator
     adaptive = gamma == "adaptive"
@@ -87,7 +88,7 @@ def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int,
             policy.set_costs(gen.measure_costs(prompts[0]))
             gen.generate(prompts[0], 0)
         else:  # (the engine measures its costs as its first rows enter)
-            gen.generate_many([(p, 0) for p in prompts[:batch]])
+            gen.generate_many([(p, 0) for p in prompts[: 2 * batch]])
     t0 = time.perf_counter()
     admit_s = None
     if batch == 1:

@@ -295,14 +295,15 @@ def run_batched(target, drafter: Drafter, ids: list[list[int]], gamma: int, batc
                 ) -> SampleRun:
     """All prompts through the continuous-batching engine, as pipeline.run's --batch_size B
     (engine: `engine_options`). Its graph captures and compiles (on a GPU) are left out of the
-    time: a job's worker pays them once. So is, for the adaptive policy, one wave of the first B
-    prompts decoded first by the same engine: a job's worker times its pass costs at its width
-    and pools acceptance once, and keeps them for all its later batches."""
+    time: a job's worker pays them once. So are, for the adaptive policy, the first 2B prompts
+    decoded first by the same engine (two waves, the second's rows entering as the first's end):
+    a job's worker times its pass costs at its width, pools acceptance and times admitting rows
+    together and apart once, and keeps them for all its later batches."""
     gen = BatchSpeculativeGenerator(target, drafter, batch_size=batch, num_speculative_tokens=max(gamma, 1),
                                     max_new_tokens=args.max_new_tokens, sampling=sampling, gamma_policy=policy,
                                     **(engine or {}))
     if isinstance(policy, AdaptiveGamma):
-        gen.generate_many([(p, seed) for seed, p in enumerate(ids[:batch])])
+        gen.generate_many([(p, seed) for seed, p in enumerate(ids[: 2 * batch])])
     t0, setup = time.perf_counter(), setup_seconds(*gen.slots.values())
     outs = gen.generate_many([(p, seed) for seed, p in enumerate(ids)])
     secs = time.perf_counter() - t0 - (setup_seconds(*gen.slots.values()) - setup)
