@@ -327,9 +327,10 @@ class BatchSpeculativeGenerator(RoundEngine):
             # Holes (none in slots) cost attention work every pass; a gather costs about one cache copy.
             if isinstance(kv, BatchKV) and kv.rows and kv.wasted() > 8 + kv.width // 8:
                 kv.merge()
-        costs = getattr(self.gamma_policy, "costs", None)
-        if costs is not None and costs.step_s and len(live) == self.batch_size > 1:
-            k = max(r.stats.gammas[-1] for r in live)
+        costs, ks = getattr(self.gamma_policy, "costs", None), {r.stats.gammas[-1] for r in live}
+        # (kept where every row drafted one K: a probe, or rows drafting less near their ends, cost less than priced)
+        if costs is not None and costs.step_s and len(live) == self.batch_size > 1 and len(ks) == 1:
+            k = ks.pop()
             spent = time.perf_counter() - t0 - (setup_seconds(tkv, dkv) - setup) - (self._draft_prefill[0] - caught)
             self._fit[k > 0].append((spent, costs.step_s * costs.round_cost(k)))
 

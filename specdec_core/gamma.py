@@ -73,10 +73,8 @@ LOOKUP_DRAFT_COST = 0.001
 
 def expected_tokens(a: float, g: int) -> float:
     """E(a, g): expected tokens per round with g drafts at acceptance a (paper, eq. 1)."""
-    if g <= 0:
-        return 1.0
-    if a >= 1.0:
-        return g + 1.0
+    if g <= 0 or a >= 1.0:
+        return max(g, 0) + 1.0
     return (1.0 - a ** (g + 1)) / (1.0 - a)
 
 

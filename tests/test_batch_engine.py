@@ -558,7 +558,7 @@ def test_a_batch_in_step_prices_what_admitting_rows_apart_costs(models, prompts)
 
 def test_full_width_rounds_are_timed_against_their_predicted_cost(models, prompts):
     """The rounds at the batch's full width keep (seconds, predicted seconds): plain ones at one step, drafting ones
-    at K c + v(K + 1) steps; outputs stay exact."""
+    at K c + v(K + 1) steps, where every row drafted K; outputs stay exact."""
     from specdec_core.gamma import AdaptiveGamma, Costs
 
     target, draft = models["llama"]
@@ -571,6 +571,17 @@ def test_full_width_rounds_are_timed_against_their_predicted_cost(models, prompt
     fits = list(engine._fit[True])
     assert fits and all(s > 0 for s, _ in fits)
     assert {round(p / 0.01, 6) for _, p in fits} <= {round(policy.costs.round_cost(k), 6) for k in range(1, 4)}
+
+    # A probe (a few rows draft one token) costs less than the drafting round it would be priced as: not kept.
+    live = [engine._new_row(b, p, 0) for b, p in enumerate(prompts[:3])]
+    for gammas, kept in (([1, 0, 0], False), ([0, 0, 0], True), ([2, 2, 2], True)):
+        def round_of(live, tkv, dkv, gammas=gammas):
+            for r, k in zip(live, gammas, strict=True):
+                r.stats.gammas.append(k)
+        engine._round = round_of
+        before = len(engine._fit[max(gammas) > 0])
+        engine._fitted_round(live, None, None)
+        assert len(engine._fit[max(gammas) > 0]) == before + kept
 
 
 def test_stop_strings_end_each_row_where_batch_one_does(models, prompts, tokenizer):
