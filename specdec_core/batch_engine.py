@@ -93,10 +93,10 @@ class BatchSpeculativeGenerator(RoundEngine):
         self._costs_width = 0  # the batch width of the costs this engine measured (0: none yet)
         self._rounds_without_drafts, self._probe_every = 0, FIRST_BATCH_PROBE_WAIT
         self._drafting = True  # the batch policy's latest choice, probes aside (`_starts_drafting` at an empty batch)
-        # The batch policy prices the draft's prefill per new token from these.
+        # The batch policy prices what drafting costs outside the rounds from these (`_prefill_per_token`).
         self._draft_prefill = [0.0, 0, 0]  # seconds, prompts, tokens
         self._row_tokens = [0, 0]  # new tokens, finished rows
-        # The target's prefill (seconds, rows) of fewer rows than the batch (rows that ended apart), and of a batch
+        # The target's prefill (seconds, rows) of fewer rows than the batch (rows that ended apart), of a whole batch
         self._admissions = ([0.0, 0], [0.0, 0])
         # (seconds, predicted seconds) of recent plain and drafting rounds at the full width
         self._fit: dict[bool, deque[tuple[float, float]]] = {d: deque(maxlen=FIT_ROUNDS) for d in (False, True)}
