@@ -84,9 +84,8 @@ class BatchSpeculativeGenerator(RoundEngine):
         self.draft_model = drafter.model if isinstance(drafter, ModelDrafter) else None
         self.encdec = bool(target.config.is_encoder_decoder)
         self._noted: set[tuple[str, int]] = set()
-        if prefill_tokens is None and target.device.type == "cpu":
-            prefill_tokens = CPU_PREFILL_TOKENS
-        self.prefill_tokens = prefill_tokens
+        cpu = prefill_tokens is None and target.device.type == "cpu"
+        self.prefill_tokens = CPU_PREFILL_TOKENS if cpu else prefill_tokens
         # Kept across calls: a worker captures each pass width once, not once per batch of items.
         self.slots = {id(m): slot_kv_for(m, cuda_graphs, batch_size, self.pad_id, torch_compile, settings)
                       for m in (target, self.draft_model) if m is not None}
@@ -261,14 +260,12 @@ class BatchSpeculativeGenerator(RoundEngine):
                 kv.merge(*parts)
         spent = time.perf_counter() - t0 - (setup_seconds(kv) - setup)  # one-off graph captures left out
         if model is self.target:
-            self.admitted[0] += len(rows)
-            self.admitted[1] += passes
+            self.admitted[:] = self.admitted[0] + len(rows), self.admitted[1] + passes
             admissions = self._admissions[len(rows) >= self.batch_size]
             admissions[:] = admissions[0] + spent, admissions[1] + len(rows)
         if model is self.draft_model:  # what drafting costs per prompt
-            self._draft_prefill[0] += spent
-            self._draft_prefill[1] += len(rows)
-            self._draft_prefill[2] += sum(len(p) for p in prompts) if self.encdec else sum(len(f) for f in feeds)
+            fed = sum(len(p) for p in prompts) if self.encdec else sum(len(f) for f in feeds)
+            self._draft_prefill = [a + b for a, b in zip(self._draft_prefill, (spent, len(rows), fed), strict=True)]
             for r, feed in zip(rows, feeds, strict=True):
                 r.draft_behind = not feed and len(r.seq) > 1
         return hidden
@@ -308,6 +305,10 @@ class BatchSpeculativeGenerator(RoundEngine):
         t0, setup = time.perf_counter(), setup_seconds(tkv, dkv)
         ks = tuple(range(2, self.gamma + 2))
         costs = self._time_passes(live, tkv, dkv, ks, reps=2)
+        if not self._admissions[0][1] and not _by_rows(tkv, 1):  # a row admitted apart, timed here (its cache thrown
+            counts = list(self.admitted)  # away) so that the batch rule prices scattering rows before any is
+            self._prefill(self.target, BatchKV(self.target, 0, self.pad_id), live[:1], None)
+            self.admitted[:] = counts
         for kv in (tkv, dkv):
             if isinstance(kv, BatchKV):
                 kv.merge()  # the timing passes left holes (slots have none)
