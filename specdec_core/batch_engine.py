@@ -336,11 +336,11 @@ class BatchSpeculativeGenerator(RoundEngine):
             self._fit[k > 0].append((spent, costs.step_s * costs.round_cost(k)))
 
     def _round_factor(self) -> float:
-        """What drafting rounds cost against the costs' prediction, over the same for plain rounds (each 1.0 until a
-        few are timed; a plain round is predicted as one plain step)."""
-        fit = [sum(s for s, _ in f) / sum(p for _, p in f) if len(f) >= FIT_MIN_ROUNDS else 1.0  # (copies: another
-               for f in (list(self._fit[True]), list(self._fit[False]))]  # thread's call may append meanwhile)
-        return fit[0] / fit[1]
+        """Drafting rounds' cost against the costs' prediction over plain rounds' (each predicted as one step); a side
+        timed in fewer than a few rounds is taken as the other's (plain: 1.0): plain ones say nothing of drafting."""
+        draft, plain = [sum(s for s, _ in f) / sum(p for _, p in f) if len(f) >= FIT_MIN_ROUNDS else None  # (copies:
+                        for f in (list(self._fit[True]), list(self._fit[False]))]  # another thread may append)
+        return 1.0 if draft is None else draft / (plain or 1.0)
 
     def _starts_drafting(self, width: int) -> bool:
         """Whether rows entering an empty batch prefill the draft: unless the batch rule, with the costs known and every

@@ -514,9 +514,12 @@ def test_a_batch_turns_drafting_on_only_where_its_rounds_pay_for_the_catch_up(mo
     assert engine._batch_gamma(policy, rows(36, False)) > 0
     assert engine._batch_gamma(policy, rows(0, True)) > 0
 
-    # Drafting rounds timed at 2.2x their predicted cost where plain rounds took 1.1x: priced at twice the costs.
+    # Plain rounds timed at 1.1x their predicted cost, drafting ones not yet: no discount for drafting.
     engine._fit[False].extend([(0.011, 0.01)] * 3)
-    engine._fit[True].extend([(0.0286, 0.013)] * 3)
+    engine._fit[True].extend([(0.0286, 0.013)] * 2)
+    assert engine._round_factor() == 1.0
+    # Drafting rounds timed at 2.2x their predicted cost where plain rounds took 1.1x: priced at twice the costs.
+    engine._fit[True].append((0.0286, 0.013))
     assert engine._round_factor() == pytest.approx(2.0)
     assert engine._batch_gamma(policy, rows(36, False)) == 0
 
