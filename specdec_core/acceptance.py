@@ -2,7 +2,8 @@
 
 Both functions return (n, next_token): the first n drafted tokens are kept, then
 next_token (the correction at the first rejection, or the bonus token after all were
-accepted) is appended. Each call costs one device-to-host sync.
+accepted) is appended. Host reads: greedy, the target's choices (none where the caller read them with other
+rows'); sampled, the draws and the drawn token (after a rejection, the residual's mass too).
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ DRAFT_HURDLE = 0.05
 # Drafting rounds' measured seconds against their predicted costs, relative to plain rounds', over this many recent
 # rounds of each at the full width (what the costs leave out: per-row host work, the holes of rejected drafts).
 FIT_ROUNDS, FIT_MIN_ROUNDS = 64, 3
+WARM_WAVES = 2  # a worker's first waves of rows (this many times its width) time its costs and admissions
 
 
 def _by_rows(kv: BatchKV | SlotKV | None, rows: int) -> bool:
@@ -213,10 +214,8 @@ class BatchSpeculativeGenerator(RoundEngine):
             else:
                 for r in rows:
                     r.draft_behind = True
-                if into is None:
-                    dkv.merge(BatchKV(self.draft_model, len(rows), self.pad_id))
-                else:
-                    dkv.place(into, BatchKV(self.draft_model, len(rows), self.pad_id))
+                empty = BatchKV(self.draft_model, len(rows), self.pad_id)  # their places, to be caught up
+                dkv.merge(empty) if into is None else dkv.place(into, empty)
         now = time.perf_counter()
         spent = now - t0 - (setup_seconds(tkv, dkv) - setup)  # one-off graph captures left out
         for r in rows:
@@ -303,8 +302,7 @@ class BatchSpeculativeGenerator(RoundEngine):
         The rows' clocks leave this time out. A row's gammas depend on its batch-mates, so adaptive sampling does not
         reproduce a seed's batch-1 sample (greedy output never depends on gamma)."""
         t0, setup = time.perf_counter(), setup_seconds(tkv, dkv)
-        ks = tuple(range(2, self.gamma + 2))
-        costs = self._time_passes(live, tkv, dkv, ks, reps=2)
+        costs = self._time_passes(live, tkv, dkv, tuple(range(2, self.gamma + 2)), reps=2)
         if not self._admissions[0][1] and not _by_rows(tkv, 1):  # a row admitted apart, timed here (its cache thrown
             counts = list(self.admitted)  # away) so that the batch rule prices scattering rows before any is
             self._prefill(self.target, BatchKV(self.target, 0, self.pad_id), live[:1], None)

@@ -41,8 +41,8 @@ def _same(replayed: torch.Tensor, eager: torch.Tensor) -> bool:
 @dataclass
 class Graph:
     graph: torch.cuda.CUDAGraph
-    inp: torch.Tensor  # (rows, w + 2): each row's tokens, first position and real token count
-    out: torch.Tensor  # what a replay leaves: a pass's logits (rows, w, V), or a draft chain's tokens (k,)
+    inp: torch.Tensor  # a pass's (rows, w + 2): each row's tokens, first position and real token count
+    out: torch.Tensor  # what a replay leaves: a pass's logits (rows, w, V), or a draft chain's tokens (rows, k)
 
 
 def clear_cublas_workspaces() -> None:

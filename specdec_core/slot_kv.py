@@ -69,7 +69,7 @@ class SlotKV(StaticKV):
 
     def _by_row(self):
         """While a pass runs: position embeddings look up each row's own positions (`StaticKV._lookup_forward`,
-        `_table_forward`), relative biases each row's (`batch_kv.bias_by_row`, over the static column count: no host
+        `_table_forward`), relative biases each row's (`decoder.bias_by_row`, over the static column count: no host
         wait). Set around the pass, outside compiled code: dynamo's tracing does not keep a patched `compute_bias`."""
         if not self.encdec or self.buffer_rows == 1:
             return super()._by_row()

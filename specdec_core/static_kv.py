@@ -40,7 +40,7 @@ from specdec_core.static_layers import CrossLayer, FixedLayer, ScratchLayer
 log = logging.getLogger(__name__)
 
 CAPACITY_STEP = 512  # columns; a cache grows to the next multiple of this when an item needs more
-MAX_GRAPH_WIDTH = 16  # widest pass captured: a verify pass is gamma + 1 tokens
+MAX_GRAPH_WIDTH = 16  # widest decode pass captured: a verify pass is gamma + 1 tokens
 # Graphed prefills are padded to a few widths (`prefill_width`); wider than MAX_PREFILL_GRAPH, eager at their own.
 PREFILL_STEP = 512
 MAX_PREFILL_GRAPH = 4096

@@ -291,6 +291,21 @@ def test_batched_adaptive_is_timed_as_a_warm_worker_runs_it(monkeypatch):
     assert [c[1] for c in calls] == [3]  # a fixed gamma: no wave first
 
 
+def test_the_progress_plan_counts_an_adaptive_engines_warm_up():
+    """Its first waves are work done (off the clock, not out of the plan): the ETA counts them before and after."""
+    from types import SimpleNamespace
+
+    t = tune.Tuner.__new__(tune.Tuner)  # (only the sample's size and the tokens per prompt)
+    t.n, t.args = 5, SimpleNamespace(max_new_tokens=3)
+    cand = SimpleNamespace(costs=Costs(c=0.1))
+    assert t.warm_tokens(tune.Setting(cand, 4, "adaptive", batch_size=2)) == 2 * 2 * 3
+    assert t.warm_tokens(tune.Setting(cand, 4, "adaptive", batch_size=4)) == 5 * 3  # at most the sample
+    assert t.warm_tokens(tune.Setting(cand, 4, "fixed", batch_size=2)) == 0
+    progress = tune.Progress(27)
+    progress.step("adaptive B=2", 15, 1.0, off_clock=12)
+    assert progress.done == progress.planned == 27
+
+
 @pytest.mark.slow
 @pytest.mark.dynamo  # the flags reaching every engine: compiles through dynamo alone (conftest)
 def test_tune_runs_the_passes_as_the_job_would(tiny, monkeypatch, capsys):

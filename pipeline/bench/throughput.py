@@ -28,6 +28,7 @@ import torch
 from pipeline.bench.report import replace_section
 from pipeline.flags import ArgumentParser
 from pipeline.threads import keeps_torch_threads, recommended_threads
+from specdec_core.batch_engine import WARM_WAVES
 from specdec_core.cpu_speed import prepare_for_cpu
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 
@@ -73,7 +74,7 @@ def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int,
     gamma "adaptive": `--gamma_policy adaptive` as a warm worker runs it. A job's worker keeps one
     engine and policy for all its batches: it measures the pair's costs at its width once, pools
     the rows' acceptance and backs off its probes, so only its first rows start from the prior.
-    The first 2B prompts (at B=1, one prompt), decoded by the same engine off the clock, put it
+    The first WARM_WAVES x B prompts (at B=1, one prompt), decoded by the same engine off the clock, put it
     there: two waves, the second's rows entering as the first's end, so that it has also timed
     admitting rows apart; a bench of a few hundred rows would otherwise charge every call a
     worker's one-off start. core: the engine's modules (`engine_modules`), by default this tree's."""
@@ -88,7 +89,7 @@ def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int,
             policy.set_costs(gen.measure_costs(prompts[0]))
             gen.generate(prompts[0], 0)
         else:  # (the engine measures its costs as its first rows enter)
-            gen.generate_many([(p, 0) for p in prompts[: 2 * batch]])
+            gen.generate_many([(p, 0) for p in prompts[: WARM_WAVES * batch]])
     t0 = time.perf_counter()
     admit_s = None
     if batch == 1:

@@ -34,7 +34,7 @@ from pipeline.logs import setup_logging
 from pipeline.threads import keeps_torch_threads
 from pipeline.tune.model import Candidate, SampleRun, best_setting, fit_overhead, pick_to_verify, relative_error
 from pipeline.tune.report import format_report
-from specdec_core.batch_engine import BatchSpeculativeGenerator, pad_id_of
+from specdec_core.batch_engine import WARM_WAVES, BatchSpeculativeGenerator, pad_id_of
 from specdec_core.cpu_speed import DRAFT_DTYPES
 from specdec_core.cross_tokenizer import CrossTokenizerDrafter
 from specdec_core.drafters import Drafter, NgramDrafter, NoDrafter
@@ -237,8 +237,9 @@ class Progress:
     def add_plan(self, tokens: int) -> None:
         self.planned += tokens
 
-    def step(self, label: str, tokens: int, seconds: float) -> None:
-        self.done += tokens
+    def step(self, label: str, tokens: int, seconds: float, off_clock: int = 0) -> None:
+        """off_clock: tokens of planned work not in `tokens` and `seconds` (an adaptive engine's warm-up)."""
+        self.done += tokens + off_clock
         elapsed = time.perf_counter() - self.start
         share = min(self.done / self.planned, 1.0) if self.planned else 1.0
         eta = elapsed * (1 - share) / share if share > 0 else float("nan")
@@ -295,15 +296,15 @@ def run_batched(target, drafter: Drafter, ids: list[list[int]], gamma: int, batc
                 ) -> SampleRun:
     """All prompts through the continuous-batching engine, as pipeline.run's --batch_size B
     (engine: `engine_options`). Its graph captures and compiles (on a GPU) are left out of the
-    time: a job's worker pays them once. So are, for the adaptive policy, the first 2B prompts
-    decoded first by the same engine (two waves, the second's rows entering as the first's end):
+    time: a job's worker pays them once. So are, for the adaptive policy, the first WARM_WAVES x B
+    prompts decoded first by the same engine (two waves, the second's rows entering as the first's end):
     a job's worker times its pass costs at its width, pools acceptance and times admitting rows
     together and apart once, and keeps them for all its later batches."""
     gen = BatchSpeculativeGenerator(target, drafter, batch_size=batch, num_speculative_tokens=max(gamma, 1),
                                     max_new_tokens=args.max_new_tokens, sampling=sampling, gamma_policy=policy,
                                     **(engine or {}))
     if isinstance(policy, AdaptiveGamma):
-        gen.generate_many([(p, seed) for seed, p in enumerate(ids[: 2 * batch])])
+        gen.generate_many([(p, seed) for seed, p in enumerate(ids[: WARM_WAVES * batch])])
     t0, setup = time.perf_counter(), setup_seconds(*gen.slots.values())
     outs = gen.generate_many([(p, seed) for seed, p in enumerate(ids)])
     secs = time.perf_counter() - t0 - (setup_seconds(*gen.slots.values()) - setup)
@@ -498,8 +499,12 @@ class Tuner:
     def batched(self, x: Setting) -> Setting:
         x.run = run_batched(self.target, self.drafter_of(x.candidate), self.ids, x.gamma, x.batch_size, self.args,
                             self.sampling, self.policy_of(x), self.engine)
-        self.progress.step(_label(x), x.run.new_tokens, x.run.total_s)
+        self.progress.step(_label(x), x.run.new_tokens, x.run.total_s, self.warm_tokens(x))
         return x
+
+    def warm_tokens(self, x: Setting) -> int:
+        """The tokens an adaptive engine decodes off the clock before its run (`run_batched`), at most."""
+        return min(WARM_WAVES * x.batch_size, self.n) * self.args.max_new_tokens if x.policy == "adaptive" else 0
 
     # -- the steps --------------------------------------------------------------------------------
 
@@ -551,7 +556,8 @@ class Tuner:
                     out.insert(1, Setting(chosen.candidate, 1, "fixed", b))
             return out
 
-        self.progress.add_plan(self.per_run * (len(settings(1)) * len(self.batches) - self.batch_plan))
+        self.progress.add_plan(self.per_run * (len(settings(1)) * len(self.batches) - self.batch_plan)
+                               + sum(self.warm_tokens(x) for b in self.batches for x in settings(b)))
         rows = []
         for i, b in enumerate(self.batches):
             group = settings(b)
