@@ -99,3 +99,32 @@ def test_encoder_decoder_and_sliding_window_pairs_get_their_own_section(tmp_path
     assert "the llama section" in text and text.count(begin) == text.count(end) == 1
     rows = [line for line in text.splitlines() if line.startswith("| ours")]
     assert len(rows) == 4 and all(line.rstrip(" |").endswith("3/3") for line in rows), rows
+
+
+def test_the_demo_pair_runs_to_its_end_tokens_with_adaptive_capped_as_a_job_caps_it(tmp_path):
+    """The trained pair's rows end at its end token: HF's too (its pads after it dropped), so every output equals the
+    target's alone and tokens/s counts the tokens made, not the budget; adaptive's cap is the job's gamma."""
+    out = tmp_path / "BENCH.md"
+    args = ["--pair", "demo", "--out", str(out), "--prompts", "3", "--max_new_tokens", "200", "--batches", "1,3",
+            "--gammas", "adaptive", "--adaptive_max", "8", "--drafters", "model,none", "--hf_kernels", "stock",
+            "--hf_cache", "dynamic", "--reps", "1", "--threads", "1"]
+    assert bench_throughput.main(args) == 0
+    text = out.read_text()
+    begin, end = bench_throughput.markers("demo")
+    assert text.count(begin) == text.count(end) == 1 and "3 of its prompts, up to 200 new tokens each" in text
+    rows = [line for line in text.splitlines() if line.startswith(("| ours", "| HF"))]
+    assert len(rows) == 6 and all(line.rstrip(" |").endswith("3/3") for line in rows), rows
+    assert sum("adaptive gamma (at most 8)" in line for line in rows) == 2
+    # HF batched: rows that end early keep their end token, not the pads the batch ran on with.
+    import torch
+    from transformers import AutoTokenizer
+
+    from pipeline.demo.models import ASSETS, demo_prompt_rows
+    from specdec_core.loading import load_model
+
+    target = load_model(str(ASSETS / "target"), torch.device("cpu"), torch.float32)
+    ids = [AutoTokenizer.from_pretrained(ASSETS / "target")(r["prompt"])["input_ids"] for r in demo_prompt_rows()[:3]]
+    eos = target.generation_config.eos_token_id
+    alone, _ = bench_throughput.hf_batched(target, ids, 1, 200, eos=eos)
+    together, _ = bench_throughput.hf_batched(target, ids, 3, 200, eos=eos)
+    assert together == alone and all(o[-1] == eos and eos not in o[:-1] and len(o) < 200 for o in alone), alone

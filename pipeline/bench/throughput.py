@@ -39,11 +39,14 @@ BEGIN, END = "<!-- throughput:begin -->", "<!-- throughput:end -->"
 
 
 def hf_batched(model, prompts: list[list[int]], batch: int, max_new: int,
-               cache: str = "dynamic") -> tuple[list[list[int]], float]:
+               cache: str = "dynamic", eos: int | None = None) -> tuple[list[list[int]], float]:
     """Plain batched greedy generate, B prompts at a time, left-padded; (outputs, seconds).
     cache "static" is HF's preallocated cache (`cache_implementation="static"`), which writes
-    each step in place instead of concatenating: at long contexts it is plain batching's best."""
+    each step in place instead of concatenating: at long contexts it is plain batching's best.
+    eos: rows end at this token, as ours do (kept, its pads after it dropped); None: every row
+    runs to max_new."""
     extra = {} if cache == "dynamic" else {"cache_implementation": cache}
+    stop = {"min_new_tokens": max_new, "eos_token_id": None} if eos is None else {"eos_token_id": eos}
     encdec = model.config.is_encoder_decoder
     outs, t0 = [], time.perf_counter()
     for i in range(0, len(prompts), batch):
@@ -56,8 +59,8 @@ def hf_batched(model, prompts: list[list[int]], batch: int, max_new: int,
             extra = {"cache": EncoderDecoderCache(DynamicCache(), DynamicCache())}
         with torch.inference_mode():
             out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
-                                 min_new_tokens=max_new, pad_token_id=0, eos_token_id=None, **extra)
-        outs += out[:, 1 if encdec else width:].tolist()
+                                 pad_token_id=0, **stop, **extra)
+        outs += [o[: o.index(eos) + 1] if eos in o else o for o in out[:, 1 if encdec else width:].tolist()]
     return outs, time.perf_counter() - t0
 
 
@@ -69,7 +72,8 @@ def engine_modules(package: str = "specdec_core") -> SimpleNamespace:
 
 
 def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int, gamma: int | str,
-                 max_new: int, core: SimpleNamespace | None = None) -> tuple[list[list[int]], float, dict]:
+                 max_new: int, core: SimpleNamespace | None = None, adaptive_max: int = ADAPTIVE_MAX
+                 ) -> tuple[list[list[int]], float, dict]:
     """Our engine as the pipeline runs it: batch-1 engine at B=1, the batched one above.
     gamma "adaptive": `--gamma_policy adaptive` as a warm worker runs it. A job's worker keeps one
     engine and policy for all its batches: it measures the pair's costs at its width once, pools
@@ -77,11 +81,12 @@ def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int,
     The first WARM_WAVES x B prompts (at B=1, one prompt), decoded by the same engine off the clock, put it
     there: two waves, the second's rows entering as the first's end, so that it has also timed
     admitting rows apart; a bench of a few hundred rows would otherwise charge every call a
-    worker's one-off start. core: the engine's modules (`engine_modules`), by default this tree's."""
+    worker's one-off start. core: the engine's modules (`engine_modules`), by default this tree's.
+    adaptive_max: adaptive's cap, as a job's --num_speculative_tokens sets it."""
     core = core or engine_modules()
     one_row, batched = core.engine.SpeculativeGenerator, core.batch_engine.BatchSpeculativeGenerator
     adaptive = gamma == "adaptive"
-    policy, cap = (core.gamma.AdaptiveGamma(max_gamma=ADAPTIVE_MAX), ADAPTIVE_MAX) if adaptive else (None, gamma)
+    policy, cap = (core.gamma.AdaptiveGamma(max_gamma=adaptive_max), adaptive_max) if adaptive else (None, gamma)
     settings = {"num_speculative_tokens": cap, "max_new_tokens": max_new, "gamma_policy": policy}
     gen = one_row(target, drafter, **settings) if batch == 1 else batched(target, drafter, batch_size=batch, **settings)
     if policy is not None and not isinstance(drafter, core.drafters.NoDrafter):
@@ -109,9 +114,11 @@ def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int,
 def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: list[int], gammas: list[int | str],
         max_new: int, drafters: list[str], hf_kernels: list[str], reps: int,
         hf_caches: tuple[str, ...] = ("dynamic", "static"), share_encoder: bool = False,
-        bad_draft_dir: Path | None = None) -> list[dict]:
+        bad_draft_dir: Path | None = None, adaptive_max: int = ADAPTIVE_MAX, stop_at_eos: bool = False) -> list[dict]:
     """Every config at every B, `reps` times, alternating the order within a B (ABBA) so that
-    load drifting on a shared machine does not favour whichever config runs last."""
+    load drifting on a shared machine does not favour whichever config runs last. stop_at_eos:
+    HF's rows end at the target's end token as ours do (a trained pair's); tokens/s counts the
+    tokens each run made."""
     from transformers import AutoTokenizer
 
     from specdec_core.loading import load_model
@@ -134,35 +141,38 @@ def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: l
     makers = {"model": lambda: ModelDrafter(draft_p), "bad": lambda: ModelDrafter(bad_p),
               "ngram": lambda: NgramDrafter(), "none": lambda: NoDrafter()}
     models = {"stock": target, "prepacked": target_p}
-    n_tokens = len(ids) * max_new
+    eos = target.generation_config.eos_token_id if stop_at_eos else None
     rows, reference = [], None
     # Warm-up (first-call allocations, oneDNN kernel selection) outside the clock.
     hf_batched(target, ids[:2], 2, 4)
     ours_batched(target_p, makers[drafters[0]](), ids[:2], 2, gammas[0], 4)
     if 1 not in batches:  # every output is still checked against the prompt decoded alone
-        reference, _ = hf_batched(target, ids, 1, max_new)
+        reference, _ = hf_batched(target, ids, 1, max_new, eos=eos)
     for b in batches:
         configs = [(f"HF generate, target alone ({k} kernels" + (f", {c} cache)" if c != "dynamic" else ")"),
                     "hf", (k, c), None) for k in hf_kernels for c in hf_caches]
         names = {"bad": "model that never agrees"}
         configs += [(f"ours, drafter {names.get(d, d)}" + ("" if d == "none" else f", gamma {g}" if g != "adaptive"
-                                                            else f", adaptive gamma (at most {ADAPTIVE_MAX})"),
+                                                            else f", adaptive gamma (at most {adaptive_max})"),
                      d, None, g)
                     for d in drafters for g in (gammas if d != "none" else [1])]
-        acc: dict[str, dict] = {label: {"seconds": 0.0, "runs": [], "acceptance": None, "equal": None,
+        acc: dict[str, dict] = {label: {"seconds": 0.0, "tokens": 0, "runs": [], "acceptance": None, "equal": None,
                                         "admitting": []}
                                 for label, *_ in configs}
         for rep in range(reps):
             for label, kind, setting, g in (configs if rep % 2 == 0 else configs[::-1]):
                 if kind == "hf":
-                    outs, secs = hf_batched(models[setting[0]], ids, b, max_new, setting[1])
+                    outs, secs = hf_batched(models[setting[0]], ids, b, max_new, setting[1], eos)
                     if reference is None and b == 1:
                         reference = outs
                     st = {"acceptance": None, "admitting": None}
                 else:
-                    outs, secs, st = ours_batched(target_p, makers[kind](), ids, b, g, max_new)
+                    outs, secs, st = ours_batched(target_p, makers[kind](), ids, b, g, max_new,
+                                                  adaptive_max=adaptive_max)
                 a = acc[label]
                 a["seconds"] += secs
+                n_tokens = sum(len(o) for o in outs)
+                a["tokens"] += n_tokens
                 a["runs"].append(n_tokens / secs)
                 a["acceptance"] = st["acceptance"]
                 if st["admitting"] is not None:
@@ -174,7 +184,7 @@ def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: l
         for label, *_ in configs:
             a = acc[label]
             rows.append({"config": label, "B": b, "seconds": a["seconds"], "runs": a["runs"],
-                         "tokens_per_s": reps * n_tokens / a["seconds"], "acceptance": a["acceptance"],
+                         "tokens_per_s": a["tokens"] / a["seconds"], "acceptance": a["acceptance"],
                          "admitting": sum(a["admitting"]) / len(a["admitting"]) if a["admitting"] else None,
                          "equal": a["equal"]})
         gc.collect()
@@ -221,9 +231,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--size", default="full", choices=("full", "quick", "tiny"),
                    help="synthetic pair of pipeline.bench: full (325M target), quick, tiny (tests); with --pair "
                         "t5/mistral: full or tiny")
-    p.add_argument("--pair", default="llama", choices=("llama", "t5", "mistral"),
+    p.add_argument("--pair", default="llama", choices=("llama", "t5", "mistral", "demo"),
                    help="llama: the bench's pair; t5: an encoder-decoder pair (draft sharing the target's encoder); "
-                        "mistral: a sliding-window pair whose window the rows pass (pipeline/bench/family_pairs.py)")
+                        "mistral: a sliding-window pair whose window the rows pass (pipeline/bench/family_pairs.py); "
+                        "demo: pipeline.demo's trained pair and its prompts (--size and --prompt_tokens unused)")
     p.add_argument("--cache_dir", default="benchmarks/.cache", help="where the synthetic pair is (built if missing)")
     p.add_argument("--out", default="BENCHMARKS.md", help="report whose Throughput section is replaced")
     p.add_argument("--prompts", type=int, default=32)
@@ -231,6 +242,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max_new_tokens", type=int, default=48)
     p.add_argument("--gammas", default="2,4",
                    help="comma-separated gammas for our engine: fixed numbers, or adaptive (--gamma_policy adaptive)")
+    p.add_argument("--adaptive_max", type=int, default=ADAPTIVE_MAX,
+                   help="adaptive gamma's cap (a job's --num_speculative_tokens)")
     p.add_argument("--hf_kernels", default="stock,prepacked", help="kernels for plain HF: stock, prepacked or both")
     p.add_argument("--hf_cache", default="dynamic,static",
                    help="caches for plain HF: dynamic (generate's default), static (preallocated, written in "
@@ -256,6 +269,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if bad:
         p.error(f"--gammas: {', '.join(bad)} is neither a gamma >= 1 nor adaptive")
     a.gammas = [g if g == "adaptive" else int(g) for g in gammas]
+    if a.adaptive_max < 1:
+        p.error(f"--adaptive_max: {a.adaptive_max} is not a gamma >= 1")
     if "bad" in a.drafters and a.pair != "llama":
         p.error(f"--drafters bad: only the llama pair has a draft that never agrees, not --pair {a.pair}")
     return a
@@ -276,27 +291,35 @@ def main(argv: list[str] | None = None) -> int:
         dirs = build_synthetic_pair(spec, Path(a.cache_dir))
         described = (f"Synthetic pair of `pipeline.bench` ({spec.layers}-layer Llama target, hidden {spec.hidden}; "
                      f"{spec.draft_layers}-layer early-exit draft)")
+    elif a.pair == "demo":
+        from pipeline.demo.models import ASSETS, demo_prompt_rows
+
+        dirs = {"target": ASSETS / "target", "draft": ASSETS / "draft"}
+        described = "The trained pair of `pipeline.demo` (a Llama-style target and its first layer as the draft)"
     else:
         from pipeline.bench.family_pairs import FAMILY_PAIRS, TINY_FAMILY_PAIRS, build_family_pair, describe
 
         spec = (TINY_FAMILY_PAIRS if a.size == "tiny" else FAMILY_PAIRS)[a.pair]
         dirs = build_family_pair(spec, Path(a.cache_dir))
         described = describe(spec)[0].upper() + describe(spec)[1:]
-    prompts = [text for _, text in synthetic_prompts(spec, a.prompts, a.prompt_tokens)]
+    prompts = ([r["prompt"] for r in demo_prompt_rows()[: a.prompts]] if a.pair == "demo"
+               else [text for _, text in synthetic_prompts(spec, a.prompts, a.prompt_tokens)])
     batches = [int(b) for b in a.batches.split(",")]
     shown = [x for i, x in enumerate(argv) if x != "--note" and (i == 0 or argv[i - 1] != "--note")]
     t0 = time.perf_counter()
     rows = run(dirs["target"], dirs["draft"], prompts, batches, a.gammas,
                a.max_new_tokens, a.drafters, a.hf_kernels, a.reps, tuple(a.hf_cache), share_encoder=a.pair == "t5",
-               bad_draft_dir=dirs.get("bad_draft"))
-    header = (f"{described}, {a.prompts} prompts of {a.prompt_tokens} tokens "
-              f"(mixed random/repetitive, as in the bench), {a.max_new_tokens} new tokens each, greedy, "
+               bad_draft_dir=dirs.get("bad_draft"), adaptive_max=a.adaptive_max, stop_at_eos=a.pair == "demo")
+    shape = (f"{len(prompts)} of its prompts, up to {a.max_new_tokens} new tokens each (a row ends at its end token)"
+             if a.pair == "demo" else f"{a.prompts} prompts of {a.prompt_tokens} tokens (mixed random/repetitive, as "
+                                      f"in the bench), {a.max_new_tokens} new tokens each")
+    header = (f"{described}, {shape}, greedy, "
               f"{torch.get_num_threads()} thread(s); {machine()}. Each run decodes all prompts; ours runs with "
               f"continuous batching (the batch-1 engine at B=1). Every config ran {a.reps} times per B in alternating "
               f"order; tokens/s is over all its runs. Run time {time.perf_counter() - t0:.0f} s. "
               f"Command: `python -m pipeline.bench.throughput {shlex.join(shown)}{' --note TEXT' if a.note else ''}`. "
               f"{a.note}")
-    replace_section(Path(a.out), report(rows, header, a.prompts, a.pair), *markers(a.pair))
+    replace_section(Path(a.out), report(rows, header, len(prompts), a.pair), *markers(a.pair))
     return 0
 
 
