@@ -101,9 +101,19 @@ def test_encoder_decoder_and_sliding_window_pairs_get_their_own_section(tmp_path
     assert len(rows) == 4 and all(line.rstrip(" |").endswith("3/3") for line in rows), rows
 
 
-def test_the_demo_pair_runs_to_its_end_tokens_with_adaptive_capped_as_a_job_caps_it(tmp_path):
+def test_the_demo_pair_runs_to_its_end_tokens_with_adaptive_capped_as_a_job_caps_it(tmp_path, monkeypatch):
     """The trained pair's rows end at its end token: HF's too (its pads after it dropped), so every output equals the
     target's alone and tokens/s counts the tokens made, not the budget; adaptive's cap is the job's gamma."""
+    import specdec_core.gamma
+
+    caps = []
+
+    class Recording(specdec_core.gamma.AdaptiveGamma):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            caps.append(self.max_gamma)
+
+    monkeypatch.setattr(specdec_core.gamma, "AdaptiveGamma", Recording)
     out = tmp_path / "BENCH.md"
     args = ["--pair", "demo", "--out", str(out), "--prompts", "3", "--max_new_tokens", "200", "--batches", "1,3",
             "--gammas", "adaptive", "--adaptive_max", "8", "--drafters", "model,none", "--hf_kernels", "stock",
@@ -114,7 +124,8 @@ def test_the_demo_pair_runs_to_its_end_tokens_with_adaptive_capped_as_a_job_caps
     assert text.count(begin) == text.count(end) == 1 and "3 of its prompts, up to 200 new tokens each" in text
     rows = [line for line in text.splitlines() if line.startswith(("| ours", "| HF"))]
     assert len(rows) == 6 and all(line.rstrip(" |").endswith("3/3") for line in rows), rows
-    assert sum("adaptive gamma (at most 8)" in line for line in rows) == 2
+    assert sum("adaptive gamma (at most 8)" in line for line in rows) == 2 and set(caps) == {8}
+    assert "## Throughput per worker: a trained pair (`pipeline.bench.throughput --pair demo`)" in text
     # HF batched: rows that end early keep their end token, not the pads the batch ran on with.
     import torch
     from transformers import AutoTokenizer
@@ -124,7 +135,12 @@ def test_the_demo_pair_runs_to_its_end_tokens_with_adaptive_capped_as_a_job_caps
 
     target = load_model(str(ASSETS / "target"), torch.device("cpu"), torch.float32)
     ids = [AutoTokenizer.from_pretrained(ASSETS / "target")(r["prompt"])["input_ids"] for r in demo_prompt_rows()[:3]]
-    eos = target.generation_config.eos_token_id
+    eos = {target.generation_config.eos_token_id}
     alone, _ = bench_throughput.hf_batched(target, ids, 1, 200, eos=eos)
     together, _ = bench_throughput.hf_batched(target, ids, 3, 200, eos=eos)
-    assert together == alone and all(o[-1] == eos and eos not in o[:-1] and len(o) < 200 for o in alone), alone
+    assert together == alone and all(o[-1] in eos and not eos & set(o[:-1]) and len(o) < 200 for o in alone), alone
+    # tokens/s over the tokens made (each row to its end), not rows x budget
+    rows = bench_throughput.run(ASSETS / "target", None, [r["prompt"] for r in demo_prompt_rows()[:3]], [3], [1],
+                                200, ["none"], ["stock"], 1, ("dynamic",), stop_at_eos=True)
+    made = sum(len(o) for o in alone)
+    assert all(abs(r["tokens_per_s"] * r["seconds"] - made) < 1e-6 for r in rows), (rows, made)

@@ -30,23 +30,27 @@ from pipeline.flags import ArgumentParser
 from pipeline.threads import keeps_torch_threads, recommended_threads
 from specdec_core.batch_engine import WARM_WAVES
 from specdec_core.cpu_speed import prepare_for_cpu
+from specdec_core.decoder import eos_ids
 from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
 
 ADAPTIVE_MAX = 4  # `--gammas adaptive`: the job's default num_speculative_tokens caps the policy
 
 _LOG = logging.getLogger("pipeline.bench.throughput")
 BEGIN, END = "<!-- throughput:begin -->", "<!-- throughput:end -->"
+# Each pair's section heading (BENCHMARKS.md links to them: a rerun keeps them).
+PAIR_TITLES = {"llama": "batched", "t5": "an encoder-decoder pair", "mistral": "a sliding-window pair",
+               "demo": "a trained pair"}
 
 
 def hf_batched(model, prompts: list[list[int]], batch: int, max_new: int,
-               cache: str = "dynamic", eos: int | None = None) -> tuple[list[list[int]], float]:
+               cache: str = "dynamic", eos: set[int] | None = None) -> tuple[list[list[int]], float]:
     """Plain batched greedy generate, B prompts at a time, left-padded; (outputs, seconds).
     cache "static" is HF's preallocated cache (`cache_implementation="static"`), which writes
     each step in place instead of concatenating: at long contexts it is plain batching's best.
-    eos: rows end at this token, as ours do (kept, its pads after it dropped); None: every row
-    runs to max_new."""
+    eos: rows end at these tokens, as ours do (the end kept, the pads after it dropped); none:
+    every row runs to max_new."""
     extra = {} if cache == "dynamic" else {"cache_implementation": cache}
-    stop = {"min_new_tokens": max_new, "eos_token_id": None} if eos is None else {"eos_token_id": eos}
+    stop = {"eos_token_id": sorted(eos)} if eos else {"min_new_tokens": max_new, "eos_token_id": None}
     encdec = model.config.is_encoder_decoder
     outs, t0 = [], time.perf_counter()
     for i in range(0, len(prompts), batch):
@@ -60,7 +64,8 @@ def hf_batched(model, prompts: list[list[int]], batch: int, max_new: int,
         with torch.inference_mode():
             out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
                                  pad_token_id=0, **stop, **extra)
-        outs += [o[: o.index(eos) + 1] if eos in o else o for o in out[:, 1 if encdec else width:].tolist()]
+        for o in out[:, 1 if encdec else width:].tolist():
+            outs.append(o[: next((i + 1 for i, t in enumerate(o) if t in eos), len(o))] if eos else o)
     return outs, time.perf_counter() - t0
 
 
@@ -141,11 +146,11 @@ def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: l
     makers = {"model": lambda: ModelDrafter(draft_p), "bad": lambda: ModelDrafter(bad_p),
               "ngram": lambda: NgramDrafter(), "none": lambda: NoDrafter()}
     models = {"stock": target, "prepacked": target_p}
-    eos = target.generation_config.eos_token_id if stop_at_eos else None
+    eos = eos_ids(target) if stop_at_eos else None
     rows, reference = [], None
     # Warm-up (first-call allocations, oneDNN kernel selection) outside the clock.
     hf_batched(target, ids[:2], 2, 4)
-    ours_batched(target_p, makers[drafters[0]](), ids[:2], 2, gammas[0], 4)
+    ours_batched(target_p, makers[drafters[0]](), ids[:2], 2, gammas[0], 4, adaptive_max=adaptive_max)
     if 1 not in batches:  # every output is still checked against the prompt decoded alone
         reference, _ = hf_batched(target, ids, 1, max_new, eos=eos)
     for b in batches:
@@ -207,8 +212,8 @@ def report(rows: list[dict], header: str, n_prompts: int, pair: str = "llama") -
     best_plain = max(plain.values())
     best_b = max(plain, key=plain.get)
     begin, end = markers(pair)
-    title = "" if pair == "llama" else f", {pair} pair"
-    lines = [begin, f"## Throughput per worker: batched (`pipeline.bench.throughput`{title})\n", header, "",
+    what, flag = PAIR_TITLES[pair], "" if pair == "llama" else f" --pair {pair}"
+    lines = [begin, f"## Throughput per worker: {what} (`pipeline.bench.throughput{flag}`)\n", header, "",
              f"| config | B | tokens/s | each run | x plain HF at this B | x plain HF at its best (B={best_b}) | "
              "acceptance | time admitting rows | greedy equal to HF B=1 |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
