@@ -31,7 +31,7 @@ from pipeline.threads import keeps_torch_threads, recommended_threads
 from specdec_core.batch_engine import WARM_WAVES
 from specdec_core.cpu_speed import prepare_for_cpu
 from specdec_core.decoder import eos_ids
-from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from specdec_core.drafters import Drafter, ModelDrafter, NgramDrafter, NoDrafter, through_end
 
 ADAPTIVE_MAX = 4  # `--gammas adaptive`: the job's default num_speculative_tokens caps the policy
 
@@ -64,8 +64,7 @@ def hf_batched(model, prompts: list[list[int]], batch: int, max_new: int,
         with torch.inference_mode():
             out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new,
                                  pad_token_id=0, **stop, **extra)
-        for o in out[:, 1 if encdec else width:].tolist():
-            outs.append(o[: next((i + 1 for i, t in enumerate(o) if t in eos), len(o))] if eos else o)
+        outs += [through_end(o, eos) if eos else o for o in out[:, 1 if encdec else width:].tolist()]
     return outs, time.perf_counter() - t0
 
 
