@@ -141,6 +141,6 @@ def test_the_demo_pair_runs_to_its_end_tokens_with_adaptive_capped_as_a_job_caps
     assert together == alone and all(o[-1] in eos and not eos & set(o[:-1]) and len(o) < 200 for o in alone), alone
     # tokens/s over the tokens made (each row to its end), not rows x budget
     rows = bench_throughput.run(ASSETS / "target", None, [r["prompt"] for r in demo_prompt_rows()[:3]], [3], [1],
-                                200, ["none"], ["stock"], 1, ("dynamic",), stop_at_eos=True)
+                                200, ["none"], ["stock"], 1, ("dynamic",))
     made = sum(len(o) for o in alone)
     assert all(abs(r["tokens_per_s"] * r["seconds"] - made) < 1e-6 for r in rows), (rows, made)

@@ -118,11 +118,11 @@ def ours_batched(target, drafter: Drafter, prompts: list[list[int]], batch: int,
 def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: list[int], gammas: list[int | str],
         max_new: int, drafters: list[str], hf_kernels: list[str], reps: int,
         hf_caches: tuple[str, ...] = ("dynamic", "static"), share_encoder: bool = False,
-        bad_draft_dir: Path | None = None, adaptive_max: int = ADAPTIVE_MAX, stop_at_eos: bool = False) -> list[dict]:
+        bad_draft_dir: Path | None = None, adaptive_max: int = ADAPTIVE_MAX) -> list[dict]:
     """Every config at every B, `reps` times, alternating the order within a B (ABBA) so that
-    load drifting on a shared machine does not favour whichever config runs last. stop_at_eos:
-    HF's rows end at the target's end token as ours do (a trained pair's); tokens/s counts the
-    tokens each run made."""
+    load drifting on a shared machine does not favour whichever config runs last. HF's rows end
+    at the target's end tokens as ours do (a trained pair's; a synthetic pair's run to the budget);
+    tokens/s counts the tokens each run made."""
     from transformers import AutoTokenizer
 
     from specdec_core.loading import load_model
@@ -145,7 +145,7 @@ def run(target_dir: Path, draft_dir: Path | None, prompts: list[str], batches: l
     makers = {"model": lambda: ModelDrafter(draft_p), "bad": lambda: ModelDrafter(bad_p),
               "ngram": lambda: NgramDrafter(), "none": lambda: NoDrafter()}
     models = {"stock": target, "prepacked": target_p}
-    eos = eos_ids(target) if stop_at_eos else None
+    eos = eos_ids(target)
     rows, reference = [], None
     # Warm-up (first-call allocations, oneDNN kernel selection) outside the clock.
     hf_batched(target, ids[:2], 2, 4)
@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     rows = run(dirs["target"], dirs["draft"], prompts, batches, a.gammas,
                a.max_new_tokens, a.drafters, a.hf_kernels, a.reps, tuple(a.hf_cache), share_encoder=a.pair == "t5",
-               bad_draft_dir=dirs.get("bad_draft"), adaptive_max=a.adaptive_max, stop_at_eos=a.pair == "demo")
+               bad_draft_dir=dirs.get("bad_draft"), adaptive_max=a.adaptive_max)
     shape = (f"{len(prompts)} of its prompts, up to {a.max_new_tokens} new tokens each (a row ends at its end token)"
              if a.pair == "demo" else f"{a.prompts} prompts of {a.prompt_tokens} tokens (mixed random/repetitive, as "
                                       f"in the bench), {a.max_new_tokens} new tokens each")
