@@ -95,8 +95,6 @@ class CommittedText:
 class CrossTokenizerDrafter(SessionDrafter):
     """A small language model with its own tokenizer: drafts text, proposes target tokens."""
 
-    name = "model"
-
     def __init__(
         self,
         model: PreTrainedModel,
@@ -153,7 +151,6 @@ class CrossTokenizerSession(DraftSession):
         self.ids: list[int] = []  # draft ids of `self.text`, the committed text at the last sync
         self.text = ""
         self.fed_ids: list[int] = []  # the sequence whose first decoder.length(0) ids the cache holds
-        self.fed = 0  # draft tokens fed to the draft model (a cache that keeps up feeds few)
         self.full_syncs = 0  # rounds whose window did not line up (re-encoded everything)
 
     def _reencode(self, view: str) -> list[int]:
@@ -198,7 +195,6 @@ class CrossTokenizerSession(DraftSession):
         for _ in range(max_steps):
             if self.d.limit is not None and len(cur) >= self.d.limit:
                 break  # the draft's own context is full: propose what it has
-            self.fed += len(cur) - self.decoder.length(0)
             logits = feed_to(self.decoder, cur, 1)
             self.fed_ids = cur
             self.steps += 1

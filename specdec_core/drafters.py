@@ -63,8 +63,6 @@ StepTimer = Callable[[], float]
 
 
 class Drafter:
-    name: str
-
     def room(self, seq_len: int) -> int:
         """The most tokens this drafter may propose after `seq_len` decoder tokens; the engines never ask for more."""
         return NO_LIMIT
@@ -85,8 +83,6 @@ class SessionDrafter(Drafter, ABC):
 
 class NoDrafter(SessionDrafter):
     """Target-only decoding through the same loop: the baseline."""
-
-    name = "none"
 
     def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> DraftSession:
         return _EmptySession()
@@ -133,8 +129,6 @@ def _read_any_token(model: PreTrainedModel) -> None:
 class ModelDrafter(Drafter):
     """A small LM sharing the target's vocabulary, with its own KV cache (another tokenizer: cross_tokenizer.py)."""
 
-    name = "model"
-
     def __init__(self, model: PreTrainedModel, cuda_graphs: str = "auto", chain: bool = False,
                  torch_compile: bool = False, settings: PassSettings = DEFAULT):
         """cuda_graphs, torch_compile: as the engine's. chain: with a static cache and argmax picks, a round's draft
@@ -178,8 +172,6 @@ class NgramDrafter(SessionDrafter):
     """Prompt lookup: find the sequence's last n tokens (longest n first) earlier in the prompt or output, and propose
     what followed. The EARLIEST occurrence wins, as in HF: a continuation copies from the source text, not from the
     output's latest repeat (docs/performance.md)."""
-
-    name = "ngram"
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:

@@ -186,12 +186,7 @@ class SlotKV(StaticKV):
             self._grow_encoder(n)
         index = torch.tensor(slots, device=self.device)
         for layer, (fk, fv) in zip(self.cross.layers, layers, strict=True):
-            if not layer.is_initialized:
-                layer.lazy_initialization(fk, fv)
-            layer.keys[index, :, :n] = fk
-            layer.values[index, :, :n] = fv
-            layer.keys[index, :, n:] = 0
-            layer.values[index, :, n:] = 0
+            layer.write(index, fk, fv, clear=True)
         visible = visible.to(self.device).bool()[:, None, None, :]
         self.enc_mask[index] = self._low
         self.enc_mask[index, ..., :n] = torch.zeros((), dtype=self.enc_mask.dtype, device=self.device).masked_fill(
@@ -300,9 +295,6 @@ class SlotKV(StaticKV):
             self._grow(m, self.width)
         index = torch.tensor(slots, device=self.device)
         for layer, (fk, fv) in zip(self.own_layers, theirs, strict=True) if theirs else ():  # (none: rows empty)
-            if not layer.is_initialized:
-                layer.lazy_initialization(fk, fv)
-            layer.keys[index, :, :m] = fk[:, :, :m]
-            layer.values[index, :, :m] = fv[:, :, :m]
+            layer.write(index, fk[:, :, :m], fv[:, :, :m])
         for s, n in zip(slots, lengths, strict=True):
             self.lengths[s] = n

@@ -40,6 +40,18 @@ class Buffers(CacheLayerMixin):
         self.values = value_states.new_zeros((rows, value_states.shape[1], columns, value_states.shape[-1]))
         self.is_initialized = True
 
+    def write(self, rows: torch.Tensor | slice, keys: torch.Tensor, values: torch.Tensor, clear: bool = False
+              ) -> None:
+        """Columns 0..n-1 of these rows from (rows, heads, n, dim) keys/values; clear: zeros after them (a prompt's
+        cross-attention columns, where a longer one's may remain)."""
+        if not self.is_initialized:
+            self.lazy_initialization(keys, values)
+        n = keys.shape[2]
+        for buffer, new in ((self.keys, keys), (self.values, values)):
+            buffer[rows, :, :n] = new
+            if clear:
+                buffer[rows, :, n:] = 0
+
     def grow(self, keep: int) -> None:
         """Buffers of the owner's new `size`, holding the first `keep` columns."""
         if self.is_initialized:
@@ -92,13 +104,8 @@ class CrossLayer(Buffers):
                ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized or self.keys.shape[2] != self.owner.enc_capacity:
             self.lazy_initialization(key_states, value_states)
-        keys, values = _first_rows(self.keys, self.values, key_states.shape[0])
-        n = key_states.shape[2]
-        keys[:, :, :n] = key_states
-        values[:, :, :n] = value_states
-        keys[:, :, n:] = 0
-        values[:, :, n:] = 0
-        return keys, values
+        self.write(slice(0, key_states.shape[0]), key_states, value_states, clear=True)
+        return _first_rows(self.keys, self.values, key_states.shape[0])
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.enc_capacity, 0

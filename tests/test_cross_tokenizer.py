@@ -140,11 +140,10 @@ def test_draft_cache_follows_without_rerunning_its_prefix(toks):
     session = sessions[0]
     draft_prompt = len(dtok(prompt)["input_ids"])
     rounds = out.stats.verify_steps
-    assert session.fed == draft.fed  # the session's count is what the model saw
     assert session.full_syncs == 0
-    # Prompt once, each drafting step one token, plus a few re-fed tokens per round.
-    assert session.fed <= draft_prompt + session.steps + 3 * rounds
-    assert session.fed < rounds * draft_prompt / 3
+    # Prompt once, each drafting step one token, plus a few re-fed tokens per round (the model counts what it is fed).
+    assert draft.fed <= draft_prompt + session.steps + 3 * rounds
+    assert draft.fed < rounds * draft_prompt / 3
 
 
 def _char_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]]) -> PreTrainedTokenizerFast:

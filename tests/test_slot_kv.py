@@ -455,12 +455,12 @@ def test_encoder_decoder_rows_in_slots_equal_generate(family, fake_graphs):
                 assert isinstance(kv, SlotKV)
                 graphed(kv, graphs)
             out = engine.generate_many([(p, 0) for p in prompts])
-            assert [o.tokens for o in out] == reference, (family, drafter.name, graphs)
+            assert [o.tokens for o in out] == reference, (family, type(drafter).__name__, graphs)
             assert (engine.slots[id(target)].passes.captures > 0) == graphs
             for kv in engine.slots.values():  # with graphs, rows entered through their encoder's graphs
                 eager = {"encode"} if family == "led" else set()
                 assert (kv._prefiller is not None and kv._prefiller.passes.uncaptured == eager
-                        and kv._prefiller.passes.captures > 0) == graphs, (family, drafter.name)
+                        and kv._prefiller.passes.captures > 0) == graphs, (family, type(drafter).__name__)
                 assert kv.min_width == (2 if family == "led" else 1)
 
 

@@ -85,7 +85,7 @@ def test_greedy_through_static_caches_equals_generate(kind, models, tokenizer):
                 gen = SpeculativeGenerator(target, drafter, num_speculative_tokens=gamma, max_new_tokens=24,
                                            cuda_graphs="on")
                 assert gen.static is not None
-                assert gen.generate(ids).tokens == ref, (kind, drafter.name, gamma, prompt)
+                assert gen.generate(ids).tokens == ref, (kind, type(drafter).__name__, gamma, prompt)
                 assert gen.static.acquire(), "the item gave its static decoder back"
                 gen.static.release()
 
@@ -268,7 +268,7 @@ def test_every_seq2seq_family_through_static_caches_equals_generate(family, monk
                 if static is not None:
                     static.passes.on = graphs
             for ids, ref in zip(prompts, refs, strict=True):
-                assert gen.generate(ids).tokens == ref, (family, drafter.name, ids, graphs)
+                assert gen.generate(ids).tokens == ref, (family, type(drafter).__name__, ids, graphs)
             assert (gen.static.passes.captures > 0) == graphs
             assert gen.static.min_width == (2 if family == "led" else 1)
 
@@ -297,7 +297,7 @@ def test_sliding_window_families_through_static_caches_equal_generate(family, mo
             for static in (gen.static, getattr(drafter, "static", None)):
                 if static is not None:
                     static.passes.on = graphs
-            assert [gen.generate(ids).tokens for ids in prompts] == refs, (family, drafter.name, graphs)
+            assert [gen.generate(ids).tokens for ids in prompts] == refs, (family, type(drafter).__name__, graphs)
             assert (gen.static.passes.captures > 0) == graphs
 
 
