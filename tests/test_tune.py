@@ -146,11 +146,14 @@ def test_cli_end_to_end_with_two_drafts(tiny, capsys):
     assert all(r["equal_to_target"] == 4 for r in runs), [(r["candidate"], r["equal_to_target"]) for r in runs]
     assert all(r["measured"] > 0 for r in runs)
     assert {r["batch_size"] for r in res["throughput"]} == {1, 2}
-    # At B=2: the target alone, and the chosen draft at its gamma and at gamma 1.
+    # At B=2: the target alone, and the chosen draft at its batch-1 setting and at fixed gammas 2 and 1.
+    at1 = [(r["gamma"], r["gamma_policy"]) for r in res["throughput"]
+           if r["batch_size"] == 1 and r["drafter"] != "none"]
     at2 = [(r["drafter"], r["gamma"], r["gamma_policy"]) for r in res["throughput"] if r["batch_size"] == 2]
     assert ("none", None, "fixed") in at2
-    if any(d != "none" for d, _, _ in at2):
-        assert len(at2) == 3 and any(g == 1 and p == "fixed" for d, g, p in at2 if d != "none"), at2
+    if at1:
+        drafted = {(g, p) for d, g, p in at2 if d != "none"}
+        assert drafted == {*at1, (2, "fixed"), (1, "fixed")} and len(at2) == len(drafted) + 1, at2
     assert res["job_estimate"]["rows"] == 12 and res["job_estimate"]["seconds"] > 0
     # On a CPU nothing is compiled (the job's --torch_compile auto compiles where passes are CUDA graphs).
     assert res["settings"]["cuda_graphs"] == "auto" and res["settings"]["compiled"] is False

@@ -51,6 +51,9 @@ from transforms.prompts import table_rows
 
 _LOG = logging.getLogger("pipeline.tune")
 PROG = "python -m pipeline.tune"
+# Fixed gammas tried at each batch size besides the batch-1 choice: the best gamma falls as B grows
+# (docs/batching.md), and the batch rule's prediction can miss the few % between these and none.
+BATCH_GAMMAS = (2, 1)
 
 
 class TuneError(ValueError):
@@ -451,9 +454,9 @@ class Tuner:
         self.why_no_batch = f"the target {why}: pipeline.run decodes it at --batch_size 1 only" if why else None
         if why:
             self.batches = []
-        # Per B: the chosen setting, the same draft at gamma 1 (at large B the cores are busy and
-        # a rejected draft token costs a whole row of the verify pass) and the target alone.
-        self.batch_plan = 3 * len(self.batches)
+        # Per B: the chosen setting, the same draft at the small gammas (at large B the cores are busy
+        # and a rejected draft token costs a whole row of the verify pass) and the target alone.
+        self.batch_plan = (2 + len(BATCH_GAMMAS)) * len(self.batches)
         self.progress = Progress(self.per_run * (1 + len(self.drafters) + 1 + args.verify
                                                  + (1 if self.sampling.greedy else 0) + self.batch_plan))
         _LOG.info("sample: %d prompts (%.0f tokens on average), %d rows in the input; %d candidate draft(s)",
@@ -538,8 +541,8 @@ class Tuner:
         return [base1, base2], [*first, *second]
 
     def throughput(self, chosen: Setting | None, reference) -> list[dict]:
-        """The chosen batch-1 setting, the same draft at fixed gamma 1, and the target alone at
-        each batch size, order alternating."""
+        """The chosen batch-1 setting, the same draft at each fixed gamma of `BATCH_GAMMAS` (up to
+        --max_gamma), and the target alone at each batch size, order alternating."""
         if chosen is not None and chosen.candidate.drafter == "model":
             drafter = self.drafters[chosen.candidate.name]
             # (a draft with another tokenizer drafts row by row, its model never in a padded batch)
@@ -551,9 +554,10 @@ class Tuner:
         def settings(b: int) -> list[Setting]:
             out = [Setting(self.alone, 0, batch_size=b)]
             if chosen is not None:
-                out.insert(0, Setting(chosen.candidate, chosen.gamma, chosen.policy, b))
-                if (chosen.gamma, chosen.policy) != (1, "fixed"):
-                    out.insert(1, Setting(chosen.candidate, 1, "fixed", b))
+                small = [g for g in BATCH_GAMMAS if g <= self.args.max_gamma
+                         and (g, "fixed") != (chosen.gamma, chosen.policy)]
+                out[:0] = [Setting(chosen.candidate, chosen.gamma, chosen.policy, b),
+                           *(Setting(chosen.candidate, g, "fixed", b) for g in small)]
             return out
 
         self.progress.add_plan(self.per_run * (len(settings(1)) * len(self.batches) - self.batch_plan)
