@@ -23,7 +23,7 @@ from specdec_core.gamma import AdaptiveGamma, Costs, GammaPolicy, batch_gamma
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import batch_refusal, padded_width, slot_kv_for
 from specdec_core.processing import SamplingSettings
-from specdec_core.rounds import RoundEngine, setup_seconds
+from specdec_core.rounds import RoundEngine, check_prompts, setup_seconds
 from specdec_core.rows import FinishCheck, Generation, ItemTimeout, Row
 from specdec_core.slot_kv import SlotKV
 
@@ -121,6 +121,7 @@ class BatchSpeculativeGenerator(RoundEngine):
         an ItemTimeout in its place; the other rows go on."""
         if not items:
             return []
+        check_prompts([ids for ids, _ in items])
         checks = list(finish_checks) if finish_checks is not None else [None] * len(items)
         longest = self.max_new_tokens + self.gamma + (0 if self.encdec else max(len(ids) for ids, _ in items))
         for model in (self.target, self.draft_model):

@@ -17,7 +17,7 @@ from specdec_core.loading import context_limit
 from specdec_core.pass_settings import DEFAULT, PassSettings
 from specdec_core.plan import slot_kv_for
 from specdec_core.processing import SamplingSettings
-from specdec_core.rounds import RoundEngine, setup_seconds
+from specdec_core.rounds import RoundEngine, check_prompts, setup_seconds
 from specdec_core.rows import FinishCheck, Generation, Row
 from specdec_core.slot_kv import SlotKV
 
@@ -61,6 +61,7 @@ class SpeculativeGenerator(RoundEngine):
     def generate(self, prompt_ids: list[int], seed: int = 0, finish_check: FinishCheck | None = None,
                  max_seconds: float | None = None) -> Generation:
         """max_seconds: raise ItemTimeout at the first round past this many seconds of the item's own (`Row.own_s`)."""
+        check_prompts([prompt_ids])
         with attention_kernels(self.target.device, self.settings.cudnn_attention), contextlib.ExitStack() as held:
             if self.gamma_policy.needs_costs and not isinstance(self.drafter, NoDrafter):
                 # Once per process, before this item's clock starts.

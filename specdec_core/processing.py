@@ -53,7 +53,8 @@ class SamplingSettings:
 
 # Generation-config fields whose processors `build_processors` leaves out (rare); `unapplied` names them for the log.
 _NOT_APPLIED = ("sequence_bias", "encoder_repetition_penalty", "encoder_no_repeat_ngram_size",
-                "exponential_decay_length_penalty", "begin_suppress_tokens", "guidance_scale")
+                "exponential_decay_length_penalty", "begin_suppress_tokens", "guidance_scale", "watermarking_config",
+                "stop_strings")  # (the job's --stop sets its stop strings)
 
 
 def unapplied(generation_config: GenerationConfig) -> list[str]:

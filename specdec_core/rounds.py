@@ -18,7 +18,7 @@ from transformers import PreTrainedModel
 
 from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.decoder import eos_ids, synchronize
-from specdec_core.drafters import Drafter, ModelDrafter, NoDrafter, StepTimer, through_end
+from specdec_core.drafters import NO_LIMIT, Drafter, ModelDrafter, NoDrafter, StepTimer, through_end
 from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
 from specdec_core.loading import context_limit
 from specdec_core.pass_settings import PassSettings
@@ -58,6 +58,13 @@ def check_engine(target: PreTrainedModel, drafter: Drafter | None, num_speculati
     return drafter
 
 
+def check_prompts(prompts: list[list[int]]) -> None:
+    """Before any work: each prompt holds a token (a decoder goes on from its last; an encoder reads it)."""
+    if empty := [i for i, ids in enumerate(prompts) if len(ids) == 0]:
+        raise ValueError(f"item {empty[0]}'s prompt has no tokens ({len(empty)} of {len(prompts)} empty): "
+                         "a prompt needs at least one")
+
+
 class RoundEngine:
     """What both engines share: the checked settings and models, and the round (`_round`)."""
 
@@ -70,15 +77,16 @@ class RoundEngine:
         self.gamma, self.max_new_tokens = num_speculative_tokens, max_new_tokens
         self.sampling, self.gamma_policy = sampling, gamma_policy or fixed_gamma
         self.settings = settings
+        self.positions = context_limit(target) or NO_LIMIT  # the decoder positions the target can embed
         # A draft running the target's own encoder module takes the target's encoder outputs.
         self.shared_encoder = (bool(target.config.is_encoder_decoder) and isinstance(self.drafter, ModelDrafter)
                                and self.drafter.model.get_encoder() is target.get_encoder())
 
     def _row_gammas(self, live: list[Row], pick: Callable[[Row], int]) -> list[int]:
         """Each row's `pick`ed drafts, never past its budget (the round's extra target token needs one slot) nor past
-        a model draft's positions (the target goes on alone after them)."""
-        return [max(min(pick(r), self.max_new_tokens - len(r.new) - 1, self.drafter.room(len(r.seq))), 0)
-                for r in live]
+        the target's positions or a model draft's (past a draft's the target goes on alone, as `generate()` would)."""
+        return [max(min(pick(r), self.max_new_tokens - len(r.new) - 1, self.drafter.room(len(r.seq)),
+                        self.positions - len(r.seq)), 0) for r in live]
 
     def _gammas(self, live: list[Row], dkv) -> tuple[list[int], bool, bool]:
         """Each row's drafts (its gamma state's choice), whether the batch chose one gamma, and whether it probes."""
@@ -127,9 +135,8 @@ class RoundEngine:
         draft_step = self._draft_timer(live, dkv) if dkv is not None else self._session_timer(live, ks)
         n = len(live)
         fill = [timing_tokens(r.seq, max(ks)) for r in live]
-        limit = context_limit(self.target)
         # A row near its last position times fewer tokens; its pending token always has a position.
-        room = [max(1, max(ks) + 1 if limit is None else limit - tkv.length(b)) for b in range(n)]
+        room = [max(1, self.positions - tkv.length(b)) for b in range(n)]
 
         def target_step(k: int) -> float:
             bases = [tkv.length(b) for b in range(n)]
@@ -167,7 +174,7 @@ class RoundEngine:
         round chains them, each row's picks after each step; rolled back after."""
         n = len(live)
         fill = [timing_tokens(r.seq, self.gamma) for r in live]
-        limit = context_limit(self.drafter.model)  # a row near the end of the draft's positions drafts fewer
+        limit = self.drafter.limit  # a row near the end of the draft's positions drafts fewer
         room = [self.gamma + 1 if limit is None else limit - dkv.length(b) for b in range(n)]
 
         def step() -> float:

@@ -23,8 +23,8 @@ _DONE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _once(model: PreTrainedModel, key: tuple, check):
-    """`check()`'s answer for this model, computed on first use."""
-    done = _DONE.setdefault(model, {})
+    """`check()`'s answer for this model and its probes' ids (its config's special ids pick them), on first use."""
+    done, key = _DONE.setdefault(model, {}), (*key, *probe_ids(model, 12))
     if key not in done:
         done[key] = check()
     return done[key]
@@ -42,7 +42,8 @@ def probe_ids(model: PreTrainedModel, n: int, offset: int = 0) -> list[int]:
 
 def logits_differ(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype = torch.float32) -> str | None:
     """How a check's logits part beyond rounding, or None: by 1e-3 of the largest in float32, 10% in 16-bit types
-    (a broken contract moves them more; the float32 tests are the proof, and a false alarm only costs speed)."""
+    (a broken contract moves them more; the float32 tests are the proof; a false alarm costs speed, or refuses an
+    ill-conditioned model, never outputs)."""
     rel = 1e-3 if dtype == torch.float32 and got.dtype == want.dtype == torch.float32 else 0.1
     gap = float((got.float() - want.float()).abs().max()) if got.shape == want.shape else float("inf")
     top = float(want.float().abs().max())

@@ -747,3 +747,16 @@ def test_a_target_token_past_the_drafts_rows_reaches_the_draft_as_a_guess(kind, 
     want = [hf_greedy(target, ids, 8) for ids, _ in items]
     assert single.generate(past).tokens == want[1]
     assert [o.tokens for o in engine.generate_many(items)] == want
+
+
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_an_empty_prompt_is_refused_before_any_work(models, prompts, kind):
+    """Both engines name an item whose prompt has no tokens, in one ValueError, before any row decodes."""
+    target, draft = models[kind]
+    one = SpeculativeGenerator(target, ModelDrafter(draft), max_new_tokens=4)
+    batched = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=2, max_new_tokens=4)
+    with pytest.raises(ValueError, match="item 0's prompt has no tokens"):
+        one.generate([])
+    with pytest.raises(ValueError, match=r"item 1's prompt has no tokens \(1 of 3 empty\)"):
+        batched.generate_many([(prompts[0], 0), ([], 0), (prompts[1], 0)])
+    assert batched.admitted == [0, 0]

@@ -1,7 +1,8 @@
 """A draft of the target's tokenizer with fewer positions than the target (learned position
 tables, which fail past their end): it drafts while a row fits them, then the target goes on
 alone, at batch 1 and batched, eagerly and over static caches; an encoder-decoder draft's own
-encoder reads a longer prompt cut to its positions. Output exact throughout."""
+encoder reads a longer prompt cut to its positions; no row verifies drafts past the target's own positions.
+Output exact throughout."""
 
 import pytest
 import torch
@@ -63,3 +64,29 @@ def test_a_seeds_sample_is_the_same_batched(case):
                                         max_new_tokens=NEW, sampling=sampling)
     alone = [one.generate(p, seed=s).tokens for s, p in enumerate(prompts)]
     assert [o.tokens for o in batched.generate_many([(p, s) for s, p in enumerate(prompts)])] == alone
+
+
+@pytest.mark.parametrize("family", ["opt", "gpt_bigcode"])
+def test_rows_ending_on_the_targets_last_position_draft_nothing_past_it(family):
+    """A budget past a learned-position target's table (the engines' API; the pipeline fails such a prompt before any
+    work) and a draft of more positions: a row that ends on the table's last position verifies no draft past it
+    (an index error before) and equals `generate()`, at batch 1 and batched."""
+    n, new = 32, 24
+    target = family_model(family, seed=1, max_position_embeddings=n)
+    draft = family_model(family, seed=1, max_position_embeddings=96)
+    near = perturbed_copy(target, 0.05, seed=2).state_dict()
+    draft.load_state_dict({k: v for k, v in near.items() if "embed_positions" not in k and "wpe" not in k},
+                          strict=False)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 100, (k,), generator=gen).tolist() for k in (25, 6)]
+    target.generation_config.eos_token_id = hf_greedy(target, prompts[0], n - 25)[-1]  # ends on the last position
+    draft.generation_config = target.generation_config
+    want = [hf_greedy(target, p, new) for p in prompts]
+    assert len(want[0]) == n - 25 < new
+    one = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=4, max_new_tokens=new)
+    outs = [one.generate(p) for p in prompts]
+    assert [o.tokens for o in outs] == want
+    assert outs[0].stats.gammas[-3:] == [3, 2, 1]  # (its last rounds: as many drafts as positions are left)
+    batched = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=2, num_speculative_tokens=4,
+                                        max_new_tokens=new)
+    assert [o.tokens for o in batched.generate_many([(p, 0) for p in prompts])] == want

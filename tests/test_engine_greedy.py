@@ -167,6 +167,8 @@ def test_generation_config_settings_the_engines_do_not_apply_are_named():
     assert unapplied(GenerationConfig(num_beams=4, no_repeat_ngram_size=3, min_length=56)) == ["num_beams=4"]
     assert unapplied(GenerationConfig(encoder_no_repeat_ngram_size=3, sequence_bias={(5,): 1.0})) == [
         "sequence_bias={(5,): 1.0}", "encoder_no_repeat_ngram_size=3"]
+    assert unapplied(GenerationConfig(watermarking_config={"greenlist_ratio": 0.25}, stop_strings=["\n\n"])) == [
+        "watermarking_config=WatermarkingConfig()", "stop_strings=['\\n\\n']"]
 
 
 def test_caches_hold_all_committed_tokens_but_the_last(models, tokenizer, monkeypatch):

@@ -287,6 +287,18 @@ def test_the_self_checks_tolerate_rounding_not_a_broken_contract():
     assert logits_differ(want[:, :2], want) is not None  # another shape: never the same logits
 
 
+def test_a_models_checks_run_anew_on_the_probe_its_new_special_ids_pick():
+    """The checks' probe leaves out a config's special ids: a pad id set in place after a first check picks other
+    probe tokens, which are checked against their own references (before, the old ones: a false refusal)."""
+    from specdec_core.self_check import probe_ids
+
+    model = family_model("qwen2", seed=1)
+    assert batch_refusal(model, 0) is None
+    model.config.pad_token_id = pad = probe_ids(model, 1)[0]
+    assert probe_ids(model, 1)[0] != pad
+    assert batch_refusal(model, pad) is None
+
+
 @pytest.mark.parametrize("family", SEQ2SEQ_FAMILIES + WINDOW_FAMILIES + FAMILIES)
 def test_the_self_checks_answer_the_same_in_bfloat16(family):
     """bfloat16, which GPU jobs run in, rounds about 65,000 times more coarsely than float32: the
