@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import os
@@ -225,6 +226,20 @@ def _holds_any(directory: str, names: tuple[str, ...]) -> bool:
     return any(os.path.isfile(os.path.join(os.path.expanduser(directory), name)) for name in names)
 
 
+def _check_weights(flag: str, path: str) -> None:
+    """A local model's safetensors files, their headers read against their lengths (no tensor is): one cut short or
+    damaged in a copy would fail every worker's load, in a traceback and after the job began."""
+    from safetensors import safe_open
+
+    for file in sorted(glob.glob(os.path.join(glob.escape(os.path.expanduser(path)), "*.safetensors"))):
+        try:
+            with safe_open(file, "pt"):
+                pass
+        except Exception as e:
+            raise JobConfigError(f"{flag} {path!r}: {os.path.basename(file)} is damaged or cut short "
+                                 f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from e
+
+
 def _check_model_path(flag: str, path: str, trust: bool = False) -> None:
     if path.startswith("gs://") or os.path.exists(path) or path.startswith((".", "/", "~")):
         if not _holds_any(path, ("config.json",)):
@@ -232,6 +247,8 @@ def _check_model_path(flag: str, path: str, trust: bool = False) -> None:
                                                           else "not a model directory (no config.json)"))
         if not _holds_any(path, _weight_files()):
             raise JobConfigError(f"{flag} {path!r}: no weights there ({', '.join(_weight_files())})")
+        if not path.startswith("gs://"):
+            _check_weights(flag, path)
     else:  # a hub id: transformers resolves it (from the local cache when offline)
         from transformers import AutoConfig
 
@@ -266,6 +283,28 @@ def _check_tokenizer_path(path: str, trust: bool) -> None:
                                  f"that id loads ({type(e).__name__})") from e
 
 
+def _target_tokenizer(opts: SpecDecOptions):
+    """The job's tokenizer (--tokenizer, else the target's), or the one line saying which flag's cannot load."""
+    from specdec_core.loading import load_tokenizer
+
+    try:
+        return load_tokenizer(opts.tokenizer or opts.target_model, opts.trust_remote_code)
+    except Exception as e:
+        flag, path = ("--tokenizer", opts.tokenizer) if opts.tokenizer else ("--target_model", opts.target_model)
+        raise JobConfigError(f"{flag} {path!r}: cannot load a tokenizer ({type(e).__name__})") from e
+
+
+def _config(flag: str, path: str, trust: bool):
+    """A model's config, or the one line saying why transformers cannot read it (a model type it does not know)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust)
+    except Exception as e:
+        raise JobConfigError(f"{flag} {path!r}: transformers cannot read its config ({type(e).__name__}: "
+                             f"{' '.join(str(e).split()).split('. ')[0][:200]})") from e
+
+
 def _check_pair(opts: SpecDecOptions) -> tuple[bool, str] | None:
     """Kind check, and the drafting mode where both models are local (gs:// pairs are checked on
     load): whether it is cross-tokenizer (each row drafted in its own session), and the mode in
@@ -273,27 +312,20 @@ def _check_pair(opts: SpecDecOptions) -> tuple[bool, str] | None:
     paths = [opts.target_model, opts.draft_model]
     if any(p.startswith("gs://") for p in paths):
         return None
-    from transformers import AutoConfig
-
     from specdec_core.loading import (
         CROSS_TOKENIZER,
         IncompatiblePairError,
         check_compatible,
         describe_mode,
         draft_tokenizer_for,
-        load_tokenizer,
     )
 
     trust = opts.trust_remote_code
-    try:
-        target_tokenizer = load_tokenizer(opts.tokenizer or opts.target_model, trust)
-    except Exception as e:
-        flag, path = ("--tokenizer", opts.tokenizer) if opts.tokenizer else ("--target_model", opts.target_model)
-        raise JobConfigError(f"{flag} {path!r}: cannot load a tokenizer ({type(e).__name__})") from e
+    configs = [_config("--target_model", paths[0], trust), _config("--draft_model", paths[1], trust)]
+    target_tokenizer = _target_tokenizer(opts)
     draft_tokenizer = draft_tokenizer_for(opts.draft_model, target_tokenizer, trust)
     try:
-        mode = check_compatible(*(AutoConfig.from_pretrained(p, trust_remote_code=trust) for p in paths),
-                                target_tokenizer, draft_tokenizer, tuple(_generation_config(p) for p in paths))
+        mode = check_compatible(*configs, target_tokenizer, draft_tokenizer, tuple(map(_generation_config, paths)))
     except IncompatiblePairError as e:
         raise JobConfigError(f"--draft_model {opts.draft_model!r}: {e}") from e
     return mode == CROSS_TOKENIZER, describe_mode(mode, target_tokenizer, draft_tokenizer)
@@ -304,16 +336,18 @@ def is_dry_run(opts: SpecDecOptions) -> bool:
     return bool(opts.view_as(TestOptions).dry_run)
 
 
+def _norm(path: str) -> str:
+    """One spelling of a path or prefix (`./`, `//`, a relative local path against an absolute one, a symbolic link)."""
+    path = path.rstrip("/")
+    if "://" in path:
+        scheme, rest = path.split("://", 1)
+        return f"{scheme}://{os.path.normpath('/' + rest)[1:]}"
+    return os.path.realpath(path)  # (links resolved; no ~: Beam's local file system takes it as a name)
+
+
 def _same_prefix(a: str, b: str) -> bool:
-    """Whether two spellings of an output prefix name the same files (`./`, `//`, a relative
-    local path against an absolute one, a symbolic link)."""
-    def norm(p: str) -> str:
-        p = p.rstrip("/")
-        if "://" in p:
-            scheme, rest = p.split("://", 1)
-            return f"{scheme}://{os.path.normpath('/' + rest)[1:]}"
-        return os.path.realpath(p)  # (links resolved; no ~: Beam's local file system takes it as a name)
-    return norm(a) == norm(b)
+    """Whether two spellings of an output prefix name the same files."""
+    return _norm(a) == _norm(b)
 
 
 def _check_prefix(flag: str, prefix: str) -> None:
@@ -345,7 +379,7 @@ def _check_local_folder(flag: str, prefix: str) -> None:
         raise JobConfigError(f"{flag} {prefix!r}: this process cannot write in {nearest}")
 
 
-def _check_output(opts: SpecDecOptions) -> None:
+def _check_output(opts: SpecDecOptions, inputs: list[str]) -> None:
     _check_prefix("--output", opts.output)
     if is_dry_run(opts):
         return
@@ -355,6 +389,9 @@ def _check_output(opts: SpecDecOptions) -> None:
         doomed = sink_deletes(opts.output)
     except Exception as e:
         raise JobConfigError(f"--output {opts.output!r}: cannot list files there ({e})") from e
+    if clash := sorted({_norm(f) for f in existing + doomed} & {_norm(f) for f in inputs}):
+        raise JobConfigError(f"--output {opts.output!r}: the input file {clash[0]} is named as this prefix's "
+                             "output, which the job deletes (Beam's writer, or --overwrite): use another prefix")
     foreign = sorted(set(doomed) - set(existing))
     if foreign:  # --overwrite or not: it deletes this prefix's files, never another's
         raise JobConfigError(f"--output {opts.output!r}: Beam's writer deletes every "
@@ -383,6 +420,9 @@ def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
         if results:
             with FileSystems.open(results[0]) as f:
                 found = pq.read_schema(f)
+            if "generation" not in found.names:  # (prompt shards of the same name: every row skipped, none done)
+                raise JobConfigError(f"--resume_from {prefix!r}: {results[0]} holds no generations (no "
+                                     "'generation' column): not an output of an earlier run")
             if _plain(found.field("id").type) != _plain(id_type):  # (ids match as Python values)
                 raise JobConfigError(f"--resume_from {prefix!r}: its ids are {found.field('id').type}, the "
                                      f"input's {opts.id_column!r} column is {id_type}")
@@ -440,14 +480,13 @@ def _generation_config(path: str):
 def _local_model_configs(opts: SpecDecOptions, draft: bool = True):
     """(flag, path, config) of the target and (`draft`) the model draft that are local (gs://
     models are checked when the workers load them)."""
-    from transformers import AutoConfig
 
     models = [("--target_model", opts.target_model)]
     if draft and opts.drafter == "model":
         models.append(("--draft_model", opts.draft_model))
     for flag, path in models:
         if not path.startswith("gs://"):
-            yield flag, path, AutoConfig.from_pretrained(path, trust_remote_code=opts.trust_remote_code)
+            yield flag, path, _config(flag, path, opts.trust_remote_code)
 
 
 def _check_batching(opts: SpecDecOptions, per_row_draft: bool) -> None:
@@ -537,8 +576,10 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     if opts.drafter == "model":
         _check_model_path("--draft_model", opts.draft_model, trust)
         pair = _check_pair(opts)
+    elif not (opts.tokenizer or opts.target_model).startswith("gs://"):  # (gs:// ones are checked on load)
+        _target_tokenizer(opts)
     _check_chat(opts, schema)
-    _check_output(opts)
+    _check_output(opts, [path for path, _ in shards])
     _check_resume(opts, schema)
     _check_batching(opts, per_row_draft=pair is not None and pair[0])
     _check_context(opts)

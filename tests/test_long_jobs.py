@@ -198,6 +198,20 @@ def test_an_output_prefix_that_would_delete_another_prefixs_files_stops_the_job(
     assert main(_args(src, out.parent / "gens-v3", target, None)) == 0  # a prefix no file starts with
 
 
+def test_an_output_or_resume_prefix_naming_the_input_stops_the_job(tmp_path, saved_pairs, capsys):
+    """Prompt shards named as `pipeline.prepare` names them are an output prefix's file names: --overwrite deleted
+    the input, and resuming from it skipped every row (none done). Both refused; the input is untouched."""
+    target, _ = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "prompts-00000-of-00001.parquet", [{"id": "a", "prompt": "Hello world!"}])
+    capsys.readouterr()
+    for extra in ((), ("--overwrite",)):
+        assert main(_args(str(tmp_path / "prompts-*.parquet"), tmp_path / "prompts", target, None, *extra)) == 2
+        assert f"the input file {src} is named as this prefix's output" in _one_line_error(capsys)
+    assert main(_args(src, tmp_path / "run" / "gens", target, None, "--resume_from", str(tmp_path / "prompts"))) == 2
+    assert "holds no generations (no 'generation' column)" in _one_line_error(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prompts-00000-of-00001.parquet"]
+
+
 # -- 2: resume (the kill-and-resume test is below) ----------------------------------------------
 
 def test_bad_resume_prefixes_stop_before_any_work(tmp_path, saved_pairs, capsys):

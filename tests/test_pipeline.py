@@ -270,6 +270,15 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
     no_weights.mkdir()
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(target / name, no_weights / name)
+    cut, unknown, no_tokenizer = (tmp_path / name for name in ("cut", "unknown-type", "no-tokenizer"))
+    for copy in (cut, unknown, no_tokenizer):  # (each failed every worker's load, in a traceback after the job began)
+        shutil.copytree(target, copy)
+    with open(cut / "model.safetensors", "r+b") as f:  # a copy cut short
+        f.truncate(f.seek(0, 2) * 9 // 10)
+    (unknown / "config.json").write_text(json.dumps({**json.loads((target / "config.json").read_text()),
+                                                     "model_type": "llamazzz"}))  # a transformers too old for it
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (no_tokenizer / name).unlink()
     list_ids = tmp_path / "list-ids.parquet"  # ran, then no report or resume could group its output
     pq.write_table(pa.table({"id": [[1], [2]], "prompt": ["a", "b"]}), list_ids)
     bart_target, t5_draft = saved_pairs["bart"][0], saved_pairs["t5"][1]  # one tokenizer, other start tokens
@@ -278,6 +287,11 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         f"--target_model '{no_weights}': no weights there": base[:4] + ["--target_model", str(no_weights),
                                                                         "--drafter", "none"],
         f"--draft_model '{no_weights}': no weights there": base + ["--draft_model", str(no_weights)],
+        f"--draft_model '{cut}': model.safetensors is damaged or cut short": base + ["--draft_model", str(cut)],
+        f"--target_model '{unknown}': transformers cannot read its config (ValueError: The checkpoint you are trying "
+        "to load has model type `llamazzz`": base[:4] + ["--target_model", str(unknown), "--drafter", "none"],
+        f"--target_model '{no_tokenizer}': cannot load a tokenizer": base[:4] + [
+            "--target_model", str(no_tokenizer), "--drafter", "ngram"],
         "--id_column 'id' is list<element: int64>, which cannot key rows": ["--input", str(list_ids)] + base[2:] + [
             "--drafter", "none"],
         "--prompt_column 'text'": base + ["--draft_model", str(draft), "--prompt_column", "text"],
