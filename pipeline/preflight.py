@@ -433,18 +433,20 @@ def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
 # to gs:// say); where either run samples, those that decide which sample a seed draws too (the
 # drafts it is drawn against: not its distribution, but the very sample).
 GENERATION_FLAGS = ("prompt_column", "max_new_tokens", "temperature", "chat_template", "system_prompt", "stop")
-SAMPLING_FLAGS = ("top_k", "top_p", "seed", "drafter", "num_speculative_tokens", "gamma_policy")
+SAMPLING_FLAGS = ("top_k", "top_p", "seed", "drafter", "num_speculative_tokens", "gamma_policy", "draft_dtype")
 NGRAM_FLAGS = ("ngram_min_size", "ngram_max_size")
 
 
 def _generation(flags: dict) -> dict:
-    """A run's flags as they decide its text: stop strings in any order, `auto` gamma as sampling
-    runs it (fixed)."""
+    """A run's flags as they decide its text: stop strings in any order, `auto` gamma and draft dtype as
+    sampling runs them (fixed, the draft's own)."""
     out = {k: flags[k] for k in GENERATION_FLAGS + SAMPLING_FLAGS + NGRAM_FLAGS if k in flags}
     if isinstance(out.get("stop"), list):
         out["stop"] = sorted(out["stop"])
     if out.get("gamma_policy") == "auto":
         out["gamma_policy"] = "fixed"
+    if out.get("draft_dtype") == "auto":  # (a sampled job's draft keeps its dtype)
+        out["draft_dtype"] = "same"
     return out
 
 

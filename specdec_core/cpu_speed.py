@@ -184,13 +184,13 @@ def quantize_draft(model: nn.Module) -> nn.Module:
 DRAFT_DTYPES = ("auto", "same", "float32", "bfloat16", "int8")
 
 
-def draft_in_dtype(model: nn.Module, name: str) -> nn.Module:
+def draft_in_dtype(model: nn.Module, name: str, sampled: bool = False) -> nn.Module:
     """The draft in the dtype `--draft_dtype` names (docs/flags.md): a new module for int8, else changed in place.
-    Only the draft: its numerics change what is proposed, never what the target accepts."""
-    if name == "same":
-        return model
-    if name == "auto":
+    Its numerics change what is proposed, never what is accepted, but which sample a seed gives: `auto` leaves a
+    `sampled` job's draft as loaded (bf16 linears only on some CPUs would give other samples there)."""
+    if name == "auto" and not sampled:
         bf16_linears(model)
+    if name in ("auto", "same"):
         return model
     if name not in DRAFT_DTYPES:
         raise ValueError(f"--draft_dtype {name!r}: expected one of {', '.join(DRAFT_DTYPES)}")

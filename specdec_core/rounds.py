@@ -61,8 +61,7 @@ def check_engine(target: PreTrainedModel, drafter: Drafter | None, num_speculati
 def check_prompts(prompts: list[list[int]]) -> None:
     """Before any work: each prompt holds a token (a decoder goes on from its last; an encoder reads it)."""
     if empty := [i for i, ids in enumerate(prompts) if len(ids) == 0]:
-        raise ValueError(f"item {empty[0]}'s prompt has no tokens ({len(empty)} of {len(prompts)} empty): "
-                         "a prompt needs at least one")
+        raise ValueError(f"item {empty[0]}'s prompt has no tokens ({len(empty)} of {len(prompts)} empty)")
 
 
 class RoundEngine:

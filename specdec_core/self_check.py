@@ -16,6 +16,7 @@ import torch
 from transformers import PreTrainedModel
 
 from specdec_core.batch_kv import BatchKV, feed_to, one_row
+from specdec_core.cpu_speed import Bf16Linear
 from specdec_core.decoder import initial_decoder_ids, other_layer_kinds
 from specdec_core.slot_kv import SlotKV
 
@@ -101,7 +102,8 @@ def _uncached(model: PreTrainedModel) -> torch.Tensor:
     return out.logits[0, len(seq) - 1 :]
 
 
-def _compare(got: list[torch.Tensor], want: list[torch.Tensor], what: str, dtype: torch.dtype) -> str | None:
+def _compare(got: list[torch.Tensor], want: list[torch.Tensor], what: str, model: PreTrainedModel) -> str | None:
+    dtype = torch.bfloat16 if any(isinstance(m, Bf16Linear) for m in model.modules()) else model.dtype  # (coarsest)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         if why := logits_differ(g.cpu(), w.cpu(), dtype):
             return f"gives other logits {what} (pass {i + 1} of {len(want)}, {why})"
@@ -145,7 +147,7 @@ def state_failure(model: PreTrainedModel) -> str | None:
             except Exception:  # (no pass without a cache to compare with: nothing this check can say)
                 return None
         why = _compare([_fed_one_at_a_time(model)], [whole],
-                       "over a growing key/value cache than in one pass without one", model.dtype)
+                       "over a growing key/value cache than in one pass without one", model)
         return why and _layers_said(model, why)
     return _once(model, ("state",), check)
 
@@ -159,7 +161,7 @@ def verify_disagreement(model: PreTrainedModel) -> str | None:
         want = _growing(model)
         each = _fed_one_at_a_time(model)  # (cut into `probe_passes`' passes)
         return _compare(want, [each[:4], each[3:4], each[4:6]],
-                        "over several tokens in one pass than one token at a time", model.dtype)
+                        "over several tokens in one pass than one token at a time", model)
     return _once(model, ("verify",), check)
 
 
@@ -177,7 +179,7 @@ def static_disagreement(model: PreTrainedModel, min_width: int = 1) -> str | Non
                 got = probe_passes(static, seq, extra)
         except Exception as e:  # a model whose passes fail over the buffers
             return f"fails over static caches ({type(e).__name__}: {str(e)[:120]})"
-        return _compare(got, want, "over static caches than over its own cache", model.dtype)
+        return _compare(got, want, "over static caches than over its own cache", model)
     return _once(model, ("static", min_width), check)
 
 
@@ -241,6 +243,6 @@ def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = Tru
                         kv.rollback(0, len(seqs[0]) + 1)
         except Exception as ex:  # a model whose passes fail there
             return f"fails {where} ({type(ex).__name__}: {str(ex)[:120]})"
-        return _compare(got[0], want[0], f"{where} (row 1) than over its own cache", model.dtype) or \
-            _compare(got[1], want[1], f"{where} (row 2) than over its own cache", model.dtype)
+        return _compare(got[0], want[0], f"{where} (row 1) than over its own cache", model) or \
+            _compare(got[1], want[1], f"{where} (row 2) than over its own cache", model)
     return _once(model, ("rows", pad_id, slots, min_width), check)

@@ -204,7 +204,7 @@ class GeneratorSpec:
 
 
 def load_model_drafter(path: str, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *,
-                       device: torch.device, dtype: torch.dtype, draft_dtype: str = "auto",
+                       device: torch.device, dtype: torch.dtype, draft_dtype: str = "auto", sampled: bool = False,
                        cpu_kernels: str = "stock", trust_remote_code: bool = False,
                        cuda_graphs: str = "auto", torch_compile: bool = False) -> Drafter:
     """A draft model checked against its target: same-tokenizer or cross-tokenizer drafting
@@ -213,7 +213,7 @@ def load_model_drafter(path: str, target: PreTrainedModel, tokenizer: PreTrained
     draft_tokenizer = draft_tokenizer_for(path, tokenizer, trust_remote_code)
     mode = check_pair(target, draft, tokenizer, draft_tokenizer)
     log.info("--draft_model %s: %s", path, describe_mode(mode, tokenizer, draft_tokenizer))
-    draft = draft_in_dtype(draft, draft_dtype)
+    draft = draft_in_dtype(draft, draft_dtype, sampled)
     if cpu_kernels == "prepacked":
         prepare_for_cpu(draft)
     if mode == SAME_TOKENIZER:
@@ -316,7 +316,8 @@ class TextGenerator:
         compiled = compiles(spec.torch_compile, spec.cuda_graphs, device)
         if spec.drafter == "model":
             drafter: Drafter = load_model_drafter(spec.draft_model, target, tokenizer, device=device, dtype=dtype,
-                                                  draft_dtype=spec.draft_dtype, cpu_kernels=spec.cpu_kernels,
+                                                  draft_dtype=spec.draft_dtype, sampled=spec.temperature > 0,
+                                                  cpu_kernels=spec.cpu_kernels,
                                                   trust_remote_code=trust, torch_compile=compiled,
                                                   # (its own static cache serves one item at a time)
                                                   cuda_graphs=spec.cuda_graphs if spec.batch_size == 1 else "off")

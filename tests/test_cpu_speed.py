@@ -80,6 +80,33 @@ def test_bf16_linears_change_only_the_proposals(models, tokenizer, kind):
     assert out.tokens == ref and out.stats.draft_tokens > 0
 
 
+def test_auto_gives_bf16_linears_to_a_greedy_jobs_draft_only(models, monkeypatch):
+    """A seed's sample depends on the draft's numerics, and bf16 linears exist only on CPUs with native bf16: a
+    sampled job's `auto` draft keeps its dtype, so a seed gives the same sample on every machine."""
+    swapped = []
+    monkeypatch.setattr(cpu_speed, "bf16_linears", lambda model: swapped.append(model) or 1)
+    draft = models["llama"][1]
+    assert cpu_speed.draft_in_dtype(draft, "auto", sampled=True) is draft and not swapped
+    assert cpu_speed.draft_in_dtype(draft, "auto") is draft and swapped == [draft]
+
+
+@pytest.mark.skipif(not cpu_speed.bf16_native(), reason="this CPU has no native bf16 (no bf16 linears to batch)")
+def test_a_draft_of_bf16_linears_batches(tokenizer):
+    """`--draft_dtype auto` on a native-bf16 CPU with `--batch_size` > 1: the draft's rows check compares at the
+    margin of its bf16 numbers (at float32's it refused the job at load)."""
+    from specdec_core.batch_engine import BatchSpeculativeGenerator
+    from tests.tiny_models import make_model, perturbed_copy
+
+    target = make_model("llama", tokenizer, seed=1, hidden=1024)  # (bf16 rounding past float32's margin)
+    d16 = perturbed_copy(target, 0.05, seed=2)
+    assert bf16_linears(d16) > 0
+    prompts = [tokenizer(t).input_ids for t in ("def add(a, b):\n    return a + b\n", "The quick brown fox")]
+    ref = [SpeculativeGenerator(target, None, max_new_tokens=12).generate(p).tokens for p in prompts]
+    batched = BatchSpeculativeGenerator(target, ModelDrafter(d16), batch_size=2, num_speculative_tokens=3,
+                                        max_new_tokens=12)
+    assert [g.tokens for g in batched.generate_many([(p, 0) for p in prompts])] == ref
+
+
 @pytest.mark.skipif(not cpu_speed.bf16_native(), reason="this CPU has no native bf16: a bf16 model is left as is")
 def test_bf16_target_packed_keeps_speculative_output_its_own(models, tokenizer):
     """`--dtype bfloat16` on CPU: every linear is packed (for one row, used at every row count), so

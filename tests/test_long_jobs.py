@@ -275,6 +275,10 @@ def test_resuming_with_other_generation_flags_stops_before_any_work(tmp_path, sa
     assert "its run had --drafter 'none', this job 'model'" in _one_line_error(capsys)
     assert main(_args(src, tmp_path / "s3" / "gens", target, None, "--temperature", "1", "--stop", "qq",
                       "--stop", "xyz", "--gamma_policy", "auto", "--resume_from", str(sampled))) == 0
+    # the draft's numbers decide its drafts too (`auto` keeps a sampled job's draft as loaded: `same`)
+    assert main(_args(src, tmp_path / "s4" / "gens", target, None, "--temperature", "1", "--stop", "qq",
+                      "--stop", "xyz", "--draft_dtype", "bfloat16", "--resume_from", str(sampled))) == 2
+    assert "its run had --draft_dtype 'same', this job 'bfloat16'" in _one_line_error(capsys)
 
 
 SLOW_RUN = textwrap.dedent("""

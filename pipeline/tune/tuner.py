@@ -417,7 +417,8 @@ def load(args) -> tuple[TextGenerator, dict[str, Drafter], list[Candidate]]:
     for path in args.draft_model:
         try:
             drafter = load_model_drafter(path, target, text.tokenizer, device=device, dtype=dtype,
-                                         draft_dtype=args.draft_dtype, cpu_kernels=args.cpu_kernels,
+                                         draft_dtype=args.draft_dtype, sampled=args.temperature > 0,
+                                         cpu_kernels=args.cpu_kernels,
                                          trust_remote_code=args.trust_remote_code, **engine)
         except ValueError as e:
             raise TuneError(f"--draft_model {path!r}: {e}") from e
