@@ -7,6 +7,7 @@ import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,9 +15,11 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.localfilesystem import LocalFileSystem
 from apache_beam.options.pipeline_options import TestOptions
 
-from pipeline.options import SpecDecOptions
 from transforms.durable import match, output_files, result_patterns, sink_deletes
 from transforms.schema import result_schema
+
+if TYPE_CHECKING:  # (the options import torch; `writable_file` serves tools that need none)
+    from pipeline.options import SpecDecOptions
 
 log = logging.getLogger(__name__)
 
@@ -377,6 +380,18 @@ def _check_local_folder(flag: str, prefix: str) -> None:
         raise JobConfigError(f"{flag} {prefix!r}: {nearest} is a file, where the output's folder must be")
     if not os.access(nearest, os.W_OK | os.X_OK):
         raise JobConfigError(f"{flag} {prefix!r}: this process cannot write in {nearest}")
+
+
+def writable_file(flag: str, path: str) -> str:
+    """A local file a tool writes when its work is done, checked before the work (`~` expanded): not a folder, in a
+    folder this process can write (missing folders are made). gs:// files are left to their writer."""
+    if "://" in path:
+        return path
+    path = os.path.expanduser(path)
+    if os.path.isdir(path):
+        raise JobConfigError(f"{flag} {path!r}: a folder, not a file")
+    _check_local_folder(flag, path)
+    return path
 
 
 def _check_output(opts: SpecDecOptions, inputs: list[str]) -> None:

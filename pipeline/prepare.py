@@ -190,9 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     keep = [f.strip() for f in args.keep_fields.split(",") if f.strip()]
     try:
-        for flag, value, low in (("--limit", args.limit, 0), ("--num_shards", args.num_shards, 1)):
-            if value is not None and value < low:
-                raise ValueError(f"{flag} must be >= {low}, got {value}")
+        for flag, value in (("--limit", args.limit), ("--num_shards", args.num_shards)):
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+        if args.output.endswith("/"):  # (it wrote FOLDER/-00000-of-00001.parquet)
+            raise ValueError(f"--output {args.output!r}: a prefix names files, not a folder: say {args.output}prompts")
         check_templates(args.template, args.user_template, args.system_template)  # before loading anything
         check_fields(args.id_field, keep)
         try:

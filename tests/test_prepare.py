@@ -106,7 +106,8 @@ def test_settings_that_would_lose_or_mix_rows_are_one_line_errors(tmp_path, caps
         "--keep_fields names 't' twice": ["--keep_fields", "t,t"],
         "--keep_fields 'id': the output's own column": ["--keep_fields", "id"],
         "--num_shards must be >= 1, got 0": ["--num_shards", "0"],
-        "--limit must be >= 0, got -1": ["--limit", "-1"],
+        "--limit must be >= 1, got 0": ["--limit", "0"],  # (it wrote one empty shard)
+        f"--output '{tmp_path}/': a prefix names files, not a folder": ["--output", f"{tmp_path}/"],
         "cannot load it": ["--dataset", str(tmp_path / "empty.jsonl")],
         f"--dataset '{tmp_path}/nothing-*.jsonl' matches no files": ["--dataset", str(tmp_path / "nothing-*.jsonl")],
         f"--dataset '{tmp_path}/none.csv' matches no files": ["--dataset", str(tmp_path / "none.csv")],

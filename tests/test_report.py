@@ -156,6 +156,17 @@ def test_missing_files_or_reference_column_stop_in_one_line(tmp_path, capsys):
     missing, column = capsys.readouterr().err.strip().splitlines()  # one line each
     assert missing.startswith("error: no result files")
     assert column.startswith("error: reference column 'summary' is not in the results") and "ref" in column
+    # (each was a traceback: prompt shards of the prefix's name, a column of numbers or of the run's own, a folder)
+    prompts = _write(tmp_path / "prompts" / "p", pa.table({"id": ["a"], "prompt": ["hi"]}))
+    scored = _write(tmp_path / "scored" / "gens", result_table(RUN).append_column("score", pa.array([1] * len(RUN))))
+    for args, needle in [([prompts], "its files hold no generations (no 'generation' column)"),
+                         ([prefix, "--baseline", prompts], "its files hold no generations"),
+                         ([scored, "--references", "score"], "--references 'score' is int64, not text"),
+                         ([prefix, "--references", "new_tokens"], "'new_tokens' is an output column"),
+                         ([prefix, "--html", str(tmp_path)], f"--html '{tmp_path}': a folder, not a file")]:
+        assert report.main(args) == 2, args
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and needle in err and "\n" not in err, err
 
 
 def test_a_killed_job_with_failed_rows_only_so_far_is_reported(tmp_path, capsys):

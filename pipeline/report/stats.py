@@ -296,6 +296,11 @@ def quality_scores(results: pa.Table, references: str, metric: str) -> dict[str,
         passthrough = [n for n in results.schema.names if n not in _OUTPUT_COLUMNS]
         raise KeyError(f"reference column {references!r} is not in the results (passthrough columns: "
                        f"{', '.join(passthrough) or 'none'}; pass it with --passthrough_columns when running)")
+    kind = results.schema.field(references).type
+    if references in _OUTPUT_COLUMNS:
+        raise KeyError(f"--references {references!r} is an output column, not a passthrough column of references")
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise KeyError(f"--references {references!r} is {kind}, not text")
     return quality.score_generations(results["generation"].to_pylist(), results[references].to_pylist(),
                                      metric=metric)
 

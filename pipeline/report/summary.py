@@ -17,6 +17,7 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser
+from pipeline.preflight import JobConfigError, writable_file
 from pipeline.provenance import read_record
 from pipeline.quality import METRICS
 from pipeline.report.stats import (
@@ -58,6 +59,9 @@ def read_results(prefix: str) -> tuple[pa.Table, pa.Table | None]:
         results = result_schema(failed.schema, "id", []).empty_table()
     if results is None:
         raise FileNotFoundError(f"no result files {prefix}-SSSSS-of-NNNNN.parquet or {prefix}-chunk-*.parquet")
+    if "generation" not in results.schema.names:  # (prompt shards of the same name)
+        raise FileNotFoundError(f"{prefix}: its files hold no generations (no 'generation' column): not a run's "
+                                "--output prefix")
     return results, failed
 
 
@@ -74,10 +78,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --references: rouge (ROUGE-1/2/L, summarization), bleu or chrf (translation)")
     args = parser.parse_args(argv)
     try:
+        args.html = args.html and writable_file("--html", args.html)  # (before the reading and plotting)
         results, failed = read_results(args.prefix)
         base, base_failed = read_results(args.baseline) if args.baseline else (None, None)
         scores = quality_scores(results, args.references, args.metric) if args.references else None
-    except (FileNotFoundError, KeyError) as e:
+    except (FileNotFoundError, KeyError, JobConfigError) as e:
         print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
     alone = True

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shlex
 import statistics
 import sys
@@ -158,21 +157,17 @@ def run_argv(args: argparse.Namespace, drafter: str, draft_model: str | None, ga
 def check_settings(args: argparse.Namespace) -> None:
     """pipeline.run's own checks (preflight) on the job each candidate would run, so a setting
     the job would refuse stops tune too, with the same line."""
-    from pipeline.preflight import JobConfigError, preflight
+    from pipeline.preflight import JobConfigError, preflight, writable_file
     from pipeline.run import parse_options
 
     candidates = [("model" if draft else "none", draft) for draft in args.draft_model or [None]]
     if not args.no_ngram:
         candidates.append(("ngram", None))
-    if args.output_json and "://" not in args.output_json:  # (not at the end of the measuring)
-        # `--output_json=~/x` reaches us unexpanded by the shell: checked and written as $HOME/x
-        args.output_json = os.path.expanduser(args.output_json)
-        where = os.path.abspath(args.output_json)
-        parent = os.path.dirname(where)
-        while not os.path.exists(parent):  # (the writer makes the missing directories)
-            parent = os.path.dirname(parent)
-        if os.path.isdir(where) or not (os.path.isdir(parent) and os.access(parent, os.W_OK)):
-            raise TuneError(f"--output_json {args.output_json!r}: cannot write a file there")
+    if args.output_json:  # (not at the end of the measuring; `--output_json=~/x` reaches us unexpanded by the shell)
+        try:
+            args.output_json = writable_file("--output_json", args.output_json)
+        except JobConfigError as e:
+            raise TuneError(str(e)) from e
     with tempfile.TemporaryDirectory() as tmp:  # an output prefix that holds no files
         for drafter, draft in candidates:
             argv = run_argv(args, drafter, draft, 4, "fixed", 1, output=f"{tmp}/out")
