@@ -24,17 +24,23 @@ _DONE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _once(model: PreTrainedModel, key: tuple, check):
-    """`check()`'s answer for this model and its probes' ids (its config's special ids pick them), on first use."""
-    done, key = _DONE.setdefault(model, {}), (*key, *probe_ids(model, 12))
+    """`check()`'s answer for this model and the special ids its probes leave out (set in place: other probes)."""
+    done, key = _DONE.setdefault(model, {}), (*key, _special_ids(model))
     if key not in done:
         done[key] = check()
     return done[key]
 
 
+def _special_ids(model: PreTrainedModel) -> frozenset[int]:
+    """The config's pad, bos, eos (one id or a list, as Llama 3.1's) and decoder-start ids."""
+    config = model.config.get_text_config(decoder=True)
+    ids = [getattr(config, f"{k}_token_id", None) for k in ("pad", "bos", "eos", "decoder_start")]
+    return frozenset(i for v in ids for i in (v if isinstance(v, list) else [v]) if i is not None)
+
+
 def probe_ids(model: PreTrainedModel, n: int, offset: int = 0) -> list[int]:
     """n ordinary token ids of the model's vocabulary (none of its special ids)."""
-    config = model.config.get_text_config(decoder=True)
-    special = {getattr(config, f"{k}_token_id", None) for k in ("pad", "bos", "eos", "decoder_start")}
+    config, special = model.config.get_text_config(decoder=True), _special_ids(model)
     # (the output layer's rows: an int8 draft's layer has no weight tensor)
     vocab = getattr(model.get_output_embeddings(), "out_features", None) or config.vocab_size
     ids = [i for i in range(vocab // 3 + offset, vocab) if i not in special]
@@ -60,18 +66,14 @@ def _probe(model: PreTrainedModel) -> tuple[list[int], list[int], list[int]]:
 def probe_passes(kv, seq: list[int], extra: list[int]) -> list[torch.Tensor]:
     """The checks' passes over a one-row cache (holding nothing yet): seq then 3 drafts, the third
     rejected (rolled back) and re-fed alone, then two more."""
-    n = len(seq)
     out = [feed_to(kv, seq + extra[:3], 4)]
-    kv.rollback(0, n + 2)
-    out.append(feed_to(kv, seq + extra[:3], 1))
-    out.append(feed_to(kv, seq + extra[:5], 2))
-    return out
+    kv.rollback(0, len(seq) + 2)
+    return out + [feed_to(kv, seq + extra[:3], 1), feed_to(kv, seq + extra[:5], 2)]
 
 
 @torch.inference_mode()
 def _growing(model: PreTrainedModel) -> list[torch.Tensor]:
-    """`probe_passes` over the model's own growing cache, once per model (on the CPU): the verify and static checks'
-    reference."""
+    """`probe_passes` over the model's own growing cache, once per model (on the CPU): the checks' reference."""
     def passes() -> list[torch.Tensor]:
         prompt, seq, extra = _probe(model)
         return [t.cpu() for t in probe_passes(one_row(model, prompt), seq, extra)]
@@ -80,8 +82,7 @@ def _growing(model: PreTrainedModel) -> list[torch.Tensor]:
 
 @torch.inference_mode()
 def _fed_one_at_a_time(model: PreTrainedModel) -> torch.Tensor:
-    """The probe's logits after seq's last token and each of extra[:5], fed one token at a time as `generate()` does,
-    once per model (on the CPU): the verify and state checks' reference."""
+    """The probe's logits after seq's last token and each of extra[:5], fed one at a time as `generate()` does."""
     def passes() -> torch.Tensor:
         prompt, seq, extra = _probe(model)
         kv, full = one_row(model, prompt), seq + extra[:5]

@@ -23,6 +23,7 @@ from tests.family_models import (
     V,
     family_model,
 )
+from tests.test_batch_families import hf_greedy
 from tests.tiny_models import perturbed_copy
 
 FAMILIES = DECODER_FAMILIES + MORE_SEQ2SEQ
@@ -285,6 +286,25 @@ def test_the_self_checks_tolerate_rounding_not_a_broken_contract():
     bf16 = torch.bfloat16
     assert logits_differ(want + 0.3, want, bf16) is None and logits_differ(want + 0.5, want, bf16) is not None
     assert logits_differ(want[:, :2], want) is not None  # another shape: never the same logits
+
+
+@pytest.mark.parametrize("family", ["qwen2", "bart"])
+def test_a_config_whose_end_token_is_a_list_decodes_exactly(family):
+    """Llama 3.1's config.json holds `eos_token_id` as a list (the self-checks' probe failed on it: a TypeError at
+    load); every end token ends a row, at batch 1 and batched, as in `generate()`."""
+    target = family_model(family, seed=1)
+    ends = [target.config.eos_token_id, 7]
+    target.config.eos_token_id = target.generation_config.eos_token_id = ends
+    draft = perturbed_copy(target, 0.05, seed=2)
+    draft.generation_config = target.generation_config
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 90, (n,), generator=gen).tolist() for n in (5, 9, 3)]
+    want = [hf_greedy(target, p, 16) for p in prompts]
+    one = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=16)
+    assert [one.generate(p).tokens for p in prompts] == want
+    batched = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=2, num_speculative_tokens=3,
+                                        max_new_tokens=16)
+    assert [g.tokens for g in batched.generate_many([(p, 0) for p in prompts])] == want
 
 
 def test_a_models_checks_run_anew_on_the_probe_its_new_special_ids_pick():
