@@ -37,7 +37,7 @@ class StopStrings:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[str]):
         self.tokenizer = tokenizer
         self.stops = check_stop_strings(stops)
-        self.special = set(tokenizer.all_special_ids)
+        self.special = {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}  # (what decode skips)
         self.window = max(len(s.encode("utf-8")) for s in self.stops) + _MARGIN if self.stops else 0
         self.tokens: list[int] = []
 
@@ -49,10 +49,10 @@ class StopStrings:
         return None
 
     def _completed(self) -> bool:
-        """Whether the last token completes a stop string (none was complete before it)."""
+        """Whether the last token completes a stop (none did before); a window's match confirmed on the whole text."""
         start, counted = len(self.tokens), 0
         while start > 0 and counted < self.window:
             start -= 1
             counted += self.tokens[start] not in self.special
-        tail = self.tokenizer.decode(self.tokens[start:], skip_special_tokens=True)
-        return any(s in tail for s in self.stops)
+        texts = (self.tokenizer.decode(self.tokens[i:], skip_special_tokens=True) for i in sorted({start, 0})[::-1])
+        return all(any(s in text for s in self.stops) for text in texts)

@@ -79,6 +79,34 @@ def test_special_tokens_are_not_text():
     assert StopStrings(tok, ["<|end|>"])([end, end]) is None  # end tokens are the eos list's job
 
 
+def test_the_text_checked_is_the_text_decoded():
+    """What `decode(skip_special_tokens=True)` skips is what the check skips: tokens added as special that are not
+    in `all_special_ids` (Llama 3's reserved ones) hold no text, so the window reaches past them; a plain token
+    named as the pad ("!") is text. A window's first WordPiece token decodes with its "##", which the text lacks."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.tiny_models import CORPUS
+
+    tok = build_chat_tokenizer()
+    tok.add_tokens([AddedToken("<|reserved_0|>", special=True)])
+    reserved = tok.convert_tokens_to_ids("<|reserved_0|>")
+    assert reserved not in tok.all_special_ids
+    ids = tok("a", add_special_tokens=False).input_ids + [reserved] * 10 + tok("b", add_special_tokens=False).input_ids
+    assert StopStrings(tok, ["ab"])(ids) == brute_force_cut(tok, ids, ["ab"]) == len(ids) - 1  # (missed before)
+    tok.pad_token = "!"
+    ids = tok("Hello world!", add_special_tokens=False).input_ids
+    assert StopStrings(tok, ["!"])(ids) == brute_force_cut(tok, ids, ["!"]) == len(ids) - 1  # (missed before)
+    wordpiece = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    wordpiece.normalizer, wordpiece.pre_tokenizer = normalizers.BertNormalizer(), pre_tokenizers.BertPreTokenizer()
+    wordpiece.decoder = decoders.WordPiece(prefix="##")
+    wordpiece.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=200, special_tokens=["[UNK]"]))
+    bert = PreTrainedTokenizerFast(tokenizer_object=wordpiece, unk_token="[UNK]")
+    ids = bert("speculative decoding", add_special_tokens=False).input_ids
+    assert "##" in bert.decode(ids[-1:]) and brute_force_cut(bert, ids, ["#"]) is None
+    assert StopStrings(bert, ["#"])(ids) is None  # (a false stop before)
+
+
 def test_agrees_with_the_definition_on_random_byte_soup():
     """Random ids decode to broken UTF-8 and odd merges: the windowed check must still agree."""
     tok = build_chat_tokenizer()
