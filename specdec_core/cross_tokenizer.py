@@ -129,11 +129,11 @@ class CrossTokenizerDrafter(SessionDrafter):
 
     def start(self, prompt_ids: list[int], decoder_ids: list[int], pick: Picker) -> CrossTokenizerSession:
         if self.model.config.is_encoder_decoder:
-            # The draft encodes the prompt's text in its own tokens, cut (end token kept) to what its encoder takes:
-            # a worse guess, never another output. Its decoder starts afresh.
-            limit = self.encoder_limit
-            text = _decode(self.target_tokenizer, prompt_ids)
+            # The draft encodes the prompt's text in its own tokens, cut (end token kept) to what its encoder takes, no
+            # text (special tokens only) as its end token: a worse guess, never another output. Its decoder starts anew.
+            text, limit = _decode(self.target_tokenizer, prompt_ids), self.encoder_limit
             draft_prompt = self.draft_tokenizer(text, truncation=limit is not None, max_length=limit)["input_ids"]
+            draft_prompt = draft_prompt or [self.draft_tokenizer.eos_token_id or 0]
             head = initial_decoder_ids(self.model, draft_prompt)
         else:
             draft_prompt, head = [], list(self.bos)

@@ -245,6 +245,11 @@ def test_encoder_decoder_pair_with_different_tokenizers(toks):
     out = SpeculativeGenerator(target, CrossTokenizerDrafter(short, ttok, dtok), num_speculative_tokens=3,
                                max_new_tokens=20).generate(ids)
     assert out.tokens == alone.generate(ids).tokens and out.stats.draft_steps > 0
+    # A prompt of special tokens only has no text for the draft's encoder (an empty input: the row failed)
+    ids = ttok("</s>")["input_ids"]
+    assert dtok(ttok.decode(ids, skip_special_tokens=True))["input_ids"] == []
+    assert cross.generate(ids).tokens == alone.generate(ids).tokens
+    assert batched.generate_many([(ids, 0), (ttok(PROMPTS[0])["input_ids"], 0)])[0].tokens == alone.generate(ids).tokens
 
 
 @pytest.fixture(scope="module")
