@@ -145,7 +145,8 @@ def conversation_column(schema: pa.Schema, column: str) -> bool:
                          "(a list of {role, content} structs)")
 
 
-def _has_chat_template(path: str) -> bool:
+def _has_chat_template(opts: SpecDecOptions) -> bool:
+    path = opts.tokenizer or opts.target_model
     if path.startswith("gs://"):
         base = path.rstrip("/")
         if any(FileSystems.exists(f"{base}/{name}") for name in ("chat_template.jinja", "chat_template.json")):
@@ -155,13 +156,7 @@ def _has_chat_template(path: str) -> bool:
                 return bool(json.load(f).get("chat_template"))
         except Exception:
             return False
-    from specdec_core.loading import load_tokenizer
-
-    try:
-        return bool(load_tokenizer(path).chat_template)
-    except Exception as e:
-        raise JobConfigError(f"--tokenizer/--target_model {path!r}: cannot load a tokenizer "
-                             f"({type(e).__name__})") from e
+    return bool(_target_tokenizer(opts).chat_template)
 
 
 def _check_chat(opts: SpecDecOptions, schema: pa.Schema) -> None:
@@ -169,8 +164,8 @@ def _check_chat(opts: SpecDecOptions, schema: pa.Schema) -> None:
     if opts.system_prompt is not None and not (opts.chat_template or conversations):
         raise JobConfigError("--system_prompt needs --chat_template (or a conversation prompt column)")
     if opts.chat_template or conversations:
-        path = opts.tokenizer or opts.target_model
-        if not _has_chat_template(path):
+        if not _has_chat_template(opts):
+            path = opts.tokenizer or opts.target_model
             why = ("--chat_template" if opts.chat_template
                    else f"--prompt_column {opts.prompt_column!r} holds conversations")
             raise JobConfigError(f"{why}, but the tokenizer of {path!r} has no chat template")
@@ -497,7 +492,6 @@ def _generation_config(path: str):
 def _local_model_configs(opts: SpecDecOptions, draft: bool = True):
     """(flag, path, config) of the target and (`draft`) the model draft that are local (gs://
     models are checked when the workers load them)."""
-
     models = [("--target_model", opts.target_model)]
     if draft and opts.drafter == "model":
         models.append(("--draft_model", opts.draft_model))
