@@ -79,7 +79,8 @@ class BatchSpeculativeGenerator(RoundEngine):
         self.pad_id = pad_id_of(target)
         for role, model in (("", target), ("the draft ", drafter.model if isinstance(drafter, ModelDrafter) else None)):
             if model is not None and (why := batch_refusal(model, self.pad_id)):
-                raise ValueError(f"batch_size > 1: {role}{type(model).__name__} {why} (use batch_size 1)")
+                why, one = f"{role}{type(model).__name__} {why}", "decode it with SpeculativeGenerator"
+                raise ValueError(f"batch_size > 1: {why} (use batch_size 1)" if batch_size > 1 else f"{why}: {one}")
         super().__init__(target, drafter, num_speculative_tokens, max_new_tokens, sampling, gamma_policy, settings)
         self.batch_size = batch_size
         self.draft_model = drafter.model if isinstance(drafter, ModelDrafter) else None

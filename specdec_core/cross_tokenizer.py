@@ -4,8 +4,7 @@ The draft continues the committed text greedily in its own tokens; its text is r
 tokenizer and proposed as deterministic proposals (`Draft.q = None`), verified by the n-gram drafter's rule, which
 is exact for any proposal that does not look at the verification's random numbers. So every alignment here (token
 boundaries, tail windows, split UTF-8 characters, the draft cache's common prefix) is a heuristic that can only
-cost speed (docs/cross-tokenizer.md).
-"""
+cost speed (docs/cross-tokenizer.md)."""
 
 from __future__ import annotations
 

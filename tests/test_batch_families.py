@@ -304,8 +304,10 @@ def test_layers_that_are_not_attention_are_still_refused(pairs):
     saved = target.config.layer_types if hasattr(target.config, "layer_types") else None
     target.config.layer_types = ["chunked_attention", "full_attention"]
     try:
-        with pytest.raises(ValueError, match="chunked_attention"):
+        with pytest.raises(ValueError, match="chunked_attention.*use batch_size 1"):
             BatchSpeculativeGenerator(target, NoDrafter(), batch_size=2)
+        with pytest.raises(ValueError, match="chunked_attention layers: decode it with SpeculativeGenerator"):
+            BatchSpeculativeGenerator(target, NoDrafter(), batch_size=1)
     finally:
         target.config.layer_types = saved
 

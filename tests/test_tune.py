@@ -191,6 +191,7 @@ def test_encoder_decoder_targets_tune_batch_sizes_too(saved_pairs, tmp_path, cap
 @pytest.mark.parametrize("extra, culprit", [
     (["--sample", "0"], "--sample"),
     (["--batch_sizes", "1,x"], "--batch_sizes"),
+    (["--batch_sizes", ""], "--batch_sizes '': expected comma-separated integers"),
     (["--max_gamma", "0"], "--max_gamma"),
     (["--sampel", "3"], "--sampel"),
     (["--temperature", "-1"], "--temperature"),

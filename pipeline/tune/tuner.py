@@ -102,14 +102,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a("--output_json", default=None, help="write the results and the recommendation as JSON (local or gs://)")
     args = p.parse_args(argv)
     try:
-        args.batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",") if b.strip()})
+        sizes = sorted({int(b) for b in args.batch_sizes.split(",") if b.strip()})
     except ValueError:
+        sizes = []
+    if not sizes:
         p.error(f"--batch_sizes {args.batch_sizes!r}: expected comma-separated integers")
+    args.batch_sizes = sizes
     threads = 1 if args.threads is None else args.threads
     for flag, value, low in [("--sample", args.sample, 1), ("--threads", threads, 1),
                              ("--max_gamma", args.max_gamma, 1),
                              ("--verify", args.verify, 0), ("--max_new_tokens", args.max_new_tokens, 1),
-                             ("--batch_sizes", min(args.batch_sizes or [0]), 1)]:
+                             ("--batch_sizes", min(args.batch_sizes), 1)]:
         if value < low:
             p.error(f"{flag} must be >= {low}, got {value}")
     if len(set(args.draft_model)) != len(args.draft_model):
