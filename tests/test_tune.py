@@ -87,6 +87,9 @@ def test_best_setting_needs_a_margin_over_the_target_alone():
     clear = {"drafter": "model", "measured": 1.5}
     assert best_setting([alone, barely], "measured") is alone
     assert best_setting([alone, barely, clear], "measured") is clear
+    idle = {"drafter": "ngram", "measured": 2.6, "drafted_tokens": 0}  # proposed nothing: noise, not a speed-up
+    assert best_setting([alone, idle], "measured") is alone
+    assert best_setting([alone, idle, {**clear, "drafted_tokens": 12}], "measured")["measured"] == 1.5
     assert relative_error(1.1, 1.0) == pytest.approx(0.1)
 
 

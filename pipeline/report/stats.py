@@ -290,7 +290,7 @@ def compare(results: pa.Table, baseline: pa.Table, target_alone: bool = True) ->
     )
 
 
-def quality_scores(results: pa.Table, references: str, metric: str) -> dict[str, float]:
+def quality_scores(results: pa.Table, references: str, metric: str) -> dict[str, float | str]:
     """Generations against a passthrough column of reference texts (pipeline.quality)."""
     if references not in results.schema.names:
         passthrough = [n for n in results.schema.names if n not in _OUTPUT_COLUMNS]
@@ -301,8 +301,15 @@ def quality_scores(results: pa.Table, references: str, metric: str) -> dict[str,
         raise KeyError(f"--references {references!r} is an output column, not a passthrough column of references")
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise KeyError(f"--references {references!r} is {kind}, not text")
-    return quality.score_generations(results["generation"].to_pylist(), results[references].to_pylist(),
-                                     metric=metric)
+    # Rows without a reference (null: a run resumed without the column, a dataset field with gaps) are
+    # left out of the reference metrics, which would otherwise score them each their own way; the
+    # shares of degenerate and distinct outputs are the run's.
+    gens, refs = results["generation"].to_pylist(), results[references].to_pylist()
+    pairs = [(g, r) for g, r in zip(gens, refs, strict=True) if r is not None]
+    if not pairs:
+        raise KeyError(f"--references {references!r} is null in every result row: no reference to score against")
+    scores = quality.score_generations([g for g, _ in pairs], [r for _, r in pairs], metric=metric)
+    return {"rows_with_reference": f"{len(pairs)} of {len(gens)}", **scores, **quality.score_generations(gens)}
 
 
 _OUTPUT_COLUMNS = {"id", *(name for name, _ in STATS)}
@@ -313,11 +320,12 @@ SCORE_LABELS = {
     "rouge1": "ROUGE-1 F1", "rouge2": "ROUGE-2 F1", "rougeL": "ROUGE-L F1", "bleu": "BLEU (0-100)",
     "chrf": "chrF (0-100)", "degenerate_share": "degenerate outputs (share)",
     "repeated_3gram_share": "repeated word 3-grams (mean share)", "distinct_share": "distinct outputs (share)",
+    "rows_with_reference": "rows with a reference (scored)",
 }
 
 
-def _f(x: float | None, fmt: str, unit: str = "") -> str:
-    return "n/a" if x is None else f"{format(x, fmt)}{unit}"
+def _f(x: float | str | None, fmt: str, unit: str = "") -> str:
+    return "n/a" if x is None else x if isinstance(x, str) else f"{format(x, fmt)}{unit}"
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -325,7 +333,7 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 def sections(stats: RunStats, comparison: Comparison | None = None,
-             scores: dict[str, float] | None = None, references: str | None = None) -> list[Section]:
+             scores: dict[str, float | str] | None = None, references: str | None = None) -> list[Section]:
     """The report as titled (label, value) rows: printed as text, and as tables in the HTML page."""
     s = stats.summary
     run = [

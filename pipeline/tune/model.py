@@ -127,10 +127,12 @@ def pick_to_verify(candidates: Sequence[Candidate], max_gamma: int, measured: se
 
 def best_setting(rows: Sequence[dict], key: str) -> dict:
     """The row with the highest `key`, where a drafter must beat the target alone by PAY_MARGIN
-    (rows are dicts with `drafter` and `key`; the target-alone row has drafter none)."""
+    (rows are dicts with `drafter` and `key`; the target-alone row has drafter none). A drafter's
+    run that proposed nothing (`drafted_tokens` 0: lookup on text that never repeats) did the
+    target alone's work, so its gap to the target alone is noise: it is never chosen."""
     alone = [r for r in rows if r["drafter"] == "none"]
     base = max(alone, key=lambda r: r[key]) if alone else None
-    best = max(rows, key=lambda r: r[key])
+    best = max((r for r in rows if r["drafter"] == "none" or r.get("drafted_tokens") != 0), key=lambda r: r[key])
     if base is not None and best["drafter"] != "none" and best[key] < base[key] * PAY_MARGIN:
         return base
     return best

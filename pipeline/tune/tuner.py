@@ -368,6 +368,7 @@ class Setting:
             "measured": self.measured,
             "tokens_per_s": run.tokens_per_s if run else None,
             "new_tokens": run.new_tokens if run else None,
+            "drafted_tokens": run.drafted if run else None,
             "seconds": run.total_s if run else None,
             "equal_to_target": equal,
         }
