@@ -460,6 +460,17 @@ def _generation(flags: dict) -> dict:
     return out
 
 
+def generation_differences(earlier: dict, now: dict, sampling: bool = True) -> list[tuple[str, object, object]]:
+    """(flag, earlier's, now's) for each flag, recorded in both runs' flags, on which the two runs'
+    texts differ: the GENERATION_FLAGS, and where either samples and `sampling`, those that decide
+    which sample a seed draws."""
+    earlier, now = _generation(earlier), _generation(now)
+    sampled = sampling and (bool(earlier.get("temperature")) or bool(now.get("temperature")))
+    ngram = sampled and "ngram" in (earlier.get("drafter"), now.get("drafter"))
+    keys = GENERATION_FLAGS + (SAMPLING_FLAGS if sampled else ()) + (NGRAM_FLAGS if ngram else ())
+    return [(k, earlier[k], now[k]) for k in keys if k in earlier and k in now and earlier[k] != now[k]]
+
+
 def _check_same_generation(opts: SpecDecOptions, prefix: str, schema: pa.Schema) -> None:
     """A resumed run's rows and this job's are read as one output: rows of other generation flags
     (another length, greedy beside sampled) would mix in it unseen."""
@@ -468,15 +479,11 @@ def _check_same_generation(opts: SpecDecOptions, prefix: str, schema: pa.Schema)
     record = record_in(schema.metadata)
     if record is None:  # (files written before runs carried their flags)
         return
-    earlier = _generation(record)
-    now = _generation({k: json.loads(json.dumps(getattr(opts, k), default=str))
-                       for k in GENERATION_FLAGS + SAMPLING_FLAGS + NGRAM_FLAGS})
-    sampled = bool(earlier.get("temperature")) or bool(now["temperature"])
-    ngram = sampled and "ngram" in (earlier.get("drafter"), now["drafter"])
-    for key in GENERATION_FLAGS + (SAMPLING_FLAGS if sampled else ()) + (NGRAM_FLAGS if ngram else ()):
-        if key in earlier and earlier[key] != now[key]:
-            raise JobConfigError(f"--resume_from {prefix!r}: its run had --{key} {earlier[key]!r}, this job "
-                                 f"{now[key]!r}; resume with the generation flags of the run it continues")
+    now = {k: json.loads(json.dumps(getattr(opts, k), default=str))
+           for k in GENERATION_FLAGS + SAMPLING_FLAGS + NGRAM_FLAGS}
+    for key, theirs, ours in generation_differences(record, now)[:1]:
+        raise JobConfigError(f"--resume_from {prefix!r}: its run had --{key} {theirs!r}, this job {ours!r}; resume "
+                             "with the generation flags of the run it continues")
 
 
 def _generation_config(path: str):

@@ -317,6 +317,18 @@ def test_a_baseline_that_drafted_or_ran_another_target_is_said(two_runs, tmp_pat
     assert report.main([p["spec"], "--baseline", str(other / "gens")]) == 0
     out = capsys.readouterr()
     assert "note: --baseline" in out.err and "/elsewhere/target" in out.err and "speed-up" in out.out
+    assert "other generation flags" not in out.err
+    # ... and under other generation flags (another length, stop strings): "0 of n identical" is not a bug
+    for f in Path(p["base"]).parent.glob("gens-0*.parquet"):
+        table = pq.read_table(f)
+        record = json.loads(table.schema.metadata[b"specdec_run"])
+        record.update(max_new_tokens=16, stop=["."])
+        pq.write_table(table.replace_schema_metadata({"specdec_run": json.dumps(record)}), other / f.name)
+    assert report.main([p["spec"], "--baseline", str(other / "gens")]) == 0
+    note = capsys.readouterr().err.strip().splitlines()[-1]
+    assert note == (f"note: --baseline {other / 'gens'} ran other generation flags: --max_new_tokens 16 (this run 10), "
+                    "--stop ['.'] (this run None); its generations differ for that reason, and its speed-up compares "
+                    "other work"), note
 
 
 def test_runs_read_together_are_reported_as_one(two_runs, tmp_path, capsys):

@@ -17,7 +17,7 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser
-from pipeline.preflight import JobConfigError, writable_file
+from pipeline.preflight import JobConfigError, generation_differences, writable_file
 from pipeline.provenance import read_record
 from pipeline.quality import METRICS
 from pipeline.report.stats import (
@@ -95,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         if "target_model" in made and "target_model" in run and made["target_model"] != run["target_model"]:
             print(f"note: --baseline {args.baseline} ran --target_model {made['target_model']}, this run "
                   f"{run['target_model']}", file=sys.stderr)
+        if other := generation_differences(made, run, sampling=False):  # (its texts differ for that alone)
+            flags = ", ".join(f"--{k} {theirs!r} (this run {ours!r})" for k, theirs, ours in other)
+            print(f"note: --baseline {args.baseline} ran other generation flags: {flags}; its generations differ "
+                  "for that reason, and its speed-up compares other work", file=sys.stderr)
     stats = run_stats(results, failed)
     try:
         comparison = compare(results, base, alone) if base is not None else None
