@@ -57,3 +57,4 @@ def test_a_model_its_self_check_refuses_stops_the_job_in_one_line(tmp_path, caps
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("error: batch_size > 1: FSMTForConditionalGeneration gives other logits in a padded batch")
     assert "while running" not in last and not list((tmp_path / "out").glob("gens-0*.parquet"))
+    assert not list((tmp_path / "out").glob("beam-temp-*"))  # (the sinks' staging folders: nothing was written)
