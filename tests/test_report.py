@@ -318,6 +318,16 @@ def test_a_baseline_that_drafted_or_ran_another_target_is_said(two_runs, tmp_pat
     out = capsys.readouterr()
     assert "note: --baseline" in out.err and "/elsewhere/target" in out.err and "speed-up" in out.out
     assert "other generation flags" not in out.err
+    # ... but not under another spelling of the same folder's path
+    spec_file = next(Path(p["spec"]).parent.glob("gens-0*.parquet"))
+    target = json.loads(pq.read_schema(spec_file).metadata[b"specdec_run"])["target_model"]
+    for f in other.glob("gens-0*.parquet"):
+        table = pq.read_table(f)
+        record = json.loads(table.schema.metadata[b"specdec_run"])
+        record["target_model"] = target.replace("/", "/./", 1) + "/"
+        pq.write_table(table.replace_schema_metadata({"specdec_run": json.dumps(record)}), f)
+    assert report.main([p["spec"], "--baseline", str(other / "gens")]) == 0
+    assert "note: --baseline" not in capsys.readouterr().err
     # ... and under other generation flags (another length, stop strings): "0 of n identical" is not a bug
     for f in Path(p["base"]).parent.glob("gens-0*.parquet"):
         table = pq.read_table(f)

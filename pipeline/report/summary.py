@@ -11,6 +11,7 @@ The numbers live in pipeline/report/stats.py, the page in pipeline/report/html.p
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import pyarrow as pa
@@ -65,6 +66,12 @@ def read_results(prefix: str) -> tuple[pa.Table, pa.Table | None]:
     return results, failed
 
 
+def _model(record: dict) -> str:
+    """A run's --target_model as a location: `./m/` and `m` name one local folder (gs:// and hub ids as given)."""
+    path = record["target_model"]
+    return path.rstrip("/") if "://" in path else os.path.normpath(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("prefix", help="the --output prefix of a run (several, comma-separated: read as one)")
@@ -92,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         if not alone:  # an A/B of two drafted runs: speed-up and identical generations hold
             print(f"note: --baseline {args.baseline} drafted (--drafter {made['drafter']}): its steps are not the "
                   "target's alone, so its target step, c and v are left out", file=sys.stderr)
-        if "target_model" in made and "target_model" in run and made["target_model"] != run["target_model"]:
+        if "target_model" in made and "target_model" in run and _model(made) != _model(run):
             print(f"note: --baseline {args.baseline} ran --target_model {made['target_model']}, this run "
                   f"{run['target_model']}", file=sys.stderr)
         if other := generation_differences(made, run, sampling=False):  # (its texts differ for that alone)
