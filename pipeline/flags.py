@@ -59,11 +59,15 @@ def beam_parser() -> _BeamArgumentParser:
 
 
 def check_pipeline_flags(argv: list[str]) -> None:
-    """Raise FlagError for any flag no Beam options class knows, or a value that does not parse."""
+    """Raise FlagError for any flag no Beam options class knows, a value that does not parse, or
+    several drafts: `--draft_model` repeated, as pipeline.tune takes its candidates, ran the last
+    one without a word (other flags keep argparse's rule, the last one wins)."""
     parser = beam_parser()
     _, unknown = parser.parse_known_args(argv)
     if unknown:
         raise FlagError(_unknown_message(unknown, _option_strings(parser)))
+    if (n := sum(a.split("=", 1)[0] == "--draft_model" for a in argv)) > 1:
+        raise FlagError(f"--draft_model is given {n} times: a job runs one draft (pipeline.tune compares several)")
 
 
 class ArgumentParser(argparse.ArgumentParser):

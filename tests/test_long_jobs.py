@@ -423,6 +423,8 @@ def test_mistyped_flags_stop_every_entry_point_in_one_line(tmp_path, saved_pairs
         (["--max_new_tokens", "many"], "argument --max_new_tokens: invalid int value: 'many'"),
         (["--drafter", "big"], "argument --drafter: invalid choice: 'big'"),
         (["stray"], "unexpected argument stray"),
+        # (pipeline.tune takes several drafts; a job kept the last one without a word)
+        (["--draft_model", str(target)], "--draft_model is given 2 times: a job runs one draft"),
     ]
     for extra, needle in cases:
         assert main(base + extra) == 2, extra
