@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import logging
@@ -286,7 +287,8 @@ def _target_tokenizer(opts: SpecDecOptions):
     from specdec_core.loading import load_tokenizer
 
     try:
-        return load_tokenizer(opts.tokenizer or opts.target_model, opts.trust_remote_code)
+        with _quiet_transformers():
+            return load_tokenizer(opts.tokenizer or opts.target_model, opts.trust_remote_code)
     except Exception as e:
         flag, path = ("--tokenizer", opts.tokenizer) if opts.tokenizer else ("--target_model", opts.target_model)
         raise JobConfigError(f"{flag} {path!r}: cannot load a tokenizer ({type(e).__name__})") from e
@@ -297,10 +299,25 @@ def _config(flag: str, path: str, trust: bool):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(path, trust_remote_code=trust)
+        with _quiet_transformers():
+            return AutoConfig.from_pretrained(path, trust_remote_code=trust)
     except Exception as e:
         raise JobConfigError(f"{flag} {path!r}: transformers cannot read its config ({type(e).__name__}: "
                              f"{' '.join(str(e).split()).split('. ')[0][:200]})") from e
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' warnings while preflight reads a model's files (the workers' loads still give them):
+    on a config of a model type it does not know, its warning came before the job's one line."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def _check_pair(opts: SpecDecOptions) -> tuple[bool, str] | None:

@@ -254,7 +254,7 @@ def test_an_id_column_named_seed_keeps_its_ids(tmp_path, saved_pairs, ids, batch
     assert by_id["seed"] == by_id["id"]
 
 
-def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, capsys):
+def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, capsys, caplog):
     target, draft = saved_pairs["llama"]
     src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": "hi"}])
     numbers = write_prompts(tmp_path / "n.parquet", [{"id": "1", "prompt": 7}])
@@ -346,9 +346,12 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
     }
     capsys.readouterr()
     for needle, args in cases.items():
+        caplog.clear()
         assert main(args) == 2, needle
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and needle in err and "\n" not in err, err
+        # (transformers writes to the stderr it found at import: its lines are seen here as records)
+        assert not [r.getMessage() for r in caplog.records if r.name.startswith("transformers")], needle
     assert not (tmp_path / "out").exists()
 
 
