@@ -3,8 +3,7 @@
 Up to `batch_size` rows decode together: one draft pass per draft step and ONE target pass for all rows' drafts,
 acceptance per row with the batch-1 rule (its own gamma state and random generator), and a finished row's place
 refilled with the next waiting prompt. Rows share one padded cache per model (`BatchKV`) or, on a GPU, one static
-cache with a fixed slot per row (`SlotKV`, `--cuda_graphs`) (docs/batching.md).
-"""
+cache with a fixed slot per row (`SlotKV`, `--cuda_graphs`) (docs/batching.md)."""
 
 from __future__ import annotations
 

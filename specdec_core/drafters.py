@@ -3,8 +3,7 @@
 A model draft (`ModelDrafter`) is a cache the engines step themselves (`rounds.RoundEngine._draft`). Other
 drafters start one session per item (`SessionDrafter`) that proposes up to k tokens and rolls back when the target
 rejects some. `Picker` is the engine's choice rule, so a drafter draws its tokens exactly from the q the
-accept/reject step uses (docs/how-it-works.md, "Drafters").
-"""
+accept/reject step uses (docs/how-it-works.md, "Drafters")."""
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ were accepted after it. `AdaptiveGamma` picks argmax_g E(a, g) / (g * c + v(g + 
 and costs measured on this machine (`Costs.measure`); `batch_gamma` picks one gamma for a batch, from costs at its
 width. Gamma never changes WHAT greedy decoding outputs, only how fast; which sample a seed gives depends on the
 gammas, so seed-reproducible sampling needs a deterministic policy (docs/how-it-works.md, "Adaptive gamma";
-docs/batching.md, "Adaptive gamma at batch level").
-"""
+docs/batching.md, "Adaptive gamma at batch level")."""
 
 from __future__ import annotations
 

@@ -341,3 +341,27 @@ def self_checks_wrong(family: str, model) -> str | None:
                batch_refusal(model, 0))
     expected = (verify, b1, b1 or slots, eager)
     return None if [a is not None for a in answers] == [e is not None for e in expected] else f"{family}: {answers}"
+
+
+def test_a_model_whose_passes_of_several_tokens_fail_is_refused_with_its_reason():
+    """One-token passes work, a pass of several tokens over its cache raises (an inconsistent config
+    of a latent-attention family did): a refusal naming the error and `--drafter none`, as for a
+    model whose such passes give other logits (a RuntimeError came out of the engine before)."""
+    from specdec_core.drafters import NgramDrafter
+
+    model = family_model("qwen2", seed=1)
+    forward = model.forward
+
+    def several_tokens_fail(*args, **kwargs):
+        ids, cache = kwargs.get("input_ids"), kwargs.get("cache", kwargs.get("past_key_values"))
+        if ids is not None and ids.shape[-1] > 1 and cache is not None and cache.get_seq_length() > 0:
+            raise RuntimeError("The size of tensor a (4) must match the size of tensor b (8)")
+        return forward(*args, **kwargs)
+
+    model.forward = several_tokens_fail
+    with pytest.raises(ValueError, match=r"fails over several tokens in one pass \(RuntimeError: The size of tensor a "
+                       r".*: a draft's tokens cannot be verified in one pass \(use the target alone: --drafter none\)"):
+        SpeculativeGenerator(model, NgramDrafter(), max_new_tokens=8)
+    prompt = [5, 9, 14, 22]  # the target alone never passes several tokens over its cache: it decodes
+    assert SpeculativeGenerator(model, NoDrafter(), max_new_tokens=6).generate(prompt).tokens == hf_greedy(
+        model, prompt, 6)
