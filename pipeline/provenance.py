@@ -88,3 +88,35 @@ def read_record(prefix: str) -> dict | None:
         with FileSystems.open(path) as f:
             return record_in(pq.read_metadata(f).metadata)
     return None
+
+
+# The flags that decide which text a row gets (the models' locations aside: a model may move,
+# to gs:// say); where either run samples, those that decide which sample a seed draws too (the
+# drafts it is drawn against: not its distribution, but the very sample).
+GENERATION_FLAGS = ("prompt_column", "max_new_tokens", "temperature", "chat_template", "system_prompt", "stop")
+SAMPLING_FLAGS = ("top_k", "top_p", "seed", "drafter", "num_speculative_tokens", "gamma_policy", "draft_dtype")
+NGRAM_FLAGS = ("ngram_min_size", "ngram_max_size")
+
+
+def _generation(flags: dict) -> dict:
+    """A run's flags as they decide its text: stop strings in any order, `auto` gamma and draft dtype as
+    sampling runs them (fixed, the draft's own)."""
+    out = {k: flags[k] for k in GENERATION_FLAGS + SAMPLING_FLAGS + NGRAM_FLAGS if k in flags}
+    if isinstance(out.get("stop"), list):
+        out["stop"] = sorted(out["stop"])
+    if out.get("gamma_policy") == "auto":
+        out["gamma_policy"] = "fixed"
+    if out.get("draft_dtype") == "auto":  # (a sampled job's draft keeps its dtype)
+        out["draft_dtype"] = "same"
+    return out
+
+
+def generation_differences(earlier: dict, now: dict, sampling: bool = True) -> list[tuple[str, object, object]]:
+    """(flag, earlier's, now's) for each flag, recorded in both runs' flags, on which the two runs'
+    texts differ: the GENERATION_FLAGS, and where either samples and `sampling`, those that decide
+    which sample a seed draws."""
+    earlier, now = _generation(earlier), _generation(now)
+    sampled = sampling and (bool(earlier.get("temperature")) or bool(now.get("temperature")))
+    ngram = sampled and "ngram" in (earlier.get("drafter"), now.get("drafter"))
+    keys = GENERATION_FLAGS + (SAMPLING_FLAGS if sampled else ()) + (NGRAM_FLAGS if ngram else ())
+    return [(k, earlier[k], now[k]) for k in keys if k in earlier and k in now and earlier[k] != now[k]]

@@ -18,8 +18,8 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser
-from pipeline.preflight import JobConfigError, generation_differences, writable_file
-from pipeline.provenance import read_record
+from pipeline.preflight import JobConfigError, writable_file
+from pipeline.provenance import generation_differences, read_record
 from pipeline.quality import METRICS
 from pipeline.report.stats import (
     Summary,
