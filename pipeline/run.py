@@ -105,7 +105,10 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
         if wait:
             result.wait_until_finish()
     except ModelRefused as e:  # a worker's load refused the pair: no row was decoded
-        delete_dirs(beam_temp_dirs(opts.output))  # (the sinks' staging folders, empty: not left behind)
+        try:  # (the sinks' staging folders, empty: not left behind)
+            delete_dirs(beam_temp_dirs(opts.output))
+        except Exception as cleanup:  # (the refusal is what the user must read)
+            log.warning("could not delete the unused staging folders beside %s: %s", opts.output, cleanup)
         print(f"error: {str(e).split(' [while running')[0]}", file=sys.stderr)
         return 2
     if wait:
