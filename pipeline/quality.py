@@ -84,15 +84,18 @@ def exact_match(predictions: Sequence[str], references: Sequence[str]) -> float:
     return sum(p == r for p, r in zip(predictions, references, strict=True)) / max(len(predictions), 1)
 
 
-def score_generations(predictions: Sequence[str], references: Sequence[str] | None = None,
+def score_generations(predictions: Sequence[str], references: Sequence[str | None] | None = None,
                       metric: str = "rouge") -> dict[str, float]:
-    """`metric` against references (when given) and how many outputs are degenerate."""
+    """`metric` against references (when given; a None reference leaves its output out of the metric, which
+    would otherwise score it as "" or skip it, by metric) and how many outputs are degenerate (all of them)."""
     out: dict[str, float] = {}
     if references is not None:
+        scored = [(p, r) for p, r in zip(predictions, references, strict=True) if r is not None]
+        preds, refs = [p for p, _ in scored], [r for _, r in scored]
         if metric == "rouge":
-            out.update(rouge(predictions, references))
+            out.update(rouge(preds, refs))
         elif metric in ("bleu", "chrf"):
-            out[metric] = (bleu if metric == "bleu" else chrf)(predictions, references)
+            out[metric] = (bleu if metric == "bleu" else chrf)(preds, refs)
         else:
             raise ValueError(f"unknown metric {metric!r} (one of {', '.join(METRICS)})")
     n = len(predictions)

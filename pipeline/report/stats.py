@@ -301,15 +301,12 @@ def quality_scores(results: pa.Table, references: str, metric: str) -> dict[str,
         raise KeyError(f"--references {references!r} is an output column, not a passthrough column of references")
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise KeyError(f"--references {references!r} is {kind}, not text")
-    # Rows without a reference (null: a run resumed without the column, a dataset field with gaps) are
-    # left out of the reference metrics, which would otherwise score them each their own way; the
-    # shares of degenerate and distinct outputs are the run's.
+    # Rows without a reference (null: a run resumed without the column, a dataset field with gaps) are left out of
+    # the reference metrics (`score_generations`) and counted here.
     gens, refs = results["generation"].to_pylist(), results[references].to_pylist()
-    pairs = [(g, r) for g, r in zip(gens, refs, strict=True) if r is not None]
-    if not pairs:
+    if not (given := sum(r is not None for r in refs)):
         raise KeyError(f"--references {references!r} is null in every result row: no reference to score against")
-    scores = quality.score_generations([g for g, _ in pairs], [r for _, r in pairs], metric=metric)
-    return {"rows_with_reference": f"{len(pairs)} of {len(gens)}", **scores, **quality.score_generations(gens)}
+    return {"rows_with_reference": f"{given} of {len(gens)}", **quality.score_generations(gens, refs, metric=metric)}
 
 
 _OUTPUT_COLUMNS = {"id", *(name for name, _ in STATS)}
