@@ -351,7 +351,7 @@ def is_dry_run(opts: SpecDecOptions) -> bool:
     return bool(opts.view_as(TestOptions).dry_run)
 
 
-def _norm(path: str) -> str:
+def one_spelling(path: str) -> str:
     """One spelling of a path or prefix (`./`, `//`, a relative local path against an absolute one, a symbolic link)."""
     path = path.rstrip("/")
     if "://" in path:
@@ -362,7 +362,7 @@ def _norm(path: str) -> str:
 
 def _same_prefix(a: str, b: str) -> bool:
     """Whether two spellings of an output prefix name the same files."""
-    return _norm(a) == _norm(b)
+    return one_spelling(a) == one_spelling(b)
 
 
 def _check_prefix(flag: str, prefix: str) -> None:
@@ -416,7 +416,7 @@ def _check_output(opts: SpecDecOptions, inputs: list[str]) -> None:
         doomed = sink_deletes(opts.output)
     except Exception as e:
         raise JobConfigError(f"--output {opts.output!r}: cannot list files there ({e})") from e
-    if clash := sorted({_norm(f) for f in existing + doomed} & {_norm(f) for f in inputs}):
+    if clash := sorted({one_spelling(f) for f in existing + doomed} & {one_spelling(f) for f in inputs}):
         raise JobConfigError(f"--output {opts.output!r}: the input file {clash[0]} is named as this prefix's "
                              "output, which the job deletes (Beam's writer, or --overwrite): use another prefix")
     foreign = sorted(set(doomed) - set(existing))

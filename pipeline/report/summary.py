@@ -11,14 +11,13 @@ The numbers live in pipeline/report/stats.py, the page in pipeline/report/html.p
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser
-from pipeline.preflight import JobConfigError, writable_file
+from pipeline.preflight import JobConfigError, one_spelling, writable_file
 from pipeline.provenance import generation_differences, read_record
 from pipeline.quality import METRICS
 from pipeline.report.stats import (
@@ -66,12 +65,6 @@ def read_results(prefix: str) -> tuple[pa.Table, pa.Table | None]:
     return results, failed
 
 
-def _model(record: dict) -> str:
-    """A run's --target_model as a location: `./m/` and `m` name one local folder (gs:// and hub ids as given)."""
-    path = record["target_model"]
-    return path.rstrip("/") if "://" in path else os.path.normpath(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("prefix", help="the --output prefix of a run (several, comma-separated: read as one)")
@@ -99,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         if not alone:  # an A/B of two drafted runs: speed-up and identical generations hold
             print(f"note: --baseline {args.baseline} drafted (--drafter {made['drafter']}): its steps are not the "
                   "target's alone, so its target step, c and v are left out", file=sys.stderr)
-        if "target_model" in made and "target_model" in run and _model(made) != _model(run):
+        targets = [r["target_model"] for r in (made, run) if "target_model" in r]
+        if len(targets) == 2 and one_spelling(targets[0]) != one_spelling(targets[1]):
             print(f"note: --baseline {args.baseline} ran --target_model {made['target_model']}, this run "
                   f"{run['target_model']}", file=sys.stderr)
         if other := generation_differences(made, run, sampling=False):  # (its texts differ for that alone)
