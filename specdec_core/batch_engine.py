@@ -56,21 +56,11 @@ def pad_id_of(target: PreTrainedModel) -> int:
 class BatchSpeculativeGenerator(RoundEngine):
     """Exact speculative decoding of many prompts, up to `batch_size` rows per model pass."""
 
-    def __init__(
-        self,
-        target: PreTrainedModel,
-        drafter: Drafter | None = None,
-        *,
-        batch_size: int = 8,
-        num_speculative_tokens: int = 4,
-        max_new_tokens: int = 128,
-        sampling: SamplingSettings = SamplingSettings(),
-        gamma_policy: GammaPolicy | None = None,
-        prefill_tokens: int | None = None,
-        cuda_graphs: str = "auto",
-        torch_compile: bool = False,
-        settings: PassSettings = DEFAULT,
-    ):
+    def __init__(self, target: PreTrainedModel, drafter: Drafter | None = None, *, batch_size: int = 8,
+                 num_speculative_tokens: int = 4, max_new_tokens: int = 128,
+                 sampling: SamplingSettings = SamplingSettings(), gamma_policy: GammaPolicy | None = None,
+                 prefill_tokens: int | None = None, cuda_graphs: str = "auto", torch_compile: bool = False,
+                 settings: PassSettings = DEFAULT):
         """prefill_tokens: the most prompt tokens (rows x longest row) per prefill pass; None: `CPU_PREFILL_TOKENS` on
         a CPU, no limit elsewhere. cuda_graphs, torch_compile: as the batch-1 engine's, over fixed row slots."""
         if batch_size < 1:

@@ -16,18 +16,19 @@ from types import MethodType
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutput
 
 from specdec_core.decoder import (
     _accepts_logits_to_keep,
     bias_by_row,
     counts_positions_from_ids,
     decoder_position_modules,
+    encoder_output,
     fed_alone,
     hooked,
     initial_decoder_ids,
     mixed_layer_types,
     pass_lock,
+    run_encoder,
     shape_only_hidden,
     sliding_window,
     table_size,
@@ -128,11 +129,11 @@ class BatchKV:
         else:
             width = max(len(p) for p in prompts)
             mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in prompts], device=self.device)
-            if encoded is None:  # (the model's own output class: Switch's decoder reads its router logits)
+            if encoded is None:
                 ids = torch.tensor([p + [self.pad_id] * (width - len(p)) for p in prompts], device=self.device)
-                encoded = self.model.get_encoder()(input_ids=ids, attention_mask=mask)
+                encoded = run_encoder(self.model, input_ids=ids, attention_mask=mask)
             else:
-                encoded = BaseModelOutput(last_hidden_state=encoded)
+                encoded = encoder_output(self.model, encoded)
             self.encoded = {"encoder_outputs": encoded, "attention_mask": mask}
         self.enc_mask = self.encoded["attention_mask"]
         if not lazy:
@@ -190,8 +191,8 @@ class BatchKV:
             return self.model(decoder_input_ids=ids, cache=EncoderDecoderCache(self.cache, self.cross),
                               use_cache=True, **encoded, **kwargs)
 
-    def _no_encoder_outputs(self) -> BaseModelOutput:
-        return BaseModelOutput(last_hidden_state=shape_only_hidden(self.model, self.rows, self.enc_mask.shape[1]))
+    def _no_encoder_outputs(self):
+        return encoder_output(self.model, shape_only_hidden(self.model, self.rows, self.enc_mask.shape[1]))
 
     def _padded(self, feeds: list[list[int]], ids: torch.Tensor, m: int, width: int, aligned: bool, kwargs: dict):
         """Rows right-padded to m tokens, each at its own positions, through a 2D mask of its valid columns."""

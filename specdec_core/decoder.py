@@ -15,6 +15,7 @@ from functools import cache
 
 import torch
 from transformers import PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput, ModelOutput
 
 
 @cache
@@ -40,6 +41,19 @@ def initial_decoder_ids(model: PreTrainedModel, prompt_ids: list[int]) -> list[i
     if start is None:
         raise ValueError(f"{type(model).__name__} has no decoder_start_token_id in its config")
     return [int(start)]
+
+
+_OUTPUT_CLASS: dict[type, type] = {}  # a model class's encoder output class, once `run_encoder` ran one
+
+
+def run_encoder(model: PreTrainedModel, **inputs) -> ModelOutput:
+    _OUTPUT_CLASS[type(model)] = type(out := model.get_encoder()(**inputs))
+    return out
+
+
+def encoder_output(model: PreTrainedModel, hidden: torch.Tensor) -> ModelOutput:
+    """`hidden` in the model's own encoder output class: Switch's and NLLB-MoE's decoders read router logits there."""
+    return _OUTPUT_CLASS.get(type(model), BaseModelOutput)(last_hidden_state=hidden)
 
 
 def shape_only_hidden(model: PreTrainedModel, rows: int, columns: int) -> torch.Tensor:

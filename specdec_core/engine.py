@@ -25,19 +25,10 @@ from specdec_core.slot_kv import SlotKV
 class SpeculativeGenerator(RoundEngine):
     """Exact speculative decoding of one prompt at a time: the round loop (`RoundEngine._round`) over one row."""
 
-    def __init__(
-        self,
-        target: PreTrainedModel,
-        drafter: Drafter | None = None,
-        *,
-        num_speculative_tokens: int = 4,
-        max_new_tokens: int = 128,
-        sampling: SamplingSettings = SamplingSettings(),
-        gamma_policy: GammaPolicy | None = None,
-        cuda_graphs: str = "auto",
-        torch_compile: bool = False,
-        settings: PassSettings = DEFAULT,
-    ):
+    def __init__(self, target: PreTrainedModel, drafter: Drafter | None = None, *, num_speculative_tokens: int = 4,
+                 max_new_tokens: int = 128, sampling: SamplingSettings = SamplingSettings(),
+                 gamma_policy: GammaPolicy | None = None, cuda_graphs: str = "auto", torch_compile: bool = False,
+                 settings: PassSettings = DEFAULT):
         """cuda_graphs: the target's passes over a static cache replayed as CUDA graphs ("auto": on CUDA where the
         model allows it, "on", "off"); torch_compile: those passes compiled before capture."""
         super().__init__(target, drafter, num_speculative_tokens, max_new_tokens, sampling, gamma_policy, settings)

@@ -16,18 +16,19 @@ import logging
 import torch
 from transformers import EncoderDecoderCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import Cache
-from transformers.modeling_outputs import BaseModelOutput
 
 from specdec_core.decoder import (
     _accepts_logits_to_keep,
     counts_positions_from_ids,
     decoder_position_modules,
+    encoder_output,
     hooked,
     initial_decoder_ids,
     mixed_layer_types,
     own_kv_layers,
     pass_lock,
     position_table,
+    run_encoder,
     shape_only_hidden,
     sliding_window,
 )
@@ -183,7 +184,7 @@ class StaticKV:
             # (the encoder mask at the pass's own query count: some attention modules check its size)
             out = self.model(decoder_input_ids=ids, decoder_attention_mask=mask,
                              attention_mask=self.enc_mask[: ids.shape[0]].expand(-1, -1, w, -1),
-                             encoder_outputs=BaseModelOutput(last_hidden_state=self.unused[: ids.shape[0]]),
+                             encoder_outputs=encoder_output(self.model, self.unused[: ids.shape[0]]),
                              cache=EncoderDecoderCache(self.cache, self.cross), use_cache=True, **kwargs)
         else:
             out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache=self.cache,
@@ -318,7 +319,7 @@ class StaticKV:
             visible = (torch.arange(width)[None] < seen[:, None]).long().to(self.device)
 
             def eager(x: torch.Tensor) -> torch.Tensor:  # (without graphs unpadded: all ones, as `generate()` has it)
-                return self.model.get_encoder()(input_ids=x.to(self.device), attention_mask=visible).last_hidden_state
+                return run_encoder(self.model, input_ids=x.to(self.device), attention_mask=visible).last_hidden_state
 
             if graphed and self.passes.prompt_graphs("encode") and not self._encoder_slides:
                 # A copy: the next admission's replay overwrites a graph's output. An encoder that cannot be captured
@@ -334,7 +335,7 @@ class StaticKV:
                 hidden = torch.cat([hidden, hidden[-1:].expand(rows - r, -1, -1)])
         self.passes.run(key("cross"), hidden, self._cross, f"the cross-attention of {width} encoder outputs{of}",
                         graphed=graphed)
-        return [{"encoder_outputs": BaseModelOutput(last_hidden_state=hidden[j:j + 1]),
+        return [{"encoder_outputs": encoder_output(self.model, hidden[j:j + 1]),
                  "attention_mask": visible[j:j + 1]} for j in range(r)]
 
     def _encoder_width(self, n: int) -> int:
@@ -346,7 +347,7 @@ class StaticKV:
     def _encoder(self, ids: torch.Tensor) -> torch.Tensor:
         """Encoder outputs over padded prompts, pads hidden by `enc_mask` (4D: never read on the host); device ops."""
         rows, w = ids.shape  # (the mask at the pass's own query count: some attention modules check its size)
-        return self.model.get_encoder()(input_ids=ids, attention_mask=self.enc_mask[:rows, ..., :w].expand(
+        return run_encoder(self.model, input_ids=ids, attention_mask=self.enc_mask[:rows, ..., :w].expand(
             -1, -1, w, -1)).last_hidden_state
 
     def _cross(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -360,7 +361,7 @@ class StaticKV:
         alone = torch.zeros((rows, 1, 1, 1), dtype=self.model.dtype, device=self.device)
         self.positions = self._first.expand(rows, 1)  # the token's position, for `_tables` (`_by_row`)
         with self._by_row():
-            return self.model(encoder_outputs=BaseModelOutput(last_hidden_state=hidden),
+            return self.model(encoder_outputs=encoder_output(self.model, hidden),
                               attention_mask=self.enc_mask[:rows], decoder_input_ids=self._start.expand(rows, 1),
                               decoder_attention_mask=alone, cache=cache, use_cache=True, **kwargs).logits
 

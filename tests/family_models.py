@@ -169,7 +169,8 @@ def _more_seq2seq(family: str):
                              "tgt_vocab_size": V, "langs": ["en", "de"]}),
            "blenderbot": ("Blenderbot", bartish), "blenderbot_small": ("BlenderbotSmall", bartish),
            "plbart": ("PLBart", bartish), "mvp": ("Mvp", bartish),
-           "switch": ("SwitchTransformers", {**t5ish, "num_experts": 2, "expert_capacity": 64})}
+           "switch": ("SwitchTransformers", {**t5ish, "num_experts": 2, "expert_capacity": 64,
+                                                 "num_sparse_encoder_layers": 1, "num_sparse_decoder_layers": 1})}
     if family == "t5gemma":  # Gemma 2 layers, local and global, in encoder and decoder: every row passes the window
         module = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=8, sliding_window=WINDOW,

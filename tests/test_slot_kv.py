@@ -626,9 +626,9 @@ def test_time_limits_do_not_count_capturing_and_compiling(models, prompts, fake_
 
     original = PassGraphs._capture
 
-    def slow_capture(self, run, inp):
+    def slow_capture(self, run, inp, eager=None):
         now[0] += 100.0
-        return original(self, run, inp)
+        return original(self, run, inp, eager)
 
     monkeypatch.setattr(time, "perf_counter", clock)
     monkeypatch.setattr(PassGraphs, "_capture", slow_capture)

@@ -5,6 +5,7 @@ except where the outcome is forced, as with a draft that never agrees)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,6 +27,8 @@ from pipeline.tune.model import (
 )
 from specdec_core.gamma import Costs, expected_tokens
 from tests.tiny_models import not_utf8
+
+DOCS_TUNE = Path(__file__).resolve().parents[1] / "docs" / "tune.md"
 
 # --------------------------------------------------------------------------------------------
 # Arithmetic
@@ -161,6 +164,20 @@ def test_cli_end_to_end_with_two_drafts(tiny, capsys):
     # On a CPU nothing is compiled (the job's --torch_compile auto compiles where passes are CUDA graphs).
     assert res["settings"]["cuda_graphs"] == "auto" and res["settings"]["compiled"] is False
     assert "compiled" not in printed
+    # docs/tune.md names every key of the file, and no key it does not have
+    table = DOCS_TUNE.read_text().split("## `--output_json`")[1].split("\n## ")[0]
+    documented = {}
+    for line in table.splitlines()[4:]:
+        if line.startswith("| `"):
+            key, text = line.split(" | ")[0][3:-1], line.split(" | ")[1]
+            documented[key] = set(re.findall(r"`([a-z_0-9]+)`", text)) - {"pipeline", "run"}
+    assert set(documented) == set(res), set(documented) ^ set(res)
+    documented["throughput"] = documented["throughput"] or documented["runs"]  # ("the same rows")
+    for key, nested in (("settings", res["settings"]), ("sample", res["sample"]), ("runs", runs[0]),
+                        ("throughput", runs[0]), ("candidates", res["candidates"][0] | res["candidates"][0][
+                            "predictions"][0]), ("prediction_error", res["prediction_error"][0]),
+                        ("recommended", rec), ("job_estimate", res["job_estimate"])):
+        assert documented[key] == set(nested), (key, documented[key] ^ set(nested))
 
 
 def test_a_draft_that_cannot_pay_is_recommended_against(tiny, capsys):
@@ -362,22 +379,22 @@ def test_batch_one_times_leave_out_graph_captures_and_compiles():
 
 def test_models_the_self_checks_refuse_are_said_not_crashed_on(tmp_path, capsys):
     """A target whose multi-token passes are not its one-token ones (FSMT) cannot be verified:
-    tune stops in one line. One whose batched passes fail (Switch Transformers reads router
-    outputs from the encoder outputs) is measured at batch 1 only, saying why."""
+    tune stops in one line. One whose rows in a padded batch get other logits (MPT's ALiBi comes from
+    the mask) is measured at batch 1 only, saying why."""
     from tests.family_models import save_family
 
     src = tmp_path / "p.parquet"
     pq.write_table(pa.table({"id": [1, 2], "prompt": ["hello there", "the quick brown fox"]}), src)
-    fsmt, switch = save_family("fsmt", tmp_path / "fsmt"), save_family("switch", tmp_path / "switch")
+    fsmt, mpt = save_family("fsmt", tmp_path / "fsmt"), save_family("mpt", tmp_path / "mpt")
     capsys.readouterr()
     assert tune.main(["--input", str(src), "--target_model", str(fsmt), "--sample", "2", "--max_new_tokens", "4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "over several tokens in one pass" in err[0] and "--drafter none" in err[0], err
-    out = tmp_path / "switch.json"
-    assert tune.main(["--input", str(src), "--target_model", str(switch), "--sample", "2", "--max_new_tokens", "4",
+    out = tmp_path / "mpt.json"
+    assert tune.main(["--input", str(src), "--target_model", str(mpt), "--sample", "2", "--max_new_tokens", "4",
                       "--max_gamma", "2", "--verify", "0", "--batch_sizes", "2", "--output_json", str(out)]) == 0
     res = json.loads(out.read_text())
-    assert "fails in a padded batch" in res["batching"]
+    assert "other logits in a padded batch" in res["batching"], res["batching"]
     assert {r["batch_size"] for r in res["throughput"]} == {1}
 
 
