@@ -341,6 +341,24 @@ def test_a_baseline_that_drafted_or_ran_another_target_is_said(two_runs, tmp_pat
                     "other work"), note
 
 
+def test_a_baseline_of_other_prompts_is_said(two_runs, tmp_path, capsys):
+    """A baseline that shares no id with the run (another input) is reported with a note, not only
+    as "prompts in both runs 0" under speed-ups of n/a."""
+    _, p = two_runs
+    (tmp_path / "other").mkdir()
+    for f in Path(p["base"]).parent.glob("gens-0*.parquet"):
+        table = pq.read_table(f)
+        ids = pa.array([f"other-{i}" for i in table["id"].to_pylist()], table.schema.field("id").type)
+        pq.write_table(table.set_column(table.schema.get_field_index("id"), table.schema.field("id"), ids),
+                       tmp_path / "other" / f.name)
+    assert report.main([p["spec"], "--baseline", str(tmp_path / "other" / "gens")]) == 0
+    out = capsys.readouterr()
+    assert labelled(out.out)["prompts in both runs"].startswith("0 ")
+    assert f"note: --baseline {tmp_path / 'other' / 'gens'} shares no id with this run" in out.err, out.err
+    assert report.main([p["spec"], "--baseline", p["base"]]) == 0
+    assert "shares no id" not in capsys.readouterr().err
+
+
 def test_runs_read_together_are_reported_as_one(two_runs, tmp_path, capsys):
     """A job split in two (or a resumed run and the one it continued): comma-separated prefixes,
     as `read_outputs` takes a list."""

@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: --baseline {args.baseline}: {e}", file=sys.stderr)
         return 2
+    if comparison is not None and comparison.matched == 0:
+        print(f"note: --baseline {args.baseline} shares no id with this run: nothing to compare (run it on the same "
+              "prompts)", file=sys.stderr)
     parts = sections(stats, comparison, scores, args.references)
     print(f"report: {args.prefix}" + (f" (baseline: {args.baseline})" if args.baseline else ""))
     print(format_sections(parts), end="")
