@@ -146,9 +146,9 @@ def conversation_column(schema: pa.Schema, column: str) -> bool:
                          "(a list of {role, content} structs)")
 
 
-def _has_chat_template(opts: SpecDecOptions) -> bool:
+def _has_chat_template(opts: SpecDecOptions, tokenizer) -> bool:
     path = opts.tokenizer or opts.target_model
-    if path.startswith("gs://"):
+    if tokenizer is None:  # (gs://)
         base = path.rstrip("/")
         if any(FileSystems.exists(f"{base}/{name}") for name in ("chat_template.jinja", "chat_template.json")):
             return True
@@ -157,15 +157,15 @@ def _has_chat_template(opts: SpecDecOptions) -> bool:
                 return bool(json.load(f).get("chat_template"))
         except Exception:
             return False
-    return bool(_target_tokenizer(opts).chat_template)
+    return bool(tokenizer.chat_template)
 
 
-def _check_chat(opts: SpecDecOptions, schema: pa.Schema) -> None:
+def _check_chat(opts: SpecDecOptions, schema: pa.Schema, tokenizer) -> None:
     conversations = conversation_column(schema, opts.prompt_column)
     if opts.system_prompt is not None and not (opts.chat_template or conversations):
         raise JobConfigError("--system_prompt needs --chat_template (or a conversation prompt column)")
     if opts.chat_template or conversations:
-        if not _has_chat_template(opts):
+        if not _has_chat_template(opts, tokenizer):
             path = opts.tokenizer or opts.target_model
             why = ("--chat_template" if opts.chat_template
                    else f"--prompt_column {opts.prompt_column!r} holds conversations")
@@ -320,12 +320,12 @@ def _quiet_transformers():
         hf_logging.set_verbosity(level)
 
 
-def _check_pair(opts: SpecDecOptions) -> tuple[bool, str] | None:
-    """Kind check, and the drafting mode where both models are local (gs:// pairs are checked on
-    load): whether it is cross-tokenizer (each row drafted in its own session), and the mode in
-    words; None when not checked here."""
+def _check_pair(opts: SpecDecOptions, target_tokenizer) -> tuple[bool, str] | None:
+    """Kind check, and the drafting mode where both models and the tokenizer are local (gs:// ones
+    are checked on load): whether it is cross-tokenizer (each row drafted in its own session), and
+    the mode in words; None when not checked here."""
     paths = [opts.target_model, opts.draft_model]
-    if any(p.startswith("gs://") for p in paths):
+    if any(p.startswith("gs://") for p in paths) or target_tokenizer is None:
         return None
     from specdec_core.loading import (
         CROSS_TOKENIZER,
@@ -337,7 +337,6 @@ def _check_pair(opts: SpecDecOptions) -> tuple[bool, str] | None:
 
     trust = opts.trust_remote_code
     configs = [_config("--target_model", paths[0], trust), _config("--draft_model", paths[1], trust)]
-    target_tokenizer = _target_tokenizer(opts)
     draft_tokenizer = draft_tokenizer_for(opts.draft_model, target_tokenizer, trust)
     try:
         mode = check_compatible(*configs, target_tokenizer, draft_tokenizer, tuple(map(_generation_config, paths)))
@@ -512,10 +511,11 @@ def _check_batching(opts: SpecDecOptions, per_row_draft: bool) -> None:
                                  "attention layers, full or sliding-window (use --batch_size 1)")
 
 
-def _check_context(opts: SpecDecOptions) -> None:
+def _check_context(opts: SpecDecOptions, tokenizer) -> None:
     """--max_new_tokens past what a local target's decoder can position would fail every row
-    (`PromptTooLong`): a causal decoder holds the prompt (a token at least) and the output. (A
-    draft with fewer positions drafts while a row fits them, then the target goes on alone.)"""
+    (`PromptTooLong`): a causal decoder holds the prompt (a token at least, and the special tokens
+    the tokenizer adds, as a BOS) and the output. (A draft with fewer positions drafts while a row
+    fits them, then the target goes on alone.)"""
     from specdec_core.loading import positions
 
     found = next((c for c in _local_model_configs(opts) if c[0] == "--target_model"), None)  # (yielded first)
@@ -523,10 +523,12 @@ def _check_context(opts: SpecDecOptions) -> None:
         return
     flag, path, config = found
     limit = positions(config)
-    room = None if limit is None else limit - (0 if config.is_encoder_decoder else 1)
-    if room is not None and opts.max_new_tokens > room:
-        raise JobConfigError(f"--max_new_tokens {opts.max_new_tokens}: {flag} {path!r} can hold at most {room} "
-                             f"new tokens (its decoder's {limit} positions); every row would fail")
+    shortest = 0 if config.is_encoder_decoder else 1 + (tokenizer.num_special_tokens_to_add() if tokenizer else 0)
+    if limit is not None and opts.max_new_tokens > limit - shortest:
+        raise JobConfigError(f"--max_new_tokens {opts.max_new_tokens}: {flag} {path!r} can hold at most "
+                             f"{limit - shortest} new tokens (its decoder's {limit} positions"
+                             + (f", less the shortest prompt's {shortest} tokens" if shortest > 1 else "")
+                             + "); every row would fail")
 
 
 def _check_cuda_graphs(opts: SpecDecOptions) -> None:
@@ -575,17 +577,16 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_model_path("--target_model", opts.target_model, trust)
     if opts.tokenizer:
         _check_tokenizer_path(opts.tokenizer, trust)
-    pair = None
     if opts.drafter == "model":
         _check_model_path("--draft_model", opts.draft_model, trust)
-        pair = _check_pair(opts)
-    elif not (opts.tokenizer or opts.target_model).startswith("gs://"):  # (gs:// ones are checked on load)
-        _target_tokenizer(opts)
-    _check_chat(opts, schema)
+    # loaded once for the checks below (gs:// ones are checked on load)
+    tokenizer = None if (opts.tokenizer or opts.target_model).startswith("gs://") else _target_tokenizer(opts)
+    pair = _check_pair(opts, tokenizer) if opts.drafter == "model" else None
+    _check_chat(opts, schema, tokenizer)
     _check_output(opts, [path for path, _ in shards])
     _check_resume(opts, schema)
     _check_batching(opts, per_row_draft=pair is not None and pair[0])
-    _check_context(opts)
+    _check_context(opts, tokenizer)
     _check_cuda_graphs(opts)
     _check_fit(opts)
     if pair:  # (logged once every check passed: a refused job prints its one line only)

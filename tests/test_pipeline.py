@@ -254,6 +254,31 @@ def test_an_id_column_named_seed_keeps_its_ids(tmp_path, saved_pairs, ids, batch
     assert by_id["seed"] == by_id["id"]
 
 
+def test_max_new_tokens_leaves_room_for_the_tokens_every_prompt_has(tmp_path, saved_pairs, capsys):
+    """A tokenizer that adds a BOS gives every prompt two tokens at least: --max_new_tokens one short
+    of the target's 256 positions failed every row as PromptTooLong after preflight let it through;
+    it stops the job in one line, and one token less runs."""
+    from tokenizers.processors import TemplateProcessing
+
+    target, _ = saved_pairs["llama"]
+    tok = AutoTokenizer.from_pretrained(target)
+    tok._tokenizer.post_processor = TemplateProcessing(single=f"{tok.bos_token} $A",
+                                                       special_tokens=[(tok.bos_token, tok.bos_token_id)])
+    tok.save_pretrained(tmp_path / "tok")
+    assert len(ids := AutoTokenizer.from_pretrained(tmp_path / "tok")("a")["input_ids"]) == 2
+    assert ids[0] == tok.bos_token_id
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "a"}])
+    base = ["--input", src, "--output", str(tmp_path / "out" / "gens"), "--target_model", str(target),
+            "--tokenizer", str(tmp_path / "tok"), "--drafter", "none"]
+    assert main([*base, "--max_new_tokens", "255"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --max_new_tokens 255: --target_model {str(target)!r} can hold at most 254 new tokens (its decoder's "
+        "256 positions, less the shortest prompt's 2 tokens); every row would fail")
+    assert main([*base, "--max_new_tokens", "254"]) == 0
+    assert not glob.glob(f"{tmp_path}/out/gens-failed-*.parquet") or read(
+        f"{tmp_path}/out/gens-failed-*.parquet").num_rows == 0
+
+
 def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, capsys, caplog):
     target, draft = saved_pairs["llama"]
     src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": "hi"}])
