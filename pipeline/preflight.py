@@ -248,17 +248,33 @@ def _check_model_path(flag: str, path: str, trust: bool = False) -> None:
             raise JobConfigError(f"{flag} {path!r}: no weights there ({', '.join(_weight_files())})")
         if not path.startswith("gs://"):
             _check_weights(flag, path)
-    else:  # a hub id: transformers resolves it (from the local cache when offline)
+    else:
         from transformers import AutoConfig
 
-        try:
-            AutoConfig.from_pretrained(path, trust_remote_code=trust)
-        except Exception as e:
-            if "trust_remote_code" in str(e):
-                raise JobConfigError(f"{flag} {path!r} needs its own Python code; pass --trust_remote_code "
-                                     "to allow it") from e
-            raise JobConfigError(f"{flag} {path!r}: no local directory of that name, and no hub model of that id "
-                                 f"loads ({type(e).__name__})") from e
+        _check_hub_id(flag, path, "model", lambda **kw: AutoConfig.from_pretrained(path, trust_remote_code=trust, **kw))
+
+
+def _check_hub_id(flag: str, path: str, what: str, load) -> None:
+    """A hub id loads (`load(**kwargs)`, transformers' own loader): from the local hub cache, else from the hub, which
+    is asked once first (`model_info`): offline, the hub client's retries kept a typo's one line waiting ~25 s."""
+    from huggingface_hub import constants, model_info
+
+    try:
+        with _quiet_transformers():
+            try:
+                load(local_files_only=True)
+                return
+            except OSError:
+                if constants.HF_HUB_OFFLINE:
+                    raise
+            model_info(path, timeout=10)
+            load()
+    except Exception as e:
+        if "trust_remote_code" in str(e):
+            raise JobConfigError(f"{flag} {path!r} needs its own Python code; pass --trust_remote_code "
+                                 "to allow it") from e
+        raise JobConfigError(f"{flag} {path!r}: no local directory of that name, and no hub {what} of that id "
+                             f"loads ({type(e).__name__})") from e
 
 
 def _check_tokenizer_path(path: str, trust: bool) -> None:
@@ -272,14 +288,11 @@ def _check_tokenizer_path(path: str, trust: bool) -> None:
     elif os.path.exists(path) or path.startswith((".", "/", "~")):
         if not os.path.isdir(os.path.expanduser(path)):
             raise JobConfigError(f"--tokenizer {path!r}: no such directory")
-    else:  # a hub id: transformers resolves it (from the local cache when offline)
-        from specdec_core.loading import load_tokenizer
+    else:
+        from transformers import AutoTokenizer
 
-        try:
-            load_tokenizer(path, trust)
-        except Exception as e:
-            raise JobConfigError(f"--tokenizer {path!r}: no local directory of that name, and no hub tokenizer of "
-                                 f"that id loads ({type(e).__name__})") from e
+        _check_hub_id("--tokenizer", path, "tokenizer",
+                      lambda **kw: AutoTokenizer.from_pretrained(path, trust_remote_code=trust, **kw))
 
 
 def _target_tokenizer(opts: SpecDecOptions):
@@ -310,14 +323,17 @@ def _config(flag: str, path: str, trust: bool):
 def _quiet_transformers():
     """transformers' warnings while preflight reads a model's files (the workers' loads still give them):
     on a config of a model type it does not know, its warning came before the job's one line."""
+    from huggingface_hub.utils import logging as hub_logging
     from transformers.utils import logging as hf_logging
 
-    level = hf_logging.get_verbosity()
+    levels = hf_logging.get_verbosity(), hub_logging.get_verbosity()
     hf_logging.set_verbosity_error()
+    hub_logging.set_verbosity_error()  # (its retries' warnings, offline)
     try:
         yield
     finally:
-        hf_logging.set_verbosity(level)
+        hf_logging.set_verbosity(levels[0])
+        hub_logging.set_verbosity(levels[1])
 
 
 def _check_pair(opts: SpecDecOptions, target_tokenizer) -> tuple[bool, str] | None:

@@ -279,6 +279,34 @@ def test_max_new_tokens_leaves_room_for_the_tokens_every_prompt_has(tmp_path, sa
         f"{tmp_path}/out/gens-failed-*.parquet").num_rows == 0
 
 
+def test_a_hub_id_not_in_the_local_cache_is_asked_of_the_hub_once(tmp_path, saved_pairs, monkeypatch, capsys):
+    """Offline without HF_HUB_OFFLINE, a mistyped hub id waited ~25 s for the hub client's retries
+    (and printed their warning) before the job's one line: the local hub cache is read first, then
+    the hub is asked once (`model_info`), for a model and for a --tokenizer."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    asked = []
+
+    def unreachable(repo_id, **kwargs):
+        asked.append(repo_id)
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "model_info", unreachable)
+    target, _ = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "a"}])
+    base = ["--input", src, "--output", str(tmp_path / "out" / "gens"), "--drafter", "none"]
+    assert main([*base, "--target_model", "no/such-model"]) == 2
+    assert main([*base, "--target_model", str(target), "--tokenizer", "no/such-tok"]) == 2
+    assert asked == ["no/such-model", "no/such-tok"]
+    assert capsys.readouterr().err.strip().splitlines()[-2:] == [
+        "error: --target_model 'no/such-model': no local directory of that name, and no hub model of that id loads "
+        "(ConnectionError)",
+        "error: --tokenizer 'no/such-tok': no local directory of that name, and no hub tokenizer of that id loads "
+        "(ConnectionError)"]
+
+
 def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, capsys, caplog):
     target, draft = saved_pairs["llama"]
     src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": "hi"}])
