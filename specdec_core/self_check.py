@@ -9,6 +9,8 @@ of changing outputs. Each check runs once per model object and process
 
 from __future__ import annotations
 
+import os
+import traceback
 import weakref
 from collections.abc import Callable
 
@@ -29,6 +31,13 @@ def _once(model: PreTrainedModel, key: tuple, check):
     if key not in done:
         done[key] = check()
     return done[key]
+
+
+def _said(e: Exception) -> str:
+    """An error in a reason: its message, or where it was raised (FSMT's static-cache one is a bare assert)."""
+    frame = e.__traceback__ and traceback.extract_tb(e.__traceback__)[-1]
+    where = f"at {os.path.basename(frame.filename)}:{frame.lineno}" if frame else ""
+    return f"{type(e).__name__}: {str(e)[:120]}" if str(e) else f"{type(e).__name__} {where}".strip()
 
 
 def _special_ids(model: PreTrainedModel) -> frozenset[int]:
@@ -123,7 +132,7 @@ def cache_failure(model: PreTrainedModel) -> str | None:
                 kv.rollback(0, len(seq))
                 feed_to(kv, seq + extra[:1], 1)
         except Exception as e:
-            return _layers_said(model, f"fails over a growing key/value cache ({type(e).__name__}: {str(e)[:120]})")
+            return _layers_said(model, f"fails over a growing key/value cache ({_said(e)})")
         return None
     return _once(model, ("cache",), check)
 
@@ -162,7 +171,7 @@ def verify_disagreement(model: PreTrainedModel) -> str | None:
         try:
             want = _growing(model)
         except Exception as e:  # (its one-token passes work: `cache_failure`)
-            return f"fails over several tokens in one pass ({type(e).__name__}: {str(e)[:120]})"
+            return f"fails over several tokens in one pass ({_said(e)})"
         each = _fed_one_at_a_time(model)  # (cut into `probe_passes`' passes)
         return _compare(want, [each[:4], each[3:4], each[4:6]],
                         "over several tokens in one pass than one token at a time", model)
@@ -182,7 +191,7 @@ def static_disagreement(model: PreTrainedModel, min_width: int = 1) -> str | Non
                 static.start(prompt)
                 got = probe_passes(static, seq, extra)
         except Exception as e:  # a model whose passes fail over the buffers
-            return f"fails over static caches ({type(e).__name__}: {str(e)[:120]})"
+            return f"fails over static caches ({_said(e)})"
         return _compare(got, want, "over static caches than over its own cache", model)
     return _once(model, ("static", min_width), check)
 
@@ -246,7 +255,7 @@ def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = Tru
                     if len(got[0]) == 1:
                         kv.rollback(0, len(seqs[0]) + 1)
         except Exception as ex:  # a model whose passes fail there
-            return f"fails {where} ({type(ex).__name__}: {str(ex)[:120]})"
+            return f"fails {where} ({_said(ex)})"
         return _compare(got[0], want[0], f"{where} (row 1) than over its own cache", model) or \
             _compare(got[1], want[1], f"{where} (row 2) than over its own cache", model)
     return _once(model, ("rows", pad_id, slots, min_width), check)

@@ -230,24 +230,12 @@ def load_model_drafter(path: str, target: PreTrainedModel, tokenizer: PreTrained
 class TextGenerator:
     """A loaded target (+ drafter) and tokenizer; thread-safe, one item (or one batched list of items) at a time."""
 
-    def __init__(
-        self,
-        target: PreTrainedModel,
-        tokenizer: PreTrainedTokenizerBase,
-        drafter: Drafter,
-        *,
-        num_speculative_tokens: int = 4,
-        max_new_tokens: int = 128,
-        sampling: SamplingSettings = SamplingSettings(),
-        gamma_policy: GammaPolicy | None = None,
-        chat_template: bool = False,
-        system_prompt: str | None = None,
-        stop: Sequence[str] = (),
-        max_item_seconds: float | None = None,
-        batch_size: int = 1,
-        cuda_graphs: str = "auto",
-        torch_compile: bool = False,
-    ):
+    def __init__(self, target: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, drafter: Drafter, *,
+                 num_speculative_tokens: int = 4, max_new_tokens: int = 128,
+                 sampling: SamplingSettings = SamplingSettings(), gamma_policy: GammaPolicy | None = None,
+                 chat_template: bool = False, system_prompt: str | None = None, stop: Sequence[str] = (),
+                 max_item_seconds: float | None = None, batch_size: int = 1, cuda_graphs: str = "auto",
+                 torch_compile: bool = False):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.system_prompt = system_prompt

@@ -33,8 +33,9 @@ REFUSED = {
     "bloom": (None, "takes no position_ids", "takes no position_ids", None),
     "falcon-alibi": (None, "ALiBi", "ALiBi", None),
     # its decoder's passes of several tokens are not those tokens one at a time: only the target alone
-    "fsmt": ("over several tokens in one pass", "fails over static caches", "fails over static caches",
-             "other logits in a padded batch"),
+    # (a bare assert in its attention fails over static caches: the reason says where)
+    "fsmt": ("over several tokens in one pass", r"fails over static caches \(AssertionError at modeling_fsmt\.py:",
+             r"fails over static caches \(AssertionError at modeling_fsmt\.py:", "other logits in a padded batch"),
     # a position embedding that computes one position set for the whole batch
     "pegasus_x": (None, None, "computes one set of positions for all rows", None),
     # state-space layers: no key/value cache to roll back, so no engine decodes it
