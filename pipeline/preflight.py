@@ -7,6 +7,7 @@ import glob
 import json
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,8 @@ from transforms.durable import match, output_files, result_patterns, sink_delete
 from transforms.schema import result_schema
 
 if TYPE_CHECKING:  # (the options import torch; `writable_file` serves tools that need none)
+    from transformers import PreTrainedTokenizerBase
+
     from pipeline.options import SpecDecOptions
 
 log = logging.getLogger(__name__)
@@ -146,7 +149,7 @@ def conversation_column(schema: pa.Schema, column: str) -> bool:
                          "(a list of {role, content} structs)")
 
 
-def _has_chat_template(opts: SpecDecOptions, tokenizer) -> bool:
+def _has_chat_template(opts: SpecDecOptions, tokenizer: PreTrainedTokenizerBase | None) -> bool:
     path = opts.tokenizer or opts.target_model
     if tokenizer is None:  # (gs://)
         base = path.rstrip("/")
@@ -160,7 +163,7 @@ def _has_chat_template(opts: SpecDecOptions, tokenizer) -> bool:
     return bool(tokenizer.chat_template)
 
 
-def _check_chat(opts: SpecDecOptions, schema: pa.Schema, tokenizer) -> None:
+def _check_chat(opts: SpecDecOptions, schema: pa.Schema, tokenizer: PreTrainedTokenizerBase | None) -> None:
     conversations = conversation_column(schema, opts.prompt_column)
     if opts.system_prompt is not None and not (opts.chat_template or conversations):
         raise JobConfigError("--system_prompt needs --chat_template (or a conversation prompt column)")
@@ -254,20 +257,28 @@ def _check_model_path(flag: str, path: str, trust: bool = False) -> None:
         _check_hub_id(flag, path, "model", lambda **kw: AutoConfig.from_pretrained(path, trust_remote_code=trust, **kw))
 
 
-def _check_hub_id(flag: str, path: str, what: str, load) -> None:
-    """A hub id loads (`load(**kwargs)`, transformers' own loader): from the local hub cache, else from the hub, which
-    is asked once first (`model_info`): offline, the hub client's retries kept a typo's one line waiting ~25 s."""
+def _check_hub_id(flag: str, path: str, what: str, load: Callable[..., object]) -> None:
+    """A hub id loads (`load(**kwargs)`: transformers' loader). The hub is asked once first (`model_info`), so that a
+    repo that is not there, or that this machine may not read, is said at once: offline, the hub client's retries kept
+    a typo's line waiting ~25 s. Without a hub to ask, the local hub cache decides, as transformers' own load does."""
     from huggingface_hub import constants, model_info
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
     try:
         with _quiet_transformers():
-            try:
-                load(local_files_only=True)
-                return
-            except OSError:
-                if constants.HF_HUB_OFFLINE:
+            if not constants.HF_HUB_OFFLINE:
+                try:
+                    model_info(path, timeout=10)
+                except (RepositoryNotFoundError, GatedRepoError):  # (a private repo without a token: not found)
                     raise
-            model_info(path, timeout=10)
+                except HfHubHTTPError:  # (a mirror without the hub's API: the load decides)
+                    pass
+                except Exception as unreachable:
+                    try:
+                        load(local_files_only=True)
+                        return
+                    except OSError:
+                        raise unreachable from None
             load()
     except Exception as e:
         if "trust_remote_code" in str(e):
@@ -289,10 +300,9 @@ def _check_tokenizer_path(path: str, trust: bool) -> None:
         if not os.path.isdir(os.path.expanduser(path)):
             raise JobConfigError(f"--tokenizer {path!r}: no such directory")
     else:
-        from transformers import AutoTokenizer
+        from specdec_core.loading import load_tokenizer
 
-        _check_hub_id("--tokenizer", path, "tokenizer",
-                      lambda **kw: AutoTokenizer.from_pretrained(path, trust_remote_code=trust, **kw))
+        _check_hub_id("--tokenizer", path, "tokenizer", lambda **kw: load_tokenizer(path, trust, **kw))
 
 
 def _target_tokenizer(opts: SpecDecOptions):
@@ -336,7 +346,7 @@ def _quiet_transformers():
         hub_logging.set_verbosity(levels[1])
 
 
-def _check_pair(opts: SpecDecOptions, target_tokenizer) -> tuple[bool, str] | None:
+def _check_pair(opts: SpecDecOptions, target_tokenizer: PreTrainedTokenizerBase | None) -> tuple[bool, str] | None:
     """Kind check, and the drafting mode where both models and the tokenizer are local (gs:// ones
     are checked on load): whether it is cross-tokenizer (each row drafted in its own session), and
     the mode in words; None when not checked here."""
@@ -527,7 +537,7 @@ def _check_batching(opts: SpecDecOptions, per_row_draft: bool) -> None:
                                  "attention layers, full or sliding-window (use --batch_size 1)")
 
 
-def _check_context(opts: SpecDecOptions, tokenizer) -> None:
+def _check_context(opts: SpecDecOptions, tokenizer: PreTrainedTokenizerBase | None) -> None:
     """--max_new_tokens past what a local target's decoder can position would fail every row
     (`PromptTooLong`): a causal decoder holds the prompt (a token at least, and the special tokens
     the tokenizer adds, as a BOS) and the output. (A draft with fewer positions drafts while a row
@@ -595,7 +605,7 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
         _check_tokenizer_path(opts.tokenizer, trust)
     if opts.drafter == "model":
         _check_model_path("--draft_model", opts.draft_model, trust)
-    # loaded once for the checks below (gs:// ones are checked on load)
+    # loaded here for the checks below (gs:// ones are checked on load)
     tokenizer = None if (opts.tokenizer or opts.target_model).startswith("gs://") else _target_tokenizer(opts)
     pair = _check_pair(opts, tokenizer) if opts.drafter == "model" else None
     _check_chat(opts, schema, tokenizer)

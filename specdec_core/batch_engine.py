@@ -93,8 +93,7 @@ class BatchSpeculativeGenerator(RoundEngine):
         self.admit_s = 0.0  # wall seconds spent admitting rows (their prefills), since construction
         self.admitted = [0, 0]  # rows admitted, and the target's prefill passes that took them in
 
-    def _new_row(self, index: int, prompt_ids: list[int], seed: int, finish_check: FinishCheck | None = None
-                 ) -> Row:
+    def _new_row(self, index: int, prompt_ids: list[int], seed: int, finish_check: FinishCheck | None = None) -> Row:
         row = Row.begin(self.target, prompt_ids, seed, self.sampling, self.max_new_tokens,
                         self.gamma_policy.start(self.gamma), index, finish_check)
         if self.draft_model is None:

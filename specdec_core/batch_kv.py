@@ -16,6 +16,7 @@ from types import MethodType
 
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, PreTrainedModel
+from transformers.modeling_outputs import ModelOutput
 
 from specdec_core.decoder import (
     _accepts_logits_to_keep,
@@ -191,7 +192,7 @@ class BatchKV:
             return self.model(decoder_input_ids=ids, cache=EncoderDecoderCache(self.cache, self.cross),
                               use_cache=True, **encoded, **kwargs)
 
-    def _no_encoder_outputs(self):
+    def _no_encoder_outputs(self) -> ModelOutput:
         return encoder_output(self.model, shape_only_hidden(self.model, self.rows, self.enc_mask.shape[1]))
 
     def _padded(self, feeds: list[list[int]], ids: torch.Tensor, m: int, width: int, aligned: bool, kwargs: dict):

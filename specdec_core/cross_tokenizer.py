@@ -94,13 +94,8 @@ class CommittedText:
 class CrossTokenizerDrafter(SessionDrafter):
     """A small language model with its own tokenizer: drafts text, proposes target tokens."""
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        target_tokenizer: PreTrainedTokenizerBase,
-        draft_tokenizer: PreTrainedTokenizerBase,
-        max_draft_steps: int | None = None,
-    ):
+    def __init__(self, model: PreTrainedModel, target_tokenizer: PreTrainedTokenizerBase,
+                 draft_tokenizer: PreTrainedTokenizerBase, max_draft_steps: int | None = None):
         self.model = model
         self.target_tokenizer = target_tokenizer
         self.draft_tokenizer = draft_tokenizer

@@ -47,7 +47,7 @@ _OUTPUT_CLASS: dict[type, type] = {}  # a model class's encoder output class, on
 
 
 def run_encoder(model: PreTrainedModel, **inputs) -> ModelOutput:
-    _OUTPUT_CLASS[type(model)] = type(out := model.get_encoder()(**inputs))
+    _OUTPUT_CLASS[type(model)] = type(out := model.get_encoder()(**inputs, return_dict=True))
     return out
 
 

@@ -72,7 +72,8 @@ class PassGraphs:
 
     def prompt_graphs(self, kind: str) -> bool:
         """Whether prompts' passes of this kind ("prefill", "encode", "cross") replay graphs."""
-        return self.on and self.settings.graph_prefills and kind not in self.uncaptured
+        return self.on and self.settings.graph_prefills and kind not in self.uncaptured and (
+            kind != "encode" or self.settings.graph_encoder)
 
     def drop(self, *keep: str) -> None:
         """Drop every graph but prompts' passes of the kinds `keep`: the others hold addresses of buffers that moved."""
@@ -130,7 +131,7 @@ class PassGraphs:
             if g is None:
                 t0 = time.perf_counter()
                 try:
-                    g = self.kept[key] = self._capture(run, inp, fallback)
+                    g = self.kept[key] = self._capture(run, inp)
                 except Exception as e:  # e.g. a model whose forward waits on a value from the device
                     if self.strict and not prompt:  # each row's error, for such a model: say which flag insists
                         raise CaptureFailed(f"--cuda_graphs on: {what} of {self.name} cannot be captured as a "
@@ -163,21 +164,18 @@ class PassGraphs:
             return inp.to(self.device, non_blocking=fast)
         return into.copy_(inp, non_blocking=fast)
 
-    def _capture(self, run, inp: torch.Tensor, eager=None) -> Graph:
+    def _capture(self, run, inp: torch.Tensor) -> Graph:
         """A graph of `run` over a static copy of `inp` (valid inputs: warm-ups write where the pass would), checked by
-        a replay against the eager pass (`eager`, the model's own: Switch's encoder takes no 4D mask): a capture that
-        recorded the wrong work fails here, not in outputs later."""
+        a replay against the eager pass: a capture that recorded the wrong work fails here, not in outputs later."""
         static = inp.to(self.device, copy=True)  # (an input already on the device stays its caller's)
         with self._side_stream():  # warm-up off the capture stream, as torch.cuda.graphs asks
             for _ in range(2):
                 expected = run(static).clone()
-            expected = expected if eager is None else eager(static)
         graph, out = self._record(run, static)
         out.fill_(torch.nan if out.is_floating_point() else -1)  # what a replay that did nothing would leave
         graph.replay()
         if not _same(out, expected):
-            raise RuntimeError("a replay of the captured pass differs from the pass run eagerly"
-                               + (" (the model's own)" if eager else ""))
+            raise RuntimeError("a replay of the captured pass differs from the pass run eagerly")
         return Graph(graph, static, out)
 
     def _side(self) -> torch.cuda.Stream:

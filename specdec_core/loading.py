@@ -107,13 +107,12 @@ def load_split(model: nn.Module, devices: list[str], first_extra: int = 0) -> di
     return device_map
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+def load_tokenizer(path: str, trust_remote_code: bool = False, **kwargs) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **kwargs)
 
 
-def draft_tokenizer_for(
-    draft_path: str, target_tokenizer: PreTrainedTokenizerBase, trust_remote_code: bool = False
-) -> PreTrainedTokenizerBase:
+def draft_tokenizer_for(draft_path: str, target_tokenizer: PreTrainedTokenizerBase,
+                        trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """The draft's own tokenizer, or the target's when the draft directory carries none (hub ids are assumed to)."""
     if os.path.isdir(draft_path) and not any(os.path.exists(os.path.join(draft_path, f)) for f in TOKENIZER_FILES):
         return target_tokenizer
@@ -124,13 +123,9 @@ SAME_TOKENIZER = "same-tokenizer"
 CROSS_TOKENIZER = "cross-tokenizer"
 
 
-def check_compatible(
-    target_config: PretrainedConfig,
-    draft_config: PretrainedConfig,
-    target_tokenizer: PreTrainedTokenizerBase,
-    draft_tokenizer: PreTrainedTokenizerBase,
-    generation_configs: tuple = (None, None),
-) -> str:
+def check_compatible(target_config: PretrainedConfig, draft_config: PretrainedConfig,
+                     target_tokenizer: PreTrainedTokenizerBase, draft_tokenizer: PreTrainedTokenizerBase,
+                     generation_configs: tuple = (None, None)) -> str:
     """The checks that need no weights, and the drafting mode: SAME_TOKENIZER when both tokenizers have one
     vocabulary, else CROSS_TOKENIZER (the draft's text re-encoded into target tokens).
     Vocabularies are compared through the tokenizers: checkpoints pad their embeddings (T5: 32128 rows, 32100 tokens).
@@ -168,12 +163,8 @@ def describe_mode(mode: str, target_tokenizer: PreTrainedTokenizerBase,
             "proposed deterministically and verified exactly")
 
 
-def check_pair(
-    target: PreTrainedModel,
-    draft: PreTrainedModel,
-    target_tokenizer: PreTrainedTokenizerBase,
-    draft_tokenizer: PreTrainedTokenizerBase,
-) -> str:
+def check_pair(target: PreTrainedModel, draft: PreTrainedModel, target_tokenizer: PreTrainedTokenizerBase,
+               draft_tokenizer: PreTrainedTokenizerBase) -> str:
     """The drafting mode, or IncompatiblePairError when the draft cannot draft for the target."""
     mode = check_compatible(target.config, draft.config, target_tokenizer, draft_tokenizer,
                             (target.generation_config, draft.generation_config))

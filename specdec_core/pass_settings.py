@@ -13,6 +13,8 @@ from dataclasses import dataclass
 class PassSettings:
     # With graphs, prompts prefill through graphs of padded widths; False: eagerly at their width.
     graph_prefills: bool = True
+    # An encoder-decoder's encoder passes too (the plan turns them off for an encoder that takes no 4D mask).
+    graph_encoder: bool = True
     # Prompts' prefills (one logit kept) compiled too; None: in the batch engine's slots (faster there), not at batch 1.
     compile_prefills: bool | None = None
     # Rows admitted together beyond this many prefill in padded eager passes, not graphs (None: never).

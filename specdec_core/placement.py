@@ -217,14 +217,10 @@ def footprint(target: PretrainedConfig, draft: PretrainedConfig | None, dtype: t
     size = DTYPE_BYTES.get(dtype, 4)
     params, block = parameter_count(target, trust_remote_code)
     draft_params = parameter_count(draft, trust_remote_code)[0] if draft is not None else 0
-    return Footprint(
-        target_weights=params * size,
-        draft_weights=draft_params * size,
-        target_kv=kv_bytes(target, rows, prompt_tokens, new_tokens, dtype),
-        draft_kv=kv_bytes(draft, rows, prompt_tokens, new_tokens, dtype) if draft is not None else 0,
-        largest_block=block * size,
-        target_params=params,
-    )
+    return Footprint(target_weights=params * size, draft_weights=draft_params * size,
+                     target_kv=kv_bytes(target, rows, prompt_tokens, new_tokens, dtype),
+                     draft_kv=kv_bytes(draft, rows, prompt_tokens, new_tokens, dtype) if draft is not None else 0,
+                     largest_block=block * size, target_params=params)
 
 
 def gib(n: float) -> str:

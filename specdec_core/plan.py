@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+from dataclasses import replace
 
 import torch
 from transformers import PreTrainedModel
 
 from specdec_core.decoder import counts_positions_from_ids, decoder_position_modules, other_layer_kinds, position_table
 from specdec_core.pass_settings import DEFAULT, PassSettings
-from specdec_core.self_check import narrowest_width, rows_disagreement, static_disagreement
+from specdec_core.self_check import encoder_mask_disagreement, narrowest_width, rows_disagreement, static_disagreement
 from specdec_core.slot_kv import SlotKV
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,9 @@ def slot_kv_for(model: PreTrainedModel, mode: str = "auto", slots: int = 1, pad_
             log.info("--torch_compile: %s uncompiled (%s passes run over no static cache)",
                      *((f"{name} batches run", "their") if batched else (f"{name} runs", "its")))
         return None
+    if model.config.is_encoder_decoder and settings.graph_encoder and (why := encoder_mask_disagreement(model)):
+        log.info("%s's prompts are encoded eagerly (no CUDA graphs of its encoder): it %s", name, why)
+        settings = replace(settings, graph_encoder=False)
     kv = SlotKV(model, slots, pad_id, strict=mode == "on", compile=compile, min_width=width, settings=settings)
     log.info("%s %s%s%s", name, f"batches decode in {slots} fixed slots" if batched else "decodes over a static cache",
              " with CUDA graphs (each pass width captured once, on first use; the log says what it costs)"

@@ -66,10 +66,8 @@ def unapplied(generation_config: GenerationConfig) -> list[str]:
                   if getattr(gc, name, None) not in (None, getattr(default, name))]
 
 
-def build_processors(
-    sampling: SamplingSettings, generation_config: GenerationConfig, start_length: int, max_new_tokens: int,
-    device: torch.device
-) -> LogitsProcessorList:
+def build_processors(sampling: SamplingSettings, generation_config: GenerationConfig, start_length: int,
+                     max_new_tokens: int, device: torch.device) -> LogitsProcessorList:
     """The processors `generate()` would apply for these settings (greedy or sampling, batch 1), in its order.
     `start_length`: the decoder tokens a generation starts from; max_length is that plus max_new_tokens, as in generate.
     """

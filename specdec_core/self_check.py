@@ -15,12 +15,13 @@ import weakref
 from collections.abc import Callable
 
 import torch
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 from specdec_core.batch_kv import BatchKV, feed_to, one_row
 from specdec_core.cpu_speed import Bf16Linear
-from specdec_core.decoder import initial_decoder_ids, other_layer_kinds
+from specdec_core.decoder import initial_decoder_ids, other_layer_kinds, sliding_window
 from specdec_core.slot_kv import SlotKV
+from specdec_core.static_kv import StaticKV
 
 _DONE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -194,6 +195,28 @@ def static_disagreement(model: PreTrainedModel, min_width: int = 1) -> str | Non
             return f"fails over static caches ({_said(e)})"
         return _compare(got, want, "over static caches than over its own cache", model)
     return _once(model, ("static", min_width), check)
+
+
+def encoder_mask_disagreement(model: PreTrainedModel) -> str | None:
+    """Why padded prompts under the static caches' 4D mask (`StaticKV._encoder`, the graphed pass) are not encoded as
+    under the encoder's own 2D one, or None: Switch's reads any mask as 2D (a replay repeats the wrong pass unseen)."""
+    encoder = getattr(model.config, "encoder", None)
+    if isinstance(encoder, PretrainedConfig) and sliding_window(encoder) is not None:  # (T5Gemma's: past any probe)
+        return "builds its encoder's window masks from a 2D mask only"
+    def check() -> str | None:
+        prompts, pad = _rows_probe(model)[0], getattr(model.config, "pad_token_id", None) or 0
+        width = max(map(len, prompts))
+        try:
+            with torch.inference_mode():
+                kv = StaticKV(model, 2, graphs=False)
+                own = kv.encode_rows(prompts)  # (eagerly: the model's own 2D mask)
+                got = kv._encoder(torch.tensor([p + [pad] * (width - len(p)) for p in prompts], device=model.device))
+        except Exception as e:
+            return f"fails under a 4D mask ({_said(e)})"
+        wrong = [logits_differ(g[: len(p)].cpu(), o["encoder_outputs"].last_hidden_state[0, : len(p)].cpu(),
+                               model.dtype) for g, o, p in zip(got, own, prompts, strict=True)]
+        return next((f"encodes padded prompts otherwise under a 4D mask ({why})" for why in wrong if why), None)
+    return _once(model, ("encoder mask",), check)
 
 
 def narrowest_width(disagreement: Callable[[int], str | None]) -> int | None:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 
 import torch
-from transformers import EncoderDecoderCache, PretrainedConfig, PreTrainedModel
+from transformers import EncoderDecoderCache, PreTrainedModel
 from transformers.cache_utils import Cache
 
 from specdec_core.decoder import (
@@ -99,9 +99,6 @@ class StaticKV:
         # Sliding-window layers keep their keys past the window, hidden by the mask (`_masks`), as `BatchKV` does.
         self.window = sliding_window(model.config)
         self.layer_types = mixed_layer_types(model.config)
-        # T5Gemma's encoder builds window masks from a 2D mask only (a 4D one it applies to every layer): run eagerly.
-        encoder = getattr(model.config, "encoder", None)
-        self._encoder_slides = isinstance(encoder, PretrainedConfig) and sliding_window(encoder) is not None
         self._logits_kwarg = _accepts_logits_to_keep(type(model))
         self.seen: int | torch.Tensor = 0  # what the layers report as their length (`FixedLayer`)
         # Encoder-decoder: per row, cross-attention buffers and an additive encoder mask (`_grow_encoder` sizes them).
@@ -321,7 +318,7 @@ class StaticKV:
             def eager(x: torch.Tensor) -> torch.Tensor:  # (without graphs unpadded: all ones, as `generate()` has it)
                 return run_encoder(self.model, input_ids=x.to(self.device), attention_mask=visible).last_hidden_state
 
-            if graphed and self.passes.prompt_graphs("encode") and not self._encoder_slides:
+            if graphed and self.passes.prompt_graphs("encode"):
                 # A copy: the next admission's replay overwrites a graph's output. An encoder that cannot be captured
                 # (BART's in float16 checks its outputs on the host; LED's reads global attention there) runs `eager`.
                 hidden = self.passes.run(key("encode"), ids, self._encoder, f"the encoder over {width} tokens{of}",

@@ -40,8 +40,7 @@ class Buffers(CacheLayerMixin):
         self.values = value_states.new_zeros((rows, value_states.shape[1], columns, value_states.shape[-1]))
         self.is_initialized = True
 
-    def write(self, rows: torch.Tensor | slice, keys: torch.Tensor, values: torch.Tensor, clear: bool = False
-              ) -> None:
+    def write(self, rows: torch.Tensor | slice, keys: torch.Tensor, values: torch.Tensor, clear: bool = False) -> None:
         """Columns 0..n-1 of these rows from (rows, heads, n, dim) keys/values; clear: zeros after them (a prompt's
         cross-attention columns, where a longer one's may remain)."""
         if not self.is_initialized:

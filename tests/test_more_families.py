@@ -99,7 +99,7 @@ def test_greedy_equals_generate_at_batch_one_and_batched(family, monkeypatch):
     """Eagerly, and over static caches through recorded graph replays (tests/graph_stand_in.py,
     the stand-in for CUDA graphs, which fails where a capture would: a value read on the host): every
     decode pass of a family the engines take is captured, none falls back to eager (only an
-    encoder that cannot be captured runs eagerly, as LED's, LongT5's and PEGASUS-X's do)."""
+    encoder runs eagerly where the plan says so, as LED's, LongT5's, PEGASUS-X's and T5Gemma's)."""
     from specdec_core.graphs import PassGraphs
     from tests.graph_stand_in import trace
 
@@ -249,8 +249,8 @@ def test_passes_that_read_values_on_the_host_run_eagerly_unless_graphs_are_insis
 def test_an_encoder_that_takes_no_4d_mask_is_encoded_eagerly_under_graphs(monkeypatch, caplog):
     """Switch's encoder reads its mask as 2D (`mask[:, None, None, :]`): its graphed pass, over the
     static caches' 4D mask, passed the replay check (a replay equals the same pass run eagerly) and
-    encoded wrongly: other tokens from the first. Checked against the model's own encoder pass, that
-    graph is refused and prompts are encoded eagerly, at batch 1 and in slots, while the decoder's
+    encoded wrongly: other tokens from the first. A self-check runs the encoder both ways on padded
+    prompts; the plan then encodes prompts eagerly, at batch 1 and in slots, while the decoder's
     passes stay graphed. (A Switch without expert layers: with them, host reads keep passes eager.)"""
     import logging
 
@@ -263,18 +263,21 @@ def test_an_encoder_that_takes_no_4d_mask_is_encoded_eagerly_under_graphs(monkey
     with torch.inference_mode():
         refs = [target.generate(torch.tensor([p]), do_sample=False, num_beams=1, max_new_tokens=12)[0, 1:].tolist()
                 for p in prompts]
-    single = SpeculativeGenerator(target, NoDrafter(), max_new_tokens=12, cuda_graphs="on")
-    batched = BatchSpeculativeGenerator(target, NoDrafter(), batch_size=3, max_new_tokens=12, cuda_graphs="on")
-    caches = [single.static, batched.slots[id(target)]]
-    for kv in caches:
-        kv.passes.on = True
-    with caplog.at_level(logging.WARNING, logger="specdec_core"):
+    with caplog.at_level(logging.INFO, logger="specdec_core"):
+        single = SpeculativeGenerator(target, NoDrafter(), max_new_tokens=12, cuda_graphs="on")
+        batched = BatchSpeculativeGenerator(target, NoDrafter(), batch_size=3, max_new_tokens=12, cuda_graphs="on")
+        caches = [single.static, batched.slots[id(target)]]
+        for kv in caches:
+            kv.passes.on = True
         assert [single.generate(p).tokens for p in prompts] == refs
         assert [g.tokens for g in batched.generate_many([(p, 0) for p in prompts])] == refs
     for kv in caches:
         prefiller = getattr(kv, "_prefiller", None) or kv
-        assert kv.passes.on and kv.passes.captures > 0 and prefiller.passes.uncaptured == {"encode"}
-    assert "differs from the pass run eagerly (the model's own)" in caplog.text
+        assert kv.passes.on and kv.passes.captures > 0 and not prefiller.passes.uncaptured
+        assert not any(isinstance(key, tuple) and key[0] == "encode" for key in prefiller.passes.kept)
+        assert any(isinstance(key, tuple) and key[0] == "cross" for key in prefiller.passes.kept)
+    assert "SwitchTransformersForConditionalGeneration's prompts are encoded eagerly" in caplog.text
+    assert "fails under a 4D mask" in caplog.text
 
 
 @pytest.mark.parametrize("family", ["bert2bert", "roberta2roberta"])

@@ -281,15 +281,21 @@ def test_max_new_tokens_leaves_room_for_the_tokens_every_prompt_has(tmp_path, sa
 
 def test_a_hub_id_not_in_the_local_cache_is_asked_of_the_hub_once(tmp_path, saved_pairs, monkeypatch, capsys):
     """Offline without HF_HUB_OFFLINE, a mistyped hub id waited ~25 s for the hub client's retries
-    (and printed their warning) before the job's one line: the local hub cache is read first, then
-    the hub is asked once (`model_info`), for a model and for a --tokenizer."""
+    (and printed their warning) before the job's one line: the hub is asked once first (`model_info`),
+    for a model and for a --tokenizer; without a hub to ask, the local hub cache decides (here it
+    has neither). A repo the hub says is not there is refused as such."""
+    import httpx2
     import huggingface_hub
     from huggingface_hub import constants
+    from huggingface_hub.errors import RepositoryNotFoundError
 
     asked = []
 
     def unreachable(repo_id, **kwargs):
         asked.append(repo_id)
+        if repo_id == "no/repo":
+            request = httpx2.Request("GET", f"https://huggingface.co/api/models/{repo_id}")
+            raise RepositoryNotFoundError("404 Client Error", response=httpx2.Response(404, request=request))
         raise ConnectionError("[Errno -2] Name or service not known")
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
@@ -299,12 +305,15 @@ def test_a_hub_id_not_in_the_local_cache_is_asked_of_the_hub_once(tmp_path, save
     base = ["--input", src, "--output", str(tmp_path / "out" / "gens"), "--drafter", "none"]
     assert main([*base, "--target_model", "no/such-model"]) == 2
     assert main([*base, "--target_model", str(target), "--tokenizer", "no/such-tok"]) == 2
-    assert asked == ["no/such-model", "no/such-tok"]
-    assert capsys.readouterr().err.strip().splitlines()[-2:] == [
+    assert main([*base, "--target_model", "no/repo"]) == 2
+    assert asked == ["no/such-model", "no/such-tok", "no/repo"]
+    assert capsys.readouterr().err.strip().splitlines()[-3:] == [
         "error: --target_model 'no/such-model': no local directory of that name, and no hub model of that id loads "
         "(ConnectionError)",
         "error: --tokenizer 'no/such-tok': no local directory of that name, and no hub tokenizer of that id loads "
-        "(ConnectionError)"]
+        "(ConnectionError)",
+        "error: --target_model 'no/repo': no local directory of that name, and no hub model of that id loads "
+        "(RepositoryNotFoundError)"]
 
 
 def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, capsys, caplog):

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: --baseline {args.baseline}: {e}", file=sys.stderr)
         return 2
-    if comparison is not None and comparison.matched == 0:
+    if comparison is not None and comparison.matched == 0 and results.num_rows and base.num_rows:
         print(f"note: --baseline {args.baseline} shares no id with this run: nothing to compare (run it on the same "
               "prompts)", file=sys.stderr)
     parts = sections(stats, comparison, scores, args.references)
