@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import json
 import logging
 import os
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -17,6 +14,17 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.localfilesystem import LocalFileSystem
 from apache_beam.options.pipeline_options import TestOptions
 
+from pipeline.errors import JobConfigError
+from pipeline.model_checks import (
+    check_model_path,
+    check_reachable,
+    check_remote_code,
+    check_tokenizer_path,
+    local_model_configs,
+    read_config,
+    read_generation_config,
+    target_tokenizer,
+)
 from transforms.durable import match, output_files, result_patterns, sink_deletes
 from transforms.schema import result_schema
 
@@ -26,10 +34,6 @@ if TYPE_CHECKING:  # (the options import torch; `writable_file` serves tools tha
     from pipeline.options import SpecDecOptions
 
 log = logging.getLogger(__name__)
-
-
-class JobConfigError(ValueError):
-    pass
 
 
 def input_schemas(pattern: str) -> list[tuple[str, pa.Schema]]:
@@ -175,183 +179,12 @@ def _check_chat(opts: SpecDecOptions, schema: pa.Schema, tokenizer: PreTrainedTo
             raise JobConfigError(f"{why}, but the tokenizer of {path!r} has no chat template")
 
 
-def _config_files(path: str) -> list[str]:
-    """config.json and tokenizer_config.json of a local or gs:// model directory, where present."""
-    if path.startswith("gs://"):
-        root = path.rstrip("/")
-        return [f"{root}/{n}" for n in ("config.json", "tokenizer_config.json") if FileSystems.exists(f"{root}/{n}")]
-    root = os.path.expanduser(path)
-    return [p for n in ("config.json", "tokenizer_config.json") if os.path.isfile(p := os.path.join(root, n))]
-
-
-def _check_reachable(flag: str, path: str) -> None:
-    """A gs:// model directory this machine cannot reach (credentials, network, access) stops the job in one line, as an
-    unreachable --input does, once the storage client's retries give up (about two minutes)."""
-    if path.startswith("gs://"):
-        try:
-            FileSystems.exists(f"{path.rstrip('/')}/config.json")
-        except Exception as e:  # Beam and the storage client raise several kinds
-            raise JobConfigError(f"{flag} {path!r}: cannot reach it ({type(e).__name__}: "
-                                 f"{' '.join(str(e).split())[:300]})") from e
-
-
-def _check_remote_code(flag: str, path: str, trust: bool) -> None:
-    """A model whose config or tokenizer config maps classes to its own Python files (auto_map)
-    runs that code when loaded: refused unless --trust_remote_code. The JSON is read as
-    data here, so nothing of the model directory is imported to decide. Hub ids are left to
-    transformers, which raises before importing anything when trust_remote_code is False."""
-    if trust or not (path.startswith("gs://") or os.path.isdir(os.path.expanduser(path))):
-        return
-    for file in _config_files(path):
-        try:
-            with FileSystems.open(file) if file.startswith("gs://") else open(file, "rb") as f:
-                config = json.loads(f.read())
-        except (OSError, ValueError) as e:
-            raise JobConfigError(f"{flag} {path!r}: cannot read {os.path.basename(file)} ({e})") from e
-        if isinstance(config, dict) and config.get("auto_map"):
-            names = ", ".join(sorted({str(v) for v in config["auto_map"].values()}))[:120]
-            raise JobConfigError(f"{flag} {path!r} needs its own Python code ({os.path.basename(file)} auto_map: "
-                                 f"{names}); pass --trust_remote_code to allow it")
-
-
-def _weight_files() -> tuple[str, ...]:
-    """The weight files (or shard indexes) transformers loads a PyTorch model from."""
-    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
-
-    return SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME
-
-
-def _holds_any(directory: str, names: tuple[str, ...]) -> bool:
-    """Whether a directory, local or gs://, holds one of these files."""
-    if directory.startswith("gs://"):
-        return any(FileSystems.exists(f"{directory.rstrip('/')}/{name}") for name in names)
-    return any(os.path.isfile(os.path.join(os.path.expanduser(directory), name)) for name in names)
-
-
-def _check_weights(flag: str, path: str) -> None:
-    """A local model's safetensors files, their headers read against their lengths (no tensor is): one cut short or
-    damaged in a copy would fail every worker's load, in a traceback and after the job began."""
-    from safetensors import safe_open
-
-    for file in sorted(glob.glob(os.path.join(glob.escape(os.path.expanduser(path)), "*.safetensors"))):
-        try:
-            with safe_open(file, "pt"):
-                pass
-        except Exception as e:
-            raise JobConfigError(f"{flag} {path!r}: {os.path.basename(file)} is damaged or cut short "
-                                 f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from e
-
-
-def _check_model_path(flag: str, path: str, trust: bool = False) -> None:
-    if path.startswith("gs://") or os.path.exists(path) or path.startswith((".", "/", "~")):
-        if not _holds_any(path, ("config.json",)):
-            raise JobConfigError(f"{flag} {path!r}: " + ("no config.json there" if path.startswith("gs://")
-                                                          else "not a model directory (no config.json)"))
-        if not _holds_any(path, _weight_files()):
-            raise JobConfigError(f"{flag} {path!r}: no weights there ({', '.join(_weight_files())})")
-        if not path.startswith("gs://"):
-            _check_weights(flag, path)
-    else:
-        from transformers import AutoConfig
-
-        _check_hub_id(flag, path, "model", lambda **kw: AutoConfig.from_pretrained(path, trust_remote_code=trust, **kw))
-
-
-def _check_hub_id(flag: str, path: str, what: str, load: Callable[..., object]) -> None:
-    """A hub id loads (`load(**kwargs)`: transformers' loader). The hub is asked once first (`model_info`), so that a
-    repo that is not there, or that this machine may not read, is said at once: offline, the hub client's retries kept
-    a typo's line waiting ~25 s. Without a hub to ask, the local hub cache decides, as transformers' own load does."""
-    from huggingface_hub import constants, model_info
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
-
-    try:
-        with _quiet_transformers():
-            if not constants.HF_HUB_OFFLINE:
-                try:
-                    model_info(path, timeout=10)
-                except (RepositoryNotFoundError, GatedRepoError):  # (a private repo without a token: not found)
-                    raise
-                except HfHubHTTPError:  # (a mirror without the hub's API: the load decides)
-                    pass
-                except Exception as unreachable:
-                    try:
-                        load(local_files_only=True)
-                        return
-                    except OSError:
-                        raise unreachable from None
-            load()
-    except Exception as e:
-        if "trust_remote_code" in str(e):
-            raise JobConfigError(f"{flag} {path!r} needs its own Python code; pass --trust_remote_code "
-                                 "to allow it") from e
-        raise JobConfigError(f"{flag} {path!r}: no local directory of that name, and no hub {what} of that id "
-                             f"loads ({type(e).__name__})") from e
-
-
-def _check_tokenizer_path(path: str, trust: bool) -> None:
-    """`--tokenizer`: a directory here, a gs:// directory with a tokenizer's files, or a hub id that
-    loads (the workers would fail on every row otherwise, whatever the drafter)."""
-    from specdec_core.loading import TOKENIZER_FILES
-
-    if path.startswith("gs://"):
-        if not _holds_any(path, TOKENIZER_FILES):
-            raise JobConfigError(f"--tokenizer {path!r}: no tokenizer files there ({', '.join(TOKENIZER_FILES)})")
-    elif os.path.exists(path) or path.startswith((".", "/", "~")):
-        if not os.path.isdir(os.path.expanduser(path)):
-            raise JobConfigError(f"--tokenizer {path!r}: no such directory")
-    else:
-        from specdec_core.loading import load_tokenizer
-
-        _check_hub_id("--tokenizer", path, "tokenizer", lambda **kw: load_tokenizer(path, trust, **kw))
-
-
-def _target_tokenizer(opts: SpecDecOptions):
-    """The job's tokenizer (--tokenizer, else the target's), or the one line saying which flag's cannot load."""
-    from specdec_core.loading import load_tokenizer
-
-    try:
-        with _quiet_transformers():
-            return load_tokenizer(opts.tokenizer or opts.target_model, opts.trust_remote_code)
-    except Exception as e:
-        flag, path = ("--tokenizer", opts.tokenizer) if opts.tokenizer else ("--target_model", opts.target_model)
-        raise JobConfigError(f"{flag} {path!r}: cannot load a tokenizer ({type(e).__name__})") from e
-
-
-def _config(flag: str, path: str, trust: bool):
-    """A model's config, or the one line saying why transformers cannot read it (a model type it does not know)."""
-    from transformers import AutoConfig
-
-    try:
-        with _quiet_transformers():
-            return AutoConfig.from_pretrained(path, trust_remote_code=trust)
-    except Exception as e:
-        raise JobConfigError(f"{flag} {path!r}: transformers cannot read its config ({type(e).__name__}: "
-                             f"{' '.join(str(e).split()).split('. ')[0][:200]})") from e
-
-
-@contextlib.contextmanager
-def _quiet_transformers():
-    """transformers' warnings while preflight reads a model's files (the workers' loads still give them):
-    on a config of a model type it does not know, its warning came before the job's one line."""
-    from huggingface_hub.utils import logging as hub_logging
-    from transformers.utils import logging as hf_logging
-
-    levels = hf_logging.get_verbosity(), hub_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    hub_logging.set_verbosity_error()  # (its retries' warnings, offline)
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(levels[0])
-        hub_logging.set_verbosity(levels[1])
-
-
-def _check_pair(opts: SpecDecOptions, target_tokenizer: PreTrainedTokenizerBase | None) -> tuple[bool, str] | None:
+def _check_pair(opts: SpecDecOptions, tokenizer: PreTrainedTokenizerBase | None) -> tuple[bool, str] | None:
     """Kind check, and the drafting mode where both models and the tokenizer are local (gs:// ones
     are checked on load): whether it is cross-tokenizer (each row drafted in its own session), and
     the mode in words; None when not checked here."""
     paths = [opts.target_model, opts.draft_model]
-    if any(p.startswith("gs://") for p in paths) or target_tokenizer is None:
+    if any(p.startswith("gs://") for p in paths) or tokenizer is None:
         return None
     from specdec_core.loading import (
         CROSS_TOKENIZER,
@@ -362,13 +195,13 @@ def _check_pair(opts: SpecDecOptions, target_tokenizer: PreTrainedTokenizerBase 
     )
 
     trust = opts.trust_remote_code
-    configs = [_config("--target_model", paths[0], trust), _config("--draft_model", paths[1], trust)]
-    draft_tokenizer = draft_tokenizer_for(opts.draft_model, target_tokenizer, trust)
+    configs = [read_config("--target_model", paths[0], trust), read_config("--draft_model", paths[1], trust)]
+    draft_tokenizer = draft_tokenizer_for(opts.draft_model, tokenizer, trust)
     try:
-        mode = check_compatible(*configs, target_tokenizer, draft_tokenizer, tuple(map(_generation_config, paths)))
+        mode = check_compatible(*configs, tokenizer, draft_tokenizer, tuple(map(read_generation_config, paths)))
     except IncompatiblePairError as e:
         raise JobConfigError(f"--draft_model {opts.draft_model!r}: {e}") from e
-    return mode == CROSS_TOKENIZER, describe_mode(mode, target_tokenizer, draft_tokenizer)
+    return mode == CROSS_TOKENIZER, describe_mode(mode, tokenizer, draft_tokenizer)
 
 
 def is_dry_run(opts: SpecDecOptions) -> bool:
@@ -496,27 +329,6 @@ def _check_same_generation(opts: SpecDecOptions, prefix: str, schema: pa.Schema)
                              "with the generation flags of the run it continues")
 
 
-def _generation_config(path: str):
-    """A local model's generation config, or None where it has none."""
-    from transformers import GenerationConfig
-
-    try:
-        return GenerationConfig.from_pretrained(path)
-    except OSError:
-        return None
-
-
-def _local_model_configs(opts: SpecDecOptions, draft: bool = True):
-    """(flag, path, config) of the target and (`draft`) the model draft that are local (gs://
-    models are checked when the workers load them)."""
-    models = [("--target_model", opts.target_model)]
-    if draft and opts.drafter == "model":
-        models.append(("--draft_model", opts.draft_model))
-    for flag, path in models:
-        if not path.startswith("gs://"):
-            yield flag, path, _config(flag, path, opts.trust_remote_code)
-
-
 def _check_batching(opts: SpecDecOptions, per_row_draft: bool) -> None:
     """--batch_size > 1 decodes every attention model, decoder-only or encoder-decoder, full or
     sliding-window; models with other layer kinds (chunked, linear or state-space layers) are
@@ -530,7 +342,7 @@ def _check_batching(opts: SpecDecOptions, per_row_draft: bool) -> None:
                              "--batch_size 1, or --draft_dtype auto)")
     from specdec_core.plan import unbatchable
 
-    for flag, path, config in _local_model_configs(opts, draft=not per_row_draft):
+    for flag, path, config in local_model_configs(opts, draft=not per_row_draft):
         why = unbatchable(config)
         if why:
             raise JobConfigError(f"--batch_size {opts.batch_size}: {flag} {path!r} {why}; batching needs "
@@ -544,7 +356,7 @@ def _check_context(opts: SpecDecOptions, tokenizer: PreTrainedTokenizerBase | No
     fits them, then the target goes on alone.)"""
     from specdec_core.loading import positions
 
-    found = next((c for c in _local_model_configs(opts) if c[0] == "--target_model"), None)  # (yielded first)
+    found = next((c for c in local_model_configs(opts) if c[0] == "--target_model"), None)  # (yielded first)
     if found is None:
         return
     flag, path, config = found
@@ -567,7 +379,7 @@ def _check_cuda_graphs(opts: SpecDecOptions) -> None:
     if opts.device_map == "auto":
         raise JobConfigError("--cuda_graphs on: a model split by --device_map auto runs eagerly (use --cuda_graphs "
                              "auto or off)")
-    for flag, path, config in _local_model_configs(opts):
+    for flag, path, config in local_model_configs(opts):
         why = config_support(config)
         if why:
             raise JobConfigError(f"--cuda_graphs on: {flag} {path!r} {why} (use --cuda_graphs auto or off)")
@@ -598,15 +410,15 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     if opts.tokenizer:
         models.append(("--tokenizer", opts.tokenizer))
     for flag, path in models:  # before anything that hands a model directory to transformers
-        _check_reachable(flag, path)
-        _check_remote_code(flag, path, trust)
-    _check_model_path("--target_model", opts.target_model, trust)
+        check_reachable(flag, path)
+        check_remote_code(flag, path, trust)
+    check_model_path("--target_model", opts.target_model, trust)
     if opts.tokenizer:
-        _check_tokenizer_path(opts.tokenizer, trust)
+        check_tokenizer_path(opts.tokenizer, trust)
     if opts.drafter == "model":
-        _check_model_path("--draft_model", opts.draft_model, trust)
+        check_model_path("--draft_model", opts.draft_model, trust)
     # loaded here for the checks below (gs:// ones are checked on load)
-    tokenizer = None if (opts.tokenizer or opts.target_model).startswith("gs://") else _target_tokenizer(opts)
+    tokenizer = None if (opts.tokenizer or opts.target_model).startswith("gs://") else target_tokenizer(opts)
     pair = _check_pair(opts, tokenizer) if opts.drafter == "model" else None
     _check_chat(opts, schema, tokenizer)
     _check_output(opts, [path for path, _ in shards])
