@@ -145,9 +145,9 @@ def _causal(family: str, window: int | None):
 
 
 # More encoder-decoder layouts: long-document summarizers (LED, LongT5, PEGASUS-X, BigBird-
-# Pegasus), FSMT (WMT19 translation), dialogue and code models, and a mixture of experts.
+# Pegasus), FSMT (WMT19 translation), dialogue and code models, and two mixtures of experts.
 MORE_SEQ2SEQ = ("led", "longt5", "pegasus_x", "bigbird_pegasus", "fsmt", "blenderbot", "blenderbot_small", "plbart",
-                "mvp", "switch", "t5gemma", "seamless_m4t")
+                "mvp", "switch", "nllb_moe", "t5gemma", "seamless_m4t")
 
 
 def _more_seq2seq(family: str):
@@ -169,6 +169,8 @@ def _more_seq2seq(family: str):
                              "tgt_vocab_size": V, "langs": ["en", "de"]}),
            "blenderbot": ("Blenderbot", bartish), "blenderbot_small": ("BlenderbotSmall", bartish),
            "plbart": ("PLBart", bartish), "mvp": ("Mvp", bartish),
+           "nllb_moe": ("NllbMoe", {**bartish, "num_experts": 4, "expert_capacity": 64, "encoder_sparse_step": 1,
+                                    "decoder_sparse_step": 1}),
            "switch": ("SwitchTransformers", {**t5ish, "num_experts": 2, "expert_capacity": 64,
                                                  "num_sparse_encoder_layers": 1, "num_sparse_decoder_layers": 1})}
     if family == "t5gemma":  # Gemma 2 layers, local and global, in encoder and decoder: every row passes the window

@@ -52,6 +52,9 @@ REFUSED = {
     "llama4_text": (None, "chunked_attention", "chunked_attention", "chunked_attention"),
     # local layers whose window counts cache columns: batch 1 eagerly (past the window here)
     "gpt_neo": (None, "local_attention", "local_attention", "local_attention"),
+    # its router reads the last row of a 4D mask as every token's padding: rows of a batch mix
+    "nllb_moe": (None, "other logits over static caches", "other logits over static caches",
+                 "other logits in a padded batch"),
 }
 RUNS_NOWHERE = {"mamba", "recurrent_gemma"}
 # expert routing that reads values on the host (`nonzero`): no graph captures their passes, which
