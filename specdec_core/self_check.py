@@ -113,11 +113,12 @@ def _uncached(model: PreTrainedModel) -> torch.Tensor:
     return out.logits[0, len(seq) - 1 :]
 
 
-def _compare(got: list[torch.Tensor], want: list[torch.Tensor], what: str, model: PreTrainedModel) -> str | None:
+def _compare(got: list[torch.Tensor], want: list[torch.Tensor], what: str, model: PreTrainedModel,
+             of: str = "logits") -> str | None:
     dtype = torch.bfloat16 if any(isinstance(m, Bf16Linear) for m in model.modules()) else model.dtype  # (coarsest)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         if why := logits_differ(g.cpu(), w.cpu(), dtype):
-            return f"gives other logits {what} (pass {i + 1} of {len(want)}, {why})"
+            return f"gives other {of} {what} (pass {i + 1} of {len(want)}, {why})"
     return None
 
 
@@ -205,17 +206,16 @@ def encoder_mask_disagreement(model: PreTrainedModel) -> str | None:
         return "builds its encoder's window masks from a 2D mask only"
     def check() -> str | None:
         prompts, pad = _rows_probe(model)[0], getattr(model.config, "pad_token_id", None) or 0
-        width = max(map(len, prompts))
+        cut = [len(p) for p in prompts]
         try:
             with torch.inference_mode():
                 kv = StaticKV(model, 2, graphs=False)
-                own = kv.encode_rows(prompts)  # (eagerly: the model's own 2D mask)
-                got = kv._encoder(torch.tensor([p + [pad] * (width - len(p)) for p in prompts], device=model.device))
+                own = [o["encoder_outputs"].last_hidden_state[0] for o in kv.encode_rows(prompts)]  # (its 2D mask)
+                got = kv._encoder(torch.tensor([p + [pad] * (max(cut) - len(p)) for p in prompts], device=model.device))
         except Exception as e:
             return f"fails under a 4D mask ({_said(e)})"
-        wrong = [logits_differ(g[: len(p)].cpu(), o["encoder_outputs"].last_hidden_state[0, : len(p)].cpu(),
-                               model.dtype) for g, o, p in zip(got, own, prompts, strict=True)]
-        return next((f"encodes padded prompts otherwise under a 4D mask ({why})" for why in wrong if why), None)
+        return _compare([g[:k] for g, k in zip(got, cut, strict=True)], [o[:k] for o, k in zip(own, cut, strict=True)],
+                        "under a 4D mask than under its own 2D one", model, of="encoder outputs")
     return _once(model, ("encoder mask",), check)
 
 
