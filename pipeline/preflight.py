@@ -349,11 +349,37 @@ def _check_batching(opts: SpecDecOptions, per_row_draft: bool) -> None:
                                  "attention layers, full or sliding-window (use --batch_size 1)")
 
 
-def _check_context(opts: SpecDecOptions, tokenizer: PreTrainedTokenizerBase | None) -> None:
+def _fewest_prompt_tokens(opts: SpecDecOptions, schema: pa.Schema, tokenizer: PreTrainedTokenizerBase | None) -> int:
+    """A lower bound on every row's prompt tokens under a causal target: one token and the special
+    tokens the tokenizer adds (a BOS); through a chat template, what the template writes around an
+    empty user message (with --system_prompt where every row gets it: a text column), fewest over
+    the shapes a conversation can start with."""
+    if tokenizer is None:
+        return 1
+    fewest = 1 + tokenizer.num_special_tokens_to_add()
+    conversations = conversation_column(schema, opts.prompt_column)
+    if not (opts.chat_template or conversations):
+        return fewest
+    user = [{"role": "user", "content": ""}]
+    if opts.system_prompt is not None and not conversations:
+        shapes = [[{"role": "system", "content": opts.system_prompt}, *user]]
+    else:  # (a conversation may bring its own, shorter, system message)
+        shapes = [user, [{"role": "system", "content": ""}, *user]]
+    counts = []
+    for messages in shapes:
+        try:
+            counts.append(len(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                            return_dict=True)["input_ids"]))
+        except Exception:  # (a template that refuses the shape refuses such rows, each its own)
+            continue
+    return min(counts) if counts else 1
+
+
+def _check_context(opts: SpecDecOptions, schema: pa.Schema, tokenizer: PreTrainedTokenizerBase | None) -> None:
     """--max_new_tokens past what a local target's decoder can position would fail every row
-    (`PromptTooLong`): a causal decoder holds the prompt (a token at least, and the special tokens
-    the tokenizer adds, as a BOS) and the output. (A draft with fewer positions drafts while a row
-    fits them, then the target goes on alone.)"""
+    (`PromptTooLong`): a causal decoder holds the prompt (`_fewest_prompt_tokens` of it at least)
+    and the output. (A draft with fewer positions drafts while a row fits them, then the target
+    goes on alone.)"""
     from specdec_core.loading import positions
 
     found = next((c for c in local_model_configs(opts) if c[0] == "--target_model"), None)  # (yielded first)
@@ -361,11 +387,14 @@ def _check_context(opts: SpecDecOptions, tokenizer: PreTrainedTokenizerBase | No
         return
     flag, path, config = found
     limit = positions(config)
-    shortest = 0 if config.is_encoder_decoder else 1 + (tokenizer.num_special_tokens_to_add() if tokenizer else 0)
-    if limit is not None and opts.max_new_tokens > limit - shortest:
+    if limit is None:
+        return
+    shortest = 0 if config.is_encoder_decoder else _fewest_prompt_tokens(opts, schema, tokenizer)
+    chat = " through the chat template" if opts.chat_template or conversation_column(schema, opts.prompt_column) else ""
+    if opts.max_new_tokens > limit - shortest:
         raise JobConfigError(f"--max_new_tokens {opts.max_new_tokens}: {flag} {path!r} can hold at most "
                              f"{limit - shortest} new tokens (its decoder's {limit} positions"
-                             + (f", less the shortest prompt's {shortest} tokens" if shortest > 1 else "")
+                             + (f", less the shortest prompt's {shortest} tokens{chat}" if shortest > 1 else "")
                              + "); every row would fail")
 
 
@@ -424,7 +453,7 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_output(opts, [path for path, _ in shards])
     _check_resume(opts, schema)
     _check_batching(opts, per_row_draft=pair is not None and pair[0])
-    _check_context(opts, tokenizer)
+    _check_context(opts, schema, tokenizer)
     _check_cuda_graphs(opts)
     _check_fit(opts)
     if pair:  # (logged once every check passed: a refused job prints its one line only)

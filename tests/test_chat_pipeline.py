@@ -132,6 +132,45 @@ def test_instruct_settings_that_cannot_work_stop_before_any_work(tmp_path, chat_
     assert not (tmp_path / "out").exists()
 
 
+def test_max_new_tokens_leaves_room_for_what_the_chat_template_writes(tmp_path, chat_pair, capsys):
+    """Through a chat template every prompt has the template's tokens around it (and --system_prompt
+    on text rows): preflight counted one token, so a --max_new_tokens that only an empty prompt
+    could fit passed and failed every row as PromptTooLong. It stops the job in one line; one token
+    less runs. A conversation column counts the fewest the template writes (its rows may bring a
+    shorter system message than --system_prompt)."""
+    from transformers import AutoConfig
+
+    from specdec_core.loading import positions
+
+    target, draft = chat_pair
+    tok = AutoTokenizer.from_pretrained(target)
+    limit = positions(AutoConfig.from_pretrained(target))
+
+    def template(*messages):
+        return len(tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
+                                           return_dict=True)["input_ids"])
+
+    user, system = {"role": "user", "content": ""}, {"role": "system", "content": "Be brief."}
+    text = write_prompts(tmp_path / "t.parquet", [{"id": "1", "prompt": "hi"}])
+    conv = write_prompts(tmp_path / "c.parquet", [{"id": "1", "prompt": [{"role": "user", "content": "hi"}]}])
+    cases = [(text, ["--chat_template", "--system_prompt", "Be brief."], template(system, user)),
+             (conv, ["--system_prompt", "Be brief."], min(template(user), template({**system, "content": ""}, user)))]
+    for i, (src, extra, fewest) in enumerate(cases):
+        assert fewest > 1 + tok.num_special_tokens_to_add()
+        argv = ["--input", src, "--output", str(tmp_path / f"out{i}" / "gens"), "--target_model", str(target),
+                "--draft_model", str(draft), *extra]
+        capsys.readouterr()
+        assert main([*argv, "--max_new_tokens", str(limit - fewest + 1)]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"error: --max_new_tokens {limit - fewest + 1}: --target_model {str(target)!r} can hold at most "
+            f"{limit - fewest} new tokens (its decoder's {limit} positions, less the shortest prompt's {fewest} "
+            "tokens through the chat template); every row would fail")
+        assert not (tmp_path / f"out{i}").exists()
+        assert main([*argv, "--max_new_tokens", str(limit - fewest)]) == 0  # ("hi" itself fails as too long)
+        failed = read(f"{tmp_path}/out{i}/gens-failed-*.parquet").to_pylist()
+        assert [r["error_type"] for r in failed] == ["PromptTooLong"]
+
+
 def test_dataset_to_instruct_results_with_prepare_and_run(tmp_path, chat_pair):
     """The instruct recipe of docs/instruct-models.md: prepare writes conversations, run applies the chat template."""
     from pipeline import prepare
