@@ -36,6 +36,19 @@ def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
     return [s for action in parser._actions for s in action.option_strings]  # noqa: SLF001
 
 
+def _unknown(parser: argparse.ArgumentParser, argv: list[str] | None) -> list[str]:
+    """The arguments the parser does not know, read before it asks for a missing required flag: a
+    mistyped `--target-model` is named as the typo it is, not as a missing `--target_model`."""
+    required = [a for a in parser._actions if a.required]  # noqa: SLF001
+    for action in required:
+        action.required = False
+    try:
+        return parser.parse_known_args(argv)[1]
+    finally:
+        for action in required:
+            action.required = True
+
+
 class _StrictBeamParser(_BeamArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise FlagError(message)
@@ -63,9 +76,9 @@ def check_pipeline_flags(argv: list[str]) -> None:
     several drafts: `--draft_model` repeated, as pipeline.tune takes its candidates, ran the last
     one without a word (other flags keep argparse's rule, the last one wins)."""
     parser = beam_parser()
-    _, unknown = parser.parse_known_args(argv)
-    if unknown:
+    if unknown := _unknown(parser, argv):
         raise FlagError(_unknown_message(unknown, _option_strings(parser)))
+    parser.parse_known_args(argv)  # (now a missing required flag)
     if (n := sum(a.split("=", 1)[0] == "--draft_model" for a in argv)) > 1:
         raise FlagError(f"--draft_model is given {n} times: a job runs one draft (pipeline.tune compares several)")
 
@@ -79,10 +92,9 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def parse_args(self, args=None, namespace=None):
-        parsed, unknown = self.parse_known_args(args, namespace)
-        if unknown:
+        if unknown := _unknown(self, args):
             self.error(_unknown_message(unknown, _option_strings(self)))
-        return parsed
+        return super().parse_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         print(f"error: {message}", file=sys.stderr)

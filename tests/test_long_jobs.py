@@ -431,6 +431,9 @@ def test_mistyped_flags_stop_every_entry_point_in_one_line(tmp_path, saved_pairs
         assert needle in _one_line_error(capsys)
     assert main(["--output", str(out)]) == 2
     assert "required: --input" in _one_line_error(capsys)
+    # (a mistyped required flag was reported as missing, the typo never named)
+    assert main(["--input", src, "--output", str(out), "--target-model", str(target), "--drafter", "ngram"]) == 2
+    assert "unknown flag --target-model (did you mean --target_model?)" in _one_line_error(capsys)
 
     from tests.test_templates import load_template_main
 
@@ -449,6 +452,9 @@ def test_mistyped_flags_stop_every_entry_point_in_one_line(tmp_path, saved_pairs
     for entry, argv, needle in [
         (prepare.main, ["--dataset", "x", "--template", "{t}", "--output", "o", "--num_shard", "2"],
          "unknown flag --num_shard (did you mean --num_shards?)"),
+        (prepare.main, ["--datase", "x", "--template", "{t}", "--output", "o"],
+         "unknown flag --datase (did you mean --dataset?)"),
+        (prepare.main, ["--template", "{t}", "--output", "o"], "the following arguments are required: --dataset"),
         (report.main, [str(out), "--hlep"], "unknown flag --hlep (did you mean --help?)"),
         (demo.main, ["--tiny", "--max_new_token", "3"],
          "unknown flag --max_new_token (did you mean --max_new_tokens?)"),
