@@ -51,8 +51,8 @@ def build_pipeline(p: beam.Pipeline, opts: SpecDecOptions, schema: pa.Schema) ->
                with_provenance(failed_schema(schema, opts.id_column), record))
     # Durable as they finish, in the model's environment (CommitRows says why); rows failed before
     # any generation, each kind in the step that finds it (a Flatten first would put the commit in
-    # a stage of its own, after generation): InvalidUtf8 as the input is read, DuplicateId as the
-    # ids are grouped.
+    # a stage of its own, after generation): a row whose id is not valid UTF-8 as the input is read,
+    # duplicates and other rows not valid UTF-8 as the ids are grouped.
     results, failed = (results, failed) | "Commit" >> CommitRows(
         opts.output, *schemas, opts.commit_every_s, accelerator=opts.accelerator)
     early = [rows | f"Commit{kind}" >> beam.ParDo(

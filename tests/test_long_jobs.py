@@ -96,9 +96,9 @@ def test_every_row_of_a_duplicated_id_fails_as_duplicate_id(tmp_path, saved_pair
 
 
 def test_rows_that_are_not_utf8_are_committed_before_any_generation(tmp_path, saved_pairs, monkeypatch):
-    """InvalidUtf8 rows are found as the input is read, before the grouping by id that every row
-    to generate waits for: their failed chunk is on disk when the first row is generated (a
-    Flatten before their commit ran it in a stage of its own, after generation)."""
+    """Rows whose id is not valid UTF-8 are found as the input is read, before the grouping by id
+    that every row to generate waits for: their failed chunk is on disk when the first row is
+    generated (a Flatten before their commit ran it in a stage of its own, after generation)."""
     import glob
 
     from specdec_core import text
@@ -106,8 +106,8 @@ def test_rows_that_are_not_utf8_are_committed_before_any_generation(tmp_path, sa
 
     target, _ = saved_pairs["llama"]
     src = tmp_path / "p.parquet"
-    pq.write_table(pa.table({"id": ["a", "bad", "b", "b"],
-                             "prompt": not_utf8(["Hello world!", b"caf\xe9", "for i in", "The quick"])}), src)
+    pq.write_table(pa.table({"id": not_utf8(["a", b"bad-\xff", "b", "b"]),
+                             "prompt": ["Hello world!", "caf", "for i in", "The quick"]}), src)
     out = tmp_path / "run" / "gens"
     seen: list[set[str]] = []
     generate = text.TextGenerator.generate

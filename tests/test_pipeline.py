@@ -79,17 +79,22 @@ def test_every_row_ends_as_one_result_or_one_failed_row(tmp_path, saved_pairs):
 
 @pytest.mark.parametrize("batch_size", ["1", "2"])
 def test_a_value_that_is_not_utf8_fails_its_row_not_the_job(tmp_path, saved_pairs, batch_size):
+    """... and a valid id it shares with another row fails both as DuplicateId (the readable copy
+    was generated: the bad one had failed before the grouping by id)."""
     target, draft = saved_pairs["llama"]
     src = tmp_path / "corrupt.parquet"
     pq.write_table(pa.table({  # (the bad id's U+FFFD form is another row's valid id: no DuplicateId)
-        "id": not_utf8(["g0", "g1", "bad-prompt", b"bad-id-\xff", "bad-topic", "bad-id-\ufffd"]),
-        "prompt": not_utf8([GOOD[0], GOOD[1], b"caf\xe9 au lait", GOOD[2], GOOD[3], GOOD[4]]),
-        "topic": not_utf8(["t", "t", "t", "t", b"\xc3", "t"]),
+        "id": not_utf8(["g0", "g1", "bad-prompt", b"bad-id-\xff", "bad-topic", "bad-id-\ufffd", "dup", "dup"]),
+        "prompt": not_utf8([GOOD[0], GOOD[1], b"caf\xe9 au lait", GOOD[2], GOOD[3], GOOD[4], GOOD[0], GOOD[1]]),
+        "topic": not_utf8(["t", "t", "t", "t", b"\xc3", "t", "t", b"\xff"]),
     }), src)
     results, failed = run_job(tmp_path, target, draft, "--passthrough_columns", "topic", "--batch_size",
                               batch_size, prompts=str(src))
     assert sorted(results["id"].to_pylist()) == ["bad-id-\ufffd", "g0", "g1"]
-    by_id = {row["id"]: row for row in failed.to_pylist()}
+    dups = [row for row in failed.to_pylist() if row["id"] == "dup"]
+    assert [row["error_type"] for row in dups] == ["DuplicateId"] * 2
+    assert sorted(row["prompt"] for row in dups) == sorted(GOOD[:2])
+    by_id = {row["id"]: row for row in failed.to_pylist() if row["id"] != "dup"}
     assert set(by_id) == {"bad-prompt", "bad-id-\ufffd", "bad-topic"}
     assert {row["error_type"] for row in by_id.values()} == {"InvalidUtf8"}
     assert "'prompt'" in by_id["bad-prompt"]["error_message"]

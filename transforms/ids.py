@@ -5,8 +5,9 @@
   one null-id row is generated, two are duplicates.
 - With resume prefixes: an id that already has a result row there is skipped (ids that only
   failed are tried again).
-- A row with a value that is not valid UTF-8 (`NotUtf8`) fails before the grouping: its id,
-  shown with U+FFFD, could equal another row's.
+- A row with a value that is not valid UTF-8 (`NotUtf8`) fails: as it is read where that value
+  is its id (shown with U+FFFD, it could equal another row's), else once grouped, as a row whose
+  id occurs once (a valid id's other copies all fail as `DuplicateId`, as any duplicate's do).
 
 Both are one CoGroupByKey on the id, joining the input rows with the ids done in earlier
 runs. The done ids are read by the pipeline itself (ReadAllFromParquet, id column only), not
@@ -30,6 +31,13 @@ from transforms.results import prompt_text
 FAILED = "failed"
 
 
+def _unreadable(key: object, prompt: NotUtf8) -> dict:
+    """The failed row of a row with a value that is not valid UTF-8."""
+    Metrics.counter(NAMESPACE, "rows_not_utf8").inc()
+    return {"id": key, "prompt": prompt_text(prompt), "error_type": InvalidUtf8.__name__,
+            "error_message": prompt.reason}
+
+
 class _Select(beam.DoFn):
     def __init__(self, prompt_column: str):
         self.prompt_column = prompt_column
@@ -45,7 +53,8 @@ class _Select(beam.DoFn):
             self.skipped.inc(len(rows))
             return
         if len(rows) == 1:
-            yield rows[0]
+            prompt = rows[0].get(self.prompt_column)
+            yield beam.pvalue.TaggedOutput(FAILED, _unreadable(key, prompt)) if isinstance(prompt, NotUtf8) else rows[0]
             return
         self.duplicates.inc(len(rows))
         # Numbered by prompt text (a null first), so that identical rows stay distinct rows however
@@ -61,25 +70,24 @@ class _Select(beam.DoFn):
 
 
 class _Readable(beam.DoFn):
+    """Rows whose id is not valid UTF-8 fail as they are read (their U+FFFD form is no id to group by)."""
+
     def __init__(self, id_column: str, prompt_column: str):
         self.id_column, self.prompt_column = id_column, prompt_column
-        self.unreadable = Metrics.counter(NAMESPACE, "rows_not_utf8")
 
     def process(self, row: dict) -> Iterator:
         prompt = row.get(self.prompt_column)
-        if not isinstance(prompt, NotUtf8):
+        if isinstance(prompt, NotUtf8) and self.id_column in prompt.columns:
+            yield beam.pvalue.TaggedOutput(FAILED, _unreadable(row.get(self.id_column), prompt))
+        else:
             yield row
-            return
-        self.unreadable.inc()
-        yield beam.pvalue.TaggedOutput(FAILED, {"id": row.get(self.id_column), "prompt": prompt_text(prompt),
-                                                   "error_type": InvalidUtf8.__name__,
-                                                   "error_message": prompt.reason})
 
 
 class SelectRows(beam.PTransform):
-    """rows -> (rows to generate, {"DuplicateId": failed rows, "InvalidUtf8": failed rows}): each
-    kind of failed rows made in its own stage (after and before the grouping), so that a step on
-    each runs where its rows are found."""
+    """rows -> (rows to generate, {"Grouped": failed rows, "Read": failed rows}): the rows failed
+    once grouped by id (`DuplicateId`, and `InvalidUtf8` of a valid id) and those failed as read
+    (`InvalidUtf8` of an invalid id), each in its own stage, so that a step on each runs where
+    its rows are found."""
 
     def __init__(self, id_column: str, prompt_column: str, resume_from: list[str] | None = None):
         super().__init__()
@@ -104,4 +112,4 @@ class SelectRows(beam.PTransform):
             | "GroupById" >> beam.CoGroupByKey()
             | "Select" >> beam.ParDo(_Select(self.prompt_column)).with_outputs(FAILED, main="rows")
         )
-        return selected.rows, {"DuplicateId": selected[FAILED], InvalidUtf8.__name__: readable[FAILED]}
+        return selected.rows, {"Grouped": selected[FAILED], "Read": readable[FAILED]}
