@@ -51,7 +51,7 @@ def verify_sampled(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None, g
         finite = finite.tolist()
     if not all(finite[: n + 1]):  # (positions after a rejection are never the target's)
         raise NonFiniteProbabilities("the target's probabilities are NaN or inf (its numbers overflowed: a wider "
-                                     "--dtype may hold them)")
+                                     "--dtype may hold them; a --temperature near 0 overflows any)")
     dist = residual(p[n], None if q is None else q[n], drafts[n]) if n < k else p[k]
     token = torch.multinomial(dist, 1, generator=generator)
     return n, int(token.item())

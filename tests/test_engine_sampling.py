@@ -177,6 +177,18 @@ def test_same_seed_same_sample_different_seed_differs():
     assert len({tuple(r) for r in runs[1:]}) > 1
 
 
+def test_a_temperature_near_zero_fails_its_row_with_a_reason_that_names_it():
+    """--temperature 1e-39 passes as finite and >= 0, and every row's logits divided by it overflow
+    float32 (HF's `generate` fails too): the reason named only a wider --dtype, the run's widest."""
+    from specdec_core.acceptance import NonFiniteProbabilities
+
+    target, draft = tiny("llama", 0, 0.8), tiny("llama", 1, 0.8)
+    gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=2, max_new_tokens=4,
+                               sampling=SamplingSettings(temperature=1e-39))
+    with pytest.raises(NonFiniteProbabilities, match="a --temperature near 0 overflows any"):
+        gen.generate(PROMPT, 0)
+
+
 @pytest.mark.slow
 def test_adaptive_gamma_keeps_sampling_exact():
     """Gamma chosen from past acceptances leaves the output distribution exactly the target's."""
