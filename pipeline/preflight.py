@@ -223,7 +223,7 @@ def _same_prefix(a: str, b: str) -> bool:
     return one_spelling(a) == one_spelling(b)
 
 
-def _check_prefix(flag: str, prefix: str) -> None:
+def check_prefix(flag: str, prefix: str) -> None:
     """A prefix names files by globbing (`PREFIX-*`): glob characters would match other files, and
     one ending in `-failed` would take another run's failed files for its results; a comma would split it where
     several prefixes are read (`--resume_from`, `pipeline.report`); one ending in / names no files."""
@@ -253,8 +253,13 @@ def _check_local_folder(flag: str, prefix: str) -> None:
 
 
 def writable_file(flag: str, path: str) -> str:
-    """A local file a tool writes when its work is done, checked before the work (`~` expanded): not a folder, in a
-    folder this process can write (missing folders are made). gs:// files are left to their writer."""
+    """A local file a tool writes when its work is done, checked before the work (`~` expanded): named, not a folder
+    nor a Parquet file (a run's shard or a tool's input, which the page or JSON would replace), in a folder this
+    process can write (missing folders are made). gs:// files are left to their writer."""
+    if not path.strip():
+        raise JobConfigError(f"{flag} {path!r}: names no file")
+    if path.lower().endswith(".parquet"):
+        raise JobConfigError(f"{flag} {path!r}: a Parquet file's name (this writes {flag[2:]} there, in its place)")
     if "://" in path:
         return path
     path = os.path.expanduser(path)
@@ -265,7 +270,7 @@ def writable_file(flag: str, path: str) -> str:
 
 
 def _check_output(opts: SpecDecOptions, inputs: list[str]) -> None:
-    _check_prefix("--output", opts.output)
+    check_prefix("--output", opts.output)
     if is_dry_run(opts):
         return
     _check_local_folder("--output", opts.output)
@@ -292,7 +297,7 @@ def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
     type is the input's (otherwise no id would ever match)."""
     id_type = schema.field(opts.id_column).type
     for prefix in opts.resume_prefixes():
-        _check_prefix("--resume_from", prefix)
+        check_prefix("--resume_from", prefix)
         if _same_prefix(prefix, opts.output):
             raise JobConfigError(f"--resume_from {prefix!r} is the --output prefix: resume into a new prefix")
         try:

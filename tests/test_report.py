@@ -163,7 +163,13 @@ def test_missing_files_or_reference_column_stop_in_one_line(tmp_path, capsys):
                          ([prefix, "--baseline", prompts], "its files hold no generations"),
                          ([scored, "--references", "score"], "--references 'score' is int64, not text"),
                          ([prefix, "--references", "new_tokens"], "'new_tokens' is an output column"),
-                         ([prefix, "--html", str(tmp_path)], f"--html '{tmp_path}': a folder, not a file")]:
+                         ([prefix, "--html", str(tmp_path)], f"--html '{tmp_path}': a folder, not a file"),
+                         # (a run's own shard, written over and lost; a glob's j* took j1-failed-* for results)
+                         ([prefix, "--html", f"{prefix}-00000-of-00001.parquet"], "a Parquet file's name"),
+                         ([prefix, "--html", ""], "--html '': names no file"),
+                         ([f"{tmp_path}/run/g*"], "a prefix cannot hold *, ?, ["),
+                         ([prefix, "--baseline", f"{tmp_path}/run/g?ns"], "--baseline"),
+                         ]:
         assert report.main(args) == 2, args
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and needle in err and "\n" not in err, err

@@ -17,7 +17,7 @@ import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser
-from pipeline.preflight import JobConfigError, one_spelling, writable_file
+from pipeline.preflight import JobConfigError, check_prefix, one_spelling, writable_file
 from pipeline.provenance import generation_differences, read_record
 from pipeline.quality import METRICS
 from pipeline.report.stats import (
@@ -46,11 +46,13 @@ def _record(prefix: str) -> dict:
     return next((r for r in map(read_record, _parts(prefix)) if r), {})
 
 
-def read_results(prefix: str) -> tuple[pa.Table, pa.Table | None]:
+def read_results(prefix: str, flag: str = "PREFIX") -> tuple[pa.Table, pa.Table | None]:
     """A run's rows, each id once: final shards, and the chunks a running or killed job
     committed (transforms/durable.py reads both); several comma-separated prefixes (a resumed
     run and the one it continued, a job split in several) are read as one output."""
     parts = _parts(prefix)
+    for part in parts:  # (a glob's * would match another run's files: j* takes j1-failed-* for results)
+        check_prefix(flag, part)
     for part in parts if len(parts) > 1 else ():  # (a typo would leave its rows out unseen)
         if not output_files(part):
             raise FileNotFoundError(f"{part}: no output files there ({prefix})")
@@ -78,9 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --references: rouge (ROUGE-1/2/L, summarization), bleu or chrf (translation)")
     args = parser.parse_args(argv)
     try:
-        args.html = args.html and writable_file("--html", args.html)  # (before the reading and plotting)
+        if args.html is not None:  # (before the reading and plotting)
+            args.html = writable_file("--html", args.html)
         results, failed = read_results(args.prefix)
-        base, base_failed = read_results(args.baseline) if args.baseline else (None, None)
+        base, base_failed = read_results(args.baseline, "--baseline") if args.baseline else (None, None)
         scores = quality_scores(results, args.references, args.metric) if args.references else None
     except (FileNotFoundError, KeyError, JobConfigError) as e:
         print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)

@@ -166,7 +166,7 @@ def check_settings(args: argparse.Namespace) -> None:
     candidates = [("model" if draft else "none", draft) for draft in args.draft_model or [None]]
     if not args.no_ngram:
         candidates.append(("ngram", None))
-    if args.output_json:  # (not at the end of the measuring; `--output_json=~/x` reaches us unexpanded by the shell)
+    if args.output_json is not None:  # (not after the measuring; `--output_json=~/x` reaches us unexpanded)
         try:
             args.output_json = writable_file("--output_json", args.output_json)
         except JobConfigError as e:
