@@ -1,9 +1,9 @@
 """`python -m pipeline.prepare`: a dataset -> Parquet prompt shards, through a task template.
 
 The dataset is anything Hugging Face `datasets` loads: a hub id (e.g. `cnn_dailymail` with
-`--config 3.0.0`), or local data files (`.parquet`, `.json`/`.jsonl`, `.csv`, `.txt`, globs
-allowed). Each row becomes {id, prompt, *kept fields}, with
-prompt = template.format(**row), e.g. --template 'summarize: {article}'.
+`--config 3.0.0`), or local data files of one format (`.parquet`, `.json`/`.jsonl`, `.csv`,
+`.txt`, compressed too): a file, a glob or a folder. Each row becomes {id, prompt, *kept
+fields}, with prompt = template.format(**row), e.g. --template 'summarize: {article}'.
 
 For instruct models, --user_template (and optionally --system_template) write the prompt as a
 conversation instead: a list of {role, content} structs, which `pipeline.run` puts through the
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import os
 import string
 import sys
 
@@ -28,30 +29,83 @@ from pipeline.flags import ArgumentParser
 from transforms.durable import SHARD, match
 
 _BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".txt": "text"}
+_COMPRESSED = (".gz", ".bz2", ".xz", ".zst")  # (datasets reads these by their suffix)
+
+
+class DatasetError(ValueError):
+    """A --dataset this tool refuses before `datasets` reads it (its message names the flag)."""
+
+
+def _builder(path: str) -> str | None:
+    """The `datasets` builder of a data file, by its suffix (any case, compressed or not)."""
+    name = path.lower()
+    name = next((name[: -len(z)] for z in _COMPRESSED if name.endswith(z)), name)
+    return next((b for suffix, b in _BUILDERS.items() if name.endswith(suffix)), None)
+
+
+def _files_in(folder: str) -> list[str]:
+    """A local folder's files as `datasets` reads a folder (hidden ones and those under _ left out)."""
+    found = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        found += [os.path.join(root, name) for name in names if not name.startswith((".", "_"))]
+    return sorted(found)
+
+
+def _one_builder(dataset: str, files: list[str], folder: bool) -> str:
+    """The one format of the data files a --dataset names: `datasets` reads a folder's most common
+    format only, so a folder of a .jsonl and two .txt notes gave the notes as the dataset. A
+    folder's other files (a README) are left out, as `datasets` leaves them; a file a glob
+    matches is read by the format's reader, so it must be of that format."""
+    kinds: dict[str, list[str]] = {}
+    for path in files:
+        if builder := _builder(path):
+            kinds.setdefault(builder, []).append(os.path.basename(path))
+        elif not folder:
+            raise DatasetError(f"--dataset {dataset!r} matches {path}, which is of no format it reads (.parquet, "
+                               f".json, .jsonl, .csv, .txt, or those compressed: {', '.join(_COMPRESSED)})")
+    if not kinds:
+        raise DatasetError(f"--dataset {dataset!r}: no file of a format it reads (.parquet, .json, .jsonl, .csv, "
+                           f".txt, or those compressed: {', '.join(_COMPRESSED)})")
+    if len(kinds) > 1:
+        held = "; ".join(f"{b}: {', '.join(names[:2])}" + (", ..." if len(names) > 2 else "")
+                         for b, names in sorted(kinds.items()))
+        raise DatasetError(f"--dataset {dataset!r} holds files of several formats ({held}): name the data "
+                           "files with a glob, as 'DIR/*.jsonl'")
+    return next(iter(kinds))
 
 
 def load(dataset: str, config: str | None, split: str):
+    """A local or gs:// data file, glob or folder through `datasets`' builder for its format (one
+    format, named by suffix); anything else is a hub id."""
     import datasets
 
-    suffix = next((s for s in _BUILDERS if dataset.split("*")[0].endswith(s) or dataset.endswith(s)), None)
-    files = match([dataset]) if suffix else []
-    if suffix and not files:  # (datasets' own error for it: "StopIteration")
-        raise FileNotFoundError(f"--dataset {dataset!r} matches no files")
-    if suffix == ".csv":
+    if os.path.isdir(dataset):  # (datasets' own folder reading: splits by file name)
+        files, where = _files_in(dataset), {"path": dataset}
+    elif "://" in dataset or any(c in dataset for c in "*?[") or _builder(dataset) or os.path.exists(dataset):
+        files, where = match([dataset]), {"data_files": dataset}
+        if not files:  # (datasets' own error for it: "StopIteration")
+            raise FileNotFoundError(f"--dataset {dataset!r} matches no files")
+    else:
+        return datasets.load_dataset(dataset, config, split=split)
+    builder = _one_builder(dataset, files, folder=os.path.isdir(dataset))
+    if all("://" not in f and os.path.getsize(f) == 0 for f in files if _builder(f)):
+        raise DatasetError(f"--dataset {dataset!r}: its data files are empty")
+    if builder == "csv":
         # CSV has no types: every column read as the text in the file, so that ids keep their
-        # digits ("007"; pandas would make 7, or 1.0 in a column with a gap) and "NA" stays "NA".
-        columns = _csv_header(files[0])
+        # digits ("007"; pandas would make 7, or 1.0 in a column with a gap) and "NA" stays "NA";
+        # a row with a trailing comma has one field more than the header, which pandas would take
+        # as the row's index, shifting every column.
+        columns = _csv_header(next(f for f in files if _builder(f) == "csv"))
         features = datasets.Features({c: datasets.Value("string") for c in columns})
-        return datasets.load_dataset("csv", data_files=dataset, split=split, features=features,
-                                     keep_default_na=False)
-    if suffix:
-        return datasets.load_dataset(_BUILDERS[suffix], data_files=dataset, split=split)
-    return datasets.load_dataset(dataset, config, split=split)
+        return datasets.load_dataset(**{"path": "csv", **where}, split=split, features=features,
+                                     keep_default_na=False, index_col=False)
+    return datasets.load_dataset(**{"path": builder, **where}, split=split)
 
 
 def _csv_header(path: str) -> list[str]:
-    with FileSystems.open(path) as f:
-        return next(csv.reader(io.TextIOWrapper(f, encoding="utf-8-sig")), [])
+    with FileSystems.open(path) as f, io.TextIOWrapper(f, encoding="utf-8-sig") as text:
+        return next(csv.reader(text), [])
 
 
 def template_fields(template: str) -> list[str]:
@@ -173,7 +227,9 @@ def write_shards(table: pa.Table, prefix: str, num_shards: int, overwrite: bool 
 
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", required=True, help="hub id or local data files (.parquet/.jsonl/.csv/.txt)")
+    p.add_argument("--dataset", required=True,
+                   help="hub id, or local data files of one format (.parquet/.json/.jsonl/.csv/.txt): a file, a glob "
+                   "or a folder")
     p.add_argument("--config", default=None, help="dataset configuration name (hub datasets)")
     p.add_argument("--split", default="train")
     p.add_argument("--template", default=None, help="prompt template over the row's fields, e.g. 'summarize: {text}'")
@@ -199,11 +255,12 @@ def main(argv: list[str] | None = None) -> int:
         check_fields(args.id_field, keep)
         try:
             dataset = load(args.dataset, args.config, args.split)
-        except (FileNotFoundError, ValueError):
+        except (FileNotFoundError, DatasetError):
             raise
-        except Exception as e:  # an empty file, a file of another format: datasets' own errors
-            first = (str(e).splitlines() or [""])[0]
-            raise ValueError(f"--dataset {args.dataset!r}: cannot load it ({type(e).__name__}: {first})") from e
+        except Exception as e:  # a bad line, a split it lacks, no rows: datasets' own errors (the cause says where)
+            why = "; ".join(f"{type(x).__name__}: {(str(x).splitlines() or [''])[0]}"
+                            for x in (e, e.__cause__) if x is not None)
+            raise ValueError(f"--dataset {args.dataset!r}: cannot load it ({why})") from e
         table = prepare(dataset, args.template, args.id_field, keep, args.split, args.limit,
                         user_template=args.user_template, system_template=args.system_template)
         paths = write_shards(table, args.output, args.num_shards, args.overwrite)

@@ -3,6 +3,7 @@
 import json
 
 import pyarrow.parquet as pq
+import pytest
 
 from pipeline import prepare
 
@@ -94,6 +95,7 @@ def test_settings_that_would_lose_or_mix_rows_are_one_line_errors(tmp_path, caps
     src = tmp_path / "d.jsonl"
     src.write_text('{"doc": "a", "t": "x"}\n{"doc": "a", "t": "y"}\n')
     (tmp_path / "empty.jsonl").write_text("")
+    (bad := tmp_path / "bad.jsonl").write_text('{"t": "a"}\nnot json\n{"t": "c"}\n')
     # values of several types in one field (read as JSON text: a pyarrow traceback, or "two" kept
     # as '"two"'), and an object as an id
     mixed = tmp_path / "mixed.jsonl"
@@ -108,7 +110,11 @@ def test_settings_that_would_lose_or_mix_rows_are_one_line_errors(tmp_path, caps
         "--num_shards must be >= 1, got 0": ["--num_shards", "0"],
         "--limit must be >= 1, got 0": ["--limit", "0"],  # (it wrote one empty shard)
         f"--output '{tmp_path}/': a prefix names files, not a folder": ["--output", f"{tmp_path}/"],
-        "cannot load it": ["--dataset", str(tmp_path / "empty.jsonl")],
+        f"--dataset '{tmp_path}/empty.jsonl': its data files are empty": ["--dataset", str(tmp_path / "empty.jsonl")],
+        # (datasets' cause, which says where, was left out)
+        "cannot load it (DatasetGenerationError: An error occurred while generating the dataset; ArrowInvalid: JSON "
+        "parse error: Invalid value. in row 1)": ["--dataset", str(bad)],
+        "cannot load it (ValueError: Unknown split \"test\". Should be one of ['train'].)": ["--split", "test"],
         f"--dataset '{tmp_path}/nothing-*.jsonl' matches no files": ["--dataset", str(tmp_path / "nothing-*.jsonl")],
         f"--dataset '{tmp_path}/none.csv' matches no files": ["--dataset", str(tmp_path / "none.csv")],
         "--id_field 'doc' holds values of several types (such as 1 and \"b\")": [
@@ -145,3 +151,47 @@ def test_names_globs_and_neighbours_a_user_may_have(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.glob("o-*")) == ["o-00000-of-00001.parquet", "o-v2-00000-of-00001.parquet"]
     assert pq.read_table(tmp_path / "o-v2-00000-of-00001.parquet").to_pylist() == [{"id": "q1", "prompt": "Q: what?"}]
     assert prepare.main(["--dataset", "*.csv", "--template", "Q: {Question Text.upper}", "--output", "x"]) == 2
+
+
+@pytest.mark.filterwarnings("ignore:Length of header or names does not match")  # (pandas, for the trailing comma)
+def test_folders_suffixes_and_trailing_commas_read_every_row(tmp_path, capsys):
+    """A folder is read in its one format: `datasets` read a folder's most common one only, so a
+    .jsonl beside two .txt notes gave the notes as the dataset (exit 0); a folder of CSVs lost
+    the text reading a .csv gets (ids "007" became 7). Compressed and upper-case suffixes and a
+    glob without one are data files, not hub ids; a CSV row with a trailing comma shifted every
+    column (pandas took its first field as an index)."""
+    import gzip
+
+    def prompts(dataset, *extra):
+        out = tmp_path / "out" / "p"
+        assert prepare.main(["--dataset", str(dataset), "--template", "{t}", "--output", str(out), "--overwrite",
+                             *extra]) == 0
+        return pq.read_table(f"{out}-00000-of-00001.parquet").to_pylist()
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "data.jsonl").write_text('{"t": "one"}\n{"t": "two"}\n')
+    (notes / "NOTES.txt").write_text("see README\n")
+    assert prepare.main(["--dataset", str(notes), "--template", "{t}", "--output", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --dataset '{notes}' holds files of several formats (json: data.jsonl; text: NOTES.txt): name the "
+        "data files with a glob, as 'DIR/*.jsonl'")
+    assert [r["prompt"] for r in prompts(f"{notes}/*.jsonl")] == ["one", "two"]
+    (notes / "NOTES.txt").unlink()
+    (notes / "_meta.txt").write_text("left out, as datasets leaves it out\n")
+    assert [r["prompt"] for r in prompts(notes)] == ["one", "two"]
+    csvs = tmp_path / "csvs"
+    csvs.mkdir()
+    (csvs / "a.csv").write_text("id,t\n007,NA\n")
+    (csvs / "b.csv").write_text("id,t\n008,x,\n")  # (a trailing comma)
+    assert prompts(csvs, "--id_field", "id") == [{"id": "007", "prompt": "NA"}, {"id": "008", "prompt": "x"}]
+    with gzip.open(tmp_path / "z.jsonl.gz", "wt") as f:
+        f.write('{"t": "zipped"}\n')
+    (tmp_path / "U.JSONL").write_text('{"t": "upper"}\n')
+    (tmp_path / "part-1.jsonl").write_text('{"t": "globbed"}\n')
+    assert [r["prompt"] for r in prompts(tmp_path / "z.jsonl.gz")] == ["zipped"]
+    assert [r["prompt"] for r in prompts(tmp_path / "U.JSONL")] == ["upper"]
+    assert [r["prompt"] for r in prompts(f"{tmp_path}/part*")] == ["globbed"]
+    (tmp_path / "part-0").write_text("x")  # (no suffix: the json reader would fail on it, or a text one read it)
+    assert prepare.main(["--dataset", f"{tmp_path}/part*", "--template", "{t}", "--output", str(tmp_path / "x")]) == 2
+    assert f"matches {tmp_path}/part-0, which is of no format it reads" in capsys.readouterr().err
