@@ -109,7 +109,11 @@ def _csv_header(path: str) -> list[str]:
 
 
 def template_fields(template: str) -> list[str]:
-    return [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+    """The fields a template reads, those inside a format spec too (`{text:>{width}}`)."""
+    fields = []
+    for _, field, spec, _ in string.Formatter().parse(template):
+        fields += ([field] if field is not None else []) + (template_fields(spec) if spec else [])
+    return fields
 
 
 def check_templates(template: str | None, user_template: str | None, system_template: str | None) -> None:

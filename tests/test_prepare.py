@@ -104,6 +104,7 @@ def test_settings_that_would_lose_or_mix_rows_are_one_line_errors(tmp_path, caps
     cases = {
         "--id_field 'doc' is not unique: 'a' is the id of 2 rows": ["--id_field", "doc"],
         "--template: {} names no field": ["--template", "s: {}"],
+        "field 'zz' is not in the dataset": ["--template", "{t:{zz}}"],  # (a bare "error: 'zz'")
         "--template: Single '}' encountered": ["--template", "s: }"],
         "--keep_fields names 't' twice": ["--keep_fields", "t,t"],
         "--keep_fields 'id': the output's own column": ["--keep_fields", "id"],
