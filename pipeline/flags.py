@@ -38,7 +38,10 @@ def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
 
 def _unknown(parser: argparse.ArgumentParser, argv: list[str] | None) -> list[str]:
     """The arguments the parser does not know, read before it asks for a missing required flag: a
-    mistyped `--target-model` is named as the typo it is, not as a missing `--target_model`."""
+    mistyped `--target-model` is named as the typo it is, not as a missing `--target_model`. (Not
+    with --help, which prints the usage as this pass would see it: every flag optional.)"""
+    if {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):
+        return []
     required = [a for a in parser._actions if a.required]  # noqa: SLF001
     for action in required:
         action.required = False

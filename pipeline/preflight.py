@@ -232,7 +232,7 @@ def check_prefix(flag: str, prefix: str) -> None:
                              "pattern, and several prefixes are written joined by commas)")
     if prefix.endswith("/"):
         raise JobConfigError(f"{flag} {prefix!r}: a prefix names files (PREFIX-00000-of-00001.parquet), not a "
-                             f"folder: say {prefix}gens to write them in {prefix}")
+                             f"folder: say {prefix}gens for the files {prefix}gens-*")
     if os.path.basename(prefix.rstrip("/")).endswith(("-failed", "-chunk")):
         raise JobConfigError(f"{flag} {prefix!r}: a prefix cannot end in -failed or -chunk (PREFIX-failed-* and "
                              "PREFIX-chunk-* name a run's failed rows and chunks)")

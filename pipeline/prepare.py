@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import io
 import os
 import string
 import sys
@@ -30,6 +29,7 @@ from transforms.durable import SHARD, match
 
 _BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".txt": "text"}
 _COMPRESSED = (".gz", ".bz2", ".xz", ".zst")  # (datasets reads these by their suffix)
+_FORMATS = f".parquet, .json, .jsonl, .csv, .txt, or those compressed: {', '.join(_COMPRESSED)}"
 
 
 class DatasetError(ValueError):
@@ -44,12 +44,24 @@ def _builder(path: str) -> str | None:
 
 
 def _files_in(folder: str) -> list[str]:
-    """A local folder's files as `datasets` reads a folder (hidden ones and those under _ left out)."""
+    """A local folder's files as `datasets` reads a folder: hidden ones, and those under a hidden or
+    `__` folder, left out."""
     found = []
     for root, dirs, names in os.walk(folder):
-        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-        found += [os.path.join(root, name) for name in names if not name.startswith((".", "_"))]
+        dirs[:] = [d for d in dirs if not d.startswith((".", "__"))]
+        found += [os.path.join(root, name) for name in names if not name.startswith(".")]
     return sorted(found)
+
+
+def _declares_configs(folder: str) -> bool:
+    """A folder laid out as a hub dataset, whose README's YAML header names its configs and their
+    files: `datasets` reads those, whatever else the folder holds."""
+    try:
+        with open(os.path.join(folder, "README.md"), encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return text.startswith("---") and "\nconfigs:" in text.split("\n---", 1)[0]
 
 
 def _one_builder(dataset: str, files: list[str], folder: bool) -> str:
@@ -62,11 +74,9 @@ def _one_builder(dataset: str, files: list[str], folder: bool) -> str:
         if builder := _builder(path):
             kinds.setdefault(builder, []).append(os.path.basename(path))
         elif not folder:
-            raise DatasetError(f"--dataset {dataset!r} matches {path}, which is of no format it reads (.parquet, "
-                               f".json, .jsonl, .csv, .txt, or those compressed: {', '.join(_COMPRESSED)})")
+            raise DatasetError(f"--dataset {dataset!r} matches {path}, which is of no format it reads ({_FORMATS})")
     if not kinds:
-        raise DatasetError(f"--dataset {dataset!r}: no file of a format it reads (.parquet, .json, .jsonl, .csv, "
-                           f".txt, or those compressed: {', '.join(_COMPRESSED)})")
+        raise DatasetError(f"--dataset {dataset!r}: no file of a format it reads ({_FORMATS})")
     if len(kinds) > 1:
         held = "; ".join(f"{b}: {', '.join(names[:2])}" + (", ..." if len(names) > 2 else "")
                          for b, names in sorted(kinds.items()))
@@ -75,37 +85,60 @@ def _one_builder(dataset: str, files: list[str], folder: bool) -> str:
     return next(iter(kinds))
 
 
+def _data_files(dataset: str) -> bool:
+    """Whether --dataset names data files (a path Beam's file systems read, a glob, or a local file
+    with a suffix) rather than a hub id (or an `hf://` path, which `datasets` reads)."""
+    if "://" in dataset:
+        try:
+            FileSystems.get_filesystem(dataset)
+        except ValueError:
+            return False
+        return True
+    return (any(c in dataset for c in "*?[") or _builder(dataset) is not None
+            or (os.path.isfile(dataset) and "." in os.path.basename(dataset)))
+
+
 def load(dataset: str, config: str | None, split: str):
-    """A local or gs:// data file, glob or folder through `datasets`' builder for its format (one
-    format, named by suffix); anything else is a hub id."""
+    """Data files of one format, named by suffix: a file or a glob through `datasets`' builder for
+    that format, a folder through `datasets`' own folder reading (splits from file names); a hub
+    id, and a folder laid out as a hub dataset (configs in its README), as `datasets` reads them."""
     import datasets
 
-    if os.path.isdir(dataset):  # (datasets' own folder reading: splits by file name)
-        files, where = _files_in(dataset), {"path": dataset}
-    elif "://" in dataset or any(c in dataset for c in "*?[") or _builder(dataset) or os.path.exists(dataset):
-        files, where = match([dataset]), {"data_files": dataset}
+    if os.path.isdir(dataset):
+        if _declares_configs(dataset):
+            return datasets.load_dataset(dataset, config, split=split)
+        files, where = _files_in(dataset), {"path": dataset, "name": config}
+    elif _data_files(dataset):
+        files = match([dataset])
         if not files:  # (datasets' own error for it: "StopIteration")
             raise FileNotFoundError(f"--dataset {dataset!r} matches no files")
+        where = {"path": None, "data_files": dataset}
     else:
         return datasets.load_dataset(dataset, config, split=split)
+    files = [f for f in files if _builder(f)] if os.path.isdir(dataset) else files
     builder = _one_builder(dataset, files, folder=os.path.isdir(dataset))
-    if all("://" not in f and os.path.getsize(f) == 0 for f in files if _builder(f)):
+    where["path"] = where["path"] or builder
+    if all("://" not in f and os.path.getsize(f) == 0 for f in files):
         raise DatasetError(f"--dataset {dataset!r}: its data files are empty")
-    if builder == "csv":
-        # CSV has no types: every column read as the text in the file, so that ids keep their
-        # digits ("007"; pandas would make 7, or 1.0 in a column with a gap) and "NA" stays "NA";
-        # a row with a trailing comma has one field more than the header, which pandas would take
-        # as the row's index, shifting every column.
-        columns = _csv_header(next(f for f in files if _builder(f) == "csv"))
-        features = datasets.Features({c: datasets.Value("string") for c in columns})
-        return datasets.load_dataset(**{"path": "csv", **where}, split=split, features=features,
-                                     keep_default_na=False, index_col=False)
-    return datasets.load_dataset(**{"path": builder, **where}, split=split)
+    if builder != "csv":
+        return datasets.load_dataset(**where, split=split)
+    # CSV has no types: every column read as the text in the file, so that ids keep their digits
+    # ("007"; pandas would make 7, or 1.0 in a column with a gap) and "NA" stays "NA".
+    columns = [_csv_start(dataset, f) for f in files][0]
+    features = datasets.Features({c: datasets.Value("string") for c in columns})
+    return datasets.load_dataset(**where, split=split, features=features, keep_default_na=False)
 
 
-def _csv_header(path: str) -> list[str]:
-    with FileSystems.open(path) as f, io.TextIOWrapper(f, encoding="utf-8-sig") as text:
-        return next(csv.reader(text), [])
+def _csv_start(dataset: str, path: str) -> list[str]:
+    """A CSV file's header, checked against its first row: a first row with more fields than the
+    header (a trailing comma) has pandas take its first field as the rows' index, shifting every
+    column without a word (a later such row is pandas' own error)."""
+    with FileSystems.open(path) as f:  # (decompressed by its suffix)
+        header, first = (next(csv.reader([f.readline().decode("utf-8-sig")]), []) for _ in range(2))
+    if len(first) > len(header):
+        raise DatasetError(f"--dataset {dataset!r}: {path}'s first row has {len(first)} fields, its header "
+                           f"{len(header)} (a trailing comma?): pandas would shift every column by one")
+    return header
 
 
 def template_fields(template: str) -> list[str]:

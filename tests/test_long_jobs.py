@@ -468,6 +468,9 @@ def test_mistyped_flags_stop_every_entry_point_in_one_line(tmp_path, saved_pairs
             entry(argv)
         assert exit_info.value.code == 2, entry
         assert needle in _one_line_error(capsys)
+    with pytest.raises(SystemExit) as exit_info:  # (the pass that finds typos must not make --help's flags optional)
+        prepare.main(["--help"])
+    assert exit_info.value.code == 0 and "] --dataset DATASET [" in capsys.readouterr().out
 
 
 def test_beam_and_runner_flags_still_pass(tmp_path):

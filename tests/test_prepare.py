@@ -3,7 +3,6 @@
 import json
 
 import pyarrow.parquet as pq
-import pytest
 
 from pipeline import prepare
 
@@ -154,13 +153,13 @@ def test_names_globs_and_neighbours_a_user_may_have(tmp_path, monkeypatch):
     assert prepare.main(["--dataset", "*.csv", "--template", "Q: {Question Text.upper}", "--output", "x"]) == 2
 
 
-@pytest.mark.filterwarnings("ignore:Length of header or names does not match")  # (pandas, for the trailing comma)
 def test_folders_suffixes_and_trailing_commas_read_every_row(tmp_path, capsys):
     """A folder is read in its one format: `datasets` read a folder's most common one only, so a
     .jsonl beside two .txt notes gave the notes as the dataset (exit 0); a folder of CSVs lost
-    the text reading a .csv gets (ids "007" became 7). Compressed and upper-case suffixes and a
-    glob without one are data files, not hub ids; a CSV row with a trailing comma shifted every
-    column (pandas took its first field as an index)."""
+    the text reading a .csv gets (ids "007" became 7). A folder laid out as a hub dataset (configs
+    in its README) is read as `datasets` reads it, --config included. Compressed and upper-case
+    suffixes and a glob without one are data files, not hub ids; a CSV whose first row has a
+    trailing comma shifted every column (pandas took its first field as an index)."""
     import gzip
 
     def prompts(dataset, *extra):
@@ -169,23 +168,36 @@ def test_folders_suffixes_and_trailing_commas_read_every_row(tmp_path, capsys):
                              *extra]) == 0
         return pq.read_table(f"{out}-00000-of-00001.parquet").to_pylist()
 
+    def refused(dataset):
+        assert prepare.main(["--dataset", str(dataset), "--template", "{t}", "--output", str(tmp_path / "x")]) == 2
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "data.jsonl").write_text('{"t": "one"}\n{"t": "two"}\n')
-    (notes / "NOTES.txt").write_text("see README\n")
-    assert prepare.main(["--dataset", str(notes), "--template", "{t}", "--output", str(tmp_path / "x")]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"error: --dataset '{notes}' holds files of several formats (json: data.jsonl; text: NOTES.txt): name the "
-        "data files with a glob, as 'DIR/*.jsonl'")
+    (notes / "_NOTES.txt").write_text("see README\n")
+    (notes / "_LICENSE.txt").write_text("MIT\n")
+    assert refused(notes) == (
+        f"error: --dataset '{notes}' holds files of several formats (json: data.jsonl; text: _LICENSE.txt, "
+        "_NOTES.txt): name the data files with a glob, as 'DIR/*.jsonl'")
     assert [r["prompt"] for r in prompts(f"{notes}/*.jsonl")] == ["one", "two"]
-    (notes / "NOTES.txt").unlink()
-    (notes / "_meta.txt").write_text("left out, as datasets leaves it out\n")
+    for name in ("_NOTES.txt", "_LICENSE.txt"):
+        (notes / name).rename(notes / f".{name}")  # (hidden: datasets leaves them out)
+    (notes / "README.md").write_text("# not data\n")
     assert [r["prompt"] for r in prompts(notes)] == ["one", "two"]
+    (notes / "other.jsonl").write_text('{"t": "B"}\n')
+    (notes / "README.md").write_text("---\nconfigs:\n- config_name: a\n  data_files: data.jsonl\n- config_name: b\n"
+                                     "  data_files: other.jsonl\n---\n")
+    assert [r["prompt"] for r in prompts(notes, "--config", "b")] == ["B"]
     csvs = tmp_path / "csvs"
     csvs.mkdir()
     (csvs / "a.csv").write_text("id,t\n007,NA\n")
-    (csvs / "b.csv").write_text("id,t\n008,x,\n")  # (a trailing comma)
+    with gzip.open(csvs / "b.csv.gz", "wt") as f:
+        f.write("id,t\n008,x\n")
     assert prompts(csvs, "--id_field", "id") == [{"id": "007", "prompt": "NA"}, {"id": "008", "prompt": "x"}]
+    (csvs / "c.csv").write_text("id,t\n009,y,\n")
+    assert refused(csvs) == (f"error: --dataset '{csvs}': {csvs}/c.csv's first row has 3 fields, its header 2 (a "
+                             "trailing comma?): pandas would shift every column by one")
     with gzip.open(tmp_path / "z.jsonl.gz", "wt") as f:
         f.write('{"t": "zipped"}\n')
     (tmp_path / "U.JSONL").write_text('{"t": "upper"}\n')
@@ -194,5 +206,4 @@ def test_folders_suffixes_and_trailing_commas_read_every_row(tmp_path, capsys):
     assert [r["prompt"] for r in prompts(tmp_path / "U.JSONL")] == ["upper"]
     assert [r["prompt"] for r in prompts(f"{tmp_path}/part*")] == ["globbed"]
     (tmp_path / "part-0").write_text("x")  # (no suffix: the json reader would fail on it, or a text one read it)
-    assert prepare.main(["--dataset", f"{tmp_path}/part*", "--template", "{t}", "--output", str(tmp_path / "x")]) == 2
-    assert f"matches {tmp_path}/part-0, which is of no format it reads" in capsys.readouterr().err
+    assert f"matches {tmp_path}/part-0, which is of no format it reads" in refused(f"{tmp_path}/part*")
