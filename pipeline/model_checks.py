@@ -8,6 +8,7 @@ import contextlib
 import glob
 import json
 import os
+import zipfile
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -73,17 +74,36 @@ def holds_any(directory: str, names: tuple[str, ...]) -> bool:
 
 
 def check_weights(flag: str, path: str) -> None:
-    """A local model's safetensors files, their headers read against their lengths (no tensor is): one cut short or
-    damaged in a copy would fail every worker's load, in a traceback and after the job began."""
+    """The weight files a local model loads from (safetensors where it has them, as transformers prefers them, else
+    .bin), whole: each file its shard index lists there, safetensors headers read against their lengths (no tensor is),
+    a .bin in torch's zip format a whole zip. One missing or cut short by an interrupted download or copy would fail
+    every worker's load, in a traceback and after the job began."""
     from safetensors import safe_open
 
-    for file in sorted(glob.glob(os.path.join(glob.escape(os.path.expanduser(path)), "*.safetensors"))):
+    root = os.path.expanduser(path)
+    kind = "safetensors" if glob.glob(os.path.join(glob.escape(root), "*.safetensors")) else "bin"
+    for index in glob.glob(os.path.join(glob.escape(root), f"*.{kind}.index.json")):
         try:
-            with safe_open(file, "pt"):
-                pass
+            with open(index) as f:
+                listed = set(json.load(f)["weight_map"].values())
+        except Exception:  # (not an index transformers reads either: its load says why)
+            continue
+        if missing := sorted(name for name in listed if not os.path.isfile(os.path.join(root, name))):
+            raise JobConfigError(f"{flag} {path!r}: {missing[0]}, listed in {os.path.basename(index)}, is missing"
+                                 + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    for file in sorted(glob.glob(os.path.join(glob.escape(root), f"*.{kind}"))):
+        try:
+            if kind == "safetensors":
+                with safe_open(file, "pt"):
+                    pass
+            else:
+                with open(file, "rb") as f:
+                    zipped = f.read(2) == b"PK"  # (torch's format since 1.6; an older pickle is not checked)
+                if zipped and not zipfile.is_zipfile(file):
+                    raise ValueError("not a whole zip archive")
         except Exception as e:
-            raise JobConfigError(f"{flag} {path!r}: {os.path.basename(file)} is damaged or cut short "
-                                 f"({type(e).__name__}: {' '.join(str(e).split())[:120]})") from e
+            name = os.path.basename(file)
+            raise JobConfigError(f"{flag} {path!r}: {name} is damaged or cut short ({said(e)})") from e
 
 
 def check_model_path(flag: str, path: str, trust: bool = False) -> None:
@@ -151,14 +171,22 @@ def check_tokenizer_path(path: str, trust: bool) -> None:
 
 def target_tokenizer(opts: SpecDecOptions):
     """The job's tokenizer (--tokenizer, else the target's), or the one line saying which flag's cannot load."""
-    from specdec_core.loading import load_tokenizer
+    from specdec_core.loading import TOKENIZER_FILES, load_tokenizer
 
     try:
         with quiet_transformers():
             return load_tokenizer(opts.tokenizer or opts.target_model, opts.trust_remote_code)
     except Exception as e:
         flag, path = ("--tokenizer", opts.tokenizer) if opts.tokenizer else ("--target_model", opts.target_model)
-        raise JobConfigError(f"{flag} {path!r}: cannot load a tokenizer ({type(e).__name__})") from e
+        if os.path.isdir(path) and not holds_any(path, TOKENIZER_FILES):
+            raise JobConfigError(f"{flag} {path!r}: no tokenizer there ({', '.join(TOKENIZER_FILES)}): pass "
+                                 "--tokenizer DIR, a folder that has one") from e
+        raise JobConfigError(f"{flag} {path!r}: cannot load a tokenizer ({said(e)})") from e
+
+
+def said(e: Exception) -> str:
+    """An exception in one short line: its type and its message's first sentence."""
+    return f"{type(e).__name__}: {' '.join(str(e).split()).split('. ')[0][:200]}"
 
 
 def read_config(flag: str, path: str, trust: bool):
@@ -169,8 +197,7 @@ def read_config(flag: str, path: str, trust: bool):
         with quiet_transformers():
             return AutoConfig.from_pretrained(path, trust_remote_code=trust)
     except Exception as e:
-        raise JobConfigError(f"{flag} {path!r}: transformers cannot read its config ({type(e).__name__}: "
-                             f"{' '.join(str(e).split()).split('. ')[0][:200]})") from e
+        raise JobConfigError(f"{flag} {path!r}: transformers cannot read its config ({said(e)})") from e
 
 
 @contextlib.contextmanager

@@ -21,8 +21,10 @@ from pipeline.model_checks import (
     check_remote_code,
     check_tokenizer_path,
     local_model_configs,
+    quiet_transformers,
     read_config,
     read_generation_config,
+    said,
     target_tokenizer,
 )
 from transforms.durable import match, output_files, result_patterns, sink_deletes
@@ -196,7 +198,11 @@ def _check_pair(opts: SpecDecOptions, tokenizer: PreTrainedTokenizerBase | None)
 
     trust = opts.trust_remote_code
     configs = [read_config("--target_model", paths[0], trust), read_config("--draft_model", paths[1], trust)]
-    draft_tokenizer = draft_tokenizer_for(opts.draft_model, tokenizer, trust)
+    try:
+        with quiet_transformers():
+            draft_tokenizer = draft_tokenizer_for(opts.draft_model, tokenizer, trust)
+    except Exception as e:  # (a partial copy: tokenizer_config.json without its tokenizer.json)
+        raise JobConfigError(f"--draft_model {opts.draft_model!r}: cannot load its tokenizer ({said(e)})") from e
     try:
         mode = check_compatible(*configs, tokenizer, draft_tokenizer, tuple(map(read_generation_config, paths)))
     except IncompatiblePairError as e:

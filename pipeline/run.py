@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import apache_beam as beam
@@ -73,6 +74,9 @@ def parse_options(argv: list[str]) -> SpecDecOptions:
         opts.output = absolute(opts.output)
     if opts.resume_from:
         opts.resume_from = [absolute(p) for p in opts.resume_prefixes()]
+    for name in ("target_model", "draft_model", "tokenizer"):  # (`--target_model=~/m`: no shell expands it)
+        if getattr(opts, name):
+            setattr(opts, name, os.path.expanduser(getattr(opts, name)))
     return opts
 
 

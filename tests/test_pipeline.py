@@ -284,6 +284,63 @@ def test_max_new_tokens_leaves_room_for_the_tokens_every_prompt_has(tmp_path, sa
         f"{tmp_path}/out/gens-failed-*.parquet").num_rows == 0
 
 
+def test_checkpoints_half_copied_stop_the_job_in_one_line(tmp_path, saved_pairs, capsys):
+    """What an interrupted download or copy leaves passed the checks and failed every worker's load
+    in a traceback (exit 1): a shard an index lists, missing; a .bin cut short; a draft folder with
+    tokenizer_config.json and no tokenizer.json (an uncaught error in the checks themselves)."""
+    from transformers import AutoModelForCausalLM
+
+    target, draft = saved_pairs["llama"]
+    model = AutoModelForCausalLM.from_pretrained(target)
+    sharded, binary, partial = (tmp_path / name for name in ("sharded", "bin", "partial"))
+    model.save_pretrained(sharded, max_shard_size="100KB")
+    shutil.copytree(target, binary)
+    (binary / "model.safetensors").unlink()
+    torch.save(model.state_dict(), binary / "pytorch_model.bin")
+    shards = sorted(sharded.glob("model-*.safetensors"))
+    assert len(shards) > 2
+    for whole in (sharded, binary):  # (whole, they load)
+        shutil.copytree(whole, tmp_path / f"whole-{whole.name}")
+    shards[1].unlink()
+    with open(binary / "pytorch_model.bin", "r+b") as f:
+        f.truncate(f.seek(0, 2) // 2)
+    shutil.copytree(draft, partial)
+    (partial / "tokenizer.json").unlink()
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "a"}])
+    base = ["--input", src, "--output", str(tmp_path / "out" / "gens"), "--target_model", str(target)]
+    cases = {
+        f"--draft_model '{sharded}': {shards[1].name}, listed in model.safetensors.index.json, is missing": [
+            "--draft_model", str(sharded)],
+        f"--draft_model '{binary}': pytorch_model.bin is damaged or cut short (ValueError: not a whole zip": [
+            "--draft_model", str(binary)],
+        f"--draft_model '{partial}': cannot load its tokenizer (": ["--draft_model", str(partial)],
+    }
+    for needle, extra in cases.items():
+        assert main([*base, *extra]) == 2, needle
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert err.startswith(f"error: {needle}"), err
+    assert not (tmp_path / "out").exists()
+    for name in ("sharded", "bin"):
+        assert main([*base[:2], "--output", str(tmp_path / name / "gens"), "--target_model",
+                     str(tmp_path / f"whole-{name}"), "--tokenizer", str(target), "--drafter", "none",
+                     "--max_new_tokens", "2"]) == 0
+
+
+def test_paths_with_a_tilde_no_shell_expanded(tmp_path, saved_pairs, monkeypatch):
+    """`--output=~/x` reaches the job as it is (a shell expands ~ only at a word's start): it wrote
+    a folder named ~ in the working directory; model paths the same way failed their checks."""
+    target, _ = saved_pairs["llama"]
+    home = tmp_path / "home"
+    shutil.copytree(target, home / "models" / "t")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello"}])
+    assert main(["--input", src, "--output=~/out/gens", "--target_model=~/models/t", "--drafter", "none",
+                 "--max_new_tokens", "2"]) == 0
+    assert read(f"{home}/out/gens-0*.parquet")["id"].to_pylist() == ["a"]
+    assert not (tmp_path / "~").exists()
+
+
 def test_a_hub_id_not_in_the_local_cache_is_asked_of_the_hub_once(tmp_path, saved_pairs, monkeypatch, capsys):
     """Offline without HF_HUB_OFFLINE, a mistyped hub id waited ~25 s for the hub client's retries
     (and printed their warning) before the job's one line: the hub is asked once first (`model_info`),
@@ -357,7 +414,7 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         f"--draft_model '{cut}': model.safetensors is damaged or cut short": base + ["--draft_model", str(cut)],
         f"--target_model '{unknown}': transformers cannot read its config (ValueError: The checkpoint you are trying "
         "to load has model type `llamazzz`": base[:4] + ["--target_model", str(unknown), "--drafter", "none"],
-        f"--target_model '{no_tokenizer}': cannot load a tokenizer": base[:4] + [
+        f"--target_model '{no_tokenizer}': no tokenizer there (tokenizer.json, ": base[:4] + [
             "--target_model", str(no_tokenizer), "--drafter", "ngram"],
         "--id_column 'id' is list<element: int64>, which cannot key rows": ["--input", str(list_ids)] + base[2:] + [
             "--drafter", "none"],

@@ -62,9 +62,10 @@ def chunk_patterns(prefix: str) -> list[str]:
 
 
 def absolute(path: str) -> str:
-    """A local path made absolute, a remote location as it is: Beam's local filesystem matches
-    absolute paths only (a bare `gens-*` or `*.parquet` matches nothing, `./gens-*` does)."""
-    return path if FileSystems.get_scheme(path) else os.path.abspath(path)
+    """A local path made absolute (`~` expanded: `--output=~/x` reaches us as it is, and made a
+    folder named ~), a remote location as it is: Beam's local filesystem matches absolute paths
+    only (a bare `gens-*` or `*.parquet` matches nothing, `./gens-*` does)."""
+    return path if FileSystems.get_scheme(path) else os.path.abspath(os.path.expanduser(path))
 
 
 def match(patterns: Iterable[str]) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shlex
 import statistics
 import sys
@@ -115,6 +116,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                              ("--batch_sizes", min(args.batch_sizes), 1)]:
         if value < low:
             p.error(f"{flag} must be >= {low}, got {value}")
+    args.target_model, args.draft_model = os.path.expanduser(args.target_model), [  # (`--x=~/m`: no shell expands it)
+        os.path.expanduser(d) for d in args.draft_model]
+    args.tokenizer = args.tokenizer and os.path.expanduser(args.tokenizer)
     if len(set(args.draft_model)) != len(args.draft_model):
         p.error("--draft_model: the same draft is given twice")
     return args
