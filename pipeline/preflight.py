@@ -469,7 +469,19 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_fit(opts)
     if pair:  # (logged once every check passed: a refused job prints its one line only)
         log.info("--draft_model %s: %s", opts.draft_model, pair[1])
+    _say_dtype(opts)
     return schema
+
+
+def _say_dtype(opts: SpecDecOptions) -> None:
+    """`--dtype auto` is the device's dtype (float32 on a CPU, bfloat16 on CUDA), not the checkpoint's,
+    as a plain `from_pretrained` gives it: said where they differ, since greedy outputs follow the dtype."""
+    found = next((c for c in local_model_configs(opts, draft=False)), None)
+    saved = getattr(found[2], "dtype", None) if found else None
+    if opts.dtype == "auto" and saved is not None and str(saved).removeprefix("torch.") != "float32":
+        log.info("--target_model %s: its checkpoint is %s; --dtype auto decodes it in float32 on a CPU, bfloat16 on "
+                 "CUDA (outputs equal its generate() in that dtype; --dtype %s keeps the checkpoint's)", found[1],
+                 str(saved).removeprefix("torch."), str(saved).removeprefix("torch."))
 
 
 def _check_fit(opts: SpecDecOptions) -> None:

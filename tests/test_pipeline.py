@@ -326,6 +326,26 @@ def test_checkpoints_half_copied_stop_the_job_in_one_line(tmp_path, saved_pairs,
                      "--max_new_tokens", "2"]) == 0
 
 
+def test_a_checkpoint_of_another_dtype_than_auto_is_said(tmp_path, saved_pairs, caplog):
+    """--dtype auto decodes a float16 checkpoint in float32 on a CPU, where a plain from_pretrained
+    keeps float16 (and greedy outputs can differ): the job says so; a float32 one says nothing."""
+    from transformers import AutoModelForCausalLM
+
+    target, _ = saved_pairs["llama"]
+    half = tmp_path / "half"
+    AutoModelForCausalLM.from_pretrained(target).to(torch.float16).save_pretrained(half)
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello"}])
+    for name, model in (("half", half), ("full", target)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="pipeline.preflight"):
+            assert main(["--input", src, "--output", str(tmp_path / name / "gens"), "--target_model", str(model),
+                         "--tokenizer", str(target), "--drafter", "none", "--max_new_tokens", "2"]) == 0
+        said = [r.getMessage() for r in caplog.records if "its checkpoint is" in r.getMessage()]
+        assert said == ([f"--target_model {half}: its checkpoint is float16; --dtype auto decodes it in float32 on a "
+                         "CPU, bfloat16 on CUDA (outputs equal its generate() in that dtype; --dtype float16 keeps "
+                         "the checkpoint's)"] if name == "half" else [])
+
+
 def test_paths_with_a_tilde_no_shell_expanded(tmp_path, saved_pairs, monkeypatch):
     """`--output=~/x` reaches the job as it is (a shell expands ~ only at a word's start): it wrote
     a folder named ~ in the working directory; model paths the same way failed their checks."""
