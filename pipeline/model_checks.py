@@ -5,7 +5,6 @@ line naming the flag."""
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import zipfile
@@ -74,36 +73,38 @@ def holds_any(directory: str, names: tuple[str, ...]) -> bool:
 
 
 def check_weights(flag: str, path: str) -> None:
-    """The weight files a local model loads from (safetensors where it has them, as transformers prefers them, else
-    .bin), whole: each file its shard index lists there, safetensors headers read against their lengths (no tensor is),
-    a .bin in torch's zip format a whole zip. One missing or cut short by an interrupted download or copy would fail
-    every worker's load, in a traceback and after the job began."""
+    """The weights a local model loads from, whole: the first of `weight_files` the folder has, as transformers picks
+    them (a leftover index beside a model.safetensors is never read); for an index, each file it lists, there. A
+    safetensors header is read against its length (no tensor is), a zip-format .bin's end checked. One missing or cut
+    short by an interrupted download or copy would fail every worker's load, in a traceback after the job began."""
     from safetensors import safe_open
 
     root = os.path.expanduser(path)
-    kind = "safetensors" if glob.glob(os.path.join(glob.escape(root), "*.safetensors")) else "bin"
-    for index in glob.glob(os.path.join(glob.escape(root), f"*.{kind}.index.json")):
+    name = next((n for n in weight_files() if os.path.isfile(os.path.join(root, n))), None)
+    if name is None:
+        return
+    files = [name]
+    if name.endswith(".index.json"):
         try:
-            with open(index) as f:
-                listed = set(json.load(f)["weight_map"].values())
+            with open(os.path.join(root, name)) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
         except Exception:  # (not an index transformers reads either: its load says why)
-            continue
-        if missing := sorted(name for name in listed if not os.path.isfile(os.path.join(root, name))):
-            raise JobConfigError(f"{flag} {path!r}: {missing[0]}, listed in {os.path.basename(index)}, is missing"
+            return
+        if missing := [f for f in files if not os.path.isfile(os.path.join(root, f))]:
+            raise JobConfigError(f"{flag} {path!r}: {missing[0]}, listed in {name}, is missing"
                                  + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-    for file in sorted(glob.glob(os.path.join(glob.escape(root), f"*.{kind}"))):
+    for file in files:
         try:
-            if kind == "safetensors":
-                with safe_open(file, "pt"):
+            if file.endswith(".safetensors"):
+                with safe_open(os.path.join(root, file), "pt"):
                     pass
             else:
-                with open(file, "rb") as f:
+                with open(os.path.join(root, file), "rb") as f:
                     zipped = f.read(2) == b"PK"  # (torch's format since 1.6; an older pickle is not checked)
-                if zipped and not zipfile.is_zipfile(file):
+                if zipped and not zipfile.is_zipfile(os.path.join(root, file)):
                     raise ValueError("not a whole zip archive")
         except Exception as e:
-            name = os.path.basename(file)
-            raise JobConfigError(f"{flag} {path!r}: {name} is damaged or cut short ({said(e)})") from e
+            raise JobConfigError(f"{flag} {path!r}: {file} is damaged or cut short ({said(e)})") from e
 
 
 def check_model_path(flag: str, path: str, trust: bool = False) -> None:

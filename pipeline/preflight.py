@@ -477,11 +477,11 @@ def _say_dtype(opts: SpecDecOptions) -> None:
     """`--dtype auto` is the device's dtype (float32 on a CPU, bfloat16 on CUDA), not the checkpoint's,
     as a plain `from_pretrained` gives it: said where they differ, since greedy outputs follow the dtype."""
     found = next((c for c in local_model_configs(opts, draft=False)), None)
-    saved = getattr(found[2], "dtype", None) if found else None
-    if opts.dtype == "auto" and saved is not None and str(saved).removeprefix("torch.") != "float32":
-        log.info("--target_model %s: its checkpoint is %s; --dtype auto decodes it in float32 on a CPU, bfloat16 on "
-                 "CUDA (outputs equal its generate() in that dtype; --dtype %s keeps the checkpoint's)", found[1],
-                 str(saved).removeprefix("torch."), str(saved).removeprefix("torch."))
+    saved = str(getattr(found[2], "dtype", None) if found else None).removeprefix("torch.")
+    if opts.dtype != "auto" or saved not in ("float16", "bfloat16") or (saved, opts.device[:4]) == ("bfloat16", "cuda"):
+        return
+    log.info("--target_model %s: its checkpoint is %s; --dtype auto decodes it in float32 on a CPU, bfloat16 on CUDA "
+             "(outputs equal its generate() in that dtype; --dtype %s keeps the checkpoint's)", found[1], saved, saved)
 
 
 def _check_fit(opts: SpecDecOptions) -> None:

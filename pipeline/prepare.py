@@ -86,16 +86,11 @@ def _one_builder(dataset: str, files: list[str], folder: bool) -> str:
 
 
 def _data_files(dataset: str) -> bool:
-    """Whether --dataset names data files (a path Beam's file systems read, a glob, or a local file
-    with a suffix) rather than a hub id (or an `hf://` path, which `datasets` reads)."""
+    """Whether --dataset names data files (a path Beam's file systems read, a glob, a local file)
+    rather than a hub id (or an `hf://` path, which `datasets` reads)."""
     if "://" in dataset:
-        try:
-            FileSystems.get_filesystem(dataset)
-        except ValueError:
-            return False
-        return True
-    return (any(c in dataset for c in "*?[") or _builder(dataset) is not None
-            or (os.path.isfile(dataset) and "." in os.path.basename(dataset)))
+        return not dataset.startswith("hf://")
+    return any(c in dataset for c in "*?[") or _builder(dataset) is not None or os.path.isfile(dataset)
 
 
 def load(dataset: str, config: str | None, split: str):
@@ -107,7 +102,7 @@ def load(dataset: str, config: str | None, split: str):
     if os.path.isdir(dataset):
         if _declares_configs(dataset):
             return datasets.load_dataset(dataset, config, split=split)
-        files, where = _files_in(dataset), {"path": dataset, "name": config}
+        files, where = _files_in(dataset), {"path": dataset}
     elif _data_files(dataset):
         files = match([dataset])
         if not files:  # (datasets' own error for it: "StopIteration")

@@ -19,14 +19,14 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model")
 log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ModelRefused(ValueError):
-    """The pair cannot run as the job asks, found when a worker loads it (a pair check, a model's
-    self-check, a tokenizer without a chat template): the job stops, saying why in one line."""
+    """The pair cannot run as the job asks, found as a worker loads it (a pair check, a self-check): said in a line."""
 
 
 class IncompatiblePairError(ModelRefused):

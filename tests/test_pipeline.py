@@ -301,6 +301,10 @@ def test_checkpoints_half_copied_stop_the_job_in_one_line(tmp_path, saved_pairs,
     assert len(shards) > 2
     for whole in (sharded, binary):  # (whole, they load)
         shutil.copytree(whole, tmp_path / f"whole-{whole.name}")
+    resaved = tmp_path / "whole-resaved"  # (saved whole over a sharded save: the old index stays, never read)
+    model.save_pretrained(resaved, max_shard_size="100KB")
+    model.save_pretrained(resaved)
+    assert (resaved / "model.safetensors.index.json").exists() and not list(resaved.glob("model-*"))
     shards[1].unlink()
     with open(binary / "pytorch_model.bin", "r+b") as f:
         f.truncate(f.seek(0, 2) // 2)
@@ -320,7 +324,7 @@ def test_checkpoints_half_copied_stop_the_job_in_one_line(tmp_path, saved_pairs,
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert err.startswith(f"error: {needle}"), err
     assert not (tmp_path / "out").exists()
-    for name in ("sharded", "bin"):
+    for name in ("sharded", "bin", "resaved"):
         assert main([*base[:2], "--output", str(tmp_path / name / "gens"), "--target_model",
                      str(tmp_path / f"whole-{name}"), "--tokenizer", str(target), "--drafter", "none",
                      "--max_new_tokens", "2"]) == 0
