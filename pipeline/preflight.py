@@ -469,6 +469,9 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     _check_fit(opts)
     if pair:  # (logged once every check passed: a refused job prints its one line only)
         log.info("--draft_model %s: %s", opts.draft_model, pair[1])
+    if opts.drafter == "model" and one_spelling(opts.draft_model) == one_spelling(opts.target_model):
+        log.warning("--draft_model %s is the target itself: every draft is kept, and each costs a pass of the "
+                    "target (--drafter none or ngram is faster)", opts.draft_model)
     _say_dtype(opts)
     return schema
 

@@ -350,6 +350,19 @@ def test_a_checkpoint_of_another_dtype_than_auto_is_said(tmp_path, saved_pairs, 
                          "the checkpoint's)"] if name == "half" else [])
 
 
+def test_the_target_as_its_own_draft_is_said(tmp_path, saved_pairs, caplog):
+    """The target's folder as --draft_model (in any spelling) ran without a word, slower than
+    the target alone: every draft is kept and each costs a target pass."""
+    target, _ = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello"}])
+    with caplog.at_level(logging.WARNING, logger="pipeline.preflight"):
+        assert main(["--input", src, "--output", str(tmp_path / "out" / "gens"), "--target_model", str(target),
+                     "--draft_model", f"{target}/../{target.name}/", "--max_new_tokens", "2"]) == 0
+    assert [r.getMessage() for r in caplog.records if "is the target itself" in r.getMessage()] == [
+        f"--draft_model {target}/../{target.name}/ is the target itself: every draft is kept, and each costs a pass "
+        "of the target (--drafter none or ngram is faster)"]
+
+
 def test_paths_with_a_tilde_no_shell_expanded(tmp_path, saved_pairs, monkeypatch):
     """`--output=~/x` reaches the job as it is (a shell expands ~ only at a word's start): it wrote
     a folder named ~ in the working directory; model paths the same way failed their checks."""
