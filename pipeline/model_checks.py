@@ -24,8 +24,7 @@ def config_files(path: str) -> list[str]:
     if path.startswith("gs://"):
         root = path.rstrip("/")
         return [f"{root}/{n}" for n in ("config.json", "tokenizer_config.json") if FileSystems.exists(f"{root}/{n}")]
-    root = os.path.expanduser(path)
-    return [p for n in ("config.json", "tokenizer_config.json") if os.path.isfile(p := os.path.join(root, n))]
+    return [p for n in ("config.json", "tokenizer_config.json") if os.path.isfile(p := os.path.join(path, n))]
 
 
 def check_reachable(flag: str, path: str) -> None:
@@ -44,7 +43,7 @@ def check_remote_code(flag: str, path: str, trust: bool) -> None:
     runs that code when loaded: refused unless --trust_remote_code. The JSON is read as
     data here, so nothing of the model directory is imported to decide. Hub ids are left to
     transformers, which raises before importing anything when trust_remote_code is False."""
-    if trust or not (path.startswith("gs://") or os.path.isdir(os.path.expanduser(path))):
+    if trust or not (path.startswith("gs://") or os.path.isdir(path)):
         return
     for file in config_files(path):
         try:
@@ -69,7 +68,7 @@ def holds_any(directory: str, names: tuple[str, ...]) -> bool:
     """Whether a directory, local or gs://, holds one of these files."""
     if directory.startswith("gs://"):
         return any(FileSystems.exists(f"{directory.rstrip('/')}/{name}") for name in names)
-    return any(os.path.isfile(os.path.join(os.path.expanduser(directory), name)) for name in names)
+    return any(os.path.isfile(os.path.join(directory, name)) for name in names)
 
 
 def check_weights(flag: str, path: str) -> None:
@@ -79,29 +78,28 @@ def check_weights(flag: str, path: str) -> None:
     short by an interrupted download or copy would fail every worker's load, in a traceback after the job began."""
     from safetensors import safe_open
 
-    root = os.path.expanduser(path)
-    name = next((n for n in weight_files() if os.path.isfile(os.path.join(root, n))), None)
+    name = next((n for n in weight_files() if os.path.isfile(os.path.join(path, n))), None)
     if name is None:
         return
     files = [name]
     if name.endswith(".index.json"):
         try:
-            with open(os.path.join(root, name)) as f:
+            with open(os.path.join(path, name)) as f:
                 files = sorted(set(json.load(f)["weight_map"].values()))
         except Exception:  # (not an index transformers reads either: its load says why)
             return
-        if missing := [f for f in files if not os.path.isfile(os.path.join(root, f))]:
+        if missing := [f for f in files if not os.path.isfile(os.path.join(path, f))]:
             raise JobConfigError(f"{flag} {path!r}: {missing[0]}, listed in {name}, is missing"
                                  + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
     for file in files:
         try:
             if file.endswith(".safetensors"):
-                with safe_open(os.path.join(root, file), "pt"):
+                with safe_open(os.path.join(path, file), "pt"):
                     pass
             else:
-                with open(os.path.join(root, file), "rb") as f:
+                with open(os.path.join(path, file), "rb") as f:
                     zipped = f.read(2) == b"PK"  # (torch's format since 1.6; an older pickle is not checked)
-                if zipped and not zipfile.is_zipfile(os.path.join(root, file)):
+                if zipped and not zipfile.is_zipfile(os.path.join(path, file)):
                     raise ValueError("not a whole zip archive")
         except Exception as e:
             raise JobConfigError(f"{flag} {path!r}: {file} is damaged or cut short ({said(e)})") from e
@@ -162,7 +160,7 @@ def check_tokenizer_path(path: str, trust: bool) -> None:
         if not holds_any(path, TOKENIZER_FILES):
             raise JobConfigError(f"--tokenizer {path!r}: no tokenizer files there ({', '.join(TOKENIZER_FILES)})")
     elif os.path.exists(path) or path.startswith((".", "/", "~")):
-        if not os.path.isdir(os.path.expanduser(path)):
+        if not os.path.isdir(path):
             raise JobConfigError(f"--tokenizer {path!r}: no such directory")
     else:
         from specdec_core.loading import load_tokenizer
@@ -228,11 +226,12 @@ def read_generation_config(path: str):
         return None
 
 
-def local_model_configs(opts: SpecDecOptions, draft: bool = True):
-    """(flag, path, config) of the target and (`draft`) the model draft that are local (gs://
-    models are checked when the workers load them)."""
+def local_model_configs(opts: SpecDecOptions):
+    """(flag, path, config) of the target and the model draft that are local (gs:// models are
+    checked when the workers load them). Paths as `pipeline.run.parse_options` gives them (`~`
+    expanded)."""
     models = [("--target_model", opts.target_model)]
-    if draft and opts.drafter == "model":
+    if opts.drafter == "model":
         models.append(("--draft_model", opts.draft_model))
     for flag, path in models:
         if not path.startswith("gs://"):

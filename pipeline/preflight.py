@@ -22,7 +22,6 @@ from pipeline.model_checks import (
     check_tokenizer_path,
     local_model_configs,
     quiet_transformers,
-    read_config,
     read_generation_config,
     said,
     target_tokenizer,
@@ -181,7 +180,8 @@ def _check_chat(opts: SpecDecOptions, schema: pa.Schema, tokenizer: PreTrainedTo
             raise JobConfigError(f"{why}, but the tokenizer of {path!r} has no chat template")
 
 
-def _check_pair(opts: SpecDecOptions, tokenizer: PreTrainedTokenizerBase | None) -> tuple[bool, str] | None:
+def _check_pair(opts: SpecDecOptions, tokenizer: PreTrainedTokenizerBase | None,
+                configs: list) -> tuple[bool, str] | None:
     """Kind check, and the drafting mode where both models and the tokenizer are local (gs:// ones
     are checked on load): whether it is cross-tokenizer (each row drafted in its own session), and
     the mode in words; None when not checked here."""
@@ -196,15 +196,14 @@ def _check_pair(opts: SpecDecOptions, tokenizer: PreTrainedTokenizerBase | None)
         draft_tokenizer_for,
     )
 
-    trust = opts.trust_remote_code
-    configs = [read_config("--target_model", paths[0], trust), read_config("--draft_model", paths[1], trust)]
     try:
         with quiet_transformers():
-            draft_tokenizer = draft_tokenizer_for(opts.draft_model, tokenizer, trust)
+            draft_tokenizer = draft_tokenizer_for(opts.draft_model, tokenizer, opts.trust_remote_code)
     except Exception as e:  # (a partial copy: tokenizer_config.json without its tokenizer.json)
         raise JobConfigError(f"--draft_model {opts.draft_model!r}: cannot load its tokenizer ({said(e)})") from e
     try:
-        mode = check_compatible(*configs, tokenizer, draft_tokenizer, tuple(map(read_generation_config, paths)))
+        mode = check_compatible(*(c[2] for c in configs), tokenizer, draft_tokenizer,
+                                tuple(map(read_generation_config, paths)))
     except IncompatiblePairError as e:
         raise JobConfigError(f"--draft_model {opts.draft_model!r}: {e}") from e
     return mode == CROSS_TOKENIZER, describe_mode(mode, tokenizer, draft_tokenizer)
@@ -340,7 +339,7 @@ def _check_same_generation(opts: SpecDecOptions, prefix: str, schema: pa.Schema)
                              "with the generation flags of the run it continues")
 
 
-def _check_batching(opts: SpecDecOptions, per_row_draft: bool) -> None:
+def _check_batching(opts: SpecDecOptions, configs: list, per_row_draft: bool) -> None:
     """--batch_size > 1 decodes every attention model, decoder-only or encoder-decoder, full or
     sliding-window; models with other layer kinds (chunked, linear or state-space layers) are
     refused. A draft with another tokenizer (`per_row_draft`) drafts each row in its own one-row
@@ -353,14 +352,14 @@ def _check_batching(opts: SpecDecOptions, per_row_draft: bool) -> None:
                              "--batch_size 1, or --draft_dtype auto)")
     from specdec_core.plan import unbatchable
 
-    for flag, path, config in local_model_configs(opts, draft=not per_row_draft):
-        why = unbatchable(config)
+    for flag, path, config in configs:
+        why = None if per_row_draft and flag == "--draft_model" else unbatchable(config)
         if why:
             raise JobConfigError(f"--batch_size {opts.batch_size}: {flag} {path!r} {why}; batching needs "
                                  "attention layers, full or sliding-window (use --batch_size 1)")
 
 
-def _fewest_prompt_tokens(opts: SpecDecOptions, schema: pa.Schema, tokenizer: PreTrainedTokenizerBase | None) -> int:
+def _fewest_prompt_tokens(opts: SpecDecOptions, conversations: bool, tokenizer: PreTrainedTokenizerBase | None) -> int:
     """A lower bound on every row's prompt tokens under a causal target: one token and the special
     tokens the tokenizer adds (a BOS); through a chat template, what the template writes around an
     empty user message (with --system_prompt where every row gets it: a text column), fewest over
@@ -368,7 +367,6 @@ def _fewest_prompt_tokens(opts: SpecDecOptions, schema: pa.Schema, tokenizer: Pr
     if tokenizer is None:
         return 1
     fewest = 1 + tokenizer.num_special_tokens_to_add()
-    conversations = conversation_column(schema, opts.prompt_column)
     if not (opts.chat_template or conversations):
         return fewest
     user = [{"role": "user", "content": ""}]
@@ -386,22 +384,24 @@ def _fewest_prompt_tokens(opts: SpecDecOptions, schema: pa.Schema, tokenizer: Pr
     return min(counts) if counts else 1
 
 
-def _check_context(opts: SpecDecOptions, schema: pa.Schema, tokenizer: PreTrainedTokenizerBase | None) -> None:
+def _check_context(opts: SpecDecOptions, schema: pa.Schema, tokenizer: PreTrainedTokenizerBase | None,
+                   configs: list) -> None:
     """--max_new_tokens past what a local target's decoder can position would fail every row
     (`PromptTooLong`): a causal decoder holds the prompt (`_fewest_prompt_tokens` of it at least)
     and the output. (A draft with fewer positions drafts while a row fits them, then the target
     goes on alone.)"""
     from specdec_core.loading import positions
 
-    found = next((c for c in local_model_configs(opts) if c[0] == "--target_model"), None)  # (yielded first)
+    found = next((c for c in configs if c[0] == "--target_model"), None)
     if found is None:
         return
     flag, path, config = found
     limit = positions(config)
     if limit is None:
         return
-    shortest = 0 if config.is_encoder_decoder else _fewest_prompt_tokens(opts, schema, tokenizer)
-    chat = " through the chat template" if opts.chat_template or conversation_column(schema, opts.prompt_column) else ""
+    conversations = conversation_column(schema, opts.prompt_column)
+    shortest = 0 if config.is_encoder_decoder else _fewest_prompt_tokens(opts, conversations, tokenizer)
+    chat = " through the chat template" if opts.chat_template or conversations else ""
     if opts.max_new_tokens > limit - shortest:
         raise JobConfigError(f"--max_new_tokens {opts.max_new_tokens}: {flag} {path!r} can hold at most "
                              f"{limit - shortest} new tokens (its decoder's {limit} positions"
@@ -409,7 +409,7 @@ def _check_context(opts: SpecDecOptions, schema: pa.Schema, tokenizer: PreTraine
                              + "); every row would fail")
 
 
-def _check_cuda_graphs(opts: SpecDecOptions) -> None:
+def _check_cuda_graphs(opts: SpecDecOptions, configs: list) -> None:
     """--cuda_graphs on insists on static caches: refuse a split model, or one whose config rules
     them out."""
     if opts.cuda_graphs != "on":
@@ -419,7 +419,7 @@ def _check_cuda_graphs(opts: SpecDecOptions) -> None:
     if opts.device_map == "auto":
         raise JobConfigError("--cuda_graphs on: a model split by --device_map auto runs eagerly (use --cuda_graphs "
                              "auto or off)")
-    for flag, path, config in local_model_configs(opts):
+    for flag, path, config in configs:
         why = config_support(config)
         if why:
             raise JobConfigError(f"--cuda_graphs on: {flag} {path!r} {why} (use --cuda_graphs auto or off)")
@@ -459,27 +459,28 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
         check_model_path("--draft_model", opts.draft_model, trust)
     # loaded here for the checks below (gs:// ones are checked on load)
     tokenizer = None if (opts.tokenizer or opts.target_model).startswith("gs://") else target_tokenizer(opts)
-    pair = _check_pair(opts, tokenizer) if opts.drafter == "model" else None
+    configs = list(local_model_configs(opts))  # (flag, path, config) of the local models, read once
+    pair = _check_pair(opts, tokenizer, configs) if opts.drafter == "model" else None
     _check_chat(opts, schema, tokenizer)
     _check_output(opts, [path for path, _ in shards])
     _check_resume(opts, schema)
-    _check_batching(opts, per_row_draft=pair is not None and pair[0])
-    _check_context(opts, schema, tokenizer)
-    _check_cuda_graphs(opts)
+    _check_batching(opts, configs, per_row_draft=pair is not None and pair[0])
+    _check_context(opts, schema, tokenizer, configs)
+    _check_cuda_graphs(opts, configs)
     _check_fit(opts)
     if pair:  # (logged once every check passed: a refused job prints its one line only)
         log.info("--draft_model %s: %s", opts.draft_model, pair[1])
     if opts.drafter == "model" and one_spelling(opts.draft_model) == one_spelling(opts.target_model):
         log.warning("--draft_model %s is the target itself: every draft is kept, and each costs a pass of the "
                     "target (--drafter none or ngram is faster)", opts.draft_model)
-    _say_dtype(opts)
+    _say_dtype(opts, configs)
     return schema
 
 
-def _say_dtype(opts: SpecDecOptions) -> None:
+def _say_dtype(opts: SpecDecOptions, configs: list) -> None:
     """`--dtype auto` is the device's dtype (float32 on a CPU, bfloat16 on CUDA), not the checkpoint's,
     as a plain `from_pretrained` gives it: said where they differ, since greedy outputs follow the dtype."""
-    found = next((c for c in local_model_configs(opts, draft=False)), None)
+    found = next((c for c in configs if c[0] == "--target_model"), None)
     saved = str(getattr(found[2], "dtype", None) if found else None).removeprefix("torch.")
     if opts.dtype != "auto" or saved not in ("float16", "bfloat16") or (saved, opts.device[:4]) == ("bfloat16", "cuda"):
         return

@@ -64,16 +64,16 @@ def _declares_configs(folder: str) -> bool:
     return text.startswith("---") and "\nconfigs:" in text.split("\n---", 1)[0]
 
 
-def _one_builder(dataset: str, files: list[str], folder: bool) -> str:
+def _one_builder(dataset: str, files: list[str]) -> str:
     """The one format of the data files a --dataset names: `datasets` reads a folder's most common
-    format only, so a folder of a .jsonl and two .txt notes gave the notes as the dataset. A
-    folder's other files (a README) are left out, as `datasets` leaves them; a file a glob
-    matches is read by the format's reader, so it must be of that format."""
+    format only, so a folder of a .jsonl and two .txt notes gave the notes as the dataset. A file
+    a glob matches is read by the format's reader, so it must be of that format (a folder's other
+    files, a README, are left out before, as `datasets` leaves them)."""
     kinds: dict[str, list[str]] = {}
     for path in files:
         if builder := _builder(path):
             kinds.setdefault(builder, []).append(os.path.basename(path))
-        elif not folder:
+        else:
             raise DatasetError(f"--dataset {dataset!r} matches {path}, which is of no format it reads ({_FORMATS})")
     if not kinds:
         raise DatasetError(f"--dataset {dataset!r}: no file of a format it reads ({_FORMATS})")
@@ -99,29 +99,26 @@ def load(dataset: str, config: str | None, split: str):
     id, and a folder laid out as a hub dataset (configs in its README), as `datasets` reads them."""
     import datasets
 
-    if os.path.isdir(dataset):
-        if _declares_configs(dataset):
-            return datasets.load_dataset(dataset, config, split=split)
-        files, where = _files_in(dataset), {"path": dataset}
-    elif _data_files(dataset):
+    folder = os.path.isdir(dataset)
+    if folder and not _declares_configs(dataset):
+        files = [f for f in _files_in(dataset) if _builder(f)]
+    elif not folder and _data_files(dataset):
         files = match([dataset])
         if not files:  # (datasets' own error for it: "StopIteration")
             raise FileNotFoundError(f"--dataset {dataset!r} matches no files")
-        where = {"path": None, "data_files": dataset}
     else:
         return datasets.load_dataset(dataset, config, split=split)
-    files = [f for f in files if _builder(f)] if os.path.isdir(dataset) else files
-    builder = _one_builder(dataset, files, folder=os.path.isdir(dataset))
-    where["path"] = where["path"] or builder
+    builder = _one_builder(dataset, files)
     if all("://" not in f and os.path.getsize(f) == 0 for f in files):
         raise DatasetError(f"--dataset {dataset!r}: its data files are empty")
+    path, data_files = (dataset, None) if folder else (builder, dataset)  # (a folder: datasets' folder reading)
     if builder != "csv":
-        return datasets.load_dataset(**where, split=split)
+        return datasets.load_dataset(path, data_files=data_files, split=split)
     # CSV has no types: every column read as the text in the file, so that ids keep their digits
     # ("007"; pandas would make 7, or 1.0 in a column with a gap) and "NA" stays "NA".
-    columns = [_csv_start(dataset, f) for f in files][0]
-    features = datasets.Features({c: datasets.Value("string") for c in columns})
-    return datasets.load_dataset(**where, split=split, features=features, keep_default_na=False)
+    headers = [_csv_start(dataset, f) for f in files]  # (each file's first row checked)
+    features = datasets.Features({c: datasets.Value("string") for c in headers[0]})
+    return datasets.load_dataset(path, data_files=data_files, split=split, features=features, keep_default_na=False)
 
 
 def _csv_start(dataset: str, path: str) -> list[str]:
