@@ -263,6 +263,8 @@ def writable_file(flag: str, path: str) -> str:
     process can write (missing folders are made). gs:// files are left to their writer."""
     if not path.strip():
         raise JobConfigError(f"{flag} {path!r}: names no file")
+    if path == "-":
+        raise JobConfigError(f"{flag} '-': this writes a file, not standard output: name the file")
     if path.lower().endswith(".parquet"):
         raise JobConfigError(f"{flag} {path!r}: a Parquet file's name (this writes {flag[2:]} there, in its place)")
     if "://" in path:

@@ -167,6 +167,7 @@ def test_missing_files_or_reference_column_stop_in_one_line(tmp_path, capsys):
                          # (a run's own shard, written over and lost; a glob's j* took j1-failed-* for results)
                          ([prefix, "--html", f"{prefix}-00000-of-00001.parquet"], "a Parquet file's name"),
                          ([prefix, "--html", ""], "--html '': names no file"),
+                         ([prefix, "--html", "-"], "--html '-': this writes a file, not standard output"),
                          ([f"{tmp_path}/run/g*"], "a prefix cannot hold *, ?, ["),
                          ([prefix, "--baseline", f"{tmp_path}/run/g?ns"], "--baseline"),
                          ]:
