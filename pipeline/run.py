@@ -39,7 +39,7 @@ def build_pipeline(p: beam.Pipeline, opts: SpecDecOptions, schema: pa.Schema) ->
     columns = list(dict.fromkeys([opts.id_column, opts.prompt_column, *passthrough]))
     rows = p | "ReadPrompts" >> ReadPrompts(opts.input, columns, opts.prompt_column)
     rows, early = rows | "SelectIds" >> SelectRows(opts.id_column, opts.prompt_column, opts.resume_prefixes())
-    results, failed = rows | "Generate" >> GenerateRows(
+    results, *failed = rows | "Generate" >> GenerateRows(
         handler,
         id_column=opts.id_column,
         prompt_column=opts.prompt_column,
@@ -50,16 +50,16 @@ def build_pipeline(p: beam.Pipeline, opts: SpecDecOptions, schema: pa.Schema) ->
     record = run_record(opts)
     schemas = (with_provenance(result_schema(schema, opts.id_column, passthrough), record),
                with_provenance(failed_schema(schema, opts.id_column), record))
-    # Durable as they finish, in the model's environment (CommitRows says why); rows failed before
-    # any generation, each kind in the step that finds it (a Flatten first would put the commit in
-    # a stage of its own, after generation): a row whose id is not valid UTF-8 as the input is read,
-    # duplicates and other rows not valid UTF-8 as the ids are grouped.
-    results, failed = (results, failed) | "Commit" >> CommitRows(
+    # Durable as they finish, each kind of row in the step that finds it (a Flatten first would put
+    # the commit in a stage of its own, after generation): generated and failed rows in the model's
+    # environment (CommitRows says why); rows failed before any generation, a row whose id is not
+    # valid UTF-8 as the input is read, duplicates and other rows not valid UTF-8 as ids are grouped.
+    results, *failed = (results, *failed) | "Commit" >> CommitRows(
         opts.output, *schemas, opts.commit_every_s, accelerator=opts.accelerator)
     early = [rows | f"Commit{kind}" >> beam.ParDo(
         CommitChunks(f"{opts.output}-failed-chunk", schemas[1], opts.commit_every_s))
         for kind, rows in early.items()]
-    failed = (failed, *early) | "AllFailed" >> beam.Flatten()
+    failed = (*failed, *early) | "AllFailed" >> beam.Flatten()
     _ = (results, failed) | "Write" >> WriteResults(opts.output, *schemas)
 
 

@@ -126,6 +126,40 @@ def test_rows_that_are_not_utf8_are_committed_before_any_generation(tmp_path, sa
     assert sorted(failed["error_type"].to_pylist()) == ["DuplicateId", "DuplicateId", "InvalidUtf8"]
 
 
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_rows_failed_in_generation_are_committed_while_the_job_runs(tmp_path, saved_pairs, monkeypatch, batch_size):
+    """A row that fails in generation (batch 1: raised into RunInference's dead letter; batched: a
+    per-row marker) is on disk as the next rows are generated, not only when all generation ends
+    (a Flatten of the two kinds before their commit put it in a stage of its own, after generation)."""
+    import glob
+
+    from specdec_core import text
+    from transforms.model_handler import LIST_FACTOR
+
+    target, _ = saved_pairs["llama"]
+    n = 1 + (len(GOOD) if batch_size == 1 else LIST_FACTOR * batch_size)  # (two calls at least)
+    src = write_prompts(tmp_path / "p.parquet", [{"id": f"r{i}", "prompt": GOOD[i % len(GOOD)]} for i in range(n)])
+    out = tmp_path / "run" / "gens"
+    name = "generate" if batch_size == 1 else "generate_batch"
+    original, seen = getattr(text.TextGenerator, name), []
+
+    def first_call_fails(self, *args):
+        seen.append({e for path in glob.glob(f"{out}-failed-chunk-*.parquet")
+                     for e in pq.read_table(path)["error_type"].to_pylist()})
+        if len(seen) > 1:
+            return original(self, *args)
+        if batch_size == 1:
+            raise RuntimeError("boom")
+        return [{"error_type": "Boom", "error_message": "boom"} for _ in args[0]]
+
+    monkeypatch.setattr(text.TextGenerator, name, first_call_fails)
+    assert main(_args(src, out, target, None, "--commit_every_s", "0", "--batch_size", str(batch_size))) == 0
+    kind = "RuntimeError" if batch_size == 1 else "Boom"
+    assert len(seen) > 1 and all(kind in s for s in seen[1:]), seen
+    results, failed = read_outputs(str(out))
+    assert results.num_rows + failed.num_rows == n and set(failed["error_type"].to_pylist()) == {kind}
+
+
 # -- 4: per-item time limit -------------------------------------------------------------------
 
 def test_items_past_the_time_limit_fail_and_the_job_goes_on(tmp_path, saved_pairs):

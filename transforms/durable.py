@@ -197,8 +197,8 @@ class CommitChunks(beam.DoFn):
 
 
 class CommitRows(beam.PTransform):
-    """(results, failed) -> the same, committed to PREFIX-chunk-* / PREFIX-failed-chunk-* files
-    on the way.
+    """(results, failed, ...) -> the same, committed to PREFIX-chunk-* / PREFIX-failed-chunk-* files
+    on the way (each collection of failed rows in its own step: see GenerateRows).
 
     Give it the generate step's accelerator hint: a step in another environment is not fused
     with the model's, and on Dataflow batch an unfused step runs only after the whole
@@ -212,11 +212,12 @@ class CommitRows(beam.PTransform):
         if accelerator:
             self.with_resource_hints(accelerator=accelerator)
 
-    def expand(self, pcolls: tuple[beam.PCollection, beam.PCollection]) -> tuple[beam.PCollection, beam.PCollection]:
-        results, failed = pcolls
+    def expand(self, pcolls: tuple[beam.PCollection, ...]) -> tuple[beam.PCollection, ...]:
+        results, *failed = pcolls
         return (
             results | "Results" >> beam.ParDo(CommitChunks(f"{self.prefix}-chunk", self.schema, self.every_s)),
-            failed | "Failed" >> beam.ParDo(CommitChunks(f"{self.prefix}-failed-chunk", self.failed, self.every_s)),
+            *(rows | f"Failed{i}" >> beam.ParDo(CommitChunks(f"{self.prefix}-failed-chunk", self.failed, self.every_s))
+              for i, rows in enumerate(failed)),
         )
 
 

@@ -1,4 +1,4 @@
-"""Prompt rows -> (result rows, failed rows), through RunInference with a dead-letter queue."""
+"""Prompt rows -> result rows and failed rows, through RunInference with a dead-letter queue."""
 
 from __future__ import annotations
 
@@ -45,7 +45,10 @@ class GenerateRows(beam.PTransform):
         if accelerator:
             self.with_resource_hints(accelerator=accelerator)
 
-    def expand(self, rows: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection]:
+    def expand(self, rows: beam.PCollection) -> tuple[beam.PCollection, beam.PCollection, beam.PCollection]:
+        """(results, rows failed in inference, rows marked failed): the two failed kinds apart, each to be
+        committed in the step that finds it (a Flatten here would put their commit in a stage of its own, after
+        all generation)."""
         inference = RunInference(self.handler).with_exception_handling()
         generated, dead = (
             rows
@@ -58,4 +61,4 @@ class GenerateRows(beam.PTransform):
             failed_rows, self.id_column, self.prompt_column
         )
         bad = marked | "MarkedFailedRows" >> beam.Map(marked_failed_row, self.id_column, self.prompt_column)
-        return results, (failed, bad) | "AllFailed" >> beam.Flatten()
+        return results, failed, bad
