@@ -29,12 +29,12 @@ def test_reader_counts_each_id_once_and_results_win_over_failed(tmp_path):
     prefix = str(tmp_path / "gens")
     _write(f"{prefix}-00000-of-00001.parquet", [{"id": "a", "generation": "A"}], SCHEMA)
     # a chunk of a retried bundle: "a" again, and "b"
-    _write(f"{prefix}-chunk-u1-00000.parquet", [{"id": "a", "generation": "A"}, {"id": "b", "generation": "B"}],
+    _write(f"{prefix}-chunk-{1:032x}-00000.parquet", [{"id": "a", "generation": "A"}, {"id": "b", "generation": "B"}],
            SCHEMA)
-    _write(f"{prefix}-chunk-u2-00000.parquet", [{"id": "b", "generation": "B"}, {"id": None, "generation": "N"}],
+    _write(f"{prefix}-chunk-{2:032x}-00000.parquet", [{"id": "b", "generation": "B"}, {"id": None, "generation": "N"}],
            SCHEMA)
     # "b" failed in one attempt and succeeded in another; "c" only failed, twice
-    _write(f"{prefix}-failed-chunk-u3-00000.parquet", [_failed("b"), _failed("c"), _failed("c")], FAILED)
+    _write(f"{prefix}-failed-chunk-{3:032x}-00000.parquet", [_failed("b"), _failed("c"), _failed("c")], FAILED)
     _write(f"{prefix}-failed-00000-of-00001.parquet", [_failed("d")], FAILED)
     # another prefix sharing the directory is not read
     _write(str(tmp_path / "other-00000-of-00001.parquet"), [{"id": "z", "generation": "Z"}], SCHEMA)
@@ -47,7 +47,7 @@ def test_reader_counts_each_id_once_and_results_win_over_failed(tmp_path):
     assert sorted(failed["id"].to_pylist()) == ["c", "d"]
     assert len(output_files(prefix)) == 5
     # several prefixes read as one run
-    _write(str(tmp_path / "more-chunk-u5-00000.parquet"), [{"id": "e", "generation": "E"}], SCHEMA)
+    _write(str(tmp_path / f"more-chunk-{5:032x}-00000.parquet"), [{"id": "e", "generation": "E"}], SCHEMA)
     both, _ = read_outputs([prefix, str(tmp_path / "more")])
     assert both["id"].to_pylist() == ["a", "b", None, "e"]
 
@@ -94,7 +94,7 @@ def test_chunk_names_never_match_the_final_glob_beam_deletes(tmp_path):
     from apache_beam.io.parquetio import _ParquetSink
 
     prefix = str(tmp_path / "gens")
-    for name in ("gens-chunk-0123abcd-00000.parquet", "gens-failed-chunk-0123abcd-00007.parquet"):
+    for name in (f"gens-chunk-{1:032x}-00000.parquet", f"gens-failed-chunk-{1:032x}-00007.parquet"):
         _write(tmp_path / name, [], SCHEMA)
     sinks = {suffix: _ParquetSink(prefix + suffix, SCHEMA, codec="none", use_deprecated_int96_timestamps=False,
                                   use_compliant_nested_type=False, file_name_suffix=".parquet", num_shards=0,

@@ -141,8 +141,8 @@ def test_chunks_resume_and_output_safety_on_gcs(gcs, saved_pairs, tmp_path, monk
     monkeypatch.setenv("SPECDEC_MODEL_CACHE", str(tmp_path / "model-cache"))
     killed = f"gs://{BUCKET}/resume/killed/gens"
     chunk = pa.table({"id": ["p0", "p1"], "generation": ["x", "y"]})
-    write_parquet_file(f"{killed}-chunk-abc-00000.parquet", chunk)
-    write_parquet_file(f"{killed}-chunk-def-00000.parquet", chunk.slice(1))  # a retried bundle's copy
+    write_parquet_file(f"{killed}-chunk-{0xabc:032x}-00000.parquet", chunk)
+    write_parquet_file(f"{killed}-chunk-{0xdef:032x}-00000.parquet", chunk.slice(1))  # a retried bundle's copy
     assert read_outputs(killed)[0]["id"].to_pylist() == ["p0", "p1"]
 
     out = f"gs://{BUCKET}/resume/second/gens"

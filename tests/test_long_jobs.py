@@ -90,7 +90,7 @@ def test_every_row_of_a_duplicated_id_fails_as_duplicate_id(tmp_path, saved_pair
     assert sorted(failed.filter(pa.compute.equal(failed["id"], "b"))["error_message"].to_pylist()) == [
         "id 'b' occurs 2 times in the input (row 1 of 2)", "id 'b' occurs 2 times in the input (row 2 of 2)"]
     # a retried bundle commits the same rows again: still one per input row
-    chunk = out.parent / "gens-failed-chunk-retry-00000.parquet"
+    chunk = out.parent / f"gens-failed-chunk-{1:032x}-00000.parquet"
     pq.write_table(pq.read_table(next(out.parent.glob("gens-failed-0*.parquet"))), chunk)
     assert read_outputs(str(out))[1].num_rows == failed.num_rows
 
@@ -198,7 +198,7 @@ def test_existing_output_stops_the_job_unless_overwrite(tmp_path, saved_pairs, c
     out = tmp_path / "run" / "gens"
     out.parent.mkdir()
     # what a killed earlier run left: one chunk, and a stale shard of another shard count
-    pq.write_table(pa.table({"id": ["old"], "generation": ["x"]}), out.parent / "gens-chunk-old-00000.parquet")
+    pq.write_table(pa.table({"id": ["old"], "generation": ["x"]}), out.parent / f"gens-chunk-{1:032x}-00000.parquet")
     pq.write_table(pa.table({"id": ["old"], "generation": ["x"]}), out.parent / "gens-00001-of-00002.parquet")
     (out.parent / "gens-notes.txt").write_text("not ours")
     capsys.readouterr()
@@ -213,22 +213,25 @@ def test_existing_output_stops_the_job_unless_overwrite(tmp_path, saved_pairs, c
     assert (out.parent / "gens-notes.txt").exists()
 
 
-def test_an_output_prefix_that_would_delete_another_prefixs_files_stops_the_job(tmp_path, saved_pairs, capsys):
+@pytest.mark.parametrize("other", ["gens-v2", "gens-chunk-1"])
+def test_an_output_prefix_that_would_delete_another_prefixs_files_stops_the_job(tmp_path, saved_pairs, capsys, other):
     """Beam's sink deletes every PREFIX-*-of-NNNNN.parquet once it has written: "gens" would take
-    "gens-v2"'s shards with it. Refused, with --overwrite too; nothing is touched."""
+    "gens-v2"'s shards with it. Refused, with --overwrite too; nothing is touched. "gens-chunk-1"'s
+    files were taken for gens's own chunks: read, and deleted by --overwrite."""
     target, _ = saved_pairs["llama"]
     src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello world!"}])
     out = tmp_path / "run" / "gens"
     out.parent.mkdir()
-    for name in ("gens-v2-00000-of-00001.parquet", "gens-v2-failed-00000-of-00001.parquet"):
+    names = [f"{other}-00000-of-00001.parquet", f"{other}-failed-00000-of-00001.parquet"]
+    for name in names:
         pq.write_table(pa.table({"id": ["v2"], "generation": ["kept"]}), out.parent / name)
+    assert read_outputs(str(out)) == (None, None)
     capsys.readouterr()
     for extra in ((), ("--overwrite",)):
         assert main(_args(src, out, target, None, *extra)) == 2
         err = _one_line_error(capsys)
-        assert "gens-v2-00000-of-00001.parquet is not this prefix's" in err, err
-    assert sorted(p.name for p in out.parent.iterdir()) == ["gens-v2-00000-of-00001.parquet",
-                                                             "gens-v2-failed-00000-of-00001.parquet"]
+        assert f"{names[0]} is not this prefix's" in err, err
+    assert sorted(p.name for p in out.parent.iterdir()) == names
     assert main(_args(src, out.parent / "gens-v3", target, None)) == 0  # a prefix no file starts with
 
 

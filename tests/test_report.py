@@ -200,7 +200,7 @@ def test_a_killed_job_with_failed_rows_only_so_far_is_reported(tmp_path, capsys)
     prefix = tmp_path / "run" / "gens"
     prefix.parent.mkdir()
     pq.write_table(failed_table([("e", "EmptyPrompt"), ("f", "InvalidUtf8")]),
-                   f"{prefix}-failed-chunk-0a1b-00000.parquet")
+                   f"{prefix}-failed-chunk-{0xa1b:032x}-00000.parquet")
     assert report.main([str(prefix)]) == 0
     got = labelled(capsys.readouterr().out)
     assert got["prompts"] == "2 (0 generated, 2 failed)"

@@ -4,7 +4,7 @@ that every consumer of a prefix (resume, report) goes through.
 A prefix's files:
 - `PREFIX-SSSSS-of-NNNNN.parquet`, `PREFIX-failed-SSSSS-of-NNNNN.parquet`: the final output,
   written exactly once by Beam's file sink when the job finishes;
-- `PREFIX-chunk-<uid>-<n>.parquet`, `PREFIX-failed-chunk-<uid>-<n>.parquet`: rows committed
+- `PREFIX-chunk-<uid>-<n>.parquet`, `PREFIX-failed-chunk-<uid>-<n>.parquet` (uid: 32 hex digits): rows committed
   while the job runs. Their names never match the glob `PREFIX-*-of-NNNNN.parquet` that
   Beam's sink deletes before renaming its shards. A finished job deletes them once its final
   output is committed; a killed job leaves them, and they are its results.
@@ -42,13 +42,18 @@ NAMESPACE = "specdec"
 SHARD = "[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]"
 
 
+# A chunk's name after PREFIX-chunk-: its committing thread's uuid4 hex and the chunk's number, and nothing else
+# (PREFIX-chunk-* would take another prefix's files for this one's: `gens-chunk-1-00000-of-00001.parquet` for `gens`).
+CHUNK = "[0-9a-f]" * 32 + "-[0-9][0-9][0-9][0-9][0-9]*.parquet"
+
+
 def result_patterns(prefix: str) -> list[str]:
     """Globs of the files holding result rows: final shards and chunks."""
-    return [f"{prefix}-{SHARD}.parquet", f"{prefix}-chunk-*.parquet"]
+    return [f"{prefix}-{SHARD}.parquet", f"{prefix}-chunk-{CHUNK}"]
 
 
 def failed_patterns(prefix: str) -> list[str]:
-    return [f"{prefix}-failed-{SHARD}.parquet", f"{prefix}-failed-chunk-*.parquet"]
+    return [f"{prefix}-failed-{SHARD}.parquet", f"{prefix}-failed-chunk-{CHUNK}"]
 
 
 def sink_deletes(prefix: str) -> list[str]:
@@ -58,7 +63,7 @@ def sink_deletes(prefix: str) -> list[str]:
 
 
 def chunk_patterns(prefix: str) -> list[str]:
-    return [f"{prefix}-chunk-*.parquet", f"{prefix}-failed-chunk-*.parquet"]
+    return [result_patterns(prefix)[1], failed_patterns(prefix)[1]]
 
 
 def absolute(path: str) -> str:
