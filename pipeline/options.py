@@ -10,8 +10,12 @@ from specdec_core.plan import GRAPH_MODES
 from specdec_core.text import CPU_KERNELS, DRAFTERS, GAMMA_POLICIES, GeneratorSpec
 
 
-def _none_or(kind):
-    return lambda v: None if v in ("", "none", "None") else kind(v)
+def none_or(kind):
+    """A flag's value, or None (no limit) for "", none or None."""
+    def parse(v: str):
+        return None if v in ("", "none", "None") else kind(v)
+    parse.__name__ = kind.__name__  # (argparse's error names it: "invalid float value", not "invalid <lambda> value")
+    return parse
 
 
 class SpecDecOptions(PipelineOptions):
@@ -58,8 +62,8 @@ class SpecDecOptions(PipelineOptions):
           help="prompts a worker decodes together (continuous batching, exact per prompt); "
           "1 = one prompt at a time. Decoder-only and encoder-decoder targets alike")
         a("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
-        a("--top_k", type=_none_or(int), default=None, help="top-k sampling (sampling only)")
-        a("--top_p", type=_none_or(float), default=None, help="nucleus sampling (sampling only)")
+        a("--top_k", type=none_or(int), default=None, help="top-k sampling (sampling only)")
+        a("--top_p", type=none_or(float), default=None, help="nucleus sampling (sampling only)")
         a("--seed", type=int, default=0, help="base seed; each item's seed derives from it and the item's id")
         a("--device", default="auto",
           help="auto, cpu, cuda or cuda:N; cuda (or auto with GPUs): one copy of the pair per GPU of the worker")
@@ -91,7 +95,7 @@ class SpecDecOptions(PipelineOptions):
         a("--resume_from", action="append", default=None,
           help="output prefix of an earlier run (repeatable, or comma-separated): ids with a result row "
           "there are skipped, ids that only failed are tried again")
-        a("--max_item_seconds", type=_none_or(float), default=None,
+        a("--max_item_seconds", type=none_or(float), default=None,
           help="wall-time limit per item: a longer item fails with error_type ItemTimeout")
         a("--overwrite", action="store_true", default=False,
           help="delete the output files already under --output and write there (otherwise such files stop the job)")

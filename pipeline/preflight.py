@@ -38,24 +38,29 @@ log = logging.getLogger(__name__)
 
 
 def input_schemas(pattern: str) -> list[tuple[str, pa.Schema]]:
-    """Each input file with its Parquet schema (footers only, read in parallel: one shard of
-    another layout, or not Parquet at all, would otherwise fail the job after its work)."""
+    """Each input file with its Parquet schema (one shard of another layout would otherwise fail
+    the job after its work)."""
     try:
         files = match([pattern])
     except Exception as e:  # Beam raises BeamIOError for unreachable locations
         raise JobConfigError(f"--input {pattern!r}: cannot list files ({e})") from e
     if not files:
         raise JobConfigError(f"--input {pattern!r} matches no files")
+    return list(zip(files, parquet_schemas("--input", files), strict=True))
 
+
+def parquet_schemas(flag: str, files: list[str]) -> list[pa.Schema]:
+    """The files' Parquet schemas (footers only, read in parallel): a file that is not whole Parquet
+    (cut short by an interrupted copy, or not Parquet at all) is named here, not in a traceback of the job."""
     def read(path: str) -> pa.Schema:
         try:
             with FileSystems.open(path) as f:
                 return pq.read_schema(f)
         except Exception as e:
-            raise JobConfigError(f"--input: {path} is not a readable Parquet file ({e})") from e
+            raise JobConfigError(f"{flag}: {path} is not a readable Parquet file ({e})") from e
 
-    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-        return list(zip(files, pool.map(read, files), strict=True))
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(files)))) as pool:
+        return list(pool.map(read, files))
 
 
 def _columns_read(opts: SpecDecOptions) -> list[tuple[str, str]]:
@@ -315,8 +320,7 @@ def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
         if not anything:
             raise JobConfigError(f"--resume_from {prefix!r}: no output files of an earlier run there")
         if results:
-            with FileSystems.open(results[0]) as f:
-                found = pq.read_schema(f)
+            found = parquet_schemas(f"--resume_from {prefix!r}", results)[0]  # (the job reads their ids)
             if "generation" not in found.names:  # (prompt shards of the same name: every row skipped, none done)
                 raise JobConfigError(f"--resume_from {prefix!r}: {results[0]} holds no generations (no "
                                      "'generation' column): not an output of an earlier run")

@@ -258,10 +258,21 @@ def test_bad_resume_prefixes_stop_before_any_work(tmp_path, saved_pairs, capsys)
     ints.parent.mkdir()
     pq.write_table(pa.table({"id": pa.array([1], pa.int64()), "generation": ["x"]}),
                    ints.parent / "gens-00000-of-00001.parquet")
+    # a chunk cut short (an interrupted copy of a killed run's files), alone or after a whole shard: the job
+    # failed reading its ids after the work had begun (alone: a traceback), the file not named
+    cut = [tmp_path / "cut" / "gens", tmp_path / "cut2" / "gens"]
+    for prefix in cut:
+        prefix.parent.mkdir()
+        pq.write_table(pa.table({"id": ["b"], "generation": ["x"]}), f"{prefix}-chunk-{1:032x}-00000.parquet")
+        Path(f"{prefix}-chunk-{1:032x}-00000.parquet").write_bytes(
+            Path(f"{prefix}-chunk-{1:032x}-00000.parquet").read_bytes()[:100])
+    pq.write_table(pa.table({"id": ["c"], "generation": ["x"]}), f"{cut[1]}-00000-of-00001.parquet")
     out = tmp_path / "run" / "gens"
     (tmp_path / "link").symlink_to(tmp_path / "run")
     capsys.readouterr()
     for resume, needle in [(tmp_path / "typo" / "gens", "no output files"), (ints, "ids are int64"),
+                           *[(prefix, f"{prefix}-chunk-{1:032x}-00000.parquet is not a readable Parquet file")
+                             for prefix in cut],
                            (out, "is the --output prefix"),
                            # the same prefix spelled otherwise: with --overwrite it deleted the run it resumed
                            (f"{out.parent}/./gens", "is the --output prefix"),
@@ -278,7 +289,8 @@ def test_bad_resume_prefixes_stop_before_any_work(tmp_path, saved_pairs, capsys)
     assert main(_args(src, tmp_path / "out[1]" / "gens", target, None)) == 2  # all its work, then a traceback
     assert "cannot hold *, ?, [ or ," in _one_line_error(capsys)
     for extra, needle in [(["--commit_every_s", "-1"], "--commit_every_s must be >= 0"),
-                          (["--max_item_seconds", "0"], "--max_item_seconds must be > 0")]:
+                          (["--max_item_seconds", "0"], "--max_item_seconds must be > 0"),
+                          (["--max_item_seconds", "abc"], "--max_item_seconds: invalid float value: 'abc'")]:
         assert main(_args(src, out, target, None, *extra)) == 2
         assert needle in _one_line_error(capsys)
     assert not out.parent.exists()

@@ -159,6 +159,9 @@ def test_missing_files_or_reference_column_stop_in_one_line(tmp_path, capsys):
     # (each was a traceback: prompt shards of the prefix's name, a column of numbers or of the run's own, a folder)
     prompts = _write(tmp_path / "prompts" / "p", pa.table({"id": ["a"], "prompt": ["hi"]}))
     scored = _write(tmp_path / "scored" / "gens", result_table(RUN).append_column("score", pa.array([1] * len(RUN))))
+    cut = _write(tmp_path / "cut" / "gens", result_table(RUN))  # and a chunk cut short (an interrupted copy)
+    chunk = tmp_path / "cut" / f"gens-chunk-{1:032x}-00000.parquet"
+    chunk.write_bytes((tmp_path / "cut" / "gens-00000-of-00001.parquet").read_bytes()[:200])
     for args, needle in [([prompts], "its files hold no generations (no 'generation' column)"),
                          ([prefix, "--baseline", prompts], "its files hold no generations"),
                          ([scored, "--references", "score"], "--references 'score' is int64, not text"),
@@ -169,6 +172,7 @@ def test_missing_files_or_reference_column_stop_in_one_line(tmp_path, capsys):
                          ([prefix, "--html", ""], "--html '': names no file"),
                          ([prefix, "--html", "-"], "--html '-': this writes a file, not standard output"),
                          ([f"{tmp_path}/run/g*"], "a prefix cannot hold *, ?, ["),
+                         ([cut], f"{cut}-chunk-{1:032x}-00000.parquet is not a readable Parquet file"),
                          ([prefix, "--baseline", f"{tmp_path}/run/g?ns"], "--baseline"),
                          ]:
         assert report.main(args) == 2, args

@@ -234,11 +234,18 @@ def delete_chunks(prefix: str) -> int:
     return len(paths)
 
 
+class UnreadableFile(ValueError):
+    """A file under a prefix that is not whole Parquet (an interrupted copy of a run's files): named, to be removed."""
+
+
 def _read(paths: list[str]) -> pa.Table | None:
     tables = []
     for path in paths:
-        with FileSystems.open(path) as f:
-            tables.append(_plain(pq.read_table(f).replace_schema_metadata(None)))
+        try:
+            with FileSystems.open(path) as f:
+                tables.append(_plain(pq.read_table(f).replace_schema_metadata(None)))
+        except (OSError, pa.ArrowInvalid) as e:
+            raise UnreadableFile(f"{path} is not a readable Parquet file ({e})") from e
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 

@@ -30,7 +30,7 @@ from pipeline.report.stats import (
     sections,
     summarize,
 )
-from transforms.durable import output_files, read_outputs
+from transforms.durable import UnreadableFile, output_files, read_outputs
 from transforms.schema import result_schema
 
 __all__ = ["Summary", "format_table", "main", "read_results", "summarize"]  # the demo imports these from here
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         results, failed = read_results(args.prefix)
         base, base_failed = read_results(args.baseline, "--baseline") if args.baseline else (None, None)
         scores = quality_scores(results, args.references, args.metric) if args.references else None
-    except (FileNotFoundError, KeyError, JobConfigError) as e:
+    except (FileNotFoundError, KeyError, JobConfigError, UnreadableFile) as e:
         print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
     alone = True

@@ -31,6 +31,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser, FlagError, check_pipeline_flags
 from pipeline.logs import setup_logging
+from pipeline.options import none_or
 from pipeline.threads import keeps_torch_threads
 from pipeline.tune.model import Candidate, SampleRun, best_setting, fit_overhead, pick_to_verify, relative_error
 from pipeline.tune.report import format_report
@@ -64,10 +65,6 @@ class TuneError(ValueError):
 # Command line
 
 
-def _none_or(kind):
-    return lambda v: None if v in ("", "none", "None") else kind(v)
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     a = p.add_argument
@@ -79,8 +76,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a("--tokenizer", default=None)
     a("--max_new_tokens", type=int, default=128)
     a("--temperature", type=float, default=0.0)
-    a("--top_k", type=_none_or(int), default=None)
-    a("--top_p", type=_none_or(float), default=None)
+    a("--top_k", type=none_or(int), default=None)
+    a("--top_p", type=none_or(float), default=None)
     a("--chat_template", action="store_true", default=False)
     a("--system_prompt", default=None)
     a("--ngram_max_size", type=int, default=3)
