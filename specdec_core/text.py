@@ -50,7 +50,7 @@ ROLES = ("system", "user", "assistant")
 # The ItemStats a result dict carries, in its order between the generation and the seed (DESIGN.md defines each).
 STAT_COLUMNS = ("new_tokens", "prompt_tokens", "draft_tokens", "accepted_tokens", "acceptance_rate", "verify_steps",
                 "draft_steps", "latency_s", "ttft_s", "prefill_s", "draft_s", "verify_s", "admit_s", "admitted_with",
-                "admit_passes", "tokens_per_s", "finish_reason")
+                "admit_passes", "rejections", "tokens_per_s", "finish_reason")
 
 log = logging.getLogger(__name__)
 

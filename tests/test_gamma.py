@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from pipeline.tune.model import geometric_acceptance
+from pipeline.report.stats import geometric_acceptance
 from specdec_core.drafters import ModelDrafter, NgramDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import (

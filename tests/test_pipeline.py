@@ -71,9 +71,13 @@ def test_every_row_ends_as_one_result_or_one_failed_row(tmp_path, saved_pairs):
     expected = ["id", "generation", "new_tokens", "draft_tokens", "accepted_tokens", "acceptance_rate",
                 "verify_steps", "latency_s", "ttft_s", "tokens_per_s", "finish_reason", "seed", "prompt_tokens",
                 "draft_steps", "prefill_s", "draft_s", "verify_s", "admit_s", "admitted_with", "admit_passes",
-                "topic"]
+                "rejections", "topic"]
     assert results.schema.names == expected
     assert results.schema.field("new_tokens").type == pa.int32()
+    # a round ends at a rejected draft, at most once: the paper's a = accepted / (accepted + rejections)
+    rows = results.to_pylist()
+    assert all(r["rejections"] <= min(r["verify_steps"], r["draft_tokens"] - r["accepted_tokens"]) for r in rows)
+    assert sum(r["rejections"] for r in rows) > 0
     assert results["topic"].to_pylist() == ["t"] * len(GOOD)
 
 

@@ -30,7 +30,7 @@ def result_table(rows: list[dict]) -> pa.Table:
     for r in rows:
         row = {"generation": "", "finish_reason": "length", "seed": 0, "ttft_s": 0.01, "prefill_s": 0.01,
                "ref": None, "draft_s": 0.0, "draft_steps": 0, "draft_tokens": 0, "accepted_tokens": 0,
-               "admit_s": 0.01, "admitted_with": 1, "admit_passes": 1, **r}
+               "admit_s": 0.01, "admitted_with": 1, "admit_passes": 1, "rejections": 0, **r}
         row["acceptance_rate"] = row["accepted_tokens"] / row["draft_tokens"] if row["draft_tokens"] else None
         row["tokens_per_s"] = row["new_tokens"] / row["latency_s"]
         full.append(row)
@@ -44,13 +44,14 @@ def failed_table(rows: list[tuple[str, str]]) -> pa.Table:
 # Four speculative items and their baseline: item d is slower with speculation, item c differs.
 RUN = [
     dict(id="a", generation="x y", new_tokens=10, draft_tokens=12, accepted_tokens=9, verify_steps=3, draft_steps=12,
-         prompt_tokens=5, latency_s=0.10, draft_s=0.012, verify_s=0.06),
+         prompt_tokens=5, latency_s=0.10, draft_s=0.012, verify_s=0.06, rejections=1),
     dict(id="b", generation="p q", new_tokens=8, draft_tokens=8, accepted_tokens=4, verify_steps=4, draft_steps=8,
-         prompt_tokens=9, latency_s=0.20, draft_s=0.008, verify_s=0.08, finish_reason="eos"),
+         prompt_tokens=9, latency_s=0.20, draft_s=0.008, verify_s=0.08, finish_reason="eos",
+         rejections=2),
     dict(id="c", generation="other", new_tokens=6, draft_tokens=8, accepted_tokens=2, verify_steps=4, draft_steps=8,
-         prompt_tokens=3, latency_s=0.15, draft_s=0.008, verify_s=0.08),
+         prompt_tokens=3, latency_s=0.15, draft_s=0.008, verify_s=0.08, rejections=3),
     dict(id="d", generation="k", new_tokens=4, draft_tokens=8, accepted_tokens=0, verify_steps=4, draft_steps=8,
-         prompt_tokens=20, latency_s=0.30, draft_s=0.008, verify_s=0.08),
+         prompt_tokens=20, latency_s=0.30, draft_s=0.008, verify_s=0.08, rejections=4),
 ]
 BASE = [
     dict(id=r["id"], generation=g, new_tokens=r["new_tokens"], verify_steps=r["new_tokens"],
@@ -67,6 +68,11 @@ def test_run_figures_follow_from_the_rows():
     assert s.failures_by_type == {"EmptyPrompt": 2, "PromptTooLong": 1}
     assert s.finish_reasons == {"length": 3, "eos": 1}
     assert s.summary.acceptance == pytest.approx(15 / 36)
+    # the paper's a: 15 accepted before 1 + 2 + 3 + 4 rejections; files written before the column have none
+    assert s.per_token_acceptance == pytest.approx(15 / 25)
+    assert dict(sections(s)[1][1])["per-token acceptance a (accepted / (accepted + rejections))"] == "0.600"
+    older = run_stats(results.drop_columns(["rejections"]))
+    assert older.per_token_acceptance is None and "n/a" in dict(sections(older)[1][1]).values()
     assert s.acceptance_items.mean == pytest.approx(np.mean([9 / 12, 4 / 8, 2 / 8, 0]))
     assert s.summary.tokens_per_step == pytest.approx(28 / 15)
     assert s.tokens_per_step_items.p50 == pytest.approx(np.median([10 / 3, 2, 1.5, 1]))

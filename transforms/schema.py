@@ -25,6 +25,7 @@ STATS = [
     ("admit_s", pa.float64()),
     ("admitted_with", pa.int32()),
     ("admit_passes", pa.int32()),
+    ("rejections", pa.int32()),
 ]
 FAILED = [("prompt", pa.string()), ("error_type", pa.string()), ("error_message", pa.string())]
 

@@ -28,6 +28,13 @@ def column(table: pa.Table, name: str, dtype=float) -> np.ndarray:
     return np.asarray(values, dtype=dtype)
 
 
+def geometric_acceptance(accepted: int, rejections: int) -> float | None:
+    """The paper's per-token acceptance a, estimated from rounds (n drafts accepted, then a rejection unless all
+    were kept); accepted / drafted underestimates it (drafts after a round's first rejection are never judged)."""
+    total = accepted + rejections
+    return accepted / total if total else None
+
+
 def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
@@ -176,6 +183,7 @@ class RunStats:
     ttft: Distribution
     draft_step_s: float | None  # mean draft forward pass
     verify_pass_s: float | None  # mean target verify pass (accept/reject included)
+    per_token_acceptance: float | None  # the paper's a; None for files without `rejections`
     # per item, aligned with the results' rows, for the plots
     item_acceptance: np.ndarray = field(repr=False)
     item_tokens_per_step: np.ndarray = field(repr=False)
@@ -193,6 +201,8 @@ def run_stats(results: pa.Table, failed: pa.Table | None = None) -> RunStats:
     acceptance = column(results, "acceptance_rate")  # null (NaN) where nothing was drafted
     draft_step, verify_pass = _step_costs(results)
     failures = Counter(failed["error_type"].to_pylist()) if failed is not None else Counter()
+    rejections = column(results, "rejections") if "rejections" in results.schema.names else np.array([np.nan])
+    counted = ~np.isnan(rejections)  # (rows of older files, read beside newer ones, have none)
     return RunStats(
         summary=summarize(results, failed),
         results=results.num_rows,
@@ -207,6 +217,8 @@ def run_stats(results: pa.Table, failed: pa.Table | None = None) -> RunStats:
         ttft=Distribution.of(column(results, "ttft_s")),
         draft_step_s=draft_step,
         verify_pass_s=verify_pass,
+        per_token_acceptance=geometric_acceptance(int(column(results, "accepted_tokens")[counted].sum()),
+                                                  int(rejections[counted].sum())) if counted.any() else None,
         item_acceptance=acceptance,
         item_tokens_per_step=per_step,
         item_latency=column(results, "latency_s"),
@@ -345,6 +357,7 @@ def sections(stats: RunStats, comparison: Comparison | None = None,
         ("drafted / accepted tokens", f"{stats.drafted} / {stats.accepted}"),
         ("acceptance (accepted / drafted)", _f(s.acceptance, ".3f")),
         ("acceptance per item", stats.acceptance_items.text(".3f")),
+        ("per-token acceptance a (accepted / (accepted + rejections))", _f(stats.per_token_acceptance, ".3f")),
         ("tokens per target step", _f(s.tokens_per_step if stats.results else None, ".2f")),
         ("tokens per target step per item", stats.tokens_per_step_items.text(".2f")),
         ("mean draft step", _f(None if stats.draft_step_s is None else stats.draft_step_s * 1e3, ".2f", " ms")),

@@ -17,18 +17,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pipeline.report.stats import geometric_acceptance
 from specdec_core.gamma import Costs, expected_tokens
 
 # A measured speed-up must beat the target alone by this much to be recommended: below it,
 # run-to-run noise on a shared machine could make a loss look like a win.
 PAY_MARGIN = 1.03
-
-
-def geometric_acceptance(accepted: int, rejections: int) -> float | None:
-    """MLE of the per-token acceptance from greedy rounds (n accepted, then a rejection unless all were kept);
-    accepted/drafted would underestimate it."""
-    total = accepted + rejections
-    return accepted / total if total else None
 
 
 @dataclass
