@@ -480,6 +480,8 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
             "--drafter", "none", "--temperature", "nan"],
         "error: --top_p must be in (0, 1], got 1.5": base + [
             "--drafter", "none", "--temperature", "1", "--top_p", "1.5"],
+        "error: --top_k must be >= 1 (none: no top-k), got 0": base + [  # (Hugging Face's 0 for none)
+            "--drafter", "none", "--temperature", "1", "--top_k", "0"],
         "--ngram_min_size 1 and --ngram_max_size 0": base + ["--drafter", "ngram", "--ngram_max_size", "0"],
         # (the draft was ignored: a job that looked speculative ran without it)
         f"--draft_model '{draft}' with --drafter ngram, which uses no draft model: drop --draft_model, or use "
