@@ -132,6 +132,8 @@ def test_parameter_matches_flag(name):
     ("device", "tpu"),
     ("large_model", "yes"),
     ("accelerator", "nvidia-l4"),
+    ("max_item_seconds", "0"),  # (the job refuses it: the form should)
+    ("max_item_seconds", "0.00"),
 ])
 def test_regexes_reject_bad_values(name, value):
     assert not _accepts(PARAMS[name], value)
@@ -149,6 +151,9 @@ def test_regexes_reject_bad_values(name, value):
     ("device", "cuda:1"),
     ("passthrough_columns", "source,category"),
     ("accelerator", "type:nvidia-l4;count:1;install-nvidia-driver"),
+    ("max_item_seconds", "0.5"),
+    ("max_item_seconds", "30"),
+    ("system_prompt", ""),  # (an empty system message: how a template's default one is suppressed)
 ])
 def test_regexes_accept_good_values(name, value):
     assert _accepts(PARAMS[name], value)
@@ -350,6 +355,18 @@ def test_makefile_run_direct_passes_flags_the_pipeline_accepts_and_extra_args_as
     options = PipelineOptions(argv[3:])
     unknown = set(options.get_all_options(retain_unknown_options=True)) - set(options.get_all_options())
     assert not unknown, f"run-direct passes flags neither the pipeline nor Beam knows: {unknown}"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+@pytest.mark.parametrize("target", ["run", "run-direct"])
+def test_makefile_booleans_are_true_or_false(target):
+    """CHAT_TEMPLATE=1 was dropped by run-direct (an instruct model got raw prompts) and passed by run to a form
+    that refuses it: both stop, naming the variable."""
+    assert "--chat_template" in make_dry_run("run-direct", "CHAT_TEMPLATE=true")
+    assert "--chat_template" not in make_dry_run("run-direct", "CHAT_TEMPLATE=false")
+    done = subprocess.run(["make", "-s", "-n", "-f", "templates/Makefile", target, "CHAT_TEMPLATE=1",
+                           "PROJECT=acme-ml", "RUN_ID=r1"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode != 0 and "CHAT_TEMPLATE=1: use true or false" in done.stderr, done.stderr
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
