@@ -28,7 +28,7 @@ def verify_greedy(drafts: list[int], target_choice: torch.Tensor | list[int]) ->
 
 def verify_sampled(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None, generator: torch.Generator
                    ) -> tuple[int, int]:
-    """Speculative sampling: draft i is accepted iff u_i * q_i(x_i) <= p_i(x_i), u_i ~ U[0,1), i.e. w.p. min(1, p/q).
+    """Speculative sampling: draft i is accepted iff u_i * q_i(x_i) < p_i(x_i), u_i ~ U[0,1), i.e. w.p. min(1, p/q).
     p: (k+1, V), at each draft and the bonus position. q: (k, V), what the drafts were sampled from, or None for a
     deterministic drafter (one-hot: x accepted w.p. p(x)). One uniform per draft, none without drafts."""
     if q is not None and q.shape[-1] != p.shape[-1]:
@@ -44,7 +44,7 @@ def verify_sampled(drafts: list[int], p: torch.Tensor, q: torch.Tensor | None, g
         p_x = p[rows, idx]
         q_x = torch.ones_like(p_x) if q is None else q[rows, idx]
         u = torch.rand(k, generator=generator, device=p.device)
-        read = torch.cat([u * q_x > p_x, finite]).tolist()
+        read = torch.cat([u * q_x >= p_x, finite]).tolist()  # (>=: u may be 0, and a draft of p = 0 never kept)
         rejected, finite = read[:k], read[k:]
         n = rejected.index(True) if True in rejected else k
     else:

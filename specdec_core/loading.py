@@ -125,18 +125,17 @@ CROSS_TOKENIZER = "cross-tokenizer"
 
 def check_compatible(target_config: PretrainedConfig, draft_config: PretrainedConfig,
                      target_tokenizer: PreTrainedTokenizerBase, draft_tokenizer: PreTrainedTokenizerBase,
-                     generation_configs: tuple = (None, None)) -> str:
-    """The checks that need no weights, and the drafting mode: SAME_TOKENIZER when both tokenizers have one
-    vocabulary, else CROSS_TOKENIZER (the draft's text re-encoded into target tokens).
-    Vocabularies are compared through the tokenizers: checkpoints pad their embeddings (T5: 32128 rows, 32100 tokens).
-    """
+                     generation_configs: tuple = (None, None), rows: tuple | None = None) -> str:
+    """The checks that need no weights (output rows from the configs where `rows` is not given), and the drafting
+    mode: SAME_TOKENIZER when both tokenizers have one vocabulary, else CROSS_TOKENIZER (the draft's text re-encoded
+    into target tokens). Vocabularies are compared through the tokenizers: checkpoints pad their embeddings (T5)."""
     kinds = [("encoder-decoder" if c.is_encoder_decoder else "causal") for c in (target_config, draft_config)]
     if kinds[0] != kinds[1]:
         raise IncompatiblePairError(f"the target is {kinds[0]} but the draft is {kinds[1]}; they must match")
     mode = SAME_TOKENIZER if target_tokenizer.get_vocab() == draft_tokenizer.get_vocab() else CROSS_TOKENIZER
-    rows = [getattr(c.get_text_config(), "vocab_size", None) for c in (target_config, draft_config)]
-    if mode == SAME_TOKENIZER and all(isinstance(n, int) for n in rows):
-        _check_rows(*rows)
+    rows = rows or [getattr(c.get_text_config(), "vocab_size", None) for c in (target_config, draft_config)]
+    if all(isinstance(n, int) for n in rows):
+        _check_rows(mode, rows, (target_tokenizer, draft_tokenizer))
     if mode == SAME_TOKENIZER and target_config.is_encoder_decoder:
         starts = [getattr(g, "decoder_start_token_id", None) or c.decoder_start_token_id
                   for c, g in zip((target_config, draft_config), generation_configs, strict=True)]
@@ -145,12 +144,19 @@ def check_compatible(target_config: PretrainedConfig, draft_config: PretrainedCo
     return mode
 
 
-def _check_rows(target_rows: int, draft_rows: int) -> None:
-    """A same-tokenizer draft may have fewer output rows than the target (padded to another
-    multiple), never more: it could propose a token past the target's embedding."""
-    if draft_rows > target_rows:
-        raise IncompatiblePairError(f"the draft's output layer has {draft_rows} rows, the target's {target_rows}: "
+def _check_rows(mode: str, rows: list[int], tokenizers: tuple) -> None:
+    """A same-tokenizer draft may have fewer output rows than the target (padded to another multiple), never more: it
+    could propose a token past the target's embedding (only prompt ids can lie past a model's rows, bart-large-cnn
+    embeds no <mask>: `TextGenerator.encode` checks them). Cross-tokenizer, re-encoded text may hold any token of
+    either tokenizer (a special token's text too): each needs a row."""
+    if mode == SAME_TOKENIZER and rows[1] > rows[0]:
+        raise IncompatiblePairError(f"the draft's output layer has {rows[1]} rows, the target's {rows[0]}: "
                                     "the draft could propose a token the target has no row for")
+    for role, n, tok in zip(("target", "draft"), rows, tokenizers, strict=True):
+        if mode == CROSS_TOKENIZER and n < len(tok):
+            raise IncompatiblePairError(f"the {role}'s output layer has {n} rows for a {len(tok)}-token vocabulary, "
+                                        "and cross-tokenizer drafting may meet any of its tokens: use a draft that "
+                                        "shares the target's tokenizer")
 
 
 def describe_mode(mode: str, target_tokenizer: PreTrainedTokenizerBase,
@@ -166,18 +172,9 @@ def describe_mode(mode: str, target_tokenizer: PreTrainedTokenizerBase,
 def check_pair(target: PreTrainedModel, draft: PreTrainedModel, target_tokenizer: PreTrainedTokenizerBase,
                draft_tokenizer: PreTrainedTokenizerBase) -> str:
     """The drafting mode, or IncompatiblePairError when the draft cannot draft for the target."""
-    mode = check_compatible(target.config, draft.config, target_tokenizer, draft_tokenizer,
-                            (target.generation_config, draft.generation_config))
-    if mode == SAME_TOKENIZER:
-        # Only prompt ids can lie past the rows (bart-large-cnn embeds no <mask>): `TextGenerator.encode` checks them.
-        _check_rows(*(m.get_output_embeddings().weight.shape[0] for m in (target, draft)))
-        return mode
-    # Re-encoded text may hold any token of either tokenizer (a special token's text too): each needs a row.
-    for role, model, tok in (("target", target, target_tokenizer), ("draft", draft, draft_tokenizer)):
-        rows = model.get_output_embeddings().weight.shape[0]
-        if rows < len(tok):
-            raise IncompatiblePairError(f"the {role}'s output layer has {rows} rows for a {len(tok)}-token vocabulary")
-    return mode
+    return check_compatible(target.config, draft.config, target_tokenizer, draft_tokenizer,
+                            (target.generation_config, draft.generation_config),
+                            [m.get_output_embeddings().weight.shape[0] for m in (target, draft)])
 
 
 def share_encoder(target: PreTrainedModel, draft: PreTrainedModel) -> bool:

@@ -24,6 +24,15 @@ def test_draft_with_zero_target_mass_is_always_rejected():
         assert n == 0 and tok in (1, 2)
 
 
+def test_a_uniform_of_exactly_zero_rejects_a_draft_the_target_never_writes(monkeypatch):
+    """torch's float32 uniforms are multiples of 2^-24, 0 among them (once in 16.8M draws): u * q <= p kept a
+    draft of p = 0 then (a token outside the target's top-k, or an end min_new_tokens forbids)."""
+    p = torch.tensor([[0.0, 0.5, 0.5], [0.2, 0.3, 0.5]])
+    monkeypatch.setattr(torch, "rand", lambda k, **kw: torch.zeros(k))
+    for q in (None, torch.tensor([[0.9, 0.05, 0.05]])):
+        assert verify_sampled([0], p, q, torch.Generator().manual_seed(0))[0] == 0
+
+
 def test_draft_equal_to_target_is_always_accepted_and_bonus_comes_from_last_row():
     p = torch.tensor([[0.1, 0.9, 0.0], [0.3, 0.3, 0.4], [0.0, 0.0, 1.0]])
     gen = torch.Generator().manual_seed(0)

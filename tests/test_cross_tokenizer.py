@@ -285,6 +285,27 @@ def test_preflight_decides_and_logs_the_mode(tmp_path, cross_pair, saved_pairs, 
         preflight(opts(*cross_pair, "--batch_size", "2", "--draft_dtype", "int8"))
 
 
+def test_a_model_with_fewer_rows_than_its_tokenizer_is_refused_before_any_work(tmp_path, toks, cross_pair, capsys):
+    """bart-large-cnn's layout (50,264 rows, 50,265 tokens): re-encoded text may hold any token, so a cross-tokenizer
+    pair with such a target is refused, in one line before any work (the workers' load refused it in a traceback)."""
+    from pipeline.run import main
+    from tests.test_pipeline import write_prompts
+
+    tok = toks["byte-420"]
+    short = make_model("llama", tok, seed=1)
+    short.resize_token_embeddings(len(tok) - 20)
+    short.save_pretrained(tmp_path / "short")
+    tok.save_pretrained(tmp_path / "short")
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": "hi"}])
+    capsys.readouterr()
+    assert main(["--input", src, "--output", str(tmp_path / "o/gens"), "--target_model", str(tmp_path / "short"),
+                 "--draft_model", str(cross_pair[1])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --draft_model") and "\n" not in err, err
+    assert f"the target's output layer has {len(tok) - 20} rows for a {len(tok)}-token vocabulary" in err
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.slow
 def test_beam_job_with_a_cross_tokenizer_pair_writes_the_targets_rows(tmp_path, cross_pair):
     """pipeline.run on a tiny Parquet (DirectRunner): the cross-tokenizer pair writes exactly the
