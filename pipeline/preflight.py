@@ -320,7 +320,10 @@ def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
         if not anything:
             raise JobConfigError(f"--resume_from {prefix!r}: no output files of an earlier run there")
         if results:
-            found = parquet_schemas(f"--resume_from {prefix!r}", results)[0]  # (the job reads their ids)
+            # Every local file's footer (the job reads their ids; an interrupted copy leaves a file cut short), one
+            # remote one (an object store never shows a partial object, and a long job leaves thousands of chunks).
+            local = isinstance(FileSystems.get_filesystem(prefix), LocalFileSystem)
+            found = parquet_schemas(f"--resume_from {prefix!r}", results if local else results[:1])[0]
             if "generation" not in found.names:  # (prompt shards of the same name: every row skipped, none done)
                 raise JobConfigError(f"--resume_from {prefix!r}: {results[0]} holds no generations (no "
                                      "'generation' column): not an output of an earlier run")

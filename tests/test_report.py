@@ -73,6 +73,10 @@ def test_run_figures_follow_from_the_rows():
     assert dict(sections(s)[1][1])["per-token acceptance a (accepted / (accepted + rejections))"] == "0.600"
     older = run_stats(results.drop_columns(["rejections"]))
     assert older.per_token_acceptance is None and "n/a" in dict(sections(older)[1][1]).values()
+    # a run resumed from older files: its a would be the newer rows' alone
+    mixed = pa.concat_tables([results.slice(0, 2).drop_columns(["rejections"]), results.slice(2)],
+                             promote_options="default")
+    assert run_stats(mixed).per_token_acceptance is None
     assert s.acceptance_items.mean == pytest.approx(np.mean([9 / 12, 4 / 8, 2 / 8, 0]))
     assert s.summary.tokens_per_step == pytest.approx(28 / 15)
     assert s.tokens_per_step_items.p50 == pytest.approx(np.median([10 / 3, 2, 1.5, 1]))

@@ -42,8 +42,9 @@ NAMESPACE = "specdec"
 SHARD = "[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]"
 
 
-# A chunk's name after PREFIX-chunk-: its committing thread's uuid4 hex and the chunk's number, and nothing else
-# (PREFIX-chunk-* would take another prefix's files for this one's: `gens-chunk-1-00000-of-00001.parquet` for `gens`).
+# A chunk's name after PREFIX-chunk-: its committing thread's uuid4 hex and the chunk's number (five digits, more past
+# 99,999: a glob cannot say "digits only" there), where PREFIX-chunk-* took another prefix's files for this one's
+# (`gens-chunk-1-00000-of-00001.parquet` for `gens`); only a prefix named like a chunk file is still taken.
 CHUNK = "[0-9a-f]" * 32 + "-[0-9][0-9][0-9][0-9][0-9]*.parquet"
 
 

@@ -201,8 +201,9 @@ def run_stats(results: pa.Table, failed: pa.Table | None = None) -> RunStats:
     acceptance = column(results, "acceptance_rate")  # null (NaN) where nothing was drafted
     draft_step, verify_pass = _step_costs(results)
     failures = Counter(failed["error_type"].to_pylist()) if failed is not None else Counter()
+    # n/a where any row lacks `rejections`: files written before the column (a run resumed from one too), whose a
+    # the other rows' would stand for unseen
     rejections = column(results, "rejections") if "rejections" in results.schema.names else np.array([np.nan])
-    counted = ~np.isnan(rejections)  # (rows of older files, read beside newer ones, have none)
     return RunStats(
         summary=summarize(results, failed),
         results=results.num_rows,
@@ -217,8 +218,8 @@ def run_stats(results: pa.Table, failed: pa.Table | None = None) -> RunStats:
         ttft=Distribution.of(column(results, "ttft_s")),
         draft_step_s=draft_step,
         verify_pass_s=verify_pass,
-        per_token_acceptance=geometric_acceptance(int(column(results, "accepted_tokens")[counted].sum()),
-                                                  int(rejections[counted].sum())) if counted.any() else None,
+        per_token_acceptance=None if np.isnan(rejections).any() else geometric_acceptance(
+            int(column(results, "accepted_tokens").sum()), int(rejections.sum())),
         item_acceptance=acceptance,
         item_tokens_per_step=per_step,
         item_latency=column(results, "latency_s"),
