@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.report.stats import geometric_acceptance
 from specdec_core.gamma import Costs, expected_tokens
 
 
@@ -58,7 +59,7 @@ def summarize(res: dict) -> list[dict]:
         accepted = sum(r.get("accepted", 0) for r in rs)
         rounds = sum(r["rounds"] for r in rs)
         rej = sum(r.get("rejections", 0) for r in rs) if c.family == "ours" else None
-        alpha = accepted / (accepted + rej) if rej is not None and accepted + rej else None
+        alpha = geometric_acceptance(accepted, rej) if rej is not None else None
         if c.family == "hf" and c.drafter == "model" and rounds:
             # HF does not report rejections: invert E(a, g) = tokens per round (constant schedule).
             alpha = invert_expected(tokens / rounds, int(c.gamma))
