@@ -39,8 +39,11 @@ from pipeline.bench.throughput import engine_modules, ours_batched  # noqa: E402
 
 def old_package(commit: str, dest: Path) -> str:
     """`specdec_core` at `commit`, importable as `specdec_core_old`."""
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "specdec_core"], check=True,
-                             capture_output=True).stdout
+    done = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "specdec_core"], capture_output=True)
+    if done.returncode:  # (a copy without git history, or a commit it does not hold)
+        sys.exit(f"error: --old {commit}: git archive found no such commit in {ROOT} ({done.stderr.decode().strip()}); "
+                 "run this from a git clone")
+    archive = done.stdout
     tmp = dest / "x"
     tmp.mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:

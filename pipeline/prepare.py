@@ -255,7 +255,8 @@ def write_shards(table: pa.Table, prefix: str, num_shards: int, overwrite: bool 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="python -m pipeline.prepare", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", required=True,
                    help="hub id, or local data files of one format (.parquet/.json/.jsonl/.csv/.txt): a file, a glob "
                    "or a folder")

@@ -60,7 +60,8 @@ def _positive(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(prog="python -m pipeline.demo", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workdir", default=DEFAULT_WORKDIR,
                    help=f"where prompts and outputs go (default ./{DEFAULT_WORKDIR})")
     p.add_argument("--pair", default=str(ASSETS), help="the demo pair's directory (default: the committed one)")

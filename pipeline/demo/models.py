@@ -757,7 +757,8 @@ def retrain(out: Path = ASSETS, recipe: Recipe = FULL, workdir: Path | None = No
 
 @keeps_torch_threads
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(description="Check the committed demo pair, or rebuild it with its recipe.")
+    ap = ArgumentParser(prog="python -m pipeline.demo.models",
+                        description="Check the committed demo pair, or rebuild it with its recipe.")
     ap.add_argument("--retrain", action="store_true", help="rebuild the pair and its prompts (about an hour)")
     ap.add_argument("--out", default=str(ASSETS), help=f"where the pair goes (default {ASSETS})")
     ap.add_argument("--recipe", choices=sorted(RECIPES), default=COMMITTED.name,

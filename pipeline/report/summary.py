@@ -68,7 +68,8 @@ def read_results(prefix: str, flag: str = "PREFIX") -> tuple[pa.Table, pa.Table 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog="python -m pipeline.report", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("prefix", help="the --output prefix of a run (several, comma-separated: read as one)")
     parser.add_argument("--baseline", default=None,
                         help="the --output prefix of a --drafter none run of the same prompts: speed-up and "
