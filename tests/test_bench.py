@@ -37,7 +37,7 @@ def test_bench_quick_tiny_writes_report(tmp_path, monkeypatch):
                    "analytic bound", "torch 2.", "Draft dtypes", "| auto |", "| bfloat16 |", "| int8 |",
                    "The `auto` draft (the job's default) in both loops",
                    "Sampling against greedy", "| T=1 | HF assisted g=4 |", "| T=0.7, top-p 0.9 | ours: model g=4 |",
-                   "acceptance a "):
+                   "acceptance a ", "Raw rows: `benchmarks/results.csv`"):  # (where they are, from the report)
         assert needle in text, needle
     assert not list(temp.iterdir())  # the Beam job's prompts and outputs are removed
     rows = list(csv.DictReader(open(tmp_path / "benchmarks" / "results.csv")))

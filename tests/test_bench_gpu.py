@@ -118,6 +118,10 @@ def test_figures_are_saved_as_they_are_made(tmp_path):
     assert "(cut short in: single)" in gpu.markdown(cut)
     cut["graph_fallbacks"] = ["LlamaForCausalLM: no CUDA graph of a 2-token pass (RuntimeError: x)"]
     assert "- LlamaForCausalLM: no CUDA graph of a 2-token pass" in gpu.markdown(cut)
+    assert "gamma 4, 10 new tokens, prompts of" in gpu.markdown(cut)
+    # a file of batched figures only: the batch-1 length (a flag's default there) is no figure's
+    batched_only = {k: v for k, v in cut.items() if k not in ("single", "single_partial")}
+    assert "gamma 4, prompts of" in gpu.markdown(batched_only)
 
 
 def test_an_encoder_decoder_pair_runs_the_same_way(tmp_path):

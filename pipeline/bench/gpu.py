@@ -584,7 +584,8 @@ def markdown(result: dict) -> str:
     lines = [f"## {result['shape']} pair, {result['dtype']}, {result['device_name']}"
              + (f" (cut short in: {', '.join(cut)})" if cut else ""),
              "", f"torch {result['torch']}, CUDA {result['cuda']}, transformers {result['transformers']}; "
-             f"gamma {result['gamma']}, {result['max_new_tokens']} new tokens, prompts of "
+             f"gamma {result['gamma']}, " + (f"{result['max_new_tokens']} new tokens, " if result.get("single") else "")
+             + "prompts of "
              f"{result['min_len']}-{result['max_len']} tokens, every measured prompt distinct", ""]
     single = result.get("single")
     if single:

@@ -146,7 +146,8 @@ def write_report(path: Path, csv_path: Path, results: list[dict], beam: dict | N
     w(f"- Machine: {machine()}; torch threads {torch.get_num_threads()}, OMP_WAIT_POLICY="
       f"{os.environ.get('OMP_WAIT_POLICY', 'unset (OpenMP default: spin, then sleep)')}.")
     w(f"- Versions: {versions()}.")
-    w(f"- Raw rows: `{csv_path.name}` (one row per configuration and prompt, with load average and CPU/wall).")
+    w(f"- Raw rows: `{os.path.relpath(csv_path, path.parent)}` (one row per configuration and prompt, with load "
+      "average and CPU/wall).")
     w("- Every configuration runs on every prompt in one process, interleaved (the order rotates per prompt), so "
       "load drift hits all configurations alike; all ratios below come from the same run. The machine is shared: "
       "`load1` and `cpu/wall` say how much CPU this process got (2.0 cpu/wall = both cores).")
