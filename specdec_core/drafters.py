@@ -115,7 +115,7 @@ def input_embeddings(owner: torch.nn.Module) -> torch.nn.Module | None:
         return getattr(owner, "embed_tokens", None)
 
 
-def _read_any_token(model: PreTrainedModel) -> None:
+def _clamp_lookups(model: PreTrainedModel) -> None:
     """Clamp ids in the draft's embedding lookup (once per model, inside any graph captured of it): a target with
     more output rows (padded to another multiple) can write one past the draft's embeddings, which the draft then
     reads as its last row, a worse guess, never another output."""
@@ -133,7 +133,7 @@ class ModelDrafter(Drafter):
         """cuda_graphs, torch_compile: as the engine's. chain: with a static cache and argmax picks, a round's draft
         steps run chained on the device, read back once; the job turns it on with compiled passes, where it pays."""
         self.model = model
-        _read_any_token(model)
+        _clamp_lookups(model)
         # A round's drafts end at the draft's end token: nothing after an end is ever kept.
         self.ends = eos_ids(model)
         self.static = slot_kv_for(model, cuda_graphs, compile=torch_compile, settings=settings)

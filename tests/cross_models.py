@@ -13,11 +13,6 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from pipeline.byte_bpe import SPECIALS
 from tests.tiny_models import CORPUS, build_tokenizer, make_model
 
-EXTRA = [
-    "naïve café — crème brûlée, 日本語のテキスト, emoji 😀 and tabs\tand  double  spaces",
-    "Ünïcödé   text\n\n\twith    runs of whitespace and déjà vu",
-]
-
 
 def _wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",

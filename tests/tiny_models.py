@@ -37,10 +37,6 @@ CORPUS = [
     "Hello world! How are you today? I am fine, thank you.",
 ] * 4
 
-CAUSAL_KINDS = ("llama", "gpt2")
-SEQ2SEQ_KINDS = ("t5", "bart")
-
-
 def not_utf8(values: list) -> pa.Array:
     """A text column holding what the strings give and bytes as they are: what a writer that does
     not check UTF-8 leaves in a Parquet file."""

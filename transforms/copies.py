@@ -127,14 +127,14 @@ def copy_tag(job_tag: str, index: int, copy: Copy) -> str:
     return f"{job_tag}-copy{index}-{copy.describe().replace(':', '')}"
 
 
-def start_copies(spec: GeneratorSpec, copies: Sequence[Copy], job_tag: str,
-                 shared: Callable[..., MultiProcessShared] = MultiProcessShared) -> PairRouter:
+def start_copies(spec: GeneratorSpec, copies: Sequence[Copy], job_tag: str) -> PairRouter:
     """A router over the machine's copies, each started (by the first process that asks) in a
     process of its own."""
     handles = []
     for i, copy in enumerate(copies):
         loader = LoadCopy(dataclasses.replace(spec, devices=copy.devices), i, len(copies))
-        handles.append(shared(loader, tag=copy_tag(job_tag, i, copy), always_proxy=True, spawn_process=True).acquire())
+        shared = MultiProcessShared(loader, tag=copy_tag(job_tag, i, copy), always_proxy=True, spawn_process=True)
+        handles.append(shared.acquire())
     return PairRouter(handles, [c.describe() for c in copies], first=os.getpid())
 
 

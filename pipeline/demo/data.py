@@ -135,5 +135,5 @@ def tokenizer_corpus(n: int, seed: int, kinds: tuple[str, ...] = KINDS, labels: 
 
 
 def stdlib_root() -> Path:
-    """The standard library's directory (text for `pipeline.bench_cross`'s tokenizers; not the demo's data)."""
+    """The standard library's directory (text for `pipeline.bench.cross`'s tokenizers; not the demo's data)."""
     return Path(sysconfig.get_paths()["stdlib"])

@@ -33,7 +33,15 @@ from pipeline.flags import ArgumentParser, FlagError, check_pipeline_flags
 from pipeline.logs import setup_logging
 from pipeline.options import none_or
 from pipeline.threads import keeps_torch_threads
-from pipeline.tune.model import Candidate, SampleRun, best_setting, fit_overhead, pick_to_verify, relative_error
+from pipeline.tune.model import (
+    PAY_MARGIN,
+    Candidate,
+    SampleRun,
+    best_setting,
+    fit_overhead,
+    pick_to_verify,
+    relative_error,
+)
 from pipeline.tune.report import format_report
 from specdec_core.batch_engine import WARM_WAVES, BatchSpeculativeGenerator, pad_id_of
 from specdec_core.cpu_speed import DRAFT_DTYPES
@@ -647,10 +655,10 @@ def _reason(final: dict, best: dict, tput: list[dict], base_row: dict) -> str:
     alone = max((r for r in tput if r["drafter"] == "none"), key=lambda r: r["tokens_per_s"])
     spec = [r for r in tput if r["drafter"] != "none"]
     if best["drafter"] == "none":
-        return "no candidate drafter beat the target alone by at least 3% at batch 1 on this machine"
+        return f"no candidate drafter beat the target alone by at least {PAY_MARGIN - 1:.0%} at batch 1 on this machine"
     top = max(spec, key=lambda r: r["tokens_per_s"])
     if final["drafter"] == "none":
-        relation = "beats" if alone["tokens_per_s"] >= top["tokens_per_s"] else "is within 3% of"
+        relation = "beats" if alone["tokens_per_s"] >= top["tokens_per_s"] else f"is within {PAY_MARGIN - 1:.0%} of"
         return (f"the target alone batched (B={alone['batch_size']}, {alone['tokens_per_s']:.1f} tokens/s per "
                 f"worker) {relation} the best speculative setting ({top['candidate']}, B={top['batch_size']}, "
                 f"{top['tokens_per_s']:.1f} tokens/s): batching spends the spare compute speculation needs")
