@@ -101,8 +101,9 @@ class OwnCodeConfig(Exception):
     """A gs:// model whose config class is its own code, which the launcher does not fetch."""
 
 
-def read_config(path: str, trust: bool):
-    """A model's config, also from gs:// (config.json only: no weight is read)."""
+def launcher_config(path: str, trust: bool):
+    """A model's config as the launcher reads it, also from gs:// (config.json only: no weight is read); preflight's
+    checks read the configs not on gs:// through `model_checks.read_config`, which names the flag."""
     from transformers import AutoConfig
 
     if path.startswith("gs://"):
@@ -183,7 +184,7 @@ def prefill_bytes(opts: SpecDecOptions, config, prompt_tokens: int, dtype: torch
 def weights_need(opts: SpecDecOptions, target, rows: int = 0, prompt_tokens: int = 0) -> Footprint:
     """What one copy needs (`placement.Footprint`); `target`: the target's config."""
     trust = opts.trust_remote_code
-    draft = read_config(opts.draft_model, trust) if opts.drafter == "model" else None
+    draft = launcher_config(opts.draft_model, trust) if opts.drafter == "model" else None
     dtype, draft_dtype = _dtypes(opts)
     prompt, new = row_columns(opts, target, prompt_tokens)
     need = placement.footprint(target, draft, dtype, rows=rows, prompt_tokens=prompt, new_tokens=new,
@@ -307,7 +308,7 @@ def check_fit(opts: SpecDecOptions) -> list[Copy] | None:
         return None
     tokens, how = longest_prompt_tokens(opts)
     try:
-        target = read_config(opts.target_model, opts.trust_remote_code)
+        target = launcher_config(opts.target_model, opts.trust_remote_code)
         need = weights_need(opts, target, rows=opts.batch_size, prompt_tokens=tokens)
     except OwnCodeConfig as e:
         log.info("fit check skipped: %s", e)

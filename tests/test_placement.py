@@ -384,11 +384,11 @@ def test_the_router_stops_sending_calls_to_a_copy_whose_process_is_gone():
 
 def test_static_caches_are_counted_in_their_allocation_steps(tmp_path, tokenizer, saved_pairs):
     """With CUDA graphs a decoder-only row's cache is allocated in steps of 512 columns."""
-    from pipeline.fit import graph_bytes, read_config, row_tokens
+    from pipeline.fit import graph_bytes, launcher_config, row_tokens
     from specdec_core.static_kv import CAPACITY_STEP
 
     target = _big_target(tmp_path, tokenizer, layers=2)
-    config = read_config(str(target), False)
+    config = launcher_config(str(target), False)
     base = ["--input", "p", "--output", "o", "--target_model", str(target), "--drafter", "none",
             "--max_new_tokens", "100", "--num_speculative_tokens", "4"]
     assert row_tokens(SpecDecOptions([*base, "--cuda_graphs", "off"]), config, 30) == 135
@@ -396,7 +396,7 @@ def test_static_caches_are_counted_in_their_allocation_steps(tmp_path, tokenizer
     assert row_tokens(SpecDecOptions(base), config, 600) == 2 * CAPACITY_STEP
     assert row_tokens(SpecDecOptions([*base, "--device_map", "auto"]), config, 30) == 135  # split: eager
     # An encoder-decoder's cross-attention and self-attention buffers grow in steps each.
-    t5 = read_config(str(saved_pairs["t5"][0]), False)
+    t5 = launcher_config(str(saved_pairs["t5"][0]), False)
     assert row_tokens(SpecDecOptions([*base, "--batch_size", "4"]), t5, 10) == 2 * CAPACITY_STEP
     assert row_tokens(SpecDecOptions([*base, "--cuda_graphs", "off"]), t5, 10) == 115
     # 507 new tokens and a round's 5 fill 512 output columns; a one-token pass widened to two
