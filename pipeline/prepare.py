@@ -168,6 +168,7 @@ def check_fields(id_field: str | None, keep: list[str]) -> None:
         raise ValueError(f"--keep_fields {taken[0]!r}: the output's own column of that name (--id_field gives the id)")
 
 
+BATCH_ROWS = 10_000  # rows formatted at a time
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 
 
@@ -208,9 +209,15 @@ def prepare(dataset, template: str | None, id_field: str | None, keep: list[str]
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
     arrow = dataset.with_format("arrow")[:]  # (the selected rows)
-    rows = dataset.to_list()
-    try:
-        prompts = [_prompt(r, fields, template, system_template, user_template) for r in rows]
+    typ = pa.string() if template is not None else pa.list_(MESSAGE)
+    read = dataset.select_columns(sorted(fields))
+    chunks = []
+    try:  # batch by batch, from the fields the templates read: never the whole dataset as Python objects
+        for start in range(0, len(dataset), BATCH_ROWS):
+            batch = read[start:start + BATCH_ROWS]
+            rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)] \
+                if fields else [{}] * min(BATCH_ROWS, len(dataset) - start)
+            chunks.append(pa.array([_prompt(r, fields, template, system_template, user_template) for r in rows], typ))
     except (TypeError, ValueError, IndexError) as e:  # e.g. {n:03d} over a text field
         raise ValueError(f"the template does not format every row ({type(e).__name__}: {e})") from e
     for field in keep:
@@ -225,9 +232,8 @@ def prepare(dataset, template: str | None, id_field: str | None, keep: list[str]
             raise ValueError(f"--id_field {id_field!r} is not unique: {first['values']!r} is the id of "
                              f"{first['counts']} rows (leave --id_field out for SPLIT-INDEX ids)")
     else:
-        ids = pa.array([f"{split}-{i}" for i in range(len(rows))], pa.string())
-    typ = pa.string() if template is not None else pa.list_(MESSAGE)
-    table = pa.table({"id": ids, "prompt": pa.array(prompts, typ)})
+        ids = pa.array([f"{split}-{i}" for i in range(len(dataset))], pa.string())
+    table = pa.table({"id": ids, "prompt": pa.chunked_array(chunks, typ)})
     for field in keep:
         table = table.append_column(field, arrow.column(field).combine_chunks())
     return table

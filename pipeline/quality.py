@@ -5,8 +5,10 @@ published summarization numbers), BLEU and chrF for translation from `sacrebleu`
 standard, reproducible implementation), never from hand-written scoring. Degeneracy is ours, two
 signs of a model stuck in a loop: the share of an output's word 3-grams that repeat an earlier
 one (a line printed again and again scores near 1, ordinary prose near 0), and the share of its
-characters inside a piece repeated four or more times in a row (`ctctctct`, `self.self.self.`,
-which no word split sees).
+characters inside a piece of up to 64 characters repeated four or more times in a row (`ctctctct`,
+`self.self.self.`, which no word split sees; a longer piece repeats word 3-grams, which the first
+share counts). The bound keeps the search linear in an output's length: unbounded, it tried every
+piece length at every position, 0.7 s for a 4,000-character output and 10 s for 16,000.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ ROUGE_KINDS = ("rouge1", "rouge2", "rougeL")
 METRICS = ("rouge", "bleu", "chrf")  # summarization, translation, translation
 DEGENERATE_AT = 0.5  # an output whose repeated 3-gram or looping-character share reaches this is degenerate
 _WORDS = re.compile(r"\w+|[^\w\s]")
-_LOOP = re.compile(r"(.{2,}?)\1{3,}", re.DOTALL)  # a piece of 2+ characters, then 3+ copies of it
+_LOOP = re.compile(r"(.{2,64}?)\1{3,}", re.DOTALL)  # a piece of 2 to 64 characters, then 3+ copies of it
 
 
 def repeated_ngram_share(text: str, n: int = 3) -> float:
@@ -29,7 +31,7 @@ def repeated_ngram_share(text: str, n: int = 3) -> float:
 
 
 def looping_share(text: str) -> float:
-    """Share of characters inside runs of one piece repeated 4+ times in a row."""
+    """Share of characters inside runs of one piece (2 to 64 characters) repeated 4+ times in a row."""
     return sum(m.end() - m.start() for m in _LOOP.finditer(text)) / len(text) if text else 0.0
 
 

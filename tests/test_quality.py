@@ -24,6 +24,17 @@ def test_ordinary_summaries_are_not(text):
     assert repeated_ngram_share(text) < 0.2 and looping_share(text) < 0.2
 
 
+def test_loops_of_long_pieces_are_degenerate_through_their_repeated_words():
+    """looping_share looks for pieces of up to 64 characters (the bound keeps it linear in the output's
+    length); a sentence looping beyond that repeats its word 3-grams."""
+    short = "0123456789abcdefghijklmnopqrstuvwxyz-ABCDEFGHIJKLMNOPQRSTUVWXYZ.:"[:64]
+    assert looping_share(short * 4) == 1.0
+    sentence = "The committee agreed to fund the new library on Tuesday after a long debate. "
+    assert len(sentence) > 64
+    assert looping_share(sentence * 4) == 0.0
+    assert repeated_ngram_share(sentence * 4) >= 0.5 and is_degenerate(sentence * 4)
+
+
 def test_rouge_is_the_reference_package_mean_f1():
     from rouge_score import rouge_scorer
 
