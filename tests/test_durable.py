@@ -50,6 +50,10 @@ def test_reader_counts_each_id_once_and_results_win_over_failed(tmp_path):
     _write(str(tmp_path / f"more-chunk-{5:032x}-00000.parquet"), [{"id": "e", "generation": "E"}], SCHEMA)
     both, _ = read_outputs([prefix, str(tmp_path / "more")])
     assert both["id"].to_pylist() == ["a", "b", None, "e"]
+    # a report without a baseline or references reads no generation
+    stats, failed = read_outputs(prefix, skip=("generation",))
+    assert stats.to_pylist() == [{"id": "a"}, {"id": "b"}, {"id": None}]
+    assert sorted(failed["id"].to_pylist()) == ["c", "d"]
 
 
 def test_numbered_duplicate_id_rows_stand_for_an_older_runs_unnumbered_ones(tmp_path):

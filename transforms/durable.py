@@ -23,7 +23,7 @@ import os
 import re
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import apache_beam as beam
@@ -240,13 +240,15 @@ class UnreadableFile(ValueError):
     """A file under a prefix that is not whole Parquet (an interrupted copy of a run's files): named, to be removed."""
 
 
-def _read(paths: list[str]) -> pa.Table | None:
-    """The files' rows in `paths`' order, read in parallel: a killed long job leaves tens of
-    thousands of chunk files, each a round trip on gs://."""
+def _read(paths: list[str], skip: Collection[str] = ()) -> pa.Table | None:
+    """The files' rows in `paths`' order, but the columns in `skip`, read in parallel: a killed long
+    job leaves tens of thousands of chunk files, each a round trip on gs://."""
     def read(path: str) -> pa.Table:
         try:
             with FileSystems.open(path) as f:
-                return _plain(pq.read_table(f).replace_schema_metadata(None))
+                parquet = pq.ParquetFile(f)
+                columns = [n for n in parquet.schema_arrow.names if n not in skip]
+                return _plain(parquet.read(columns=columns).replace_schema_metadata(None))
         except (OSError, pa.ArrowInvalid) as e:
             raise UnreadableFile(f"{path} is not a readable Parquet file ({e})") from e
 
@@ -290,14 +292,15 @@ def _failed_once(failed: pa.Table) -> pa.Table:
                              _first_per_key(dups.filter(pc.invert(superseded)), ["id", "prompt", "error_message"])])
 
 
-def read_outputs(prefixes: str | Iterable[str]) -> tuple[pa.Table | None, pa.Table | None]:
+def read_outputs(prefixes: str | Iterable[str], skip: Collection[str] = ()) -> tuple[pa.Table | None, pa.Table | None]:
     """(result rows, failed rows) of one or more prefixes, final shards and chunks alike,
     each id once: the first row of an id wins, and an id with a result row has no failed row
     (DuplicateId rows: one per input row). Final shards are read before chunks. None
-    where there is no such file."""
+    where there is no such file. `skip`: result columns not read (a report without a baseline
+    or references reads no generation: most of a large run's bytes)."""
     prefixes = [prefixes] if isinstance(prefixes, str) else list(prefixes)
     results = _read(match(p for prefix in prefixes for p in result_patterns(prefix)[:1])
-                    + match(p for prefix in prefixes for p in result_patterns(prefix)[1:]))
+                    + match(p for prefix in prefixes for p in result_patterns(prefix)[1:]), skip)
     failed = _read(match(p for prefix in prefixes for p in failed_patterns(prefix)[:1])
                    + match(p for prefix in prefixes for p in failed_patterns(prefix)[1:]))
     if results is not None:

@@ -46,22 +46,24 @@ def _record(prefix: str) -> dict:
     return next((r for r in map(read_record, _parts(prefix)) if r), {})
 
 
-def read_results(prefix: str, flag: str = "PREFIX") -> tuple[pa.Table, pa.Table | None]:
+def read_results(prefix: str, flag: str = "PREFIX", texts: bool = True) -> tuple[pa.Table, pa.Table | None]:
     """A run's rows, each id once: final shards, and the chunks a running or killed job
     committed (transforms/durable.py reads both); several comma-separated prefixes (a resumed
-    run and the one it continued, a job split in several) are read as one output."""
+    run and the one it continued, a job split in several) are read as one output. Without
+    `texts`, the rows lack their generation (their statistics are all a report without a
+    baseline or references reads)."""
     parts = _parts(prefix)
     for part in parts:  # (a glob's * would match another run's files: j* takes j1-failed-* for results)
         check_prefix(flag, part)
     for part in parts if len(parts) > 1 else ():  # (a typo would leave its rows out unseen)
         if not output_files(part):
             raise FileNotFoundError(f"{part}: no output files there ({prefix})")
-    results, failed = read_outputs(parts)
+    results, failed = read_outputs(parts, skip=() if texts else ("generation",))
     if results is None and failed is not None:  # a killed job that had only failed rows so far
         results = result_schema(failed.schema, "id", []).empty_table()
     if results is None:
         raise FileNotFoundError(f"no result files {prefix}-SSSSS-of-NNNNN.parquet or {prefix}-chunk-*.parquet")
-    if "generation" not in results.schema.names:  # (prompt shards of the same name)
+    if "new_tokens" not in results.schema.names:  # (prompt shards of the same name)
         raise FileNotFoundError(f"{prefix}: its files hold no generations (no 'generation' column): not a run's "
                                 "--output prefix")
     return results, failed
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.html is not None:  # (before the reading and plotting)
             args.html = writable_file("--html", args.html)
-        results, failed = read_results(args.prefix)
+        results, failed = read_results(args.prefix, texts=bool(args.baseline or args.references))
         base, base_failed = read_results(args.baseline, "--baseline") if args.baseline else (None, None)
         scores = quality_scores(results, args.references, args.metric) if args.references else None
     except (FileNotFoundError, KeyError, JobConfigError, UnreadableFile) as e:
