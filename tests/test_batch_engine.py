@@ -194,6 +194,40 @@ def test_freed_slots_wait_to_admit_rows_together(models, prompts):
     assert len(sizes[3]) < len(sizes[1])
 
 
+def test_the_last_waiting_prompt_enters_when_one_slot_frees(models, tokenizer):
+    """`admit_together` waits for that many free slots or for every waiting prompt: one prompt left enters at once."""
+    target, draft = models["llama"]
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=4, num_speculative_tokens=2,
+                                       max_new_tokens=8, settings=PassSettings(admit_together=3))
+    calls = _admissions(engine)
+    ids = tokenizer(TEXTS[1]).input_ids
+    engine.generate_many([(ids, 0)] * 5, [lambda tokens: 0] + [None] * 4)  # the first row ends after one round
+    assert calls == [(0, 4), (4, 1)]  # the fifth prompt took its place while three rows went on
+
+
+def test_a_finished_rows_place_is_refilled_and_the_rows_that_go_on_count_the_wait(models, tokenizer, monkeypatch):
+    """A finished row's place is taken by the next prompt in place (`BatchKV.place`); the row that goes on waited for
+    that prompt's prefill too, the new row for its own."""
+    from tests.test_engine_greedy import FakeClock
+
+    target, draft = models["llama"]
+    placed, place = [], BatchKV.place
+    monkeypatch.setattr(BatchKV, "place", lambda self, slots, fresh: placed.append((self.model, list(slots)))
+                        or place(self, slots, fresh))
+    clock = FakeClock(monkeypatch)
+    handle = clock.on_prompt_passes(target, 1.0)
+    try:
+        engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=2, num_speculative_tokens=2,
+                                           max_new_tokens=6, cuda_graphs="off")
+        prompts = [tokenizer(t).input_ids for t in ("The quick brown fox", TEXTS[1], "Summarize: the committee")]
+        outs = engine.generate_many([(p, 0) for p in prompts], [lambda tokens: 0, None, None])  # row 0 ends at once
+    finally:
+        handle.remove()
+    assert outs[0].stats.new_tokens == 1 and outs[2].stats.admitted_with == 1
+    assert (target, [0]) in placed
+    assert outs[1].stats.admit_s == 2.0 and outs[2].stats.admit_s == 1.0  # its own admission and the third row's
+
+
 @pytest.mark.parametrize("kind", ["llama", "bart"])
 def test_rows_admitted_together_into_an_emptied_batch(models, kind):
     """Every row leaves, then the next prompts enter together, merged into the emptied cache: its layers, of no

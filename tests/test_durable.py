@@ -191,6 +191,39 @@ def test_commit_every_past_what_a_timer_can_wait_commits_at_the_bundles_end(tmp_
     assert failures == [] and len(glob.glob(f"{prefix}-*.parquet")) == 1
 
 
+def test_rows_of_a_commit_that_failed_are_committed_by_the_next(tmp_path, monkeypatch):
+    """A timer's commit that fails (a transient storage error) keeps its rows for the next commit: a job killed
+    later still has them."""
+    from transforms import durable
+
+    prefix = str(tmp_path / "gens-chunk")
+    fn = CommitChunks(prefix, SCHEMA, every_s=float("inf"))
+    fn.setup()
+    fn.start_bundle()
+    list(fn.process({"id": "a", "generation": "A"}))
+    write = durable.write_parquet_file
+    monkeypatch.setattr(durable, "write_parquet_file", lambda path, table: (_ for _ in ()).throw(OSError("transient")))
+    with pytest.raises(OSError, match="transient"):
+        fn._flush()
+    monkeypatch.setattr(durable, "write_parquet_file", write)
+    list(fn.process({"id": "b", "generation": "B"}))
+    fn.finish_bundle()
+    assert sorted(i for f in glob.glob(f"{prefix}-*.parquet") for i in pq.read_table(f)["id"].to_pylist()) == ["a", "b"]
+
+
+def test_a_failed_call_of_several_rows_fails_each_row():
+    """A batched RunInference call that raises is one dead letter of all its rows: each becomes a failed row."""
+    import traceback
+
+    from transforms.results import failed_rows
+
+    error = RuntimeError("boom")
+    batch = [({"id": f"r{i}", "prompt": f"p{i}"}, i) for i in range(3)]
+    rows = failed_rows((batch, (RuntimeError, repr(error), traceback.format_exception(error))), "id", "prompt")
+    assert [(r["id"], r["prompt"], r["error_type"], r["error_message"]) for r in rows] == [
+        (f"r{i}", f"p{i}", "RuntimeError", "boom") for i in range(3)]
+
+
 def test_a_failed_rows_message_is_the_exceptions_even_with_notes():
     """RunInference's dead letter carries the traceback's lines: the message is the one of the
     "Type: message" line, not a note added after it (`add_note`), nor a module-named type's."""

@@ -55,7 +55,50 @@ def test_self_draft_accepts_everything_in_ceil_n_over_gamma_plus_one_steps(model
     s = out.stats
     assert s.new_tokens == 23 and s.verify_steps == 5  # ceil(23 / 5)
     assert s.accepted_tokens == s.draft_tokens == 18 and s.acceptance_rate == 1.0
-    assert s.finish_reason == "length"
+    assert s.finish_reason == "length" and s.rejections == 0  # (the report's a: no round ended at a rejection)
+
+
+def test_drafts_cut_by_a_stop_are_not_counted_accepted(models, tokenizer):
+    """A stop inside a round's accepted drafts: only the tokens kept count as accepted."""
+    target, _ = models["llama"]
+    s = SpeculativeGenerator(target, ModelDrafter(target), num_speculative_tokens=4, max_new_tokens=23).generate(
+        tokenizer(PROMPTS[1]).input_ids, finish_check=lambda tokens: 0).stats
+    assert s.new_tokens == 1 and s.finish_reason == "stop" and s.draft_tokens == 4
+    assert s.accepted_tokens == 1
+
+
+class FakeClock:
+    """time.perf_counter standing still but where a test moves it: the stats' time splits exact, on any machine."""
+
+    def __init__(self, monkeypatch):
+        self.now = 0.0
+        monkeypatch.setattr(time, "perf_counter", lambda: self.now)
+
+    def on_prompt_passes(self, model, seconds: float):
+        """Each pass of `model` over more than 4 tokens (a prompt's; rounds feed fewer) takes `seconds`."""
+        def hook(module, args, kwargs):
+            if kwargs["input_ids"].shape[1] > 4:
+                self.now += seconds
+        return model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def test_ttft_is_the_first_rounds_time_and_the_drafts_prompt_read_is_prefill(models, tokenizer, monkeypatch):
+    """Time to first token is taken once, in the first round; a draft reads its prompt in its first pass, and that
+    time is prefill, not drafting."""
+    target, draft = models["llama"]
+    clock = FakeClock(monkeypatch)
+
+    def round_takes_a_second(tokens):  # (the finish check runs once a round)
+        clock.now += 1.0
+
+    handle = clock.on_prompt_passes(draft, 10.0)
+    try:
+        s = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=2, max_new_tokens=12).generate(
+            tokenizer(PROMPTS[1]).input_ids, finish_check=round_takes_a_second).stats
+    finally:
+        handle.remove()
+    assert s.verify_steps > 2
+    assert s.ttft_s == 11.0 and s.prefill_s == 10.0 and s.draft_s == 0.0
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "bart"])

@@ -235,6 +235,16 @@ def test_early_stop_looks_past_a_cost_jump_and_stops_on_unsure_drafts():
     assert not st.keep_drafting(2, 0.01)
 
 
+def test_the_rejected_drafts_confidence_is_calibrated_as_a_miss():
+    """A round's accepted drafts are hits, its first rejected draft a miss; drafts after it were never judged."""
+    policy = AdaptiveGamma(Costs(c=0.1), max_gamma=4)
+    policy.start(4).record_confidences([0.9, 0.03, 0.5], accepted=1)
+    cal = policy.calibration
+    assert (cal.seen[cal.bin(0.9)], cal.hits[cal.bin(0.9)]) == (1, 1)
+    assert (cal.seen[cal.bin(0.03)], cal.hits[cal.bin(0.03)]) == (1, 0)
+    assert cal.seen[cal.bin(0.5)] == 0
+
+
 class _StopAfterTwo(GammaState):
     """Asks for 4 drafts, stops each round after 2 through the early-stop hook, records calls."""
 

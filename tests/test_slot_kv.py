@@ -279,8 +279,9 @@ def test_chained_draft_rounds_equal_step_by_step_drafting(models, prompts, kind,
         assert bool(chained) == (chain and graphs)
     for a, b, p in zip(outs[False], outs[True], prompts, strict=True):
         assert a.tokens == b.tokens == hf_greedy(target, p, n)
-        assert (a.stats.drafts, a.stats.accepted_tokens, a.stats.verify_steps) == \
-            (b.stats.drafts, b.stats.accepted_tokens, b.stats.verify_steps)
+        assert (a.stats.drafts, a.stats.draft_steps, a.stats.accepted_tokens, a.stats.verify_steps) == \
+            (b.stats.drafts, b.stats.draft_steps, b.stats.accepted_tokens, b.stats.verify_steps)
+        assert b.stats.draft_steps > 0  # (chained steps are the draft's passes too: the report's c)
 
     import copy
 
@@ -291,6 +292,21 @@ def test_chained_draft_rounds_equal_step_by_step_drafting(models, prompts, kind,
                                        max_new_tokens=8, cuda_graphs="on")
     [row, _] = engine.generate_many([(prompts[0], 0), (prompts[1], 0)])
     assert row.tokens == plain[:3] and row.stats.draft_tokens == 3
+
+
+def test_a_slot_left_free_holds_no_columns(models, tokenizer):
+    """A row that leaves frees its slot's columns: passes are as wide as the longest row still in the batch."""
+    target, _ = models["llama"]
+    rows = [tokenizer(t).input_ids for t in ("Hi", "Summarize: the committee met on Tuesday and voted")]
+    kv = SlotKV(target, 2, graphs=False)
+    assert kv.acquire()
+    fresh = BatchKV(target, 2)
+    fresh.forward([r[:-1] for r in rows], logits=False)
+    kv.merge(fresh)
+    assert kv.width == len(rows[1]) - 1
+    kv.drop([1])
+    assert kv.width == kv.length(0) == len(rows[0]) - 1
+    kv.release()
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])

@@ -107,6 +107,20 @@ def test_the_text_checked_is_the_text_decoded():
     assert StopStrings(bert, ["#"])(ids) is None  # (a false stop before)
 
 
+def test_a_stop_starting_with_a_space_that_a_metaspace_decoder_strips():
+    """The tail decoded to look for a stop starts before the stop's first token: decoded from there, SentencePiece's
+    Metaspace drops the leading space of `" 7"`."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    t = Tokenizer(models.WordLevel({"[UNK]": 0, "▁": 1, "7": 2, "a": 3, "▁a": 4}, unk_token="[UNK]"))
+    t.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]")
+    ids = [4, 3, 4, 1, 2]  # "aa a 7"
+    assert " 7" in tok.decode(ids) and tok.decode(ids[-2:]) == "7"
+    assert StopStrings(tok, [" 7"])(ids) == 4
+
+
 def test_agrees_with_the_definition_on_random_byte_soup():
     """Random ids decode to broken UTF-8 and odd merges: the windowed check must still agree."""
     tok = build_chat_tokenizer()

@@ -87,6 +87,16 @@ def test_prompt_longer_than_context_fails_the_row(saved_pairs, caplog):
     assert "indexing errors" not in caplog.text
 
 
+def test_a_prompt_that_leaves_no_room_for_max_new_tokens_fails_the_row(saved_pairs):
+    """The prompt and max_new_tokens must fit the context together: the prompt alone fitting is not enough."""
+    target_dir, draft_dir = saved_pairs["llama"]  # 256 positions
+    gen = TextGenerator.load(GeneratorSpec(str(target_dir), str(draft_dir), max_new_tokens=16))
+    by_length = {len(gen.tokenizer("word " * n, verbose=False)["input_ids"]): "word " * n for n in range(30, 300)}
+    assert gen.encode(by_length[max(k for k in by_length if k <= 240)])
+    with pytest.raises(PromptTooLong, match="with max_new_tokens=16"):
+        gen.encode(by_length[min(k for k in by_length if 240 < k <= 256)])
+
+
 def test_a_draft_of_fewer_positions_drafts_while_a_row_fits_them(saved_pairs, tmp_path):
     """A draft of the target's tokenizer with fewer positions (64 here, the target's 256) drafts
     while a row fits them and leaves the rest to the target: rows past them decode as the target
