@@ -396,18 +396,19 @@ class TextGenerator:
     def _decode_together(self, todo: list[tuple[list[int], int]]) -> list[Generation | Exception]:
         """The items decoded in one call; a call that raises is decoded again in halves, down to the item that raises
         alone, which gets its exception: the others decode as they would have (a row depends on its prompt and seed)."""
-        try:
-            with self._lock:
+        with self._lock:
+            try:
                 checks = [self._finish_check() for _ in todo]  # (fresh: a check keeps its item's tokens)
                 return self.batch_engine.generate_many(todo, checks, max_seconds=self.max_item_seconds)
-        except Exception as e:
-            check_device(e, self.devices)  # (`DeviceLost`: every half would fail too)
-            if len(todo) == 1:
-                return [e]
-            log.warning("a batched call of %d rows raised %s (%s): decoding them again in halves", len(todo),
-                        type(e).__name__, str(e).splitlines()[0][:200] if str(e) else "")
-            half = len(todo) // 2
-            return self._decode_together(todo[:half]) + self._decode_together(todo[half:])
+            except Exception as e:  # (`DeviceLost`: every half would fail too; checked under the lock, as at batch 1:
+                check_device(e, self.devices)  # another thread's graph capture forbids the check's kernel)
+                error = e
+        if len(todo) == 1:
+            return [error]
+        log.warning("a batched call of %d rows raised %s (%s): decoding them again in halves", len(todo),
+                    type(error).__name__, str(error).splitlines()[0][:200] if str(error) else "")
+        half = len(todo) // 2
+        return self._decode_together(todo[:half]) + self._decode_together(todo[half:])
 
     def _finish_check(self) -> StopStrings | None:
         """A fresh per-item stop-string check (it keeps the item's tokens), or None without --stop."""

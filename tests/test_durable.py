@@ -158,6 +158,33 @@ def test_commit_chunks_commits_while_the_bundle_is_still_running(tmp_path):
     assert all(pq.read_metadata(f).metadata[b"specdec_run"] == b'{"x": 1}' for f in files)
 
 
+def test_the_commit_counters_count_what_the_timer_commits(tmp_path):
+    """rows_committed and chunks_committed (what reached the output, in the job's metrics) count the timer's commits
+    too: Beam keeps a counter's increments only on the thread that runs the bundle."""
+    import apache_beam as beam
+    from apache_beam.metrics.metric import MetricsFilter
+
+    prefix = str(tmp_path / "gens-chunk")
+
+    def slow(i):
+        time.sleep(0.1)  # (the timer commits between rows)
+        return {"id": str(i), "generation": "g"}
+
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    # (the job's own required flags, which Beam parses for every options class imported: none is read here)
+    p = beam.Pipeline(options=PipelineOptions(["--runner", "DirectRunner", "--input", "unread", "--output", "unread",
+                                               "--target_model", "unread"]))
+    _ = p | beam.Create(range(6)) | beam.Map(slow) | beam.ParDo(CommitChunks(prefix, SCHEMA, every_s=0.03))
+    result = p.run()
+    result.wait_until_finish()
+    files = glob.glob(f"{prefix}-*.parquet")
+    counted = {c.key.metric.name: c.committed for c in result.metrics().query(MetricsFilter())["counters"]}
+    assert len(files) > 1  # (the timer committed during the bundle)
+    assert counted["rows_committed"] == sum(pq.read_metadata(f).num_rows for f in files) == 6
+    assert counted["chunks_committed"] == len(files)
+
+
 def test_commit_every_zero_commits_each_row_as_it_comes(tmp_path):
     prefix = str(tmp_path / "gens-chunk")
     fn = CommitChunks(prefix, SCHEMA, every_s=0)

@@ -742,8 +742,9 @@ def test_progress_log_says_its_rate_is_per_prompt(caplog):
     with caplog.at_level(logging.INFO, logger="transforms.model_handler"):
         progress.record(row)
         progress.record(row)
-    assert "specdec: 1 prompt done, 8 new tokens, acceptance 0.75, 4.0 new tokens/s per prompt" in caplog.text
-    assert "specdec: 2 prompts done, 16 new tokens" in caplog.text
+    assert ("specdec: 1 prompt done in this thread, 8 new tokens, acceptance 0.75, 4.0 new tokens/s per prompt"
+            in caplog.text)
+    assert "specdec: 2 prompts done in this thread, 16 new tokens" in caplog.text
 
 
 def test_hub_ids_resolve_from_the_local_hugging_face_cache(tmp_path, saved_pairs, monkeypatch):

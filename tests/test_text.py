@@ -72,6 +72,29 @@ def test_a_batched_generator_makes_static_caches_for_its_batches_only(saved_pair
             == [one.generate(p)["token_ids"] for p in prompts])
 
 
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_a_failed_call_checks_the_device_while_it_holds_the_engine(saved_pairs, monkeypatch, batch_size):
+    """The device check after a call raised launches a kernel and synchronizes: under the engine's lock, which another
+    thread's graph capture holds (a capture forbids other threads' launches), at batch 1 and batched; the row's own
+    error is then kept, and a batched call retried in halves."""
+    from specdec_core import text
+
+    target_dir, draft_dir = saved_pairs["llama"]
+    gen = TextGenerator.load(GeneratorSpec(str(target_dir), str(draft_dir), max_new_tokens=4, batch_size=batch_size))
+    engine = gen.batch_engine if batch_size > 1 else gen.engine
+    monkeypatch.setattr(engine, "generate_many" if batch_size > 1 else "generate",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDA error: unspecified launch failure")))
+    held = []
+    monkeypatch.setattr(text, "check_device", lambda e, devices: held.append(gen._lock.locked()))
+    if batch_size > 1:
+        rows = gen.generate_batch([("The quick brown", 0), ("Hello", 0)])
+        assert [r["error_type"] for r in rows] == ["RuntimeError"] * 2
+    else:
+        with pytest.raises(RuntimeError, match="launch failure"):
+            gen.generate("The quick brown")
+    assert held and all(held), held
+
+
 def test_prompt_longer_than_context_fails_the_row(saved_pairs, caplog):
     from transformers.utils import logging as hf_logging
 

@@ -154,6 +154,7 @@ class CommitChunks(beam.DoFn):
         self._count = 0
         self._lock = threading.Lock()
         self._buffer: list[dict] = []
+        self._uncounted = (0, 0)  # (rows, chunks) the timer committed: Beam counts a metric on a bundle's thread only
 
     def start_bundle(self) -> None:
         self._stop = threading.Event()
@@ -182,14 +183,22 @@ class CommitChunks(beam.DoFn):
             with self._lock:
                 self._buffer[:0] = rows  # keep them for the next attempt
             raise
-        self.rows_committed.inc(len(rows))
-        self.chunks_committed.inc()
+        with self._lock:
+            self._uncounted = (self._uncounted[0] + len(rows), self._uncounted[1] + 1)
+
+    def _count_commits(self) -> None:
+        with self._lock:
+            (rows, chunks), self._uncounted = self._uncounted, (0, 0)
+        if chunks:
+            self.rows_committed.inc(rows)
+            self.chunks_committed.inc(chunks)
 
     def process(self, row: dict) -> Iterator[dict]:
         with self._lock:
             self._buffer.append(row)
         if self.every_s <= 0:
             self._flush()
+        self._count_commits()
         yield row
 
     def finish_bundle(self) -> None:
@@ -197,6 +206,7 @@ class CommitChunks(beam.DoFn):
         if self._timer is not None:
             self._timer.join()
         self._flush()
+        self._count_commits()
 
     def teardown(self) -> None:
         if getattr(self, "_stop", None) is not None:

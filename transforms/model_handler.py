@@ -64,8 +64,10 @@ class _Progress:
         if time.monotonic() - self.last_log >= self.every_s:
             self.last_log = time.monotonic()
             acc = f"{t['accepted'] / t['drafted']:.2f}" if t["drafted"] else "n/a"
-            # Per prompt: batched prompts decode side by side, so a job's throughput is higher.
-            _LOG.info("specdec: %d prompt%s done, %d new tokens, acceptance %s, %.1f new tokens/s per prompt",
+            # Per prompt: batched prompts decode side by side, so a job's throughput is higher. Per thread: each of
+            # a worker's threads has its own handler (the job's totals are the counters).
+            _LOG.info("specdec: %d prompt%s done in this thread, %d new tokens, acceptance %s, %.1f new tokens/s "
+                      "per prompt",
                       t["prompts"], "" if t["prompts"] == 1 else "s", t["new"], acc,
                       t["new"] / max(t["seconds"], 1e-9))
 
