@@ -212,14 +212,15 @@ def prepare(dataset, template: str | None, id_field: str | None, keep: list[str]
     typ = pa.string() if template is not None else pa.list_(MESSAGE)
     read = dataset.select_columns(sorted(fields))
     chunks = []
-    try:  # batch by batch, from the fields the templates read: never the whole dataset as Python objects
-        for start in range(0, len(dataset), BATCH_ROWS):
-            batch = read[start:start + BATCH_ROWS]
-            rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)] \
-                if fields else [{}] * min(BATCH_ROWS, len(dataset) - start)
-            chunks.append(pa.array([_prompt(r, fields, template, system_template, user_template) for r in rows], typ))
-    except (TypeError, ValueError, IndexError) as e:  # e.g. {n:03d} over a text field
-        raise ValueError(f"the template does not format every row ({type(e).__name__}: {e})") from e
+    for start in range(0, len(dataset), BATCH_ROWS):  # from the fields the templates read, never all rows at once
+        batch = read[start:start + BATCH_ROWS]
+        rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)] \
+            if fields else [{}] * min(BATCH_ROWS, len(dataset) - start)
+        try:
+            prompts = [_prompt(r, fields, template, system_template, user_template) for r in rows]
+        except (TypeError, ValueError, IndexError) as e:  # e.g. {n:03d} over a text field
+            raise ValueError(f"the template does not format every row ({type(e).__name__}: {e})") from e
+        chunks.append(pa.array(prompts, typ))
     for field in keep:
         _check_column("--keep_fields", field, arrow.column(field).combine_chunks(), nested=True)
     if id_field:

@@ -6,9 +6,11 @@ standard, reproducible implementation), never from hand-written scoring. Degener
 signs of a model stuck in a loop: the share of an output's word 3-grams that repeat an earlier
 one (a line printed again and again scores near 1, ordinary prose near 0), and the share of its
 characters inside a piece of up to 64 characters repeated four or more times in a row (`ctctctct`,
-`self.self.self.`, which no word split sees; a longer piece repeats word 3-grams, which the first
-share counts). The bound keeps the search linear in an output's length: unbounded, it tried every
-piece length at every position, 0.7 s for a 4,000-character output and 10 s for 16,000.
+`self.self.self.`, which no word split sees; a longer piece with word breaks in it repeats word
+3-grams, which the first share counts; one without, 65 characters or more of a single word again
+and again, is seen by neither). The bound keeps the search linear in an output's length:
+unbounded, it tried every piece length at every position, 0.7 s for a 4,000-character output and
+10 s for 16,000.
 """
 
 from __future__ import annotations

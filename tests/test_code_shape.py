@@ -10,20 +10,24 @@ CORE_LINES, MODULE_LINES = 5_400, 600
 
 
 def _imports(path: Path) -> set[str]:
-    """Top-level packages and modules a file imports, at module level or inside functions, leaving
-    out what only a type checker reads (`if TYPE_CHECKING:`)."""
+    """Modules a file imports (absolute names, relative ones resolved), at module level or inside functions,
+    leaving out what only a type checker reads (the body of `if TYPE_CHECKING:`)."""
     tree = ast.parse(path.read_text())
+    package = path.relative_to(ROOT).parent.parts
     skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-               and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+               and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+               for statement in node.body for n in ast.walk(statement)}
     out = set()
     for node in ast.walk(tree):
         if id(node) in skipped:
             continue
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.add(node.module)
-            out.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1] if node.level else ())
+            module = ".".join(p for p in (base, node.module or "") if p)
+            out.add(module)
+            out.update(f"{module}.{a.name}" for a in node.names)
     return out
 
 

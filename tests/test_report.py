@@ -172,7 +172,7 @@ def test_missing_files_or_reference_column_stop_in_one_line(tmp_path, capsys):
     cut = _write(tmp_path / "cut" / "gens", result_table(RUN))  # and a chunk cut short (an interrupted copy)
     chunk = tmp_path / "cut" / f"gens-chunk-{1:032x}-00000.parquet"
     chunk.write_bytes((tmp_path / "cut" / "gens-00000-of-00001.parquet").read_bytes()[:200])
-    for args, needle in [([prompts], "its files hold no generations (no 'generation' column)"),
+    for args, needle in [([prompts], "its files hold no generations (no 'new_tokens' column)"),
                          ([prefix, "--baseline", prompts], "its files hold no generations"),
                          ([scored, "--references", "score"], "--references 'score' is int64, not text"),
                          ([prefix, "--references", "new_tokens"], "'new_tokens' is an output column"),

@@ -64,7 +64,7 @@ def read_results(prefix: str, flag: str = "PREFIX", texts: bool = True) -> tuple
     if results is None:
         raise FileNotFoundError(f"no result files {prefix}-SSSSS-of-NNNNN.parquet or {prefix}-chunk-*.parquet")
     if "new_tokens" not in results.schema.names:  # (prompt shards of the same name)
-        raise FileNotFoundError(f"{prefix}: its files hold no generations (no 'generation' column): not a run's "
+        raise FileNotFoundError(f"{prefix}: its files hold no generations (no 'new_tokens' column): not a run's "
                                 "--output prefix")
     return results, failed
 
