@@ -213,9 +213,8 @@ def prepare(dataset, template: str | None, id_field: str | None, keep: list[str]
     read = dataset.select_columns(sorted(fields))
     chunks = []
     for start in range(0, len(dataset), BATCH_ROWS):  # from the fields the templates read, never all rows at once
-        batch = read[start:start + BATCH_ROWS]
-        rows = [dict(zip(batch, values, strict=True)) for values in zip(*batch.values(), strict=True)] \
-            if fields else [{}] * min(BATCH_ROWS, len(dataset) - start)
+        end = min(start + BATCH_ROWS, len(dataset))
+        rows = read.select(range(start, end)).to_list() if fields else [{}] * (end - start)  # (no columns: no rows)
         try:
             prompts = [_prompt(r, fields, template, system_template, user_template) for r in rows]
         except (TypeError, ValueError, IndexError) as e:  # e.g. {n:03d} over a text field
