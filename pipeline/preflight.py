@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -26,7 +25,7 @@ from pipeline.model_checks import (
     said,
     target_tokenizer,
 )
-from transforms.durable import match, output_files, result_patterns, sink_deletes
+from transforms.durable import each_file, match, output_files, result_patterns, sink_deletes
 from transforms.schema import result_schema
 
 if TYPE_CHECKING:  # (the options import torch; `writable_file` serves tools that need none)
@@ -59,8 +58,7 @@ def parquet_schemas(flag: str, files: list[str]) -> list[pa.Schema]:
         except Exception as e:
             raise JobConfigError(f"{flag}: {path} is not a readable Parquet file ({e})") from e
 
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(files)))) as pool:
-        return list(pool.map(read, files))
+    return each_file(read, files)
 
 
 def _columns_read(opts: SpecDecOptions) -> list[tuple[str, str]]:

@@ -228,8 +228,11 @@ def test_rows_of_a_commit_that_failed_are_committed_by_the_next(tmp_path, monkey
     fn.setup()
     fn.start_bundle()
     list(fn.process({"id": "a", "generation": "A"}))
+    def broken(path, table):
+        raise OSError("transient")
+
     write = durable.write_parquet_file
-    monkeypatch.setattr(durable, "write_parquet_file", lambda path, table: (_ for _ in ()).throw(OSError("transient")))
+    monkeypatch.setattr(durable, "write_parquet_file", broken)
     with pytest.raises(OSError, match="transient"):
         fn._flush()
     monkeypatch.setattr(durable, "write_parquet_file", write)

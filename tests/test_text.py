@@ -82,8 +82,10 @@ def test_a_failed_call_checks_the_device_while_it_holds_the_engine(saved_pairs, 
     target_dir, draft_dir = saved_pairs["llama"]
     gen = TextGenerator.load(GeneratorSpec(str(target_dir), str(draft_dir), max_new_tokens=4, batch_size=batch_size))
     engine = gen.batch_engine if batch_size > 1 else gen.engine
-    monkeypatch.setattr(engine, "generate_many" if batch_size > 1 else "generate",
-                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDA error: unspecified launch failure")))
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA error: unspecified launch failure")
+
+    monkeypatch.setattr(engine, "generate_many" if batch_size > 1 else "generate", broken)
     held = []
     monkeypatch.setattr(text, "check_device", lambda e, devices: held.append(gen._lock.locked()))
     if batch_size > 1:
