@@ -198,3 +198,25 @@ def test_the_gpu_machines_wheels_are_pinned_in_the_lock():
     names = re.search(r'packages="([^"]+)"', script).group(1).split()
     assert {"transformers", "apache-beam"} <= set(names) and not {"pymongo", "dnspython"} & set(names)
     assert [name for name in names if name not in _lock()] == []
+
+
+def test_a_pass_that_falls_back_to_eager_is_reported_beside_the_figures(tmp_path, monkeypatch):
+    """A figure labelled "graphs" must be one: a capture that fails (here on a CPU, which has no CUDA graphs) and
+    leaves a pass eager is listed in the result and its page, from the logger the graphs module writes to."""
+    import torch
+
+    from specdec_core.graphs import PassGraphs
+    from specdec_core.pass_settings import DEFAULT
+
+    def profile(target, draft, args, partial) -> dict:
+        passes = PassGraphs("TinyLM", torch.device("cpu"), DEFAULT, graphs=True, strict=False, compile=False,
+                            compile_prefills=False)
+        assert torch.equal(passes.run(3, torch.ones(1, 4), lambda x: 2 * x, "a 3-token pass", graphed=True),
+                           2 * torch.ones(1, 4))  # (eager, after the failed capture)
+        return {}
+
+    monkeypatch.setattr(gpu, "run_profile", profile)
+    result = gpu.main([*TINY, "--sections", "profile", "--out", str(tmp_path)])
+    assert len(result["graph_fallbacks"]) == 1 and "TinyLM: no CUDA graph of a 3-token pass" in \
+        result["graph_fallbacks"][0]
+    assert "- TinyLM: no CUDA graph of a 3-token pass" in gpu.markdown(result)

@@ -40,6 +40,7 @@ from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.drafters import ModelDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma
+from specdec_core.graphs import PassGraphs
 from specdec_core.pass_settings import PassSettings
 from specdec_core.rounds import setup_seconds
 from specdec_core.slot_kv import ADMIT_ROWS
@@ -667,7 +668,7 @@ def markdown(result: dict) -> str:
 
 
 class _Warnings(logging.Handler):
-    """Warning lines of a logger, kept (the static decoders' fallbacks to eager passes)."""
+    """Warning lines of a logger, kept (graphs' fallbacks to eager passes)."""
 
     def __init__(self):
         super().__init__(logging.WARNING)
@@ -762,8 +763,8 @@ def main(argv: list[str] | None = None) -> dict:
     runners = {"single": run_single, "batched": run_batched, "profile": run_profile,
                "profile_batched": run_profile_batched}
     # A figure labelled "graphs" must be one: any pass that fell back to eager is reported beside them.
-    fallbacks, static_log = _Warnings(), logging.getLogger("specdec_core.static_kv")
-    static_log.addHandler(fallbacks)
+    fallbacks, graphs_log = _Warnings(), logging.getLogger(PassGraphs.__module__)  # (where passes fall back)
+    graphs_log.addHandler(fallbacks)
     result["graph_fallbacks"] = fallbacks.lines
     try:
         for section in args.sections:
@@ -777,7 +778,7 @@ def main(argv: list[str] | None = None) -> dict:
             write(result)
             _LOG.info("%s done in %.0f s", section, result[f"{section}_s"])
     finally:
-        static_log.removeHandler(fallbacks)
+        graphs_log.removeHandler(fallbacks)
     print(markdown(result))
     return result
 
