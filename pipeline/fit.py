@@ -138,10 +138,10 @@ def _static(opts: SpecDecOptions, config) -> bool:
 
 def row_columns(opts: SpecDecOptions, config, prompt_tokens: int) -> tuple[int, int]:
     """(prompt, new) cache columns a row takes: its prompt, and its new tokens with a round's
-    drafts. A static cache allocates in steps of `static_kv.CAPACITY_STEP`: a decoder-only
+    drafts. A static cache allocates in steps of `graphs.CAPACITY_STEP`: a decoder-only
     row's whole sequence, an encoder-decoder's cross-attention (prompt) and self-attention
     (output) buffers each, with a column more for a one-token pass widened to two (LED's)."""
-    from specdec_core.static_kv import capacity_for
+    from specdec_core.graphs import capacity_for
 
     new = opts.max_new_tokens + opts.num_speculative_tokens + 1
     if not _static(opts, config):
@@ -172,8 +172,8 @@ def prefill_bytes(opts: SpecDecOptions, config, prompt_tokens: int, dtype: torch
     own (`SlotKV.prefill`: up to `ADMIT_ROWS` rows), as long as the longest prompt padded to its
     prefill width (an encoder-decoder's cross-attention columns): that many more rows of prompt
     columns."""
+    from specdec_core.graphs import capacity_for, prefill_width
     from specdec_core.slot_kv import ADMIT_ROWS
-    from specdec_core.static_kv import capacity_for, prefill_width
 
     if opts.batch_size <= 1 or not _static(opts, config):
         return 0

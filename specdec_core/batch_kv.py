@@ -1,6 +1,6 @@
 """One model's KV cache shared by rows of different lengths (continuous batching).
 
-A `kv_cache.GrowingCache` whose batch dimension is the rows: feeds shorter than the longest are right-padded, a 2D
+A `kv_cache.growing_cache()` whose batch dimension is the rows: feeds shorter than the longest are right-padded, a 2D
 mask marks each row's valid columns (pads and rejected drafts become holes that `merge` gathers away) and
 positions are explicit per row, so a row's logits equal the row decoded alone up to float rounding. Models that
 compute from cache columns (position tables, relative biases, sliding windows) get each row's true positions here
@@ -34,7 +34,7 @@ from specdec_core.decoder import (
     sliding_window,
     table_size,
 )
-from specdec_core.kv_cache import GrowingCache, GrowingLayer
+from specdec_core.kv_cache import GrowingLayer, growing_cache
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (rows, heads, columns, dim)
 
@@ -75,7 +75,7 @@ class BatchKV:
         self.device = model.device
         self.pad_id = pad_id
         self.min_width = min_width
-        self.cache = GrowingCache()
+        self.cache = growing_cache()
         # The mask lives on the CPU: rollbacks and refills change a few entries of a few rows
         # each round, which on a GPU would be a kernel launch per row; a pass sends it over once.
         self._mask: torch.Tensor | None = torch.zeros((rows, 0), dtype=torch.long)
@@ -446,7 +446,7 @@ class BatchKV:
                     kv._gather_into(own[i] if own else None, kbuf[part, :, :width], vbuf[part, :, :width], index)
                     start += kv.rows
                 layer.adopt(kbuf, vbuf, width)
-        self.cache = GrowingCache() if holder is None else holder.cache
+        self.cache = growing_cache() if holder is None else holder.cache
         self.cols = [list(range(width - len(c), width)) for kv in every for c in kv.cols]
         starts = torch.tensor([width - len(c) for c in self.cols], dtype=torch.long)[:, None]
         self._mask = (torch.arange(width)[None] >= starts).long()  # (right-aligned)

@@ -96,7 +96,7 @@ def decoder_position_modules(model: PreTrainedModel) -> tuple[list, list]:
 def counts_positions_from_ids(module: torch.nn.Module) -> bool:
     """Whether a decoder position embedding is fairseq's sinusoidal one (M2M100, NLLB): it counts positions from the
     ids (a pad keeps the padding position) and grows its table by a check on the host, which a capture cannot do
-    (`StaticKV._table_forward` looks them up on the device instead)."""
+    (`table_by_row` looks them up on the device instead)."""
     return (callable(getattr(module, "create_position_ids_from_input_ids", None))
             and callable(getattr(module, "get_embedding", None))
             and isinstance(getattr(module, "weights", None), torch.Tensor)
@@ -198,6 +198,34 @@ def bias_by_row(module, queries: Callable[[], torch.Tensor], keys) -> Callable:
         distance = (key_positions - queries()[:, :, None]).clamp(1 - top, 0) + top - 1  # query after key
         return table[:, distance.to(table.device)].permute(1, 0, 2, 3)  # (rows, heads, queries, keys)
     return compute_bias
+
+
+def table_by_row(module: torch.nn.Module, positions: Callable[[], torch.Tensor], tables: dict) -> Callable:
+    """A `counts_positions_from_ids` embedding's forward for static caches (its own compares a device length with its
+    table's size on the host): the module's count for each token fed alone at `positions()`, as `generate()` feeds
+    it (a pad id keeps the padding position, moving no later token), in the cache's copy of its table
+    (`tables[module]`, which stays put while an eager pass elsewhere grows the module's own)."""
+    def forward(input_ids=None, inputs_embeds=None, cache_length=0):
+        at = positions()
+        if input_ids is not None:
+            ids = module.create_position_ids_from_input_ids(input_ids.reshape(-1, 1), module.padding_idx,
+                                                            at.reshape(-1, 1))
+        else:
+            ids = module.create_position_ids_from_inputs_embeds(
+                inputs_embeds.reshape(-1, 1, inputs_embeds.shape[-1]), at.reshape(-1, 1), module.padding_idx)
+        table = tables[module]
+        return table.index_select(0, ids.view(-1)).view(*at.shape, table.shape[-1])
+    return forward
+
+
+def lookup_by_row(module: torch.nn.Module, positions: Callable[[], torch.Tensor]) -> Callable:
+    """A `position_table` embedding's forward for static caches: its rows at `positions()` past its `offset` (BART's
+    table has two rows first); pads repeat their row's last position, so none passes the table."""
+    offset = int(getattr(module, "offset", 0))
+
+    def forward(*args, **kwargs):
+        return torch.nn.functional.embedding(positions() + offset, module.weight)
+    return forward
 
 
 def table_size(module: torch.nn.Module) -> int | None:

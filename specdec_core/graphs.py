@@ -1,6 +1,6 @@
 """How a cache's passes run: replayed as CUDA graphs, compiled, or eagerly, at the edge of the cache.
 
-A static cache (`static_kv.StaticKV`) exposes plain pass functions over packed inputs; `PassGraphs` runs them
+A static cache (`slot_kv.SlotKV`) exposes plain pass functions over packed inputs; `PassGraphs` runs them
 and owns everything about graphs and compiling: one graph per key (a pass kind and its shape), captured from one
 side stream into one pool and checked by a replay, inputs copied in, cuBLAS workspaces cleared, `torch.compile`,
 and what it cost (`capture_s`). A cache's buffers moving invalidates its graphs (`drop`; docs/how-it-works.md).
@@ -23,6 +23,30 @@ log = logging.getLogger(__name__)
 # One compiled code object serves every cache and (dynamic) width, but each capacity growth recompiles.
 COMPILE_LIMIT = 64
 PROMPT_KINDS = ("prefill", "encode", "cross")  # prompts' passes, graphed at padded widths
+
+# The shapes passes are keyed by: a cache grows by whole steps, prompts pad to a few widths and row counts.
+CAPACITY_STEP = 512  # columns; a cache grows to the next multiple of this when an item needs more
+MAX_GRAPH_WIDTH = 16  # widest decode pass captured: a verify pass is gamma + 1 tokens
+# Graphed prefills are padded to a few widths (`prefill_width`); wider than MAX_PREFILL_GRAPH, eager at their own.
+PREFILL_STEP = 512
+MAX_PREFILL_GRAPH = 4096
+
+
+def capacity_for(n: int) -> int:
+    """Columns a static buffer allocates to hold n: the next multiple of `CAPACITY_STEP`."""
+    return -(-n // CAPACITY_STEP) * CAPACITY_STEP
+
+
+def prefill_width(n: int) -> int:
+    """The width a graphed prefill of n tokens is padded to: at most twice the work, 17 widths up to 4096."""
+    if n <= PREFILL_STEP:
+        return 1 << max(n - 1, 0).bit_length()
+    return -(-n // PREFILL_STEP) * PREFILL_STEP
+
+
+def admission_rows(rows: int, most: int) -> int:
+    """The rows (one graph each) of a pass admitting `rows` new ones: 1, 4 or 16, at most `most`, dummies filling in."""
+    return min(next(r for r in (1, 4, 16, rows) if r >= rows), most)
 
 
 class CaptureFailed(RuntimeError):

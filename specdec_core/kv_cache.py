@@ -10,8 +10,7 @@ next update, and `adopt` takes buffers filled elsewhere (`BatchKV.merge`)
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer
 
 MIN_SPARE = 256  # columns allocated beyond what a growth needs
 
@@ -72,9 +71,6 @@ class GrowingLayer(DynamicLayer):
         super().reset()
 
 
-class GrowingCache(DynamicCache):
-    """`DynamicCache` made of `GrowingLayer`s (one per decoder layer, created on first use)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer_class_to_replicate = GrowingLayer
+def growing_cache() -> Cache:
+    """A transformers `Cache` made of `GrowingLayer`s (one per decoder layer, created on first use)."""
+    return Cache(layer_class_to_replicate=GrowingLayer)

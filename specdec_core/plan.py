@@ -52,7 +52,7 @@ def graph_support(model: PreTrainedModel, batched: bool = False) -> str | None:
     if not model.config.is_encoder_decoder and "position_ids" not in inspect.signature(model.forward).parameters:
         return "takes no position_ids"
     if model.config.is_encoder_decoder and batched:
-        # Each row's positions are looked up in its decoder's position tables (`StaticKV._lookup_forward`).
+        # Each row's positions are looked up in its decoder's position tables (`decoder.lookup_by_row`).
         for module in decoder_position_modules(model)[0]:
             if not counts_positions_from_ids(module) and not position_table(module):
                 return (f"has a decoder position embedding ({type(module).__name__}) that computes one set of "
@@ -79,7 +79,7 @@ def wants_static(model: PreTrainedModel, mode: str, batched: bool = False) -> bo
 
 def takes_static(model: PreTrainedModel, mode: str, batched: bool = False, pad_id: int = 0) -> int | None:
     """`wants_static`, then the self-check over static caches (`batched`: in slots): the narrowest exact pass
-    (`StaticKV.min_width`: 1, or 2 for LED's), or None. A model refused at both runs eagerly with "auto" (logged) and
+    (`SlotKV.min_width`: 1, or 2 for LED's), or None. A model refused at both runs eagerly with "auto" (logged) and
     stops the job with "on"."""
     if not wants_static(model, mode, batched):
         return None

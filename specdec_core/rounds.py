@@ -25,7 +25,7 @@ from specdec_core.pass_settings import PassSettings
 from specdec_core.processing import SamplingSettings
 from specdec_core.rows import Row
 from specdec_core.self_check import cache_failure, state_failure, verify_disagreement
-from specdec_core.static_kv import StaticKV
+from specdec_core.slot_kv import SlotKV
 
 
 def setup_seconds(*caches) -> float:
@@ -206,7 +206,7 @@ class RoundEngine:
 
     def _chains(self, live: list[Row], dkv) -> bool:
         """Whether a round's draft steps can run chained on the device: static cache, chaining drafter, argmax picks."""
-        return isinstance(dkv, StaticKV) and getattr(self.drafter, "chain", False) and self._plain_greedy(live)
+        return isinstance(dkv, SlotKV) and getattr(self.drafter, "chain", False) and self._plain_greedy(live)
 
     def _plain_greedy(self, live: list[Row]) -> bool:
         """Greedy, and no row's picks go through a logits processor: a pick is an argmax."""

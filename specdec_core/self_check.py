@@ -21,7 +21,6 @@ from specdec_core.batch_kv import BatchKV, feed_to, one_row
 from specdec_core.cpu_speed import Bf16Linear
 from specdec_core.decoder import initial_decoder_ids, other_layer_kinds, sliding_window
 from specdec_core.slot_kv import SlotKV
-from specdec_core.static_kv import StaticKV
 
 _DONE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -199,7 +198,7 @@ def static_disagreement(model: PreTrainedModel, min_width: int = 1) -> str | Non
 
 
 def encoder_mask_disagreement(model: PreTrainedModel) -> str | None:
-    """Why padded prompts under the static caches' 4D mask (`StaticKV._encoder`, the graphed pass) are not encoded as
+    """Why padded prompts under the static caches' 4D mask (`SlotKV._encoder`, the graphed pass) are not encoded as
     under the encoder's own 2D one, or None: Switch's reads any mask as 2D (a replay repeats the wrong pass unseen)."""
     encoder = getattr(model.config, "encoder", None)
     if isinstance(encoder, PretrainedConfig) and sliding_window(encoder) is not None:  # (T5Gemma's: past any probe)
@@ -209,7 +208,7 @@ def encoder_mask_disagreement(model: PreTrainedModel) -> str | None:
         cut = [len(p) for p in prompts]
         try:
             with torch.inference_mode():
-                kv = StaticKV(model, 2, graphs=False)
+                kv = SlotKV(model, 2, graphs=False)
                 own = [o["encoder_outputs"].last_hidden_state[0] for o in kv.encode_rows(prompts)]  # (its 2D mask)
                 got = kv._encoder(torch.tensor([p + [pad] * (max(cut) - len(p)) for p in prompts], device=model.device))
         except Exception as e:
@@ -251,7 +250,7 @@ def rows_disagreement(model: PreTrainedModel, pad_id: int = 0, slots: bool = Tru
     """Why rows decoded together would not get their own logits, or None: in slots (`slots`, new rows prefilled
     together; after `static_disagreement`) or an eager padded batch. Two rows of different lengths at their own
     positions (a position embedding that cannot take them per row fails), four drafts rejected in one (holes a
-    one-token pass must not see), against each row's growing cache. min_width: `StaticKV`'s or `BatchKV`'s."""
+    one-token pass must not see), against each row's growing cache. min_width: `SlotKV`'s or `BatchKV`'s."""
     def check() -> str | None:
         if slots and (why := static_disagreement(model, min_width)):
             return why

@@ -1,6 +1,6 @@
 """A static cache's layers as transformers cache layers: fixed buffers that a pass writes at each row's own columns
 (`FixedLayer`), an encoder-decoder's cross-attention columns written once per prompt (`CrossLayer`), and the throw-away
-self-attention of the pass that writes them (`ScratchLayer`). Their owner (`static_kv.StaticKV`) sizes the buffers and
+self-attention of the pass that writes them (`ScratchLayer`). Their owner (`slot_kv.SlotKV`) sizes the buffers and
 sets the columns a pass writes (`slots`); a pass over its first rows (new rows admitted together) writes and reads those
 rows only."""
 
@@ -12,8 +12,7 @@ import torch
 from transformers.cache_utils import CacheLayerMixin
 
 if TYPE_CHECKING:
-    from specdec_core.static_kv import StaticKV
-
+    from specdec_core.slot_kv import SlotKV
 
 def _first_rows(keys: torch.Tensor, values: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first `rows` rows, where a pass writes; sliced even if all (testing `rows` fixes a compiled prefill's)."""
@@ -26,7 +25,7 @@ class Buffers(CacheLayerMixin):
     is_compileable = True
     is_sliding = False
 
-    def __init__(self, owner: StaticKV):
+    def __init__(self, owner: SlotKV):
         super().__init__()
         self.owner = owner
 
@@ -74,7 +73,7 @@ class FixedLayer(Buffers):
         slots = self.owner.slots[:, None, :, None]  # (rows, 1, width, 1): distinct columns per row
         keys.scatter_(2, slots.expand(-1, key_states.shape[1], -1, key_states.shape[-1]), key_states)
         values.scatter_(2, slots.expand(-1, value_states.shape[1], -1, value_states.shape[-1]), value_states)
-        visible = self.owner.visible  # (all columns in a graph: `StaticKV._fit`)
+        visible = self.owner.visible  # (all columns in a graph: `SlotKV._fit`)
         if visible < keys.shape[2]:
             return keys[:, :, :visible], values[:, :, :visible]
         return keys, values
@@ -94,7 +93,7 @@ class FixedLayer(Buffers):
 
 class CrossLayer(Buffers):
     """An encoder-decoder layer's cross-attention keys/values: the encoder's L columns, then zeros its mask hides.
-    Written once per item (`StaticKV.encode_rows`), then only read."""
+    Written once per item (`SlotKV.encode_rows`), then only read."""
 
     def size(self) -> tuple[int, int]:
         return self.owner.buffer_rows, self.owner.enc_capacity
@@ -118,7 +117,7 @@ class CrossLayer(Buffers):
 
 
 class ScratchLayer(CacheLayerMixin):
-    """Self-attention of `StaticKV.encode_rows`'s one-token decoder pass, run only for its cross-attention writes: the
+    """Self-attention of `SlotKV.encode_rows`'s one-token decoder pass, run only for its cross-attention writes: the
     token sees itself, nothing is kept (a `DynamicCache` builds its start from host data, which no graph captures)."""
 
     is_compileable = False

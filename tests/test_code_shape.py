@@ -70,3 +70,18 @@ def test_the_engine_stays_small_enough_to_read():
              for package in ("specdec_core", "transforms") for p in _files(package)}
     assert sum(n for p, n in sizes.items() if p.startswith("specdec_core/")) <= CORE_LINES
     assert not {p: n for p, n in sizes.items() if n > MODULE_LINES}
+
+
+def test_two_cache_classes():
+    """One layout of row slots and one growing one (docs/how-it-works.md, "The caches"): the classes with the caches'
+    interface (`forward`, `rollback`, `length`), the engine's classes they derive from, and any subclass of a
+    transformers cache, two in all."""
+    classes = {node.name: node for p in _files("specdec_core") for node in ast.walk(ast.parse(p.read_text()))
+               if isinstance(node, ast.ClassDef)}
+    bases = {name: {ast.unparse(b) for b in node.bases} for name, node in classes.items()}
+    caches = {name for name, node in classes.items()
+              if {"forward", "rollback", "length"} <= {f.name for f in node.body if isinstance(f, ast.FunctionDef)}
+              or bases[name] & {"Cache", "DynamicCache"}}
+    while more := {b for name in caches for b in bases[name] if b in classes} - caches:
+        caches |= more
+    assert caches == {"BatchKV", "SlotKV"}

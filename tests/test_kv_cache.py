@@ -5,7 +5,7 @@ import torch
 from transformers import DynamicCache
 
 from specdec_core import kv_cache
-from specdec_core.kv_cache import GrowingCache, GrowingLayer
+from specdec_core.kv_cache import GrowingLayer, growing_cache
 
 
 def _kv(rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,7 +42,7 @@ def test_appends_write_into_spare_columns_without_copying():
 def test_rows_replaced_from_outside_are_adopted():
     """Batch row selection (and BatchKV.merge) assign keys/values; the next update must start
     from them, not from the stale buffer."""
-    ours, ref = GrowingCache(), DynamicCache()
+    ours, ref = growing_cache(), DynamicCache()
     for cache in (ours, ref):
         cache.update(*_kv(3, 6, 0), layer_idx=0)
         cache.batch_select_indices(torch.tensor([2, 0]))
@@ -60,7 +60,6 @@ def test_model_logits_equal_with_either_cache(kind, models, tokenizer):
     ids = tokenizer("def add(a, b):\n    return a + b").input_ids
     ours, ref = one_row(target, ids), one_row(target, ids)
     ref.cache = DynamicCache()
-    assert isinstance(ours.cache, GrowingCache)
     seq = initial_decoder_ids(target, ids) + ([] if kind == "llama" else ids)
     for end, keep in [(len(seq) - 4, None), (len(seq) - 1, len(seq) - 3), (len(seq), None)]:
         if keep is not None:
@@ -68,6 +67,7 @@ def test_model_logits_equal_with_either_cache(kind, models, tokenizer):
             ref.rollback(0, keep)
         a, b = feed_to(ours, seq[:end], 2), feed_to(ref, seq[:end], 2)
         assert torch.equal(a, b), (kind, end)
+    assert ours.cache.layers and all(isinstance(layer, GrowingLayer) for layer in ours.cache.layers)
 
 
 def test_a_narrower_row_view_stays_in_the_buffer():

@@ -385,7 +385,7 @@ def test_the_router_stops_sending_calls_to_a_copy_whose_process_is_gone():
 def test_static_caches_are_counted_in_their_allocation_steps(tmp_path, tokenizer, saved_pairs):
     """With CUDA graphs a decoder-only row's cache is allocated in steps of 512 columns."""
     from pipeline.fit import graph_bytes, launcher_config, row_tokens
-    from specdec_core.static_kv import CAPACITY_STEP
+    from specdec_core.graphs import CAPACITY_STEP
 
     target = _big_target(tmp_path, tokenizer, layers=2)
     config = launcher_config(str(target), False)

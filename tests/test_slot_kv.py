@@ -8,18 +8,16 @@ import logging
 import pytest
 import torch
 
-from specdec_core import static_kv
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.batch_kv import BatchKV, feed_to, one_row
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
 from specdec_core.gamma import AdaptiveGamma
-from specdec_core.graphs import CaptureFailed, PassGraphs
+from specdec_core.graphs import MAX_GRAPH_WIDTH, CaptureFailed, PassGraphs, prefill_width
 from specdec_core.pass_settings import PassSettings
 from specdec_core.plan import slot_kv_for
 from specdec_core.processing import SamplingSettings
 from specdec_core.slot_kv import SlotKV
-from specdec_core.static_kv import MAX_GRAPH_WIDTH, StaticKV
 from tests.family_models import WINDOW_FAMILIES
 from tests.graph_stand_in import trace
 from tests.numerics import assert_logits_close, logit_tolerance
@@ -45,7 +43,7 @@ def prompts(tokenizer):
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_row_logits_in_slots_equal_the_row_alone(models, prompts, kind, graphs, fake_graphs, monkeypatch):
-    monkeypatch.setattr(static_kv, "CAPACITY_STEP", 8)  # the buffers grow several times below
+    monkeypatch.setattr("specdec_core.graphs.CAPACITY_STEP", 8)  # the buffers grow several times below
     target, _ = models[kind]
     rows = [list(prompts[i]) for i in (0, 2, 4)]
     kv = SlotKV(target, 4, graphs=graphs)
@@ -509,10 +507,10 @@ def test_encoder_decoder_rows_enter_slots_together_through_graphs(family, fake_g
     engine = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, num_speculative_tokens=3,
                                        max_new_tokens=10, cuda_graphs="on")
     admissions = []
-    encode_rows = StaticKV.encode_rows
+    encode_rows = SlotKV.encode_rows
     with monkeypatch.context() as patch:
         patch.setattr(BatchKV, "encode", no_padded_cache)
-        patch.setattr(StaticKV, "encode_rows", lambda self, p, *a: admissions.append((self, len(p)))
+        patch.setattr(SlotKV, "encode_rows", lambda self, p, *a: admissions.append((self, len(p)))
                       or encode_rows(self, p, *a))
         tkv, dkv = (graphed(engine.slots[id(m)], True) for m in (target, draft))
         assert [o.tokens for o in engine.generate_many([(p, 0) for p in prompts])] == reference
@@ -674,7 +672,7 @@ def test_time_limits_do_not_count_capturing_and_compiling(models, prompts, fake_
 
 def test_prefill_widths():
     """A graphed prefill pads to a power of two up to 512 tokens, then to a multiple of 512."""
-    assert [static_kv.prefill_width(n) for n in (1, 2, 5, 16, 17, 300, 512, 513, 1100, 4096)] == \
+    assert [prefill_width(n) for n in (1, 2, 5, 16, 17, 300, 512, 513, 1100, 4096)] == \
         [1, 2, 8, 16, 32, 512, 512, 1024, 1536, 4096]
 
 
@@ -719,15 +717,15 @@ def test_rows_admitted_together_prefill_through_graphs(models, prompts, kind, gr
     finish at different rounds are refilled as they finish, each prefill a replay, a one-token
     prompt prefills nothing, and greedy output equals `generate()`; with prefill graphs off (the
     GPU bench's comparison), rows enter through a padded cache again."""
-    monkeypatch.setattr(static_kv, "CAPACITY_STEP", 8)  # slots grow as longer rows come in
+    monkeypatch.setattr("specdec_core.graphs.CAPACITY_STEP", 8)  # slots grow as longer rows come in
     target, draft = models[kind]
     padded = []
     forward = BatchKV.forward
     monkeypatch.setattr(BatchKV, "forward", lambda self, *a, **k: padded.append(self) or forward(self, *a, **k))
     items = [prompts[i] for i in (0, 1, 3, 4, 5, 6, 2)]
     prefilled = []
-    prefill = StaticKV.prefill_rows
-    monkeypatch.setattr(StaticKV, "prefill_rows", lambda self, feeds, bases: prefilled.append(
+    prefill = SlotKV.prefill_rows
+    monkeypatch.setattr(SlotKV, "prefill_rows", lambda self, feeds, bases: prefilled.append(
         (self, [len(f) for f in feeds])) or prefill(self, feeds, bases))
     engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, chain=True), batch_size=2,
                                        num_speculative_tokens=3, max_new_tokens=12, cuda_graphs="on",
@@ -855,14 +853,14 @@ def test_many_new_rows_enter_in_few_graphed_passes(kind, models, prompts, fake_g
     kvs = [graphed(kv, True) for kv in engine.slots.values()]
     passes = []  # the target's prefill passes: rows in each
     name = "encode_rows" if target.config.is_encoder_decoder else "prefill_rows"
-    own = getattr(StaticKV, name)
+    own = getattr(SlotKV, name)
 
     def watched(self, rows, *args):
         if self is kvs[0]._prefiller:
             passes.append(len(rows))
         return own(self, rows, *args)
 
-    monkeypatch.setattr(StaticKV, name, watched)
+    monkeypatch.setattr(SlotKV, name, watched)
     with caplog.at_level(logging.INFO, logger="specdec_core.batch_engine"):
         out = engine.generate_many([(p, 0) for p in items])
     assert [o.tokens for o in out] == [hf_greedy_any(target, p, 10) for p in items]

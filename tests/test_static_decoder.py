@@ -4,12 +4,12 @@ cache through passes, rollbacks and growth, and greedy output equal to `generate
 import pytest
 import torch
 
-from specdec_core import plan, static_kv
+from specdec_core import plan
 from specdec_core.batch_kv import feed_to, one_row
 from specdec_core.decoder import initial_decoder_ids
 from specdec_core.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
-from specdec_core.graphs import PassGraphs
+from specdec_core.graphs import MAX_GRAPH_WIDTH, PassGraphs
 from specdec_core.plan import graph_support, slot_kv_for
 from specdec_core.slot_kv import SlotKV
 from tests.numerics import assert_logits_close
@@ -21,7 +21,7 @@ def test_logits_equal_the_growing_cache_through_rollbacks_and_growth(kind, model
     """Two items in turn: the decoder's cache grows several times, and an encoder-decoder's
     cross-attention buffers grow for the second item's longer prompt; positions (and T5's
     relative biases) come from each pass's start."""
-    monkeypatch.setattr(static_kv, "CAPACITY_STEP", 8)
+    monkeypatch.setattr("specdec_core.graphs.CAPACITY_STEP", 8)
     target, _ = models[kind]
     static = SlotKV(target, 1)
     g = torch.Generator().manual_seed(0)
@@ -54,7 +54,7 @@ def test_a_widened_pass_gives_the_logits_of_the_pass_asked_for(kind, models, tok
     """`min_width` pads a narrower pass (LED's decoder builds no mask for one token): for a model
     that masks every pass, the real tokens' logits are those of the unwidened pass, whichever
     positions are kept (the compiled passes keep every one: 0), with room made for its pad."""
-    monkeypatch.setattr(static_kv, "CAPACITY_STEP", 8)
+    monkeypatch.setattr("specdec_core.graphs.CAPACITY_STEP", 8)
     target, _ = models[kind]
     ids = tokenizer(PROMPTS[0]).input_ids
     seq = initial_decoder_ids(target, ids) + [17, 42, 7]
@@ -159,7 +159,7 @@ def test_draft_chained_on_the_device_drafts_what_steps_draft(kind, models, token
     chain keeps only its last position's logits)."""
     target, draft = models[kind]
     wide = " ".join(PROMPTS) * 2
-    assert len(tokenizer(wide).input_ids) > static_kv.MAX_GRAPH_WIDTH
+    assert len(tokenizer(wide).input_ids) > MAX_GRAPH_WIDTH
     for prompt in [*PROMPTS, wide]:
         ids = tokenizer(prompt).input_ids
         ref = reference(target, ids, 24)
@@ -340,7 +340,7 @@ def test_m2m100_positions_are_counted_as_generate_feeds_them():
 def test_models_whose_positions_wait_on_the_host_are_refused(models):
     """Dynamic-NTK RoPE recomputes its frequencies from a length read on the host inside a pass,
     which a capture cannot. (M2M100/NLLB's position table check is sidestepped: its positions are
-    looked up on the device, `StaticKV._table_forward`.)"""
+    looked up on the device, `decoder.table_by_row`.)"""
     from tests.family_models import family_model
 
     assert graph_support(family_model("m2m100", seed=1), batched=True) is None

@@ -12,9 +12,9 @@ import torch
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.drafters import ModelDrafter
 from specdec_core.engine import SpeculativeGenerator
-from specdec_core.graphs import PassGraphs
+from specdec_core.graphs import MAX_GRAPH_WIDTH, PassGraphs
 from specdec_core.pass_settings import PassSettings
-from specdec_core.static_kv import MAX_GRAPH_WIDTH, StaticKV
+from specdec_core.slot_kv import SlotKV
 from specdec_core.text import GeneratorSpec
 from tests.test_batch_engine import TEXTS, hf_greedy
 
@@ -24,7 +24,7 @@ def prompts(tokenizer):
     return [tokenizer(t)["input_ids"] for t in TEXTS[:3]]
 
 
-def count_compiled(*kvs: StaticKV) -> list[tuple[int, int]]:
+def count_compiled(*kvs: SlotKV) -> list[tuple[int, int]]:
     """The (rows, width) of each decode pass the compiled code of these caches ran."""
     runs = []
     for kv in kvs:
@@ -262,8 +262,8 @@ def test_new_rows_prefills_of_16_and_4_rows_share_one_compile(models):
 
     target, _ = models["llama"]
     g = torch.Generator().manual_seed(9)
-    kvs = [StaticKV(target, 16, graphs=False, batched=True, compile=compiled,
-                    settings=PassSettings(compile_prefills=compiled)) for compiled in (True, False)]
+    kvs = [SlotKV(target, 16, graphs=False, compile=compiled, settings=PassSettings(compile_prefills=compiled))
+           for compiled in (True, False)]
     compiles = []
     for rows in (16, 16, 4, 1, 4):  # (the first pass allocates the buffers, uncompiled)
         feeds = [torch.randint(3, 200, (int(n),), generator=g).tolist() for n in torch.randint(5, 12, (rows,))]
