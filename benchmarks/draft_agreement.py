@@ -27,7 +27,9 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from pipeline.demo import assets as demo_assets
 from pipeline.demo import models as demo_models
+from pipeline.demo import recipes as demo_recipes
 from specdec_core.loading import load_model
 
 
@@ -67,7 +69,7 @@ def measure(pair: Path, gamma: int, max_new_tokens: int, first: int | None = Non
     tok = AutoTokenizer.from_pretrained(pair / "target")
     target, draft = (load_model(str(pair / name), torch.device("cpu"), torch.float32) for name in ("target", "draft"))
     eos = target.generation_config.eos_token_id
-    rows = demo_models.demo_prompt_rows(pair)[:first]
+    rows = demo_assets.demo_prompt_rows(pair)[:first]
     kinds = {k: [0, 0] for k in ("first", "number word", "other", "end")}
     top1, near_ties, drafted, accepted = [], [], 0, 0
     for row in rows:
@@ -105,9 +107,9 @@ def measure(pair: Path, gamma: int, max_new_tokens: int, first: int | None = Non
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pair", default=str(demo_models.ASSETS))
+    ap.add_argument("--pair", default=str(demo_assets.ASSETS))
     ap.add_argument("--gamma", type=int, default=4, help="drafts per round (the demo's --num_speculative_tokens)")
-    ap.add_argument("--max_new_tokens", type=int, default=demo_models.FULL.max_new_tokens)
+    ap.add_argument("--max_new_tokens", type=int, default=demo_recipes.FULL.max_new_tokens)
     ap.add_argument("--rows", type=int, default=None, help="the first this many demo prompts (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)

@@ -70,7 +70,7 @@ def pairs(tiny: bool, cache: Path, names: set[str]) -> dict[str, tuple]:
 
     from pipeline.bench.family_pairs import FAMILY_PAIRS, TINY_FAMILY_PAIRS, build_family_pair
     from pipeline.bench.pairs import QUICK_SYNTH, TINY_SYNTH, build_synthetic_pair, synthetic_prompts
-    from pipeline.demo.models import ASSETS, demo_prompt_rows
+    from pipeline.demo.assets import ASSETS, demo_prompt_rows
     from specdec_core.loading import load_model
 
     loaded: dict[str, tuple] = {}

@@ -130,7 +130,7 @@ def test_the_demo_pair_runs_to_its_end_tokens_with_adaptive_capped_as_a_job_caps
     import torch
     from transformers import AutoTokenizer
 
-    from pipeline.demo.models import ASSETS, demo_prompt_rows
+    from pipeline.demo.assets import ASSETS, demo_prompt_rows
     from specdec_core.loading import load_model
 
     target = load_model(str(ASSETS / "target"), torch.device("cpu"), torch.float32)

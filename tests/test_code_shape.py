@@ -1,6 +1,6 @@
 """The code's shape as the project keeps it: imports point down only (pipeline -> transforms ->
 specdec_core, the engine without Beam), the engine's modules import no circle, and it stays small
-enough to read (5,400 lines, no module over 600)."""
+enough to read (5,400 lines; no module of the engine, transforms or pipeline over 600)."""
 
 import ast
 from pathlib import Path
@@ -67,7 +67,7 @@ def test_the_engines_modules_import_no_circle():
 
 def test_the_engine_stays_small_enough_to_read():
     sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines())
-             for package in ("specdec_core", "transforms") for p in _files(package)}
+             for package in ("specdec_core", "transforms", "pipeline") for p in _files(package)}
     assert sum(n for p, n in sizes.items() if p.startswith("specdec_core/")) <= CORE_LINES
     assert not {p: n for p, n in sizes.items() if n > MODULE_LINES}
 

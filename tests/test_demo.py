@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import demo
-from pipeline.demo.models import ASSETS
+from pipeline.demo.assets import ASSETS
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from pipeline.demo import data
+from pipeline.demo import assets, data, recipes
 from pipeline.demo import models as dm
 
 
@@ -58,8 +58,8 @@ def test_training_never_sees_an_evaluation_prompt():
     """One-item prompts repeat (a time is one of 1,440): the demo's and the probe's prompts are
     redrawn out of every training batch. Times only, 1,920 draws: without the rule, some of the 8
     evaluation times come up (the chance that none does is under 1e-4)."""
-    recipe = dataclasses.replace(dm.TINY, kinds=("time",), prompt_items=(1, 1),
-                                 train=dataclasses.replace(dm.TINY.train, batch_size=64, max_items=1))
+    recipe = dataclasses.replace(recipes.TINY, kinds=("time",), prompt_items=(1, 1),
+                                 train=dataclasses.replace(recipes.TINY.train, batch_size=64, max_items=1))
     held_out = dm.evaluation_prompts(recipe)
     assert len(held_out) == 8 and all(r["prompt"] in held_out for r in dm.demo_prompts(recipe))
     tok = dm.train_tokenizer(data.tokenizer_corpus(300, 1, exclude=held_out), 320)
@@ -73,7 +73,7 @@ def test_training_never_sees_an_evaluation_prompt():
 
 @pytest.mark.parametrize("encoder_layers", [1, 0])
 def test_early_exit_logits_are_the_cut_drafts_own(encoder_layers):
-    spec = dm.ModelSpec(d_model=32, d_ff=64, heads=2, encoder_layers=encoder_layers, decoder_layers=3)
+    spec = recipes.ModelSpec(d_model=32, d_ff=64, heads=2, encoder_layers=encoder_layers, decoder_layers=3)
     target = dm.make_model(spec, 50, 0).eval()
     draft = dm.cut_draft(target, 1)
     assert dm.spec_of(draft.config) == dataclasses.replace(spec, decoder_layers=1)
@@ -98,12 +98,12 @@ def test_a_decoder_only_target_is_labelled_on_its_output_only():
 def test_committed_pair_is_verified_and_at_its_gate():
     from transformers import AutoConfig
 
-    manifest = dm.verify_assets()
-    target, draft = dm.demo_pair_dirs()
+    manifest = assets.verify_assets()
+    target, draft = assets.demo_pair_dirs()
     t, d = (AutoConfig.from_pretrained(p) for p in (target, draft))
     assert t.model_type == d.model_type and dm.spec_of(d).decoder_layers < dm.spec_of(t).decoder_layers
     assert (target / "tokenizer.json").read_bytes() == (draft / "tokenizer.json").read_bytes()
-    gate, quality = dm.QualityGate(**manifest["gate"]), manifest["quality"]
+    gate, quality = recipes.QualityGate(**manifest["gate"]), manifest["quality"]
     if manifest["gate_passed"]:
         dm.check_gate(gate, quality)
     else:
@@ -111,17 +111,17 @@ def test_committed_pair_is_verified_and_at_its_gate():
             dm.check_gate(gate, quality)
     # The committed pair is what the recipe in this repository makes (an edited recipe no longer
     # passes for it: rebuild), on the prompts that recipe writes.
-    recipe = dm.RECIPES[manifest["recipe"]]
+    recipe = recipes.RECIPES[manifest["recipe"]]
     assert manifest["recipe_hash"] == recipe.hash()
-    assert dm.demo_prompt_rows() == dm.demo_prompts(recipe)
-    files = [p for p in dm.ASSETS.rglob("*") if p.is_file()]
+    assert assets.demo_prompt_rows() == dm.demo_prompts(recipe)
+    files = [p for p in assets.ASSETS.rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) < 25e6
 
 
 @pytest.fixture
 def pair_copy(tmp_path):
     dest = tmp_path / "pair"
-    shutil.copytree(dm.ASSETS, dest)
+    shutil.copytree(assets.ASSETS, dest)
     return dest
 
 
@@ -130,20 +130,20 @@ def test_damaged_weights_are_a_one_line_error(pair_copy):
     blob = bytearray(weights.read_bytes())
     blob[len(blob) // 2] ^= 0xFF
     weights.write_bytes(bytes(blob))
-    with pytest.raises(dm.DemoSetupError) as e:
-        dm.demo_pair_dirs(pair_copy)
+    with pytest.raises(assets.DemoSetupError) as e:
+        assets.demo_pair_dirs(pair_copy)
     message = str(e.value)
     assert "\n" not in message and str(weights) in message and "SHA-256" in message and "--retrain" in message
 
 
 def test_missing_file_is_a_one_line_error(pair_copy):
     (pair_copy / "draft" / "config.json").unlink()
-    with pytest.raises(dm.DemoSetupError, match="is missing"):
-        dm.demo_pair_dirs(pair_copy)
+    with pytest.raises(assets.DemoSetupError, match="is missing"):
+        assets.demo_pair_dirs(pair_copy)
 
 
 def test_gate_names_every_shortfall():
-    gate = dm.QualityGate()
+    gate = recipes.QualityGate()
     good = {"exact": 0.9, "chrf": 95.0, "acceptance": 0.8, "speedup": 1.6, "identical": 1.0}
     dm.check_gate(gate, good)
     with pytest.raises(dm.DemoQualityError) as e:
@@ -176,27 +176,27 @@ def test_recipe_builds_a_pair_and_the_gate_refuses_a_weak_one(tmp_path, capsys, 
     few steps make is kept aside as DIR.rejected, nothing is written, and the command exits 2
     with one line naming the missed bars."""
     _tokenizer_made_once(monkeypatch)
-    manifest = dm.retrain(tmp_path / "pair", dm.TINY, workdir=tmp_path / "work")
-    assert dm.verify_assets(tmp_path / "pair") == manifest and manifest["gate_passed"]
+    manifest = dm.retrain(tmp_path / "pair", recipes.TINY, workdir=tmp_path / "work")
+    assert assets.verify_assets(tmp_path / "pair") == manifest and manifest["gate_passed"]
     assert [h["step"] for h in manifest["target"]["history"]] == [3, 6]
     # A rerun with the same workdir resumes from its checkpoint (the last step): the same target.
-    again = dm.retrain(tmp_path / "pair2", dm.TINY, workdir=tmp_path / "work")
+    again = dm.retrain(tmp_path / "pair2", recipes.TINY, workdir=tmp_path / "work")
     assert again["files"]["target/model.safetensors"] == manifest["files"]["target/model.safetensors"]
     assert again["target"]["final_loss"] is None  # no step ran: a fresh run makes the same weights too
 
-    decoder = dm.retrain(tmp_path / "decoder", dm.TINY_DECODER)  # a decoder-only pair, the same way
-    assert dm.verify_assets(tmp_path / "decoder") == decoder and decoder["gate_passed"]
+    decoder = dm.retrain(tmp_path / "decoder", recipes.TINY_DECODER)  # a decoder-only pair, the same way
+    assert assets.verify_assets(tmp_path / "decoder") == decoder and decoder["gate_passed"]
     from transformers import AutoConfig
 
     assert AutoConfig.from_pretrained(tmp_path / "decoder" / "draft").num_hidden_layers == 1
 
     # With the real gate (through the command, which says it in one line): kept aside, nothing written.
-    strict = dataclasses.replace(dm.TINY, gate=dm.FULL.gate)
-    dm.RECIPES["tiny-strict"] = dataclasses.replace(strict, name="tiny-strict")
+    strict = dataclasses.replace(recipes.TINY, gate=recipes.FULL.gate)
+    recipes.RECIPES["tiny-strict"] = dataclasses.replace(strict, name="tiny-strict")
     try:
         rc = dm.main(["--retrain", "--recipe", "tiny-strict", "--out", str(tmp_path / "cli"), "--threads", "1"])
     finally:
-        del dm.RECIPES["tiny-strict"]
+        del recipes.RECIPES["tiny-strict"]
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert rc == 2 and len(errors) == 1 and errors[0].startswith("error: the demo pair misses its quality gate")
     assert "exact matches" in errors[0] and "cli.rejected" in errors[0]

@@ -35,7 +35,7 @@ def test_replay_never_drafts_past_the_budget():
 @pytest.mark.slow
 def test_replay_matches_the_engine_on_the_committed_pair():
     # The first 8 of the 40 prompts (about 340 positions, 90 rounds): the check is per round, not per prompt.
-    measured = draft_agreement.measure(draft_agreement.demo_models.ASSETS, gamma=4, max_new_tokens=64, first=8)
+    measured = draft_agreement.measure(draft_agreement.demo_assets.ASSETS, gamma=4, max_new_tokens=64, first=8)
     # A draft that, after a wrong token, proposes an end on its own path stops there; the replay
     # sees only teacher-forced logits and counts those rounds' later drafts, so it can be a little low.
     assert 0 <= measured["acceptance_engine"] - measured["acceptance_replayed"] <= 0.005

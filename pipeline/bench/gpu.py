@@ -23,7 +23,6 @@ Runs on a CPU too (`--device cpu --shape tiny`), which is how the tests run it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import logging
@@ -31,11 +30,12 @@ import platform
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from pipeline.bench.gpu_page import alone_of, markdown
+from pipeline.bench.gpu_pairs import SHAPES, build_pair, distinct_prompts
 from specdec_core.batch_engine import BatchSpeculativeGenerator
 from specdec_core.drafters import ModelDrafter, NoDrafter
 from specdec_core.engine import SpeculativeGenerator
@@ -46,114 +46,6 @@ from specdec_core.rounds import setup_seconds
 from specdec_core.slot_kv import ADMIT_ROWS
 
 _LOG = logging.getLogger("pipeline.bench.gpu")
-
-
-@dataclass(frozen=True)
-class Shape:
-    vocab: int
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    draft_layers: int
-    damp: float  # residual-branch outputs of the layers past the draft's, scaled by this
-    encoder_layers: int = 0  # 0: a decoder-only Llama; else a T5 with this many encoder layers
-    window: int = 0  # decoder-only: a Mistral with this sliding window (tokens) instead of a Llama
-
-    @property
-    def encoder_decoder(self) -> bool:
-        return self.encoder_layers > 0
-
-
-# TinyLlama-1.1B's, Llama-3-8B's and T5-v1.1-large's shapes (for T5, `layers` counts decoder
-# layers and the draft runs the target's encoder; transformers 5.24's `generate()` sizes a T5 cache by its
-# encoder layers, so a target has as many of each); damping for greedy agreement ~0.75-0.85 at bf16.
-# "mistral-1.1b": TinyLlama's shape as a Mistral whose 128-token window every row passes.
-SHAPES = {
-    "tinyllama-1.1b": Shape(32000, 2048, 5632, 22, 32, 4, 2, 0.012),
-    "llama3-8b": Shape(128256, 4096, 14336, 32, 32, 8, 2, 0.008),
-    "mistral-1.1b": Shape(32000, 2048, 5632, 22, 32, 4, 2, 0.012, window=128),
-    "t5-large": Shape(32128, 1024, 2816, 24, 16, 16, 2, 0.025, encoder_layers=24),
-    "tiny": Shape(320, 64, 128, 3, 4, 2, 1, 0.02),
-    "tiny-t5": Shape(320, 64, 128, 3, 2, 2, 1, 0.02, encoder_layers=3),
-    "tiny-mistral": Shape(320, 64, 128, 3, 4, 2, 1, 0.02, window=16),
-}
-
-
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype):
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(saved)
-
-
-def _config(shape: Shape, layers: int):
-    from transformers import LlamaConfig, MistralConfig
-
-    fields = dict(vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-                  num_hidden_layers=layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-                  max_position_embeddings=4096, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1,
-                  eos_token_id=None)
-    if shape.window:
-        return MistralConfig(**fields, sliding_window=shape.window)
-    return LlamaConfig(**fields)
-
-
-def _t5(shape: Shape, decoder_layers: int):
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    return T5ForConditionalGeneration(T5Config(
-        vocab_size=shape.vocab, d_model=shape.hidden, d_ff=shape.intermediate, d_kv=shape.hidden // shape.heads,
-        num_layers=shape.encoder_layers, num_decoder_layers=decoder_layers, num_heads=shape.heads,
-        feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=2, decoder_start_token_id=0,
-        tie_word_embeddings=False,
-        initializer_factor=10.0)).eval()  # at the default 1.0 a random T5 emits one token whatever it reads
-
-
-def build_pair(shape: Shape, device: torch.device, dtype: torch.dtype, seed: int = 0):
-    """(target, draft) built on `device` in `dtype`: the draft is the target's first (decoder)
-    layers with its embeddings, final norm and head (an early exit); a T5 draft runs the target's
-    encoder module. No end token: every row runs to length."""
-    from transformers import LlamaForCausalLM, MistralForCausalLM
-
-    from specdec_core.loading import share_encoder
-
-    torch.manual_seed(seed)
-    with _default_dtype(dtype), device:
-        if shape.encoder_decoder:
-            target, draft = _t5(shape, shape.layers), _t5(shape, shape.draft_layers)
-        else:
-            cls = MistralForCausalLM if shape.window else LlamaForCausalLM
-            target = cls(_config(shape, shape.layers)).eval()
-            draft = cls(_config(shape, shape.draft_layers)).eval()
-    with torch.no_grad():
-        if shape.encoder_decoder:
-            for block in target.decoder.block[shape.draft_layers:]:
-                for module in (block.layer[0].SelfAttention.o, block.layer[1].EncDecAttention.o,
-                               block.layer[2].DenseReluDense.wo):
-                    module.weight.mul_(shape.damp)
-        else:
-            for layer in target.model.layers[shape.draft_layers:]:
-                layer.self_attn.o_proj.weight.mul_(shape.damp)
-                layer.mlp.down_proj.weight.mul_(shape.damp)
-        missing = draft.load_state_dict(target.state_dict(), strict=False).missing_keys
-    assert not missing, missing
-    share_encoder(target, draft)
-    for model in (target, draft):
-        model.generation_config.eos_token_id = None
-        model.generation_config.pad_token_id = 0
-    return target, draft
-
-
-def distinct_prompts(n: int, low: int, high: int, vocab: int, seed: int) -> list[list[int]]:
-    """n random prompts, lengths drawn from [low, high]; no two alike."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(low, high + 1, (n,), generator=g).tolist()
-    return [torch.randint(4, vocab, (k,), generator=g).tolist() for k in lengths]
 
 
 def _sync(device: torch.device) -> None:
@@ -230,11 +122,6 @@ def single_configs(target, draft, args) -> dict[str, Callable[[list[int]], tuple
     return configs
 
 
-def _alone(name: str) -> str:
-    """The configuration that runs the same engine mode without the draft."""
-    return name.replace("draft", "target alone").replace(", chained", "").replace(", adaptive gamma", "")
-
-
 # What every configuration is compared against, run whatever --include picks (HF's compiled
 # generate where --hf_compile asks for it).
 REFERENCES = ("HF generate", "HF generate, static cache + compile")
@@ -258,7 +145,7 @@ def _single_summary(rows: dict, outputs: dict, failed: dict) -> dict:
     ref = outputs["HF generate"]
     summary = {name: dict(r) for name, r in rows.items() if outputs[name]}
     for name, r in summary.items():
-        alone = outputs.get(_alone(name), outputs["ours, target alone, eager"])
+        alone = outputs.get(alone_of(name), outputs["ours, target alone, eager"])
         done = r["prompts"] = len(outputs[name])  # the compiling configurations may have run fewer
         r["ms_per_token"] = 1000 * r["seconds"] / max(r["tokens"], 1)
         r["identical_to_hf"] = sum(a == b for a, b in zip(outputs[name], ref[:done], strict=True))
@@ -579,93 +466,6 @@ def save_job_inputs(target, draft, args, dest: Path) -> None:
 
 
 # -- report ----------------------------------------------------------------------------------------
-
-def markdown(result: dict) -> str:
-    cut = [s for s in ("single", "batched") if result.get(f"{s}_partial")]
-    lines = [f"## {result['shape']} pair, {result['dtype']}, {result['device_name']}"
-             + (f" (cut short in: {', '.join(cut)})" if cut else ""),
-             "", f"torch {result['torch']}, CUDA {result['cuda']}, transformers {result['transformers']}; "
-             f"gamma {result['gamma']}, " + (f"{result['max_new_tokens']} new tokens, " if result.get("single") else "")
-             + "prompts of "
-             f"{result['min_len']}-{result['max_len']} tokens, every measured prompt distinct", ""]
-    single = result.get("single")
-    if single:
-        rows = single["rows"]
-        hf = rows["HF generate"]["ms_per_token"]
-        k = single["prompts"]
-        lines += [f"Batch 1, {k} prompts (ours alone: the same engine mode without the draft):", "",
-                  "| | ms/token | vs HF generate | vs ours alone | acceptance | same as HF | same as ours alone |",
-                  "|---|---|---|---|---|---|---|"]
-        for name, r in rows.items():
-            drafted = name.startswith("ours") and "draft" in name
-            alone = rows.get(_alone(name)) if drafted else None
-            ratio = f"{alone['ms_per_token'] / r['ms_per_token']:.2f}x" if alone else "-"
-            acc = f"{r['acceptance']:.2f}" if r["acceptance"] is not None else "-"
-            n = r.get("prompts", k)  # fewer where a run was cut short while it compiled
-            same = f"{r['identical_to_ours_alone']}/{n}" if drafted else "-"
-            lines.append(f"| {name} | {r['ms_per_token']:.2f} | {hf / r['ms_per_token']:.2f}x | {ratio} | {acc} | "
-                         f"{r['identical_to_hf']}/{n} | {same} |")
-        lines += [f"- {name}: failed ({why})" for name, why in single.get("failed", {}).items()]
-        lines.append("")
-    batched = result.get("batched")
-    if batched:
-        k = batched["prompts"]
-        lines += [f"Batched, {k} prompts, {result.get('batch_max_new_tokens')} new tokens each, tokens/s over the "
-                  "set (ours: fixed slots and CUDA graphs where the model allows, else eager):", "",
-                  "| B | | tokens/s | vs HF generate | vs ours alone | in admissions | drafts per round "
-                  "| same as HF | same as ours alone |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for b, row in batched["by_batch_size"].items():
-            if "HF generate" not in row:  # cut short before its first figure
-                continue
-            hf = row["HF generate"]["tokens_per_s"]
-            for name, r in row.items():
-                alone = row.get(_alone(name)) if name.startswith("ours") and "draft" in name else None
-                ratio = f"{r['tokens_per_s'] / alone['tokens_per_s']:.2f}x" if alone else "-"
-                admits = f"{r['admit_s'] / r['seconds']:.0%}" if "admit_s" in r else "-"
-                drafts = f"{r['drafts_per_round']:.2f}" if "draft" in name and "drafts_per_round" in r else "-"
-                same = f"{r.get('identical_to_hf', '-')}/{k} | {r.get('identical_to_ours_alone', '-')}/{k}"
-                lines.append(f"| {b} | {name} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / hf:.2f}x | {ratio} | "
-                             f"{admits} | {drafts} | {same} |")
-        lines += [f"- {name}: failed ({why})" for name, why in batched.get("failed", {}).items()]
-        lines.append("")
-    if result.get("graph_fallbacks"):
-        lines += ["CUDA graphs that fell back to eager passes (the rows above that say graphs ran eagerly after):", ""]
-        lines += [f"- {line}" for line in result["graph_fallbacks"]] + [""]
-    prof = result.get("profile")
-    if prof:
-        lines += ["Profile of one generation, ours with the draft (GPU busy: kernel time over the wall time of the "
-                  "same generation run unprofiled, and profiled):", "",
-                  "| engine | wall s | GPU kernel s | GPU busy | profiled: wall s, busy | kernel launches "
-                  "| cuDNN kernels |",
-                  "|---|---|---|---|---|---|---|"]
-        for name, p in prof.items():
-            plain = p.get("unprofiled_wall_s")  # absent from runs before it was measured
-            busy = f"{p['gpu_busy_share_unprofiled']:.0%}" if plain else "-"
-            wall = f"{plain:.3f}" if plain else "-"
-            lines.append(f"| {name} | {wall} | {p['gpu_kernel_s']:.3f} | {busy} | {p['wall_s']:.3f}, "
-                         f"{p['gpu_busy_share']:.0%} | {p['launches']} | {p['cudnn_kernels']} |")
-        lines.append("")
-    prof = result.get("profile_batched")
-    if prof:
-        lines += ["Profile of one batched call (ours: fixed slots and graphs where the model allows; with "
-                  "--hf_compile, HF's compiled generate over the same prompts). In prefills: ours, its time "
-                  "admitting rows; HF's, the time of the same calls for one new token (speculation speeds up "
-                  "the rest only):", "",
-                  "| engine | tokens | wall s | GPU kernel s | GPU busy | in prefills | kernel launches |",
-                  "|---|---|---|---|---|---|---|"]
-        for name, p in prof.items():  # unprofiled wall time; the profiled one in the JSON
-            busy = 100 * p["gpu_busy_share_unprofiled"]
-            admitting = f"{100 * p['admit_s'] / p['unprofiled_wall_s']:.0f}%" if "admit_s" in p else "-"
-            lines.append(f"| {name} | {p['tokens']} | {p['unprofiled_wall_s']:.3f} | {p['gpu_kernel_s']:.3f} | "
-                         f"{busy:.0f}% | {admitting} | {p['launches']} |")
-        lines.append("")
-        for name, p in prof.items():
-            if p.get("top_gpu_kernels"):  # (absent from runs before it was measured, and without a GPU)
-                lines += [f"Top GPU kernels, {name}:", "", "| kernel | calls | ms |", "|---|---|---|"]
-                lines += [f"| `{k}` | {c} | {ms:.1f} |" for k, c, ms in p["top_gpu_kernels"][:8]] + [""]
-    return "\n".join(lines) + "\n"
-
 
 class _Warnings(logging.Handler):
     """Warning lines of a logger, kept (graphs' fallbacks to eager passes)."""

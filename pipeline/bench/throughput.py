@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         described = (f"Synthetic pair of `pipeline.bench` ({spec.layers}-layer Llama target, hidden {spec.hidden}; "
                      f"{spec.draft_layers}-layer early-exit draft)")
     elif a.pair == "demo":
-        from pipeline.demo.models import ASSETS, demo_prompt_rows
+        from pipeline.demo.assets import ASSETS, demo_prompt_rows
 
         dirs = {"target": ASSETS / "target", "draft": ASSETS / "draft"}
         described = "The trained pair of `pipeline.demo` (a Llama-style target and its first layer as the draft)"

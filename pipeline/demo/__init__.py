@@ -1,5 +1,5 @@
 """The offline demo: `python -m pipeline.demo` (`cli`), its task (`data`), and the committed pair
-with the recipe that made it (`models`; `python -m pipeline.demo.models --retrain`). docs/demo.md."""
+(`assets`) with the recipe that made it (`recipes`; `python -m pipeline.demo.models --retrain`). docs/demo.md."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ a pair trained on a 2-core CPU gets it right; real jobs bring their own models. 
 come from `num2words` and Babel's CLDR data (`pipeline.demo.data`), and the prompts are
 combinations the models never saw. The pair is a small decoder-only target and a draft cut from
 its first layer, committed to the repository (``pipeline/demo/pair/``, checked by SHA-256 before
-use; `pipeline.demo.models` holds the recipe). The demo runs the Beam job three times over the same
+use; `pipeline.demo.recipes` holds the recipe, `models` trains it). The demo runs the Beam job three times over the same
 prompts: with the model draft, with prompt lookup (`--drafter ngram`) and with the target alone,
 then judges its own output: speed per drafter, chrF and exact matches against the references, and
 whether every generation equals the target alone's. It exits 1 if one does not.
@@ -15,7 +15,7 @@ whether every generation equals the target alone's. It exits 1 if one does not.
 from __future__ import annotations
 
 # models sets OMP_WAIT_POLICY before torch is imported: keep this import first.
-from pipeline.demo.models import ASSETS, DemoSetupError, demo_prompt_rows, verify_assets  # isort: skip
+import pipeline.demo.models  # noqa: F401  # isort: skip
 
 import argparse
 import contextlib
@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pipeline import run
+from pipeline.demo.assets import ASSETS, DemoSetupError, demo_prompt_rows, verify_assets
 from pipeline.flags import ArgumentParser
 from pipeline.logs import setup_logging
 from pipeline.quality import chrf, exact_match
