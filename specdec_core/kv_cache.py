@@ -1,4 +1,4 @@
-"""A `DynamicCache` that appends in place, for the verify loop.
+"""A transformers `Cache` whose layers append in place, for the verify loop (`growing_cache`).
 
 transformers' `DynamicLayer` appends with `torch.cat`, copying every layer's whole cache on every forward.
 `GrowingLayer` writes into spare columns of a buffer and keeps `keys`/`values` as views of the valid prefix, so

@@ -4,10 +4,10 @@ Eager, a GPU waits on a pass's thousands of kernel launches; a graph replays the
 and addresses, so the cache is one buffer per layer of `capacity` columns, each row owning a slot whose column i
 holds its token at position i. A pass writes at the rows' positions and attends through an explicit 4D mask; a
 rollback only moves a row's length, a finished row's slot is refilled in place, and every pass has one shape per
-width, so one graph per width serves every round (`graphs.PassGraphs` runs the plain pass functions). Batch 1 is
-one slot. It keeps `BatchKV`'s interface (`forward`, `rollback`, `drop`, `place`, `merge`); new rows are prefilled
-together, through graphs, in a second cache of this kind (`prefill`), then copied into their slots. Without CUDA
-the same passes run eagerly (docs/how-it-works.md, "On a GPU: static caches and CUDA graphs"; docs/batching.md).
+width, so one graph per width serves every round (`graphs.PassGraphs` runs the plain passes). Batch 1 is one
+slot. It keeps `BatchKV`'s interface (`forward`, `rollback`, `drop`, `place`, `merge`); new rows are prefilled
+together through graphs in a second cache of this kind, or eagerly into a `BatchKV`, then copied into their slots
+(`prefill`). Without CUDA the passes run eagerly (docs/how-it-works.md, "On a GPU: static caches and CUDA graphs").
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ class SlotKV:
         kwargs = {"logits_to_keep": keep} if self._logits_kwarg else {}
         if self.encdec:
             self.seen = self._starts(base)
-            self.positions = positions  # read by relative biases in slots (`SlotKV._by_row`), and `_table_forward`
+            self.positions = positions  # read by relative biases in slots (`_by_row`) and position tables (`_forwards`)
             # (the encoder mask at the pass's own query count: some attention modules check its size)
             out = self.model(decoder_input_ids=ids, decoder_attention_mask=mask,
                              attention_mask=self.enc_mask[: ids.shape[0]].expand(-1, -1, w, -1),

@@ -14,6 +14,7 @@ from transformers.cache_utils import CacheLayerMixin
 if TYPE_CHECKING:
     from specdec_core.slot_kv import SlotKV
 
+
 def _first_rows(keys: torch.Tensor, values: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first `rows` rows, where a pass writes; sliced even if all (testing `rows` fixes a compiled prefill's)."""
     return keys[:rows], values[:rows]
