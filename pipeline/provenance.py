@@ -91,9 +91,10 @@ def read_record(prefix: str) -> dict | None:
 
 
 # The flags that decide which text a row gets (the models' locations aside: a model may move,
-# to gs:// say); where either run samples, those that decide which sample a seed draws too (the
-# drafts it is drawn against: not its distribution, but the very sample).
-GENERATION_FLAGS = ("prompt_column", "max_new_tokens", "temperature", "chat_template", "system_prompt", "stop")
+# to gs:// say; --dtype as given: `auto` is compared as `auto`, whatever a machine resolves it to);
+# where either run samples, those that decide which sample a seed draws too (the drafts it is drawn
+# against: not its distribution, but the very sample).
+GENERATION_FLAGS = ("prompt_column", "max_new_tokens", "temperature", "chat_template", "system_prompt", "stop", "dtype")
 SAMPLING_FLAGS = ("top_k", "top_p", "seed", "drafter", "num_speculative_tokens", "gamma_policy", "draft_dtype")
 NGRAM_FLAGS = ("ngram_min_size", "ngram_max_size")
 

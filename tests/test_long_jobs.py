@@ -309,7 +309,8 @@ def test_resuming_with_other_generation_flags_stops_before_any_work(tmp_path, sa
     capsys.readouterr()
     for extra, needle in [(["--max_new_tokens", "9"], "its run had --max_new_tokens 8, this job 9"),
                           (["--temperature", "0.7"], "its run had --temperature 0.0, this job 0.7"),
-                          (["--stop", "x"], "its run had --stop None, this job ['x']")]:
+                          (["--stop", "x"], "its run had --stop None, this job ['x']"),
+                          (["--dtype", "bfloat16"], "its run had --dtype 'auto', this job 'bfloat16'")]:
         assert main(_args(src, tmp_path / "next" / "gens", target, None, "--resume_from", str(first), *extra)) == 2
         assert needle in _one_line_error(capsys), extra
     # greedy: top_k and the seed change nothing; a model draft changes no text

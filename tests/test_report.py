@@ -353,13 +353,13 @@ def test_a_baseline_that_drafted_or_ran_another_target_is_said(two_runs, tmp_pat
     for f in Path(p["base"]).parent.glob("gens-0*.parquet"):
         table = pq.read_table(f)
         record = json.loads(table.schema.metadata[b"specdec_run"])
-        record.update(max_new_tokens=16, stop=["."])
+        record.update(max_new_tokens=16, stop=["."], dtype="bfloat16")
         pq.write_table(table.replace_schema_metadata({"specdec_run": json.dumps(record)}), other / f.name)
     assert report.main([p["spec"], "--baseline", str(other / "gens")]) == 0
     note = capsys.readouterr().err.strip().splitlines()[-1]
     assert note == (f"note: --baseline {other / 'gens'} ran other generation flags: --max_new_tokens 16 (this run 10), "
-                    "--stop ['.'] (this run None); its generations differ for that reason, and its speed-up compares "
-                    "other work"), note
+                    "--stop ['.'] (this run None), --dtype 'bfloat16' (this run 'auto'); its generations differ for "
+                    "that reason, and its speed-up compares other work"), note
 
 
 def test_a_baseline_of_other_prompts_is_said(two_runs, tmp_path, capsys):
