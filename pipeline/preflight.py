@@ -340,7 +340,7 @@ def _check_same_generation(opts: SpecDecOptions, prefix: str, schema: pa.Schema)
     if record is None:  # (files written before runs carried their flags)
         return
     now = {k: json.loads(json.dumps(getattr(opts, k), default=str))
-           for k in GENERATION_FLAGS + SAMPLING_FLAGS + NGRAM_FLAGS}
+           for k in GENERATION_FLAGS + SAMPLING_FLAGS + NGRAM_FLAGS + ("device",)}
     for key, theirs, ours in generation_differences(record, now)[:1]:
         raise JobConfigError(f"--resume_from {prefix!r}: its run had --{key} {theirs!r}, this job {ours!r}; resume "
                              "with the generation flags of the run it continues")

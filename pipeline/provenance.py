@@ -91,9 +91,9 @@ def read_record(prefix: str) -> dict | None:
 
 
 # The flags that decide which text a row gets (the models' locations aside: a model may move,
-# to gs:// say; --dtype as given: `auto` is compared as `auto`, whatever a machine resolves it to);
-# where either run samples, those that decide which sample a seed draws too (the drafts it is drawn
-# against: not its distribution, but the very sample).
+# to gs:// say; --dtype as it ran where --device names the device, else as given); where either
+# run samples, those that decide which sample a seed draws too (the drafts it is drawn against:
+# not its distribution, but the very sample).
 GENERATION_FLAGS = ("prompt_column", "max_new_tokens", "temperature", "chat_template", "system_prompt", "stop", "dtype")
 SAMPLING_FLAGS = ("top_k", "top_p", "seed", "drafter", "num_speculative_tokens", "gamma_policy", "draft_dtype")
 NGRAM_FLAGS = ("ngram_min_size", "ngram_max_size")
@@ -101,8 +101,17 @@ NGRAM_FLAGS = ("ngram_min_size", "ngram_max_size")
 
 def _generation(flags: dict) -> dict:
     """A run's flags as they decide its text: stop strings in any order, `auto` gamma and draft dtype as
-    sampling runs them (fixed, the draft's own)."""
+    sampling runs them (fixed, the draft's own), `auto` dtype as it runs on a named --device."""
     out = {k: flags[k] for k in GENERATION_FLAGS + SAMPLING_FLAGS + NGRAM_FLAGS if k in flags}
+    if out.get("dtype") == "auto" and flags.get("device", "auto") != "auto":
+        import torch
+
+        from specdec_core.loading import resolve_dtype
+
+        try:
+            out["dtype"] = str(resolve_dtype("auto", torch.device(flags["device"]))).removeprefix("torch.")
+        except RuntimeError:  # (a device name torch does not know: compared as given)
+            pass
     if isinstance(out.get("stop"), list):
         out["stop"] = sorted(out["stop"])
     if out.get("gamma_policy") == "auto":

@@ -220,3 +220,11 @@ def test_a_pass_that_falls_back_to_eager_is_reported_beside_the_figures(tmp_path
     assert len(result["graph_fallbacks"]) == 1 and "TinyLM: no CUDA graph of a 3-token pass" in \
         result["graph_fallbacks"][0]
     assert "- TinyLM: no CUDA graph of a 3-token pass" in gpu.markdown(result)
+
+
+def test_the_gpu_bench_imports_no_beam():
+    """`pipeline.bench.gpu` parses its own flags with plain argparse and runs where Beam is not installed
+    (docs/flags.md): none of its modules may pull Beam in."""
+    code = "import sys, pipeline.bench.gpu; print('apache_beam' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -331,6 +331,23 @@ def test_resuming_with_other_generation_flags_stops_before_any_work(tmp_path, sa
     assert "its run had --draft_dtype 'same', this job 'bfloat16'" in _one_line_error(capsys)
 
 
+
+def test_dtype_auto_counts_as_the_dtype_it_runs_in_on_a_named_device():
+    """`--dtype auto` is float32 on a CPU and bfloat16 on CUDA (`loading.resolve_dtype`): a resume that names the
+    dtype its run had is not refused, and runs on named devices of other dtypes are told apart; under
+    `--device auto` the device is not known at launch, so the flag is compared as given."""
+    from pipeline.provenance import generation_differences
+
+    def differs(earlier: tuple[str, str], now: tuple[str, str]) -> list:
+        return generation_differences(dict(zip(("dtype", "device"), earlier, strict=True)),
+                                      dict(zip(("dtype", "device"), now, strict=True)))
+
+    assert differs(("auto", "cpu"), ("float32", "cpu")) == []
+    assert differs(("auto", "cuda:1"), ("bfloat16", "cuda")) == []
+    assert differs(("auto", "cpu"), ("auto", "cuda")) == [("dtype", "float32", "bfloat16")]
+    assert differs(("auto", "auto"), ("float32", "cpu")) == [("dtype", "auto", "float32")]
+    assert differs(("auto", "auto"), ("auto", "cpu")) == [("dtype", "auto", "float32")]
+
 SLOW_RUN = textwrap.dedent("""
     import sys, time
     from specdec_core import text

@@ -8,7 +8,6 @@ def alone_of(name: str) -> str:
     return name.replace("draft", "target alone").replace(", chained", "").replace(", adaptive gamma", "")
 
 
-
 def markdown(result: dict) -> str:
     cut = [s for s in ("single", "batched") if result.get(f"{s}_partial")]
     lines = [f"## {result['shape']} pair, {result['dtype']}, {result['device_name']}"

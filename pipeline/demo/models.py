@@ -66,8 +66,6 @@ class DemoQualityError(DemoSetupError):
     """A pair missed the quality gate."""
 
 
-
-
 # --------------------------------------------------------------------------------------------
 # Recipe: prompts, tokenizer, models, training
 # --------------------------------------------------------------------------------------------

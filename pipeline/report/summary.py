@@ -36,7 +36,6 @@ from transforms.schema import result_schema
 __all__ = ["Summary", "format_table", "main", "read_results", "summarize"]  # the demo imports these from here
 
 
-
 def _parts(prefix: str) -> list[str]:
     return [p for p in prefix.split(",") if p]
 

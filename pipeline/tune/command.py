@@ -21,7 +21,6 @@ class TuneError(ValueError):
     """A setting or input that stops tune before any measuring; the message is one line."""
 
 
-
 def parse(argv: list[str]) -> argparse.Namespace:
     p = ArgumentParser(prog=PROG, description=DESCRIPTION)
     a = p.add_argument
