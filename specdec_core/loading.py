@@ -144,14 +144,27 @@ def check_compatible(target_config: PretrainedConfig, draft_config: PretrainedCo
     return mode
 
 
-def _check_rows(mode: str, rows: list[int], tokenizers: tuple) -> None:
+def output_rows(model: PreTrainedModel) -> int:
+    """The rows of a model's output layer (its logits' width; a quantized layer's weight is a method; 0: unknown)."""
+    layer = model.get_output_embeddings()
+    weight = getattr(layer, "weight", None)
+    return weight.shape[0] if isinstance(weight, torch.Tensor) else getattr(layer, "out_features", 0)
+
+
+def check_draft_rows(target_rows: int, draft_rows: int) -> None:
     """A same-tokenizer draft may have fewer output rows than the target (padded to another multiple), never more: it
     could propose a token past the target's embedding (only prompt ids can lie past a model's rows, bart-large-cnn
-    embeds no <mask>: `TextGenerator.encode` checks them). Cross-tokenizer, re-encoded text may hold any token of
-    either tokenizer (a special token's text too): each needs a row."""
-    if mode == SAME_TOKENIZER and rows[1] > rows[0]:
-        raise IncompatiblePairError(f"the draft's output layer has {rows[1]} rows, the target's {rows[0]}: "
+    embeds no <mask>: `TextGenerator.encode` checks them)."""
+    if 0 < target_rows < draft_rows:
+        raise IncompatiblePairError(f"the draft's output layer has {draft_rows} rows, the target's {target_rows}: "
                                     "the draft could propose a token the target has no row for")
+
+
+def _check_rows(mode: str, rows: list[int], tokenizers: tuple) -> None:
+    """Same tokenizer: `check_draft_rows`. Cross-tokenizer, re-encoded text may hold any token of either tokenizer (a
+    special token's text too): each needs a row."""
+    if mode == SAME_TOKENIZER:
+        check_draft_rows(*rows)
     for role, n, tok in zip(("target", "draft"), rows, tokenizers, strict=True):
         if mode == CROSS_TOKENIZER and n < len(tok):
             raise IncompatiblePairError(f"the {role}'s output layer has {n} rows for a {len(tok)}-token vocabulary, "
@@ -174,7 +187,7 @@ def check_pair(target: PreTrainedModel, draft: PreTrainedModel, target_tokenizer
     """The drafting mode, or IncompatiblePairError when the draft cannot draft for the target."""
     return check_compatible(target.config, draft.config, target_tokenizer, draft_tokenizer,
                             (target.generation_config, draft.generation_config),
-                            [m.get_output_embeddings().weight.shape[0] for m in (target, draft)])
+                            [output_rows(m) for m in (target, draft)])
 
 
 def share_encoder(target: PreTrainedModel, draft: PreTrainedModel) -> bool:

@@ -20,7 +20,7 @@ from specdec_core.acceptance import verify_greedy, verify_sampled
 from specdec_core.decoder import eos_ids, synchronize
 from specdec_core.drafters import NO_LIMIT, Drafter, ModelDrafter, NoDrafter, StepTimer, through_end
 from specdec_core.gamma import LOOKUP_DRAFT_COST, Costs, GammaPolicy, fixed_gamma
-from specdec_core.loading import context_limit
+from specdec_core.loading import check_draft_rows, context_limit, output_rows
 from specdec_core.pass_settings import PassSettings
 from specdec_core.processing import SamplingSettings
 from specdec_core.rows import Row
@@ -49,6 +49,7 @@ def check_engine(target: PreTrainedModel, drafter: Drafter | None, num_speculati
     checks = [(target, state_failure)]  # (a draft's own numerics may part from an uncached pass)
     if isinstance(drafter, ModelDrafter):
         checks.append((drafter.model, cache_failure))
+        check_draft_rows(output_rows(target), output_rows(drafter.model))
     for model, failure in checks:
         if why := failure(model):
             raise ValueError(f"{type(model).__name__} {why}: the engines cannot decode it")

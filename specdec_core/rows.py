@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 from specdec_core.decoder import initial_decoder_ids
 from specdec_core.drafters import DraftSession, KeepDrafting, Picker, through_end
 from specdec_core.gamma import GammaState
+from specdec_core.loading import output_rows
 from specdec_core.processing import LogitsTransform, SamplingSettings, build_processors, draft_pick
 
 # An item's own end rule (e.g. stop strings): called with each round's committed tokens, once each and in order;
@@ -119,7 +120,7 @@ class Row:
                    start=time.perf_counter(), transform=LogitsTransform(procs),
                    generator=torch.Generator(device=device).manual_seed(seed), gamma_state=gamma_state,
                    stats=ItemStats(prompt_tokens=len(prompt_ids)), finish_check=finish_check,
-                   vocab=getattr(target.get_output_embeddings(), "weight", torch.empty(0)).shape[0])
+                   vocab=output_rows(target))
 
     def picker(self, greedy: bool) -> Picker:
         """The row's draft picks: its processors (over the target's rows, the draft's missing ones -inf: a processor

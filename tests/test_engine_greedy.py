@@ -199,6 +199,27 @@ def test_only_the_generation_configs_end_tokens_end_a_generation(models, tokeniz
         target.config.eos_token_id, target.generation_config.eos_token_id = saved
 
 
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_engines_refuse_a_draft_with_more_output_rows_than_the_target(kind, models):
+    """Built directly, not through the job's loading: a wider draft could propose a token the target
+    cannot embed (it failed mid-generation, in the target's embedding)."""
+    import copy
+
+    from specdec_core.batch_engine import BatchSpeculativeGenerator
+    from specdec_core.loading import IncompatiblePairError
+
+    target, draft = models[kind]
+    wide = copy.deepcopy(draft)
+    wide.resize_token_embeddings(wide.config.vocab_size + 64)
+    for build in (lambda d: SpeculativeGenerator(target, d, max_new_tokens=4),
+                  lambda d: BatchSpeculativeGenerator(target, d, batch_size=2, max_new_tokens=4)):
+        with pytest.raises(IncompatiblePairError, match=r"the draft's output layer has \d+ rows, the target's \d+"):
+            build(ModelDrafter(wide))
+    narrow = copy.deepcopy(draft)  # fewer rows, as Qwen2.5-0.5B's under 7B's: fine
+    narrow.resize_token_embeddings(narrow.config.vocab_size - 8)
+    SpeculativeGenerator(target, ModelDrafter(narrow), max_new_tokens=4)
+
+
 def test_generation_config_settings_the_engines_do_not_apply_are_named():
     """Beam search and the rarer processors a generation config can ask for are named (the job
     logs them at load): the outputs are those of `generate()` without them."""
