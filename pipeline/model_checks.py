@@ -19,12 +19,15 @@ if TYPE_CHECKING:  # (the options import torch)
     from pipeline.options import SpecDecOptions
 
 
+CONFIG_FILES = ("config.json", "generation_config.json", "tokenizer_config.json")
+
+
 def config_files(path: str) -> list[str]:
-    """config.json and tokenizer_config.json of a local or gs:// model directory, where present."""
+    """The JSON configs (CONFIG_FILES) of a local or gs:// model directory, where present."""
     if path.startswith("gs://"):
         root = path.rstrip("/")
-        return [f"{root}/{n}" for n in ("config.json", "tokenizer_config.json") if FileSystems.exists(f"{root}/{n}")]
-    return [p for n in ("config.json", "tokenizer_config.json") if os.path.isfile(p := os.path.join(path, n))]
+        return [f"{root}/{n}" for n in CONFIG_FILES if FileSystems.exists(f"{root}/{n}")]
+    return [p for n in CONFIG_FILES if os.path.isfile(p := os.path.join(path, n))]
 
 
 def check_reachable(flag: str, path: str) -> None:
@@ -38,12 +41,14 @@ def check_reachable(flag: str, path: str) -> None:
                                  f"{' '.join(str(e).split())[:300]})") from e
 
 
-def check_remote_code(flag: str, path: str, trust: bool) -> None:
-    """A model whose config or tokenizer config maps classes to its own Python files (auto_map)
-    runs that code when loaded: refused unless --trust_remote_code. The JSON is read as
-    data here, so nothing of the model directory is imported to decide. Hub ids are left to
-    transformers, which raises before importing anything when trust_remote_code is False."""
-    if trust or not (path.startswith("gs://") or os.path.isdir(path)):
+def check_config_files(flag: str, path: str, trust: bool) -> None:
+    """A model directory's JSON configs are whole: transformers skips a generation_config.json it cannot parse
+    without a word, and the job would decode past the model's end tokens. A model whose config or tokenizer
+    config maps classes to its own Python files (auto_map) runs that code when loaded: refused unless
+    --trust_remote_code. The JSON is read as data here, so nothing of the model directory is imported to
+    decide. Hub ids are left to transformers, which raises before importing anything when trust_remote_code
+    is False."""
+    if not (path.startswith("gs://") or os.path.isdir(path)):
         return
     for file in config_files(path):
         try:
@@ -51,7 +56,7 @@ def check_remote_code(flag: str, path: str, trust: bool) -> None:
                 config = json.loads(f.read())
         except (OSError, ValueError) as e:
             raise JobConfigError(f"{flag} {path!r}: cannot read {os.path.basename(file)} ({e})") from e
-        if isinstance(config, dict) and config.get("auto_map"):
+        if not trust and isinstance(config, dict) and config.get("auto_map"):
             names = ", ".join(sorted({str(v) for v in config["auto_map"].values()}))[:120]
             raise JobConfigError(f"{flag} {path!r} needs its own Python code ({os.path.basename(file)} auto_map: "
                                  f"{names}); pass --trust_remote_code to allow it")

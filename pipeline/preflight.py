@@ -15,9 +15,9 @@ from apache_beam.options.pipeline_options import TestOptions
 
 from pipeline.errors import JobConfigError
 from pipeline.model_checks import (
+    check_config_files,
     check_model_path,
     check_reachable,
-    check_remote_code,
     check_tokenizer_path,
     local_model_configs,
     quiet_transformers,
@@ -25,7 +25,7 @@ from pipeline.model_checks import (
     said,
     target_tokenizer,
 )
-from transforms.durable import each_file, match, output_files, result_patterns, sink_deletes
+from transforms.durable import each_file, match, output_files, plain_type, result_patterns, sink_deletes
 from transforms.schema import result_schema
 
 if TYPE_CHECKING:  # (the options import torch; `writable_file` serves tools that need none)
@@ -86,7 +86,7 @@ def _check_columns(opts: SpecDecOptions, schema: pa.Schema) -> None:
 
 def _check_id_type(opts: SpecDecOptions, schema: pa.Schema) -> None:
     """schema: the input's, each column of the first file's type with values (`_check_shards`)."""
-    id_type = _plain(schema.field(opts.id_column).type)
+    id_type = plain_type(schema.field(opts.id_column).type)
     if pa.types.is_temporal(id_type) or pa.types.is_decimal(id_type):
         raise JobConfigError(f"--id_column {opts.id_column!r} is {id_type}, which Beam cannot encode "
                              "deterministically to find duplicate ids: cast it to text or integers")
@@ -95,21 +95,9 @@ def _check_id_type(opts: SpecDecOptions, schema: pa.Schema) -> None:
                              "use a column of text or integers")
 
 
-def _plain(typ: pa.DataType) -> pa.DataType:
-    """A type as Python values see it: dictionary-encoded as its values, large and view layouts as
-    the plain one (pandas 3 and Polars write large_string where pyarrow writes string)."""
-    if pa.types.is_dictionary(typ):
-        typ = typ.value_type
-    if pa.types.is_large_string(typ) or pa.types.is_string_view(typ):
-        return pa.string()
-    if pa.types.is_large_binary(typ) or pa.types.is_binary_view(typ):
-        return pa.binary()
-    return typ
-
-
 def _writable_as(later: pa.DataType, first: pa.DataType) -> bool:
     """Whether a later file's values go into an output column of the first file's type."""
-    return pa.types.is_null(later) or _plain(later) == _plain(first)
+    return pa.types.is_null(later) or plain_type(later) == plain_type(first)
 
 
 def _check_shards(opts: SpecDecOptions, shards: list[tuple[str, pa.Schema]]) -> pa.Schema:
@@ -146,7 +134,7 @@ def conversation_column(schema: pa.Schema, column: str) -> bool:
     A column of anything else (numbers, bytes, other lists) is a job-level mistake (every row would
     fail), so it stops the job; a column of nulls only passes (each row fails on its own).
     """
-    typ = _plain(schema.field(column).type)  # (a pandas categorical column: dictionary-encoded text)
+    typ = plain_type(schema.field(column).type)  # (a pandas categorical column: dictionary-encoded text)
     if pa.types.is_string(typ) or pa.types.is_null(typ):
         return False
     if pa.types.is_list(typ) or pa.types.is_large_list(typ):
@@ -325,7 +313,7 @@ def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
             if "generation" not in found.names:  # (prompt shards of the same name: every row skipped, none done)
                 raise JobConfigError(f"--resume_from {prefix!r}: {results[0]} holds no generations (no "
                                      "'generation' column): not an output of an earlier run")
-            if _plain(found.field("id").type) != _plain(id_type):  # (ids match as Python values)
+            if plain_type(found.field("id").type) != plain_type(id_type):  # (ids match as Python values)
                 raise JobConfigError(f"--resume_from {prefix!r}: its ids are {found.field('id').type}, the "
                                      f"input's {opts.id_column!r} column is {id_type}")
             _check_same_generation(opts, prefix, found)
@@ -458,7 +446,7 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
         models.append(("--tokenizer", opts.tokenizer))
     for flag, path in models:  # before anything that hands a model directory to transformers
         check_reachable(flag, path)
-        check_remote_code(flag, path, trust)
+        check_config_files(flag, path, trust)
     check_model_path("--target_model", opts.target_model, trust)
     if opts.tokenizer:
         check_tokenizer_path(opts.tokenizer, trust)
@@ -480,6 +468,9 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     if opts.drafter == "model" and one_spelling(opts.draft_model) == one_spelling(opts.target_model):
         log.warning("--draft_model %s is the target itself: every draft is kept, and each costs a pass of the "
                     "target (--drafter none or ngram is faster)", opts.draft_model)
+    if unused := [f"--{n} {v}" for n, v in (("top_k", opts.top_k), ("top_p", opts.top_p)) if v is not None]:
+        if opts.temperature == 0:  # (as generate() warns of them without do_sample)
+            log.warning("%s: sampling settings, and --temperature 0 decodes greedily: no effect", ", ".join(unused))
     _say_dtype(opts, configs)
     return schema
 

@@ -17,7 +17,16 @@ from pipeline.options import SpecDecOptions
 from pipeline.preflight import JobConfigError, is_dry_run, preflight
 from pipeline.provenance import placement_record, run_record, with_provenance
 from specdec_core.loading import ModelRefused
-from transforms.durable import CommitChunks, CommitRows, absolute, beam_temp_dirs, delete_dirs, output_files
+from transforms.durable import (
+    CommitChunks,
+    CommitRows,
+    absolute,
+    beam_temp_dirs,
+    delete_dirs,
+    output_files,
+    put_back,
+    set_aside,
+)
 from transforms.generate import GenerateRows
 from transforms.ids import SelectRows
 from transforms.model_handler import SpecDecModelHandler
@@ -94,8 +103,13 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
     except (FlagError, JobConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    old, aside = [], None
     if opts.overwrite and not is_dry_run(opts):
-        if old := output_files(opts.output):
+        if (old := output_files(opts.output)) and wait:  # (a launcher that returns at once cannot put them back)
+            aside = set_aside(old, opts.output)
+            log.info("--overwrite: moved %d earlier output files under %s to %s, deleted once the job has run",
+                     len(old), opts.output, aside)
+        elif old:
             log.info("--overwrite: deleting %d earlier output files under %s", len(old), opts.output)
             FileSystems.delete(old)
         if staged := beam_temp_dirs(opts.output):  # a killed run's shards, never renamed
@@ -109,12 +123,20 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
         if wait:
             result.wait_until_finish()
     except ModelRefused as e:  # a worker's load refused the pair: no row was decoded
-        try:  # (the sinks' staging folders, empty: not left behind)
+        try:  # (the sinks' staging folders, empty, and rows failed before any load: not left behind)
             delete_dirs(beam_temp_dirs(opts.output))
+            if aside:  # the earlier run's files as they were
+                FileSystems.delete(output_files(opts.output))
+                put_back(aside, old)
+                aside = None
         except Exception as cleanup:  # (the refusal is what the user must read)
-            log.warning("could not delete the unused staging folders beside %s: %s", opts.output, cleanup)
+            log.warning("could not clean up beside %s: %s", opts.output, cleanup)
         print(f"error: {str(e).split(' [while running')[0]}", file=sys.stderr)
         return 2
+    finally:
+        if aside:
+            log.info("--overwrite: deleting the %d earlier output files in %s", len(old), aside)
+            delete_dirs([aside])
     if wait:
         log.info("done: results in %s-*-of-*.parquet, failed rows in %s-failed-*-of-*.parquet",
                      opts.output, opts.output)

@@ -89,6 +89,23 @@ def test_ids_dictionary_encoded_as_the_input_was_are_read_as_their_values(tmp_pa
     assert failed["id"].to_pylist() == ["c"]
 
 
+def test_a_resumed_runs_ids_of_another_string_layout_are_read_beside_the_first_runs(tmp_path):
+    """A run resumed from an input that pandas 3 or Polars wrote (large_string ids, where pyarrow
+    writes string) is accepted by preflight: the two runs are read together, as one type."""
+    first, second = str(tmp_path / "a" / "gens"), str(tmp_path / "b" / "gens")
+    for prefix, ids, typ in ((first, ["a", "b"], pa.string()), (second, ["c"], pa.large_string())):
+        (tmp_path / prefix.split("/")[-2]).mkdir()
+        pq.write_table(pa.table({"id": pa.array(ids, typ), "generation": ids, "note": pa.array(ids, typ)}),
+                       f"{prefix}-00000-of-00001.parquet")
+    pq.write_table(pa.table({"id": pa.array(["d"], pa.large_string()), "prompt": [""], "error_type": ["EmptyPrompt"],
+                             "error_message": ["m"]}), f"{second}-failed-00000-of-00001.parquet")
+    pq.write_table(pa.table({"id": pa.array(["e"]), "prompt": [""], "error_type": ["EmptyPrompt"],
+                             "error_message": ["m"]}), f"{first}-failed-00000-of-00001.parquet")
+    results, failed = read_outputs([first, second])
+    assert results["id"].to_pylist() == ["a", "b", "c"] and results.schema.field("note").type == pa.string()
+    assert failed["id"].to_pylist() == ["e", "d"]
+
+
 def test_reader_of_an_empty_prefix(tmp_path):
     assert read_outputs(str(tmp_path / "nothing")) == (None, None)
 

@@ -168,3 +168,11 @@ def test_chunks_resume_and_output_safety_on_gcs(gcs, saved_pairs, tmp_path, monk
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: --output '{out}' already holds 2 output files") and "\n" not in err
+
+    # --overwrite's earlier files set aside on gs:// (copied, deleted) and put back, as a refused load does
+    from transforms.durable import put_back, set_aside
+    earlier = output_files(out)
+    aside = set_aside(earlier, out)
+    assert output_files(out) == [] and len(gcs.list(aside)) == 2
+    put_back(aside, earlier)
+    assert output_files(out) == earlier and not gcs.list(aside)

@@ -297,7 +297,7 @@ def test_bad_resume_prefixes_stop_before_any_work(tmp_path, saved_pairs, capsys)
 
 
 @pytest.mark.slow
-def test_resuming_with_other_generation_flags_stops_before_any_work(tmp_path, saved_pairs, capsys):
+def test_resuming_with_other_generation_flags_stops_before_any_work(tmp_path, saved_pairs, capsys, caplog):
     """The resumed run's rows and the new job's are read as one output: another length, or sampled
     rows beside greedy ones, would mix there unseen. The drafter may change (it changes no text);
     sampling flags count only where a run samples."""
@@ -306,6 +306,7 @@ def test_resuming_with_other_generation_flags_stops_before_any_work(tmp_path, sa
                                                   {"id": "b", "prompt": "The quick brown fox"}])
     first = tmp_path / "first" / "gens"
     assert main(_args(src, first, target, None, "--top_k", "5")) == 0
+    assert "--top_k 5: sampling settings, and --temperature 0 decodes greedily: no effect" in caplog.text
     capsys.readouterr()
     for extra, needle in [(["--max_new_tokens", "9"], "its run had --max_new_tokens 8, this job 9"),
                           (["--temperature", "0.7"], "its run had --temperature 0.0, this job 0.7"),

@@ -435,9 +435,11 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
     no_weights.mkdir()
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(target / name, no_weights / name)
-    cut, unknown, no_tokenizer = (tmp_path / name for name in ("cut", "unknown-type", "no-tokenizer"))
-    for copy in (cut, unknown, no_tokenizer):  # (each failed every worker's load, in a traceback after the job began)
-        shutil.copytree(target, copy)
+    cut, unknown, no_tokenizer, cut_json = (tmp_path / name for name in ("cut", "unknown-type", "no-tokenizer",
+                                                                         "cut-generation-config"))
+    for copy in (cut, unknown, no_tokenizer, cut_json):  # (each failed every worker's load, in a traceback after the
+        shutil.copytree(target, copy)                    # job began; the last decoded past its end tokens)
+    (cut_json / "generation_config.json").write_text('{"eos_token_id": [2, 29], "max_le')
     with open(cut / "model.safetensors", "r+b") as f:  # a copy cut short
         f.truncate(f.seek(0, 2) * 9 // 10)
     (unknown / "config.json").write_text(json.dumps({**json.loads((target / "config.json").read_text()),
@@ -455,6 +457,8 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         f"--draft_model '{cut}': model.safetensors is damaged or cut short": base + ["--draft_model", str(cut)],
         f"--target_model '{unknown}': transformers cannot read its config (ValueError: The checkpoint you are trying "
         "to load has model type `llamazzz`": base[:4] + ["--target_model", str(unknown), "--drafter", "none"],
+        f"--target_model '{cut_json}': cannot read generation_config.json (": base[:4] + [
+            "--target_model", str(cut_json), "--drafter", "none"],
         f"--target_model '{no_tokenizer}': no tokenizer there (tokenizer.json, ": base[:4] + [
             "--target_model", str(no_tokenizer), "--drafter", "ngram"],
         "--id_column 'id' is list<element: int64>, which cannot key rows": ["--input", str(list_ids)] + base[2:] + [
@@ -638,9 +642,11 @@ def test_the_job_says_what_it_deletes_and_where_its_results_are(tmp_path, saved_
                             "--target_model", str(target), "--drafter", "none", "--max_new_tokens", "2",
                             "--overwrite"], capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr
-    for said in ("--overwrite: deleting 1 earlier output files", "--overwrite: deleting 2 folders of unfinished "
-                 "writes", "placement on each worker", "done: results in"):
+    for said in ("--overwrite: moved 1 earlier output files", "--overwrite: deleting 2 folders of unfinished "
+                 "writes", "placement on each worker", "--overwrite: deleting the 1 earlier output files in",
+                 "done: results in"):
         assert said in child.stderr, said
+    assert not list(tmp_path.glob(".gens-overwritten-*"))  # (set aside while the job ran)
     assert not any(k.exists() for k in killed) and other.is_dir()
     assert sorted(p.name for p in tmp_path.glob("beam-temp-*")) == [other.name]  # the job's own: gone when it ends
 

@@ -58,3 +58,30 @@ def test_a_model_its_self_check_refuses_stops_the_job_in_one_line(tmp_path, caps
     assert last.startswith("error: batch_size > 1: FSMTForConditionalGeneration gives other logits in a padded batch")
     assert "while running" not in last and not list((tmp_path / "out").glob("gens-0*.parquet"))
     assert not list((tmp_path / "out").glob("beam-temp-*"))  # (the sinks' staging folders: nothing was written)
+
+
+def test_overwrite_deletes_nothing_when_a_workers_load_refuses_the_job(tmp_path, capsys):
+    """--overwrite sets the earlier run's files aside and puts them back, as they were, when the
+    model is refused as a worker loads it (they were deleted before the job began); a job that runs
+    deletes them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.family_models import save_family
+
+    save_family("fsmt", tmp_path / "fsmt")
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "1", "prompt": "hi"}, {"id": "2", "prompt": ""}])
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = {"gens-00000-of-00001.parquet": "x", f"gens-failed-chunk-{1:032x}-00000.parquet": "y"}
+    for name, text in earlier.items():
+        pq.write_table(pa.table({"id": ["old"], "generation": [text]}), out / name)
+    before = {name: (out / name).read_bytes() for name in earlier}
+    args = ["--input", src, "--output", str(out / "gens"), "--target_model", str(tmp_path / "fsmt"),
+            "--drafter", "none", "--max_new_tokens", "4", "--overwrite"]
+    assert main(args + ["--batch_size", "2"]) == 2
+    assert "FSMTForConditionalGeneration gives other logits" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # (the empty prompt's failed row: not kept)
+    assert main(args) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["gens-00000-of-00001.parquet",
+                                                     "gens-failed-00000-of-00001.parquet"]

@@ -109,6 +109,24 @@ def delete_dirs(dirs: list[str]) -> None:
         FileSystems.delete([d if local else f"{d.rstrip('/')}/" for d in dirs])
 
 
+def set_aside(files: list[str], prefix: str) -> str:
+    """Move a prefix's earlier output files (`--overwrite`) into a hidden folder beside it,
+    `.BASENAME-overwritten-<hex>`, where no reader or sink of the prefix looks; returns the folder.
+    The launcher deletes it once the job has run, or puts the files back (`put_back`) when a
+    worker's load refuses the job: a refused job deletes nothing."""
+    folder, base = FileSystems.split(prefix)
+    aside = FileSystems.join(folder, f".{base}-overwritten-{uuid.uuid4().hex}")
+    FileSystems.mkdirs(aside)  # (object stores have no folders: nothing to make)
+    FileSystems.rename(files, [FileSystems.join(aside, FileSystems.split(f)[1]) for f in files])
+    return aside
+
+
+def put_back(aside: str, files: list[str]) -> None:
+    """The files `set_aside` moved, back under their names."""
+    FileSystems.rename([FileSystems.join(aside, FileSystems.split(f)[1]) for f in files], files)
+    delete_dirs([aside])
+
+
 def write_parquet_file(path: str, table: pa.Table) -> None:
     """Write a complete Parquet file under `path`, never a partial one.
 
@@ -274,12 +292,25 @@ def each_file(read: Callable[[str], T], paths: list[str]) -> list[T]:
         return list(pool.map(read, paths))
 
 
+def plain_type(typ: pa.DataType) -> pa.DataType:
+    """A type as Python values see it: dictionary-encoded as its values, large and view layouts as
+    the plain one (pandas 3 and Polars write large_string where pyarrow writes string)."""
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    if pa.types.is_large_string(typ) or pa.types.is_string_view(typ):
+        return pa.string()
+    if pa.types.is_large_binary(typ) or pa.types.is_binary_view(typ):
+        return pa.binary()
+    return typ
+
+
 def _plain(table: pa.Table) -> pa.Table:
-    """Dictionary-encoded columns (an input's pandas categorical, passed through as it was) as
-    their values' type, which Arrow's matching and grouping by id need."""
+    """Columns as their `plain_type`: an input's pandas categorical passed through as it was, or a
+    resumed run's ids written by another tool, read beside the first run's (Arrow's matching,
+    grouping and joining of two runs' files need one type)."""
     for i, field in enumerate(table.schema):
-        if pa.types.is_dictionary(field.type):
-            table = table.set_column(i, field.name, table.column(i).cast(field.type.value_type))
+        if (typ := plain_type(field.type)) != field.type:
+            table = table.set_column(i, field.name, table.column(i).cast(typ))
     return table
 
 
