@@ -53,10 +53,12 @@ def check_config_files(flag: str, path: str, trust: bool) -> None:
     for file in config_files(path):
         try:
             with FileSystems.open(file) if file.startswith("gs://") else open(file, "rb") as f:
-                config = json.loads(f.read())
+                config = json.loads(f.read().decode("utf-8"))  # (as transformers reads it: no BOM, no UTF-16)
+            if not isinstance(config, dict):
+                raise ValueError(f"a JSON {type(config).__name__}, not an object")
         except (OSError, ValueError) as e:
             raise JobConfigError(f"{flag} {path!r}: cannot read {os.path.basename(file)} ({e})") from e
-        if not trust and isinstance(config, dict) and config.get("auto_map"):
+        if not trust and config.get("auto_map"):
             names = ", ".join(sorted({str(v) for v in config["auto_map"].values()}))[:120]
             raise JobConfigError(f"{flag} {path!r} needs its own Python code ({os.path.basename(file)} auto_map: "
                                  f"{names}); pass --trust_remote_code to allow it")

@@ -18,6 +18,7 @@ from pipeline.preflight import JobConfigError, is_dry_run, preflight
 from pipeline.provenance import placement_record, run_record, with_provenance
 from specdec_core.loading import ModelRefused
 from transforms.durable import (
+    ASIDE,
     CommitChunks,
     CommitRows,
     absolute,
@@ -105,32 +106,38 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
         return 2
     old, aside = [], None
     if opts.overwrite and not is_dry_run(opts):
-        if (old := output_files(opts.output)) and wait:  # (a launcher that returns at once cannot put them back)
-            aside = set_aside(old, opts.output)
-            log.info("--overwrite: moved %d earlier output files under %s to %s, deleted once the job has run",
-                     len(old), opts.output, aside)
-        elif old:
+        old = output_files(opts.output)
+        if old and not wait:  # (a launcher that returns at once cannot put them back)
             log.info("--overwrite: deleting %d earlier output files under %s", len(old), opts.output)
             FileSystems.delete(old)
-        if staged := beam_temp_dirs(opts.output):  # a killed run's shards, never renamed
+        # a killed run's shards, never renamed, and earlier files a killed launcher had set aside
+        if staged := beam_temp_dirs(opts.output) + beam_temp_dirs(opts.output, ASIDE):
             log.info("--overwrite: deleting %d folders of unfinished writes: %s", len(staged), ", ".join(staged))
             delete_dirs(staged)
     log.info("placement on each worker: %s", placement_record(opts))
     p = beam.Pipeline(options=opts)
     build_pipeline(p, opts, schema)
     try:
+        if old and wait:
+            aside = set_aside(old, opts.output)
+            log.info("--overwrite: moved %d earlier output files under %s to %s, deleted when the job ends",
+                     len(old), opts.output, aside)
         result = p.run()
         if wait:
             result.wait_until_finish()
     except ModelRefused as e:  # a worker's load refused the pair: no row was decoded
-        try:  # (the sinks' staging folders, empty, and rows failed before any load: not left behind)
-            delete_dirs(beam_temp_dirs(opts.output))
-            if aside:  # the earlier run's files as they were
+        if aside:  # the earlier run's files as they were (rows failed before the load: not kept)
+            try:
                 FileSystems.delete(output_files(opts.output))
                 put_back(aside, old)
-                aside = None
+            except Exception as cleanup:  # (kept where they are, said)
+                log.warning("--overwrite: the earlier output files are in %s: could not put them back: %s",
+                            aside, cleanup)
+            aside = None
+        try:  # (the sinks' staging folders, empty: not left behind)
+            delete_dirs(beam_temp_dirs(opts.output))
         except Exception as cleanup:  # (the refusal is what the user must read)
-            log.warning("could not clean up beside %s: %s", opts.output, cleanup)
+            log.warning("could not delete the unused staging folders beside %s: %s", opts.output, cleanup)
         print(f"error: {str(e).split(' [while running')[0]}", file=sys.stderr)
         return 2
     finally:

@@ -435,11 +435,13 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
     no_weights.mkdir()
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
         shutil.copy(target / name, no_weights / name)
-    cut, unknown, no_tokenizer, cut_json = (tmp_path / name for name in ("cut", "unknown-type", "no-tokenizer",
-                                                                         "cut-generation-config"))
-    for copy in (cut, unknown, no_tokenizer, cut_json):  # (each failed every worker's load, in a traceback after the
-        shutil.copytree(target, copy)                    # job began; the last decoded past its end tokens)
+    cut, unknown, no_tokenizer, cut_json, bom_json, list_json = (tmp_path / name for name in (
+        "cut", "unknown-type", "no-tokenizer", "cut-generation-config", "bom-generation-config", "list-json"))
+    for copy in (cut, unknown, no_tokenizer, cut_json, bom_json, list_json):  # (each failed every worker's load, in a
+        shutil.copytree(target, copy)  # traceback after the job began; cut and BOM configs: past their end tokens)
     (cut_json / "generation_config.json").write_text('{"eos_token_id": [2, 29], "max_le')
+    (bom_json / "generation_config.json").write_bytes(b'\xef\xbb\xbf{"eos_token_id": [2, 29]}')  # (json takes it)
+    (list_json / "tokenizer_config.json").write_text("[]")  # (transformers raised a TypeError)
     with open(cut / "model.safetensors", "r+b") as f:  # a copy cut short
         f.truncate(f.seek(0, 2) * 9 // 10)
     (unknown / "config.json").write_text(json.dumps({**json.loads((target / "config.json").read_text()),
@@ -459,6 +461,10 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         "to load has model type `llamazzz`": base[:4] + ["--target_model", str(unknown), "--drafter", "none"],
         f"--target_model '{cut_json}': cannot read generation_config.json (": base[:4] + [
             "--target_model", str(cut_json), "--drafter", "none"],
+        f"--target_model '{bom_json}': cannot read generation_config.json (Unexpected UTF-8 BOM": base[:4] + [
+            "--target_model", str(bom_json), "--drafter", "none"],
+        f"--target_model '{list_json}': cannot read tokenizer_config.json (a JSON list, not an object)": base[:4] + [
+            "--target_model", str(list_json), "--drafter", "none"],
         f"--target_model '{no_tokenizer}': no tokenizer there (tokenizer.json, ": base[:4] + [
             "--target_model", str(no_tokenizer), "--drafter", "ngram"],
         "--id_column 'id' is list<element: int64>, which cannot key rows": ["--input", str(list_ids)] + base[2:] + [
@@ -636,17 +642,21 @@ def test_the_job_says_what_it_deletes_and_where_its_results_are(tmp_path, saved_
     (killed[0] / "sub").mkdir(parents=True)
     (killed[0] / "sub" / "shard.parquet").write_bytes(b"a killed run's")
     killed[1].mkdir()  # created, nothing written yet
+    killed.append(tmp_path / f".overwritten-gens-{hexes}")  # set aside by an --overwrite launcher killed mid-job
+    killed[2].mkdir()
+    (killed[2] / "gens-00000-of-00001.parquet").write_bytes(b"a run before it")
     other = tmp_path / f"beam-temp-gens-v2-{hexes}"  # another prefix's (gens-v2), perhaps running
     other.mkdir()
+    (tmp_path / f".overwritten-gens-v2-{hexes}").mkdir()
     child = subprocess.run([sys.executable, "-m", "pipeline.run", "--input", src, "--output", str(tmp_path / "gens"),
                             "--target_model", str(target), "--drafter", "none", "--max_new_tokens", "2",
                             "--overwrite"], capture_output=True, text=True, timeout=300)
     assert child.returncode == 0, child.stderr
-    for said in ("--overwrite: moved 1 earlier output files", "--overwrite: deleting 2 folders of unfinished "
+    for said in ("--overwrite: moved 1 earlier output files", "--overwrite: deleting 3 folders of unfinished "
                  "writes", "placement on each worker", "--overwrite: deleting the 1 earlier output files in",
                  "done: results in"):
         assert said in child.stderr, said
-    assert not list(tmp_path.glob(".gens-overwritten-*"))  # (set aside while the job ran)
+    assert [p.name for p in tmp_path.glob(".overwritten-*")] == [f".overwritten-gens-v2-{hexes}"]  # (this run's: gone)
     assert not any(k.exists() for k in killed) and other.is_dir()
     assert sorted(p.name for p in tmp_path.glob("beam-temp-*")) == [other.name]  # the job's own: gone when it ends
 

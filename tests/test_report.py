@@ -149,6 +149,7 @@ def test_a_run_with_no_generated_rows_still_reports():
     assert text["throughput (new tokens / summed generation time)"] == "n/a"
     figures = report_html.plots(stats)
     assert [p.title for p in figures if p.png is not None] == ["Failed rows by type"]
+    assert figures[0].no_data == "No data: no generated items."  # (not "nothing was drafted in this run")
 
 
 def _write(prefix: Path, results: pa.Table, failed: pa.Table | None = None) -> str:
@@ -184,6 +185,7 @@ def test_missing_files_or_reference_column_stop_in_one_line(tmp_path, capsys):
                          ([f"{tmp_path}/run/g*"], "a prefix cannot hold *, ?, ["),
                          ([cut], f"{cut}-chunk-{1:032x}-00000.parquet is not a readable Parquet file"),
                          ([prefix, "--baseline", f"{tmp_path}/run/g?ns"], "--baseline"),
+                         ([prefix, "--metric", "chrf"], "--metric chrf scores against --references COLUMN"),
                          ]:
         assert report.main(args) == 2, args
         err = capsys.readouterr().err.strip()
@@ -207,6 +209,32 @@ def test_rows_without_a_reference_are_left_out_of_the_scores(tmp_path, capsys):
     assert report.main([none, "--references", "ref"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: --references 'ref' is null in every result row: no reference to score against"
+
+
+def test_a_run_whose_rows_all_failed_is_reported_with_references(tmp_path, capsys):
+    """Nothing to score is said in the scores; the rest of the report stands (it was one line
+    saying the references were null)."""
+    run = _write(tmp_path / "run" / "gens", result_table([]),  # (its passthrough column: ref)
+                 failed_table([("e", "EmptyPrompt")]))
+    assert report.main([run, "--references", "ref"]) == 0
+    got = labelled(capsys.readouterr().out)
+    assert got["prompts"] == "1 (0 generated, 1 failed)"
+    assert got["rows with a reference (scored)"] == "0 of 0: no generated row to score"
+
+
+def test_rouge_of_a_script_it_cannot_read_is_said(tmp_path, capsys):
+    """rouge-score keeps a-z and 0-9: outputs equal to their Cyrillic references score 0. Said, with
+    the metric that reads them; chrF scores them 100."""
+    texts = ["Привет, мир: это тест.", "Второе предложение здесь."]
+    rows = [dict(r, generation=t, ref=t) for r, t in zip(RUN[:2], texts, strict=True)]
+    run = _write(tmp_path / "run" / "gens", result_table(rows))
+    assert report.main([run, "--references", "ref"]) == 0
+    out, err = capsys.readouterr()
+    assert labelled(out)["ROUGE-1 F1"] == "0.0000"
+    assert "note: ROUGE reads a-z and 0-9 only" in err and "drops 100% of the references' letters" in err
+    assert report.main([run, "--references", "ref", "--metric", "chrf"]) == 0
+    out, err = capsys.readouterr()
+    assert labelled(out)["chrF (0-100)"] == "100.00" and "note" not in err
 
 
 def test_a_killed_job_with_failed_rows_only_so_far_is_reported(tmp_path, capsys):

@@ -236,6 +236,17 @@ def test_bad_settings_are_one_line_errors(tiny, capsys, extra, culprit):
     assert len(err) == 1 and err[0].startswith("error:") and culprit in err[0], err
 
 
+def test_the_recommended_command_keeps_the_sampling_flags_as_given():
+    """The job runs with the values tune measured (`:g` kept 6 digits: 0.123456789 ran as 0.123457)."""
+    from pipeline.tune.command import parse, run_argv
+
+    args = parse(["--input", "p.parquet", "--target_model", "t", "--temperature", "0.123456789", "--top_p",
+                  "0.9999999", "--top_k", "40"])
+    argv = run_argv(args, "none", None, 1, "auto", 1)
+    got = {flag: argv[argv.index(flag) + 1] for flag in ("--temperature", "--top_p", "--top_k")}
+    assert got == {"--temperature": "0.123456789", "--top_p": "0.9999999", "--top_k": "40"}
+
+
 def test_bad_input_is_a_one_line_error(tiny, tmp_path, capsys):
     assert tune.main(["--input", str(tmp_path / "none-*.parquet"), "--target_model", str(tiny["target"])]) == 2
     err = capsys.readouterr().err.strip().splitlines()

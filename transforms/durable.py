@@ -89,16 +89,17 @@ def output_files(prefix: str) -> list[str]:
     return match(result_patterns(prefix) + failed_patterns(prefix))
 
 
-def beam_temp_dirs(prefix: str) -> list[str]:
+def beam_temp_dirs(prefix: str, start: str = "beam-temp-") -> list[str]:
     """The folders where this prefix's two Parquet sinks (results, failed rows) stage their shards
     before renaming them, `beam-temp-BASENAME[-failed]-<uuid1 hex>` beside the prefix: a finished
-    job deletes its own, a killed one leaves them (another prefix's, `gens-v2`'s, are not matched)."""
+    job deletes its own, a killed one leaves them (another prefix's, `gens-v2`'s, are not matched).
+    With `start=ASIDE`: the folders of earlier files `set_aside` where a launcher was killed."""
     folder, base = FileSystems.split(prefix)
-    own = re.compile(rf"beam-temp-{re.escape(base)}(-failed)?-[0-9a-f]{{32}}")
+    own = re.compile(rf"{re.escape(start)}{re.escape(base)}(-failed)?-[0-9a-f]{{32}}")
     if isinstance(FileSystems.get_filesystem(prefix), LocalFileSystem):  # empty folders too
-        found = glob.glob(os.path.join(glob.escape(folder), "beam-temp-*"))
+        found = glob.glob(os.path.join(glob.escape(folder), f"{start}*"))
     else:  # object stores have no folders: the objects' parents
-        found = {FileSystems.split(f)[0] for f in match([FileSystems.join(folder, "beam-temp-*/*")])}
+        found = {FileSystems.split(f)[0] for f in match([FileSystems.join(folder, f"{start}*/*")])}
     return sorted(f for f in found if own.fullmatch(FileSystems.split(f)[1]))
 
 
@@ -109,13 +110,16 @@ def delete_dirs(dirs: list[str]) -> None:
         FileSystems.delete([d if local else f"{d.rstrip('/')}/" for d in dirs])
 
 
+ASIDE = ".overwritten-"  # + BASENAME-<hex>: `set_aside`'s folders
+
+
 def set_aside(files: list[str], prefix: str) -> str:
     """Move a prefix's earlier output files (`--overwrite`) into a hidden folder beside it,
-    `.BASENAME-overwritten-<hex>`, where no reader or sink of the prefix looks; returns the folder.
-    The launcher deletes it once the job has run, or puts the files back (`put_back`) when a
-    worker's load refuses the job: a refused job deletes nothing."""
+    `.overwritten-BASENAME-<hex>`, where no reader or sink of the prefix looks; returns the folder.
+    The launcher deletes it when the job ends, or puts the files back (`put_back`) when a local
+    job's load refuses it: a refused job deletes nothing."""
     folder, base = FileSystems.split(prefix)
-    aside = FileSystems.join(folder, f".{base}-overwritten-{uuid.uuid4().hex}")
+    aside = FileSystems.join(folder, f"{ASIDE}{base}-{uuid.uuid4().hex}")
     FileSystems.mkdirs(aside)  # (object stores have no folders: nothing to make)
     FileSystems.rename(files, [FileSystems.join(aside, FileSystems.split(f)[1]) for f in files])
     return aside
@@ -283,7 +287,7 @@ def _read(paths: list[str], skip: Collection[str] = ()) -> pa.Table | None:
             raise UnreadableFile(f"{path} is not a readable Parquet file ({e})") from e
 
     tables = each_file(read, paths)
-    return pa.concat_tables(tables, promote_options="default") if tables else None
+    return pa.concat_tables(tables, promote_options="permissive") if tables else None
 
 
 def each_file(read: Callable[[str], T], paths: list[str]) -> list[T]:
@@ -305,11 +309,15 @@ def plain_type(typ: pa.DataType) -> pa.DataType:
 
 
 def _plain(table: pa.Table) -> pa.Table:
-    """Columns as their `plain_type`: an input's pandas categorical passed through as it was, or a
-    resumed run's ids written by another tool, read beside the first run's (Arrow's matching,
-    grouping and joining of two runs' files need one type)."""
+    """Dictionary-encoded columns (an input's pandas categorical, passed through as it was) as their
+    values' type, and ids as their `plain_type` (a resumed run's, written from an input of another
+    tool, matched, grouped and joined with the first run's). Other columns of two runs' layouts
+    (string, large_string) meet in `_read`'s permissive concatenation: a large_string column can
+    hold more than a string column's 2 GiB."""
     for i, field in enumerate(table.schema):
-        if (typ := plain_type(field.type)) != field.type:
+        typ = plain_type(field.type) if field.name == "id" else field.type
+        typ = typ.value_type if pa.types.is_dictionary(typ) else typ
+        if typ != field.type:
             table = table.set_column(i, field.name, table.column(i).cast(typ))
     return table
 

@@ -95,6 +95,7 @@ def plots(stats: RunStats, comparison: Comparison | None = None, baseline: RunSt
     add("Acceptance per item", "Share of each item's drafted tokens that the target accepted.",
         lambda: _histogram(acc, "acceptance rate", stats.summary.acceptance, "whole run", bins=np.linspace(0, 1, 21))
         if len(acc) else None,
+        "No data: no generated items." if not stats.results else
         "No data: nothing was drafted in this run (the target alone), so there is no acceptance to show.")
 
     tps = _finite(stats.item_tokens_per_step)[0]

@@ -317,6 +317,8 @@ def quality_scores(results: pa.Table, references: str, metric: str) -> dict[str,
     # Rows without a reference (null: a run resumed without the column, a dataset field with gaps) are left out of
     # the reference metrics (`score_generations`) and counted here.
     gens, refs = results["generation"].to_pylist(), results[references].to_pylist()
+    if not gens:  # (every row failed: the rest of the report stands)
+        return {"rows_with_reference": "0 of 0: no generated row to score"}
     if not (given := sum(r is not None for r in refs)):
         raise KeyError(f"--references {references!r} is null in every result row: no reference to score against")
     return {"rows_with_reference": f"{given} of {len(gens)}", **quality.score_generations(gens, refs, metric=metric)}

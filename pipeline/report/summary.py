@@ -19,7 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline.flags import ArgumentParser
 from pipeline.preflight import JobConfigError, check_prefix, one_spelling, writable_file
 from pipeline.provenance import generation_differences, read_record
-from pipeline.quality import METRICS
+from pipeline.quality import METRICS, rouge_unread_share
 from pipeline.report.stats import (
     Summary,
     compare,
@@ -78,9 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--html", default=None, help="also write one self-contained HTML page with plots here")
     parser.add_argument("--references", default=None,
                         help="a passthrough column of reference texts: score the generations against it")
-    parser.add_argument("--metric", choices=METRICS, default="rouge",
-                        help="with --references: rouge (ROUGE-1/2/L, summarization), bleu or chrf (translation)")
+    parser.add_argument("--metric", choices=METRICS, default=None,
+                        help="with --references: rouge (ROUGE-1/2/L, summarization; the default), bleu or chrf "
+                             "(translation; chrf reads any script)")
     args = parser.parse_args(argv)
+    if args.metric and not args.references:  # (it was ignored)
+        print(f"error: --metric {args.metric} scores against --references COLUMN: pass it", file=sys.stderr)
+        return 2
+    args.metric = args.metric or "rouge"
     try:
         if args.html is not None:  # (before the reading and plotting)
             args.html = writable_file("--html", args.html)
@@ -90,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, KeyError, JobConfigError, UnreadableFile) as e:
         print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
+    if scores and args.metric == "rouge" and (unread := rouge_unread_share(results[args.references].to_pylist())) > 0.1:
+        print(f"note: ROUGE reads a-z and 0-9 only (rouge-score's tokenizer, as published ROUGE figures): it drops "
+              f"{unread:.0%} of the references' letters and digits here; --metric chrf scores any script",
+              file=sys.stderr)
     alone = True
     if args.baseline:  # what its files say made them
         made, run = _record(args.baseline), _record(args.prefix)

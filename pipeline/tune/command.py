@@ -94,10 +94,10 @@ def run_argv(args: argparse.Namespace, drafter: str, draft_model: str | None, ga
         argv += ["--ngram_max_size", str(args.ngram_max_size), "--ngram_min_size", str(args.ngram_min_size)]
     argv += ["--batch_size", str(batch_size), "--max_new_tokens", str(args.max_new_tokens)]
     if args.temperature:
-        argv += ["--temperature", f"{args.temperature:g}"]
+        argv += ["--temperature", repr(args.temperature)]  # (as measured: :g kept 6 digits)
     for flag, value in (("--top_k", args.top_k), ("--top_p", args.top_p)):
         if value is not None:
-            argv += [flag, f"{value:g}"]
+            argv += [flag, repr(value)]
     if args.chat_template:
         argv.append("--chat_template")
     if args.system_prompt is not None:

@@ -517,7 +517,9 @@ def _no_batch(batches: list[int], n: int) -> str | None:
     """Why no batch size was measured where the settings left none, or None."""
     if batches:
         return None
-    return "a sample of one prompt batches nothing" if n < 2 else f"--batch_sizes has no size in 2..{n} (--sample {n})"
+    if n < 2:
+        return "a sample of one prompt batches nothing"
+    return f"--batch_sizes has no size in 2..{n} ({n} usable prompts in the sample)"
 
 
 def _reason(final: dict, best: dict, tput: list[dict], base_row: dict) -> str:
