@@ -88,7 +88,9 @@ class NotUtf8:
 
 
 def _check_characters(value: str, what: str) -> None:
-    bad = sorted({c for c in value if unicodedata.category(c) in ("Cc", "Cs") and c not in "\t\n\r"})
+    """Control characters but whitespace (tab, newlines, form feed: a scraped page's breaks) mark binary junk, and a
+    lone surrogate cannot be encoded."""
+    bad = sorted({c for c in value if unicodedata.category(c) in ("Cc", "Cs") and not c.isspace()})
     if bad:
         raise InvalidCharacters(f"{what} contains control characters {', '.join(repr(c) for c in bad[:5])}")
 

@@ -34,6 +34,9 @@ def test_bad_prompts_raise_a_named_error(value, error):
 
 def test_ordinary_text_passes():
     assert check_prompt("tabs\tand\nnewlines ok, ünïcødé too") == "tabs\tand\nnewlines ok, ünïcødé too"
+    # whitespace among the control characters: a scraped page's form feeds and NEL (they failed the row)
+    for text in ("page one\x0cpage two", "line\x85next", "v\x0btab", "record\x1eseparated"):
+        assert check_prompt(text) == text
 
 
 def test_item_seed_depends_on_seed_and_id_only():
