@@ -161,6 +161,22 @@ def test_regexes_accept_good_values(name, value):
 
 # --- templates/main.py ---------------------------------------------------------------------------
 
+def test_image_builds_upload_only_what_the_dockerfile_copies():
+    """`make image` uploads the checkout to Cloud Build (.gcloudignore) and `make image-local` sends
+    it to docker (.dockerignore): models downloaded into it as the Dataflow page says, about 30 GB,
+    went too. Both keep only the top-level paths the Dockerfile copies."""
+    copied = set()
+    for line in (ROOT / "templates" / "Dockerfile").read_text().splitlines():
+        if line.startswith("COPY ") and "--from=" not in line:
+            copied |= {source.split("/")[0] for source in line.split()[1:-1]}
+    kept = {}
+    for name, everything in ((".gcloudignore", "/*"), (".dockerignore", "*")):
+        lines = [x for x in (ROOT / name).read_text().splitlines() if x and not x.startswith("#")]
+        assert everything in lines, name
+        kept[name] = {x.strip("!/") for x in lines if x.startswith("!")}
+    assert kept[".gcloudignore"] == kept[".dockerignore"] == copied, (kept, copied)
+
+
 def test_main_rewrites_boolean_parameters_for_argparse():
     flags = template_main.boolean_flags()
     assert "--large_model" in flags
@@ -355,6 +371,39 @@ def test_makefile_run_direct_passes_flags_the_pipeline_accepts_and_extra_args_as
     options = PipelineOptions(argv[3:])
     unknown = set(options.get_all_options(retain_unknown_options=True)) - set(options.get_all_options())
     assert not unknown, f"run-direct passes flags neither the pipeline nor Beam knows: {unknown}"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+def test_makefile_values_with_quotes_reach_the_job_and_a_tilde_is_refused_by_run():
+    """A system prompt with an apostrophe ended the shell's '...' (a syntax error); `~` separates
+    the template's parameters, so `run` refuses it in a value, naming the variable."""
+    import shlex
+
+    prompt = "Don't ramble; say 'no' if unsure."
+    direct = shlex.split(make_dry_run("run-direct", f"SYSTEM_PROMPT={prompt}").replace("\\\n", " "))
+    assert direct[direct.index("--system_prompt") + 1] == prompt
+    run = shlex.split(make_dry_run("run", f"SYSTEM_PROMPT={prompt}").replace("\\\n", " "))
+    params = run[run.index("--parameters") + 1]
+    assert params.startswith("^~^") and f"~system_prompt={prompt}~" in params + "~"
+    done = subprocess.run(["make", "-s", "-n", "-f", "templates/Makefile", "run", "SYSTEM_PROMPT=a~b",
+                           "PROJECT=acme-ml"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode != 0 and "SYSTEM_PROMPT holds ~" in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
+def test_run_names_the_image_the_last_image_build_pushed(tmp_path):
+    """The tag was the current commit's at every make: after a commit, `run` named an image never built."""
+    tag_file = tmp_path / "image-tag"
+    assert f"specdec-beam:{'abc1234'}" not in make_dry_run("run", f"TAG_FILE={tag_file}")
+    image = make_dry_run("image", f"TAG_FILE={tag_file}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if commit.returncode == 0:  # (a checkout: the image is tagged with its commit)
+        assert f"specdec-beam:{commit.stdout.strip()}" in image
+    assert f"> {tag_file}" in image  # recorded once pushed
+    tag_file.write_text("abc1234\n")
+    for target in ("run", "run-direct", "template"):
+        assert "specdec-beam:abc1234" in make_dry_run(target, f"TAG_FILE={tag_file}"), target
+    assert "specdec-beam:v2" in make_dry_run("run", f"TAG_FILE={tag_file}", "TAG=v2")
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make not installed")
