@@ -173,12 +173,17 @@ def prefill_bytes(opts: SpecDecOptions, config, prompt_tokens: int, dtype: torch
     prefill width (an encoder-decoder's cross-attention columns): that many more rows of prompt
     columns."""
     from specdec_core.graphs import capacity_for, prefill_width
-    from specdec_core.slot_kv import ADMIT_ROWS
 
     if opts.batch_size <= 1 or not _static(opts, config):
         return 0
-    rows = min(opts.batch_size, ADMIT_ROWS)
-    return placement.kv_bytes(config, rows, capacity_for(prefill_width(max(prompt_tokens, 1))), 0, dtype)
+    return placement.kv_bytes(config, _prefill_rows(opts), capacity_for(prefill_width(max(prompt_tokens, 1))), 0,
+                              dtype)
+
+
+def _prefill_rows(opts: SpecDecOptions) -> int:
+    from specdec_core.slot_kv import ADMIT_ROWS
+
+    return min(opts.batch_size, ADMIT_ROWS)
 
 
 def weights_need(opts: SpecDecOptions, target, rows: int = 0, prompt_tokens: int = 0) -> Footprint:
@@ -197,7 +202,7 @@ def weights_need(opts: SpecDecOptions, target, rows: int = 0, prompt_tokens: int
     prefill = prefill_bytes(opts, target, prompt_tokens, dtype)
     draft_prefill = prefill_bytes(opts, draft, prompt_tokens, draft_dtype) if draft is not None else 0
     need = replace(need, target_kv=need.target_kv + prefill, draft_kv=need.draft_kv + draft_prefill,
-                   prefill=prefill + draft_prefill)
+                   prefill=prefill + draft_prefill, prefill_rows=_prefill_rows(opts) if prefill + draft_prefill else 0)
     return replace(need, graphs=graphs)
 
 

@@ -106,7 +106,8 @@ class Footprint:
     largest_block: int
     target_params: int = 0
     graphs: int = 0  # what CUDA graphs keep besides the caches: their passes' logits
-    prefill: int = 0  # of the KV caches: the new rows' prefill caches' (once, whatever the batch size)
+    prefill: int = 0  # of the KV caches: the new rows' prefill caches'
+    prefill_rows: int = 0  # the rows they hold (at most the batch; 0: as much whatever the batch)
 
     @property
     def total(self) -> int:
@@ -254,7 +255,9 @@ def fit_problem(need: Footprint, gpus: list[Gpu], copies: list[Copy], *, batch_s
         return (f"--target_model: {what}, more than {where}; use larger or more GPUs per worker"
                 + (", or a smaller --dtype" if wide else ""))
     per_row = max(1, (need.target_kv + need.draft_kv - need.prefill + need.graphs) // batch_size)
-    rows = max(0, int((held - weights - need.prefill) // per_row))
+    fixed, each = (0, need.prefill // need.prefill_rows) if need.prefill_rows else (need.prefill, 0)
+    rows = max((b for b in range(1, batch_size)  # (a smaller batch prefills fewer rows together)
+                if weights + fixed + b * per_row + min(b, need.prefill_rows) * each <= held), default=0)
     if rows == 0:
         return (f"--max_new_tokens: {what}, more than {where}: not one row of {tokens} tokens (the longest "
                 "prompt and --max_new_tokens) fits beside the weights; lower --max_new_tokens, "

@@ -278,6 +278,32 @@ def test_the_fit_check_reads_the_longest_prompt_in_tokens(tmp_path, tokenizer):
     assert check_fit(opts) == [Copy(("cuda:0",)), Copy(("cuda:1",))]
 
 
+def test_the_batch_size_the_fit_check_names_fits_and_one_more_does_not(tmp_path, tokenizer):
+    """Batched with graphs, new rows are prefilled together through a cache of up to 16 rows: a
+    smaller batch prefills fewer. Counted as fixed, the advice was too small, or "lower
+    --max_new_tokens" where four rows fit."""
+    target = _big_target(tmp_path, tokenizer)
+    prompts = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"id": [1, 2], "prompt": ["short", "word " * 1500]}), prompts)
+
+    def fit(batch_size: int) -> str | None:
+        opts = SpecDecOptions(["--input", str(prompts), "--output", "o", "--target_model", str(target),
+                               "--drafter", "none", "--device", "cuda", "--dtype", "bfloat16",
+                               "--runner=DataflowRunner", "--accelerator", "type:nvidia-l4;count:1",
+                               "--batch_size", str(batch_size)])
+        try:
+            check_fit(opts)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    advice = fit(16)
+    assert advice.startswith("--batch_size 16: "), advice
+    largest = int(re.search(r"use --batch_size (\d+) or less", advice).group(1))
+    assert largest >= 2 and fit(largest) is None
+    assert fit(largest + 1).startswith(f"--batch_size {largest + 1}: ")
+
+
 @pytest.mark.parametrize("system", ["", "Be brief."])
 def test_the_fit_check_encodes_conversations_as_the_job_does(tmp_path, system):
     """--system_prompt first, '' too (an empty system message: a template's default one suppressed);
