@@ -122,6 +122,7 @@ def test_parameter_matches_flag(name):
     ("input", "gs://Bad_Bucket/x.parquet"),
     ("output", "gs://bucket"),
     ("output", "gs://acme-data/runs/"),  # a folder: the prefix names the files (the console's folder picker gives one)
+    ("output", "gs://acme-data/runs/a,b/gens"),  # (the job refuses a comma: runs are joined by commas)
     ("target_model", "gs://b/m\nx"),
     ("num_speculative_tokens", "0"),
     ("max_new_tokens", "-1"),
