@@ -468,9 +468,9 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     if opts.drafter == "model" and one_spelling(opts.draft_model) == one_spelling(opts.target_model):
         log.warning("--draft_model %s is the target itself: every draft is kept, and each costs a pass of the "
                     "target (--drafter none or ngram is faster)", opts.draft_model)
-    if unused := [f"--{n} {v}" for n, v in (("top_k", opts.top_k), ("top_p", opts.top_p)) if v is not None]:
-        if opts.temperature == 0:  # (as generate() warns of them without do_sample)
-            log.warning("%s: sampling settings, and --temperature 0 decodes greedily: no effect", ", ".join(unused))
+    unused = [f"--{n} {v}" for n, v in (("top_k", opts.top_k), ("top_p", opts.top_p)) if v is not None]
+    if unused and opts.temperature == 0:  # (as generate() warns of them without do_sample)
+        log.warning("%s: sampling settings, and --temperature 0 decodes greedily: no effect", ", ".join(unused))
     _say_dtype(opts, configs)
     return schema
 

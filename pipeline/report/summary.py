@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, KeyError, JobConfigError, UnreadableFile) as e:
         print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
         return 2
-    if scores and args.metric == "rouge" and (unread := rouge_unread_share(results[args.references].to_pylist())) > 0.1:
+    if scores and args.metric == "rouge" and (unread := rouge_unread_share(results[args.references])) > 0.1:
         print(f"note: ROUGE reads a-z and 0-9 only (rouge-score's tokenizer, as published ROUGE figures): it drops "
               f"{unread:.0%} of the references' letters and digits here; --metric chrf scores any script",
               file=sys.stderr)
