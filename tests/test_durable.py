@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from transforms.durable import CommitChunks, output_files, read_outputs, write_parquet_file
+from transforms.durable import CommitChunks, delete_chunks, output_files, read_outputs, write_parquet_file
 
 SCHEMA = pa.schema([("id", pa.string()), ("generation", pa.string())])
 FAILED = pa.schema([("id", pa.string()), ("prompt", pa.string()), ("error_type", pa.string()),
@@ -149,6 +149,29 @@ def test_a_failed_write_leaves_no_file_under_its_name(tmp_path, monkeypatch):
     write_parquet_file(str(path), pa.Table.from_pylist([{"id": "a", "generation": "A"}], schema=SCHEMA))
     assert pq.read_table(path)["id"].to_pylist() == ["a"]
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_finished_job_removes_the_partial_chunks_of_a_worker_killed_mid_write(tmp_path, monkeypatch):
+    """A SIGKILL between a chunk's write and its rename leaves the hidden temporary file; the job's end
+    (`delete_chunks`) removes it with the chunks, and leaves another prefix's alone."""
+    import os
+
+    def killed(src, dst):
+        raise KeyboardInterrupt  # (as if the process died here: the temporary file stays)
+
+    table = pa.Table.from_pylist([{"id": "a", "generation": "A"}], schema=SCHEMA)
+    monkeypatch.setattr(os, "replace", killed)
+    monkeypatch.setattr(os, "remove", lambda path: None)
+    for name in (f"gens-chunk-{1:032x}-00000.parquet", f"gens-failed-chunk-{2:032x}-00001.parquet",
+                 f"gens2-chunk-{3:032x}-00000.parquet"):
+        with pytest.raises(KeyboardInterrupt):
+            write_parquet_file(str(tmp_path / name), table)
+    monkeypatch.undo()
+    write_parquet_file(str(tmp_path / f"gens-chunk-{4:032x}-00000.parquet"), table)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert len(left) == 4 and sum(n.startswith(".") and n.endswith(".tmp") for n in left) == 3
+    assert delete_chunks(str(tmp_path / "gens")) == 1
+    assert [n for n in os.listdir(tmp_path)] == [n for n in left if n.startswith(".gens2-chunk-")]
 
 
 def _wait_for(pattern, timeout=30.0):

@@ -263,8 +263,15 @@ class CommitRows(beam.PTransform):
 
 
 def delete_chunks(prefix: str) -> int:
-    """Remove a finished job's chunk files: its final shards hold every row by now."""
+    """Remove a finished job's chunk files: its final shards hold every row by now. Locally also
+    the hidden partial chunks (`write_parquet_file`'s) of a worker killed between write and rename."""
     paths = match(chunk_patterns(prefix))
+    if isinstance(FileSystems.get_filesystem(prefix), LocalFileSystem):
+        folder, base = os.path.split(absolute(prefix))
+        partial = [os.path.join(glob.escape(folder), f".{glob.escape(base)}{kind}-{CHUNK}.{'[0-9a-f]' * 32}.tmp")
+                   for kind in ("-chunk", "-failed-chunk")]
+        for path in (p for pattern in partial for p in glob.glob(pattern)):
+            os.remove(path)
     if paths:
         FileSystems.delete(paths)
     return len(paths)
