@@ -66,6 +66,15 @@ def unapplied(generation_config: GenerationConfig) -> list[str]:
                   if getattr(gc, name, None) not in (None, getattr(default, name))]
 
 
+def config_sampling(gc: GenerationConfig) -> str:
+    """The flags that sample as a config's `generate()` does by default (top-k 50 unless set), "" where it is greedy."""
+    if not gc.do_sample or gc.temperature == 0:
+        return ""
+    top_k, top_p = 50 if gc.top_k is None else gc.top_k, gc.top_p
+    return " ".join([f"--temperature {1.0 if gc.temperature is None else gc.temperature!r}"]
+                    + [f"--top_k {top_k}"] * bool(top_k) + [f"--top_p {top_p!r}"] * (top_p not in (None, 1.0)))
+
+
 def build_processors(sampling: SamplingSettings, generation_config: GenerationConfig, start_length: int,
                      max_new_tokens: int, device: torch.device) -> LogitsProcessorList:
     """The processors `generate()` would apply for these settings (greedy or sampling, batch 1), in its order.

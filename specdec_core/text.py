@@ -39,7 +39,7 @@ from specdec_core.loading import (
 )
 from specdec_core.placement import DTYPE_BYTES, check_device, check_device_map, parameter_count
 from specdec_core.plan import GRAPH_MODES, compiles
-from specdec_core.processing import SamplingSettings, unapplied
+from specdec_core.processing import SamplingSettings, config_sampling, unapplied
 from specdec_core.rows import Generation, ItemTimeout  # noqa: F401 (ItemTimeout: re-exported)
 from specdec_core.stopping import StopStrings, check_stop_strings, cut_at_stop
 
@@ -299,6 +299,9 @@ class TextGenerator:
             log.warning("%s: its generation config asks for %s, which speculative decoding does not do: outputs "
                         "are those of generate() without them (greedy or sampled, one beam)", spec.target_model,
                         ", ".join(ignored))
+        if spec.temperature == 0 and (flags := config_sampling(target.generation_config)):
+            log.warning("%s: its generation config samples, and --temperature 0 decodes greedily (%s samples as its "
+                        "generate() does by default)", spec.target_model, flags)
         tokenizer = load_tokenizer(spec.tokenizer or spec.target_model, trust_remote_code=trust)
         if spec.chat_template and not tokenizer.chat_template:
             raise ValueError(f"--chat_template: the tokenizer of {spec.tokenizer or spec.target_model} "

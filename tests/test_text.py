@@ -292,6 +292,36 @@ def test_beam_search_in_a_generation_config_is_said_at_load(saved_pairs, tmp_pat
     assert len(said) == 1 and "min_length" not in said[0] and "one beam" in said[0], said  # min_length is applied
 
 
+def test_a_generation_config_that_samples_is_said_at_load_with_the_flags_that_sample_as_it_does(saved_pairs, tmp_path,
+                                                                                              caplog):
+    """Chat checkpoints often ship do_sample=True: their generate() samples by default, the job decodes greedily
+    unless told. The log names the flags that give generate()'s default sampling (its top-k of 50 included)."""
+    import json
+    import logging
+
+    from transformers import GenerationConfig
+
+    from specdec_core.processing import config_sampling
+
+    target_dir, draft_dir = saved_pairs["llama"]
+    sampling = tmp_path / "sampling"
+    shutil.copytree(target_dir, sampling)
+    config = json.loads((sampling / "generation_config.json").read_text())
+    (sampling / "generation_config.json").write_text(json.dumps({**config, "do_sample": True, "temperature": 0.6,
+                                                                 "top_p": 0.9}))
+    said = {}
+    for temperature in (0.0, 0.7):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="specdec_core"):
+            TextGenerator.load(GeneratorSpec(str(sampling), str(draft_dir), max_new_tokens=4, temperature=temperature))
+        said[temperature] = [r.getMessage() for r in caplog.records if "config samples" in r.getMessage()]
+    assert len(said[0.0]) == 1 and "(--temperature 0.6 --top_k 50 --top_p 0.9 samples as" in said[0.0][0], said
+    assert said[0.7] == []  # (the job samples as told)
+    assert GenerationConfig._get_default_generation_params()["top_k"] == 50  # generate()'s, where a config is silent
+    assert config_sampling(GenerationConfig(do_sample=True, top_k=0, top_p=1.0)) == "--temperature 1.0"
+    assert config_sampling(GenerationConfig(temperature=0.6, top_p=0.9)) == ""  # (greedy: no do_sample)
+
+
 def test_spec_validation():
     with pytest.raises(ValueError, match="needs --draft_model"):
         GeneratorSpec("t", drafter="model")
