@@ -377,6 +377,16 @@ def test_a_baseline_that_drafted_or_ran_another_target_is_said(two_runs, tmp_pat
         pq.write_table(table.replace_schema_metadata({"specdec_run": json.dumps(record)}), f)
     assert report.main([p["spec"], "--baseline", str(other / "gens")]) == 0
     assert "note: --baseline" not in capsys.readouterr().err
+    # ... and under another --tokenizer (its token counts, and so its speeds, count other tokens); the target's own
+    # tokenizer named as --tokenizer is no other
+    for tokenizer, said in (("/elsewhere/tokenizer", True), (target, False)):
+        for f in other.glob("gens-0*.parquet"):
+            table = pq.read_table(f)
+            record = {**json.loads(table.schema.metadata[b"specdec_run"]), "tokenizer": tokenizer}
+            pq.write_table(table.replace_schema_metadata({"specdec_run": json.dumps(record)}), f)
+        assert report.main([p["spec"], "--baseline", str(other / "gens")]) == 0
+        err = capsys.readouterr().err
+        assert ("ran --tokenizer /elsewhere/tokenizer, this run " in err) == said and "--target_model" not in err, err
     # ... and under other generation flags (another length, stop strings): "0 of n identical" is not a bug
     for f in Path(p["base"]).parent.glob("gens-0*.parquet"):
         table = pq.read_table(f)

@@ -106,10 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         if not alone:  # an A/B of two drafted runs: speed-up and identical generations hold
             print(f"note: --baseline {args.baseline} drafted (--drafter {made['drafter']}): its steps are not the "
                   "target's alone, so its target step, c and v are left out", file=sys.stderr)
-        targets = [r["target_model"] for r in (made, run) if "target_model" in r]
-        if len(targets) == 2 and one_spelling(targets[0]) != one_spelling(targets[1]):
-            print(f"note: --baseline {args.baseline} ran --target_model {made['target_model']}, this run "
-                  f"{run['target_model']}", file=sys.stderr)
+        for flag in ("target_model", "tokenizer"):  # (a run without --tokenizer reads its target's)
+            where = [r.get(flag) or r.get("target_model") for r in (made, run)]
+            if (None not in where and one_spelling(where[0]) != one_spelling(where[1])
+                    and (flag == "target_model" or made.get(flag) or run.get(flag))):
+                print(f"note: --baseline {args.baseline} ran --{flag} {where[0]}, this run {where[1]}", file=sys.stderr)
         if other := generation_differences(made, run, sampling=False):  # (its texts differ for that alone)
             flags = ", ".join(f"--{k} {theirs!r} (this run {ours!r})" for k, theirs, ours in other)
             print(f"note: --baseline {args.baseline} ran other generation flags: {flags}; its generations differ "
