@@ -194,10 +194,10 @@ def test_missing_files_or_reference_column_stop_in_one_line(tmp_path, capsys):
 
 def test_rows_without_a_reference_are_left_out_of_the_scores(tmp_path, capsys):
     """A null reference (a run resumed without the column) is no reference: ROUGE counted it as a
-    0, chrF left it out. Scored over the rows that have one, with their count; a column of nulls
-    only is one line."""
+    0, chrF left it out; nor is a blank one (a dataset's missing text), which both scored 0. Scored
+    over the rows that have one, with their count; a column of nulls only is one line."""
     gens = [r["generation"] for r in RUN]
-    refs = [gens[0], None, gens[2], None]
+    refs = [gens[0], None, gens[2], " "]
     run = _write(tmp_path / "run" / "gens", result_table([dict(r, ref=ref) for r, ref in zip(RUN, refs, strict=True)]))
     for metric, key in (("rouge", "ROUGE-1 F1"), ("chrf", "chrF (0-100)")):
         assert report.main([run, "--references", "ref", "--metric", metric]) == 0
@@ -205,10 +205,11 @@ def test_rows_without_a_reference_are_left_out_of_the_scores(tmp_path, capsys):
         assert got["rows with a reference (scored)"] == "2 of 4"
         assert got[key] == ("1.0000" if metric == "rouge" else "100.00"), got  # each scored row equals its reference
         assert got["distinct outputs (share)"] == f"{len(set(gens)) / len(gens):.4f}"  # over every row
-    none = _write(tmp_path / "none" / "gens", result_table([dict(r, ref=None) for r in RUN]))
+    none = _write(tmp_path / "none" / "gens", result_table([dict(r, ref=None if i % 2 else "") for i, r in
+                                                            enumerate(RUN)]))
     assert report.main([none, "--references", "ref"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "error: --references 'ref' is null in every result row: no reference to score against"
+    assert err == "error: --references 'ref' is null or blank in every result row: no reference to score against"
 
 
 def test_a_run_whose_rows_all_failed_is_reported_with_references(tmp_path, capsys):

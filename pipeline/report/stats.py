@@ -314,13 +314,16 @@ def quality_scores(results: pa.Table, references: str, metric: str) -> dict[str,
         raise KeyError(f"--references {references!r} is an output column, not a passthrough column of references")
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise KeyError(f"--references {references!r} is {kind}, not text")
-    # Rows without a reference (null: a run resumed without the column, a dataset field with gaps) are left out of
-    # the reference metrics (`score_generations`) and counted here.
-    gens, refs = results["generation"].to_pylist(), results[references].to_pylist()
+    # Rows without a reference (null: a run resumed without the column, a dataset field with gaps; blank: `datasets`
+    # fills a missing text with "", which every metric scores 0) are left out of the reference metrics
+    # (`score_generations`) and counted here.
+    gens = results["generation"].to_pylist()
+    refs = [r if r is not None and r.strip() else None for r in results[references].to_pylist()]
     if not gens:  # (every row failed: the rest of the report stands)
         return {"rows_with_reference": "0 of 0: no generated row to score"}
     if not (given := sum(r is not None for r in refs)):
-        raise KeyError(f"--references {references!r} is null in every result row: no reference to score against")
+        raise KeyError(f"--references {references!r} is null or blank in every result row: no reference to score "
+                       "against")
     return {"rows_with_reference": f"{given} of {len(gens)}", **quality.score_generations(gens, refs, metric=metric)}
 
 
