@@ -95,8 +95,9 @@ def test_a_resumed_runs_ids_of_another_string_layout_are_read_beside_the_first_r
     first, second = str(tmp_path / "a" / "gens"), str(tmp_path / "b" / "gens")
     for prefix, ids, typ in ((first, ["a", "b"], pa.string()), (second, ["c"], pa.large_string())):
         (tmp_path / prefix.split("/")[-2]).mkdir()
+        topic = pa.array(ids) if prefix == first else pa.array(ids).dictionary_encode()  # (a categorical column)
         pq.write_table(pa.table({"id": pa.array(ids, typ), "generation": ids, "note": pa.array(ids, typ),
-                                 "refs": pa.array([[i] for i in ids], pa.list_(typ))}),
+                                 "refs": pa.array([[i] for i in ids], pa.list_(typ)), "topic": topic}),
                        f"{prefix}-00000-of-00001.parquet")
     pq.write_table(pa.table({"id": pa.array(["d"], pa.large_string()), "prompt": [""], "error_type": ["EmptyPrompt"],
                              "error_message": ["m"]}), f"{second}-failed-00000-of-00001.parquet")
@@ -105,6 +106,7 @@ def test_a_resumed_runs_ids_of_another_string_layout_are_read_beside_the_first_r
     results, failed = read_outputs([first, second])
     assert results["id"].to_pylist() == ["a", "b", "c"] and results.schema.field("id").type == pa.string()
     assert results["note"].to_pylist() == ["a", "b", "c"]  # (large_string: a column may hold more than 2 GiB)
+    assert results["topic"].to_pylist() == ["a", "b", "c"] and results.schema.field("topic").type == pa.string()
     assert failed["id"].to_pylist() == ["e", "d"]
 
 

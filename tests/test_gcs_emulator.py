@@ -130,6 +130,23 @@ def test_a_gcs_model_without_weights_stops_before_any_work(gcs, saved_pairs, tmp
     assert err.startswith(f"error: --target_model 'gs://{BUCKET}/noweights/target': no weights there"), err
 
 
+def test_a_gcs_model_whose_generation_config_is_cut_short_stops_before_any_work(gcs, saved_pairs, tmp_path, capsys):
+    """transformers skips a generation_config.json it cannot parse, and the job would decode past the model's end
+    tokens: a gs:// model's JSON configs are read at launch as a local one's are."""
+    target, _ = saved_pairs["llama"]
+    gcs.upload_file(_prompts(tmp_path / "prompts.parquet"), f"gs://{BUCKET}/cut/in/prompts.parquet")
+    for f in target.iterdir():
+        gcs.upload_file(f, f"gs://{BUCKET}/cut/target/{f.name}")
+    cut = tmp_path / "generation_config.json"
+    cut.write_bytes((target / "generation_config.json").read_bytes()[:20])
+    gcs.upload_file(cut, f"gs://{BUCKET}/cut/target/generation_config.json")
+    code = main([f"--input=gs://{BUCKET}/cut/in/*.parquet", f"--output=gs://{BUCKET}/cut/out/gens",
+                 f"--target_model=gs://{BUCKET}/cut/target", "--drafter=none"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert err.startswith(f"error: --target_model 'gs://{BUCKET}/cut/target': cannot read generation_config.json"), err
+
+
 def test_chunks_resume_and_output_safety_on_gcs(gcs, saved_pairs, tmp_path, monkeypatch, capsys):
     """A killed run's chunk on gs:// is read back, a resumed job skips its ids, and a second job
     into the same gs:// prefix stops before any work."""

@@ -213,6 +213,24 @@ def test_existing_output_stops_the_job_unless_overwrite(tmp_path, saved_pairs, c
     assert (out.parent / "gens-notes.txt").exists()
 
 
+def test_overwrite_by_a_launcher_that_does_not_wait_deletes_the_earlier_files_before_it_submits(tmp_path, saved_pairs,
+                                                                                                 monkeypatch):
+    """A Flex Template launcher returns once the job is submitted and cannot put files back: the earlier run's files
+    go first, or a job that dies would leave its chunks beside them, read as one run."""
+    import apache_beam as beam
+
+    target, _ = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello world!"}])
+    out = tmp_path / "run" / "gens"
+    out.parent.mkdir()
+    pq.write_table(pa.table({"id": ["old"], "generation": ["x"]}), out.parent / f"gens-chunk-{1:032x}-00000.parquet")
+    pq.write_table(pa.table({"id": ["old"], "generation": ["x"]}), out.parent / "gens-00000-of-00001.parquet")
+    submitted = []
+    monkeypatch.setattr(beam.Pipeline, "run", lambda self, *a, **k: submitted.append(_files(out)))
+    assert main(_args(src, out, target, None, "--overwrite"), wait=False) == 0
+    assert submitted == [[]] and _files(out) == []
+
+
 @pytest.mark.parametrize("other", ["gens-v2", "gens-chunk-1"])
 def test_an_output_prefix_that_would_delete_another_prefixs_files_stops_the_job(tmp_path, saved_pairs, capsys, other):
     """Beam's sink deletes every PREFIX-*-of-NNNNN.parquet once it has written: "gens" would take
@@ -349,6 +367,37 @@ def test_dtype_auto_counts_as_the_dtype_it_runs_in_on_a_named_device():
     assert differs(("auto", "auto"), ("float32", "cpu")) == [("dtype", "auto", "float32")]
     assert differs(("auto", "auto"), ("auto", "cpu")) == [("dtype", "auto", "float32")]
 
+def test_a_resume_is_compared_by_what_decides_its_rows_not_by_how_it_was_written(tmp_path, saved_pairs):
+    """Ids of another string layout (the run's input written by pandas 3 or Polars: large_string) match as values;
+    a run on --device cpu resumed with the same flags, or naming the dtype its `auto` ran in, is no other run."""
+    from pipeline.errors import JobConfigError
+    from pipeline.options import SpecDecOptions
+    from pipeline.preflight import _check_resume
+    from pipeline.provenance import run_record, with_provenance
+
+    target, _ = saved_pairs["llama"]
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello world!"}])
+    first = tmp_path / "first" / "gens"
+    first.parent.mkdir()
+    schema = with_provenance(pa.schema([("id", pa.large_string()), ("generation", pa.string())]),
+                             run_record(SpecDecOptions(_args(src, first, target, None, "--device", "cpu"))))
+    pq.write_table(pa.table({"id": pa.array(["a"], pa.large_string()), "generation": ["x"]}, schema=schema),
+                   f"{first}-00000-of-00001.parquet")
+    given = pa.schema([("id", pa.string()), ("prompt", pa.string())])
+
+    def resume(*extra):
+        _check_resume(SpecDecOptions(_args(src, tmp_path / "next" / "gens", target, None, "--resume_from", str(first),
+                                           *extra)), given)
+
+    resume("--device", "cpu")
+    resume("--device", "cpu", "--dtype", "float32")
+    with pytest.raises(JobConfigError, match="its run had --dtype 'float32', this job 'bfloat16'"):
+        resume("--device", "cpu", "--dtype", "bfloat16")
+    with pytest.raises(JobConfigError, match="its ids are large_string, the input's 'id' column is int64"):
+        _check_resume(SpecDecOptions(_args(src, tmp_path / "next" / "gens", target, None, "--device", "cpu",
+                                           "--resume_from", str(first))), pa.schema([("id", pa.int64())]))
+
+
 SLOW_RUN = textwrap.dedent("""
     import sys, time
     from specdec_core import text
@@ -457,6 +506,10 @@ def test_a_model_that_needs_its_own_code_is_refused_and_never_imported(tmp_path,
         assert "needs its own Python code" in err and "--trust_remote_code" in err
     assert not sentinel.exists()
     assert not out.parent.exists()
+    from pipeline.model_checks import check_config_files
+
+    check_config_files("--target_model", str(model), trust=True)  # allowed with the flag (and still not imported)
+    assert not sentinel.exists()
 
 
 def test_trust_remote_code_reaches_from_pretrained(tmp_path, saved_pairs, monkeypatch):

@@ -583,6 +583,15 @@ def test_input_files_that_cannot_make_one_output_stop_before_any_work(tmp_path, 
     assert sorted(results["id"].to_pylist()) == ["1", "2", "3"]
     assert dict(zip(results["id"].to_pylist(), results["ref"].to_pylist(), strict=True)) == {"1": "a", "2": None,
                                                                                               "3": None}
+    # ... and as the first (or only) file, whose column types are checked as their values' (a categorical prompt
+    # is text)
+    from pipeline.options import SpecDecOptions
+    from pipeline.preflight import preflight
+
+    pq.write_table(other.drop_columns(["ref"]), tmp_path / "other-alone.parquet")
+    preflight(SpecDecOptions(["--input", str(tmp_path / "other-alone.parquet"), "--output",
+                              str(tmp_path / "other-alone" / "gens"), "--target_model", str(target), "--drafter",
+                              "none"]))
 
 
 def test_a_gs_model_that_cannot_be_reached_stops_the_job_in_one_line(tmp_path, monkeypatch, capsys):

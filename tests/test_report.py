@@ -236,6 +236,16 @@ def test_rouge_of_a_script_it_cannot_read_is_said(tmp_path, capsys):
     assert report.main([run, "--references", "ref", "--metric", "chrf"]) == 0
     out, err = capsys.readouterr()
     assert labelled(out)["chrF (0-100)"] == "100.00" and "note" not in err
+    # capitals and digits are read (lower-cased, as rouge-score does); a corpus half of another script is said
+    # with its share, a few foreign words are not
+    for texts, share in ((["NASA Reports Q3 2024 Revenue of $1.2B.", "THE END, 42."], None),
+                         (["Hello there, a short English line.", "Привет, мир: это русский текст!"], "47%"),
+                         (["Café in Zürich, naïve.", "A plain English sentence with many letters."], None)):
+        rows = [dict(r, generation=t, ref=t) for r, t in zip(RUN[:2], texts, strict=True)]
+        run = _write(tmp_path / f"run-{share}-{texts[0][:4]}" / "gens", result_table(rows))
+        assert report.main([run, "--references", "ref"]) == 0
+        err = capsys.readouterr().err
+        assert ("note: ROUGE" in err) == (share is not None) and (share is None or f"drops {share} " in err), err
 
 
 def test_a_killed_job_with_failed_rows_only_so_far_is_reported(tmp_path, capsys):

@@ -25,7 +25,8 @@ from tests.tiny_models import build_tokenizer, make_model
 @pytest.mark.parametrize(
     ("value", "error"),
     [(None, NullPrompt), (3, InvalidPromptType), (b"bytes", InvalidPromptType), ("", EmptyPrompt),
-     ("  \n\t", EmptyPrompt), ("a\x00b", InvalidCharacters), ("bell\x07", InvalidCharacters)],
+     ("  \n\t", EmptyPrompt), ("a\x00b", InvalidCharacters), ("bell\x07", InvalidCharacters),
+     ("a\ud800b", InvalidCharacters)],  # (a lone surrogate: the tokenizer would raise a TypeError)
 )
 def test_bad_prompts_raise_a_named_error(value, error):
     with pytest.raises(error):
@@ -200,6 +201,16 @@ def test_a_draft_with_more_output_rows_than_the_target_is_refused(saved_pairs, t
     AutoTokenizer.from_pretrained(draft_dir).save_pretrained(tmp_path / "wide")
     with pytest.raises(IncompatiblePairError, match=r"the draft's output layer has \d+ rows, the target's \d+"):
         TextGenerator.load(GeneratorSpec(str(target_dir), str(tmp_path / "wide")))
+    # and the job's preflight, before any work (on Dataflow a load's refusal comes from every worker)
+    from pipeline.errors import JobConfigError
+    from pipeline.options import SpecDecOptions
+    from pipeline.preflight import preflight
+    from tests.test_pipeline import write_prompts
+
+    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello"}])
+    with pytest.raises(JobConfigError, match=r"the draft's output layer has \d+ rows, the target's \d+"):
+        preflight(SpecDecOptions(["--input", str(src), "--output", str(tmp_path / "out" / "gens"),
+                                  "--target_model", str(target_dir), "--draft_model", str(tmp_path / "wide")]))
 
 
 @pytest.mark.parametrize("drafter", ["model", "none"])
