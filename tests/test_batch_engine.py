@@ -226,6 +226,7 @@ def test_a_finished_rows_place_is_refilled_and_the_rows_that_go_on_count_the_wai
     assert outs[0].stats.new_tokens == 1 and outs[2].stats.admitted_with == 1
     assert (target, [0]) in placed
     assert outs[1].stats.admit_s == 2.0 and outs[2].stats.admit_s == 1.0  # its own admission and the third row's
+    assert outs[0].stats.admit_s == 1.0  # (it had left: the third row's admission is not its wait)
 
 
 @pytest.mark.parametrize("kind", ["llama", "bart"])
@@ -648,6 +649,15 @@ def test_stop_strings_end_each_row_where_batch_one_does(models, prompts, tokeniz
     for a, b in zip(alone, batched, strict=True):
         assert b.tokens == a.tokens and b.stats.finish_reason == a.stats.finish_reason
     assert batched[0].stats.finish_reason == "stop" and len(batched[0].tokens) < n
+    # the job's TextGenerator gives each row its own check (one shared would read all rows' tokens as one text)
+    from specdec_core.text import TextGenerator
+
+    gens = [TextGenerator(target, tokenizer, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=n,
+                          stop=[stop], batch_size=b, cuda_graphs="off") for b in (1, 3)]
+    items = [(t, 0) for t in TEXTS[:3]]
+    alone_rows = [gens[0].generate(t, seed) for t, seed in items]
+    assert [r["token_ids"] for r in gens[1].generate_batch(items)] == [r["token_ids"] for r in alone_rows]
+    assert alone_rows[0]["finish_reason"] == "stop"
 
 
 def test_rows_past_the_time_limit_leave_as_item_timeouts(models, prompts):
@@ -661,6 +671,10 @@ def test_rows_past_the_time_limit_leave_as_item_timeouts(models, prompts):
     assert "longer than" in str(out[0])
     ok = engine.generate_many([(p, 0) for p in prompts[:2]], max_seconds=600)
     assert all(len(o.tokens) == 40 or o.stats.finish_reason == "eos" for o in ok)
+    # a row that ends in the round its time runs out keeps its output, as at batch 1
+    short = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=3, max_new_tokens=1)
+    assert [o.stats.finish_reason for o in short.generate_many([(p, 0) for p in prompts[:3]], max_seconds=1e-9)] == [
+        "length"] * 3
 
 
 @pytest.mark.parametrize("kind", ["llama", "t5"])

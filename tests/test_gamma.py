@@ -173,6 +173,30 @@ def test_items_sharing_acceptance_share_the_back_off():
     assert policy.backoff.probe_wait == 4 and not policy.backoff.on
 
 
+def test_the_wait_between_probes_doubles_on_failed_probes_only_up_to_its_cap():
+    costs = Costs(c=0.1, v={k: 1.5 for k in range(2, 12)})
+    policy = AdaptiveGamma(costs, max_gamma=8)
+    st = policy.start(8)
+    for _ in range(2000):
+        st.update(st.next(), 0)
+    assert policy.backoff.probe_wait == AdaptiveGamma.max_probe_wait
+    other = AdaptiveGamma(costs, max_gamma=8).start(8)
+    other.backoff.on, other.last_k = True, 3  # a round that drafted 3 and kept none: no probe
+    other.update(3, 0)
+    assert other.backoff.probe_wait == 4
+
+
+def test_an_unshared_policy_keeps_its_prior_and_any_policy_its_cap():
+    costs = Costs(c=0.1, v={k: 1.5 for k in range(2, 12)})
+    policy = AdaptiveGamma(costs, max_gamma=8, share_across_items=False, prior_acceptance=0.6)
+    st = policy.start(8)
+    for _ in range(10):
+        st.update(4, 0)
+    assert policy.prior() == 0.6 and policy.start(8).acceptance == 0.6  # items do not inherit another's acceptance
+    cheap = Costs(c=0.01, v={k: 1.0 for k in range(2, 12)})
+    assert AdaptiveGamma(cheap, max_gamma=2, prior_acceptance=0.99).start(6).next() == 2  # (the engine's gamma 6)
+
+
 def test_fixed_gamma_unchanged():
     st = fixed_gamma.start(5)
     st.update(5, 2)

@@ -156,6 +156,38 @@ def test_decoding_stays_in_a_tail_window(monkeypatch):
     assert len(seen) == len(ids) and max(seen) <= len("not here") + 4
 
 
+def test_a_stop_right_after_a_four_byte_character_in_byte_fallback_pieces():
+    """A SentencePiece tokenizer's byte fallback spells an emoji in four pieces: the tail window the check decodes
+    must reach back past all of them."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    t = Tokenizer(models.WordLevel({"[UNK]": 0, **{f"<0x{b:02X}>": 1 + b for b in range(256)}}, unk_token="[UNK]"))
+    t.decoder = decoders.ByteFallback()
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, unk_token="[UNK]")
+    ids = [1 + b for b in "a😀é".encode()]
+    assert tok.decode(ids) == "a😀é"
+    assert StopStrings(tok, ["é"])(ids) == len(ids) - 1
+
+
+def test_the_text_is_cut_at_the_earliest_stop():
+    assert cut_at_stop("xab", ["ab", "b"]) == cut_at_stop("xab", ["b", "ab"]) == ("x", True)
+
+
+def test_a_stop_after_an_end_token_in_the_same_round_is_not_checked():
+    """The end token ends the row (`eos`): a stop string the drafts complete after it is never part of the output."""
+    from specdec_core.rows import cut_at_end
+
+    seen = []
+
+    def check(tokens):
+        seen.extend(tokens)
+        return tokens.index(9) if 9 in tokens else None
+
+    assert cut_at_end([5, 2, 9], 10, {2}, check) == ([5, 2], "eos")
+    assert seen == [5, 2]
+
+
 def test_empty_stop_string_is_refused():
     with pytest.raises(ValueError, match="non-empty"):
         check_stop_strings(["ok", ""])
