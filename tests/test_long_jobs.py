@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -93,6 +94,38 @@ def test_every_row_of_a_duplicated_id_fails_as_duplicate_id(tmp_path, saved_pair
     chunk = out.parent / f"gens-failed-chunk-{1:032x}-00000.parquet"
     pq.write_table(pq.read_table(next(out.parent.glob("gens-failed-0*.parquet"))), chunk)
     assert read_outputs(str(out))[1].num_rows == failed.num_rows
+
+
+def test_a_duplicated_ids_rows_are_numbered_alike_in_any_order_and_a_done_id_is_skipped_whole():
+    """A retry may group an id's rows in another order: their DuplicateId rows must be the same rows (readers keep
+    one per id, prompt and message). An id an earlier run finished is skipped, however often the input holds it."""
+    from transforms.ids import _Select
+
+    rows = [{"id": "b", "prompt": "for i in"}, {"id": "b", "prompt": None}, {"id": "b", "prompt": "def add"}]
+    select = _Select("prompt")
+    numbered = [[out.value for out in select.process(("b", {"rows": order}))] for order in (rows, rows[::-1])]
+    assert numbered[0] == numbered[1] and len(numbered[0]) == 3
+    assert list(select.process(("b", {"rows": rows, "done": [None]}))) == []
+
+
+def test_every_resume_prefix_is_read(tmp_path):
+    """Ids done under any of the --resume_from prefixes (a job resumed twice) are not generated again."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from transforms.ids import SelectRows
+
+    prefixes = []
+    for name, ids in (("one", ["a"]), ("two", ["b"])):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"id": ids, "generation": ids}), tmp_path / name / "gens-00000-of-00001.parquet")
+        prefixes.append(str(tmp_path / name / "gens"))
+    # (the job's own required flags, which Beam parses for every options class imported: none is read here)
+    with beam.Pipeline(options=PipelineOptions(["--input", "unread", "--output", "unread", "--target_model", "unread"])
+                       ) as p:
+        rows, _ = (p | beam.Create([{"id": i, "prompt": i} for i in "abc"])
+                   | SelectRows("id", "prompt", resume_from=prefixes))
+        assert_that(rows | beam.Map(lambda row: row["id"]), equal_to(["c"]))
 
 
 def test_rows_that_are_not_utf8_are_committed_before_any_generation(tmp_path, saved_pairs, monkeypatch):

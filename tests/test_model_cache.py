@@ -115,10 +115,16 @@ def test_changed_remote_is_copied_again(gcs, remote, tmp_path):
     local = Path(localize(remote, cache_root=str(tmp_path)))
     time.sleep(1.1)  # the emulator's timestamps have second resolution
     new = tmp_path / "new-config.json"
-    new.write_text('{"model_type": "llama"}')
+    new.write_text('{"model_type": "bert"}')  # (the same size: a retrained model's files keep theirs)
     gcs.upload_file(new, f"{remote}/config.json")
     assert Path(localize(remote, cache_root=str(tmp_path))) == local
-    assert (local / "config.json").read_text() == '{"model_type": "llama"}'
+    assert (local / "config.json").read_text() == '{"model_type": "bert"}'
+
+
+def test_two_models_of_the_same_folder_name_get_folders_of_their_own(tmp_path):
+    """A target and a draft both uploaded as `.../hf` (or two runs' `.../model`) must never share a cache folder."""
+    folders = {model_cache.cache_dir_for(p, str(tmp_path)) for p in ("gs://a/x/hf", "gs://b/y/hf", "gs://a/x/hf/")}
+    assert len(folders) == 2 and all(Path(f).name.startswith("hf-") for f in folders)
 
 
 def test_size_mismatch_during_copy_fails_and_leaves_no_cache(remote, tmp_path, monkeypatch):

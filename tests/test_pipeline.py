@@ -189,6 +189,10 @@ def test_a_bad_value_of_a_dictionary_encoded_column_is_shown_as_its_text():
     rows = table_rows(table, "prompt")
     assert rows[0] == {"id": "a", "prompt": "hi", "topic": "t"}
     assert rows[1]["topic"] == "caf\ufffd" and isinstance(rows[1]["prompt"], NotUtf8)
+    # ... and in a large_string column (pandas 3, Polars)
+    large = pa.table({"id": ["a"], "prompt": ["hi"], "topic": pa.array([b"caf\xe9"], pa.large_binary()).view(
+        pa.large_string())})
+    assert table_rows(large, "prompt")[0]["topic"] == "caf\ufffd"
 
 
 @pytest.mark.parametrize(("kind", "graphs"), [("gpt2", "auto"), ("bart", "auto"), ("gpt2", "on"), ("bart", "on")])
@@ -261,6 +265,9 @@ def test_an_id_column_named_seed_keeps_its_ids(tmp_path, saved_pairs, ids, batch
     by_id = {column: sorted(zip(r["id"].to_pylist(), r["seed"].to_pylist(), r["generation"].to_pylist(),
                                 strict=True)) for column, (r, _) in runs.items()}
     assert by_id["seed"] == by_id["id"]
+    from specdec_core.loading import item_seed
+
+    assert [s for _, s, _ in by_id["id"]] == [item_seed(0, i) for i in sorted(ids[:3])]  # each its id's own
 
 
 def test_max_new_tokens_leaves_room_for_the_tokens_every_prompt_has(tmp_path, saved_pairs, capsys):

@@ -366,6 +366,34 @@ def test_the_handler_starts_one_copy_per_gpu(monkeypatch):
     assert len(started["copies"]) == 4 and started["tag"] == handler.job_tag
     one = SpecDecModelHandler(GeneratorSpec("t", drafter="none", device="cuda:1"), large_model=True)
     assert one.copies() == [Copy(("cuda:1",))] and one.share_model_across_processes() is True
+    # a worker plans its own copies: the launcher's plan, pickled with the handler, is another process's
+    handler._copies = (-1, [Copy(("cuda:0",))])
+    assert len(handler.copies()) == 4
+    # two GPUs are two copies too; and two jobs on one machine never share each other's copies
+    monkeypatch.setattr(placement, "visible_gpus", lambda: gpus(2))
+    two = SpecDecModelHandler(GeneratorSpec("t", drafter="none", device="cuda"), large_model=True)
+    assert two.load_model() == "router" and len(started["copies"]) == 2 and two.job_tag != handler.job_tag
+    from transforms.copies import copy_tag
+
+    assert copy_tag(two.job_tag, 0, Copy(("cuda:0",))) != copy_tag(handler.job_tag, 0, Copy(("cuda:0",)))
+
+
+def test_each_copy_loads_on_its_own_devices(monkeypatch):
+    import transforms.copies as copies
+
+    loaders = []
+
+    class Recorded:
+        def __init__(self, loader, **kwargs):
+            loaders.append(loader)
+
+        def acquire(self):
+            return object()
+
+    monkeypatch.setattr(copies, "MultiProcessShared", Recorded)
+    copies.start_copies(GeneratorSpec("t", drafter="none", device="cuda"), [Copy(("cuda:0",)), Copy(("cuda:1",))],
+                        "job")
+    assert [loader.spec.devices for loader in loaders] == [("cuda:0",), ("cuda:1",)]
 
 
 class _Slow:
@@ -402,6 +430,12 @@ def test_the_router_stops_sending_calls_to_a_copy_whose_process_is_gone():
     out = [router.generate(f"p{i}") for i in range(6)]
     assert [o["prompt"] for o in out] == [f"p{i}" for i in range(6)] and router.dead == {1}
     assert router.served[1] == 1 and router._busy == [0, 0, 0]
+    class Cut:  # a copy whose process died in the middle of a call: its connection closes
+        def generate(self, prompt, seed=0):
+            raise EOFError
+
+    router = PairRouter([Cut(), _Slow(1)], ["cuda:0", "cuda:1"])
+    assert [router.generate(f"p{i}")["copy"] for i in range(3)] == [1, 1, 1] and router.dead == {0}
     alone = PairRouter([Gone()], ["cuda:0"])  # the last one gone, and every call after: the worker ends
     for _ in range(2):
         with pytest.raises(PairGone, match=r"every copy of the pair is gone \(1 of 1\)"):

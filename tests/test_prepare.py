@@ -9,15 +9,16 @@ from pipeline import prepare
 
 def test_jsonl_dataset_becomes_prompt_shards(tmp_path, capsys):
     src = tmp_path / "docs.jsonl"
-    docs = [{"doc": f"d{i}", "article": f"Text number {i}.", "lang": "en"} for i in range(7)]
+    docs = [{"doc": f"d{i}", "article": f"Text number {i}.", "lang": "en", "ref": f"r{i}"} for i in range(7)]
     src.write_text("\n".join(json.dumps(d) for d in docs))
     rc = prepare.main(["--dataset", str(src), "--template", "summarize: {article}", "--id_field", "doc",
-                       "--keep_fields", "lang", "--num_shards", "3", "--output", str(tmp_path / "p/prompts")])
+                       "--keep_fields", "lang,ref", "--num_shards", "3", "--output", str(tmp_path / "p/prompts")])
     assert rc == 0
     files = sorted((tmp_path / "p").glob("prompts-*-of-00003.parquet"))
     assert len(files) == 3
     rows = [r for f in files for r in pq.read_table(f).to_pylist()]
-    assert rows == [{"id": f"d{i}", "prompt": f"summarize: Text number {i}.", "lang": "en"} for i in range(7)]
+    assert rows == [{"id": f"d{i}", "prompt": f"summarize: Text number {i}.", "lang": "en", "ref": f"r{i}"}
+                    for i in range(7)]
 
 
 def test_unknown_template_field_is_one_line_error(tmp_path, capsys):
@@ -35,6 +36,10 @@ def test_generated_ids_and_limit(tmp_path):
                          "--output", str(tmp_path / "o")]) == 0
     rows = pq.read_table(tmp_path / "o-00000-of-00001.parquet").to_pylist()
     assert rows == [{"id": "train-0", "prompt": "continue: one"}, {"id": "train-1", "prompt": "continue: two"}]
+    for limit in ("3", "10"):  # a limit at or past the dataset's rows takes them all
+        assert prepare.main(["--dataset", str(src), "--template", "continue: {text}", "--limit", limit,
+                             "--output", str(tmp_path / f"all{limit}")]) == 0
+        assert pq.read_table(tmp_path / f"all{limit}-00000-of-00001.parquet").num_rows == 3
 
 
 def test_conversation_prompts_for_instruct_models(tmp_path):
