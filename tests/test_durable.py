@@ -315,3 +315,28 @@ def test_a_failed_rows_message_is_the_exceptions_even_with_notes():
         trace = traceback.format_exception(error)
         [row] = failed_rows(([({"id": "a", "prompt": "p"}, 7)], (type(error), repr(error), trace)), "id", "prompt")
         assert (row["error_type"], row["error_message"]) == (type(error).__name__, "CUDA out of memory")
+
+
+def test_the_failed_rows_are_written_after_the_results_and_the_chunks_deleted_after_both(tmp_path):
+    """The results' sink deletes PREFIX-*-of-NNNNN.parquet, the failed shards too, and the chunks hold rows until the
+    final files do: the order is in the graph (side inputs), not in the order a local runner happens to run steps."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    from transforms.results import WriteResults
+
+    # (the job's own required flags, which Beam parses for every options class imported: none is read here)
+    p = beam.Pipeline(options=PipelineOptions(["--input", "unread", "--output", "unread", "--target_model", "unread"]))
+    results = p | "Results" >> beam.Create([{"id": "a", "generation": "A"}])
+    failed = p | "Failed" >> beam.Create([_failed("b")])
+    _ = (results, failed) | "Write" >> WriteResults(str(tmp_path / "gens"), SCHEMA, FAILED)
+    parts = p.to_runner_api().components.transforms.values()
+    producer = {pcoll: t.unique_name for t in parts if not t.subtransforms for pcoll in t.outputs.values()}
+
+    def waits_for(step: str) -> set[str]:
+        t = next(t for t in parts if t.unique_name.startswith(f"Write/{step}") and not t.subtransforms)
+        side = beam_runner_api_pb2.ParDoPayload.FromString(t.spec.payload).side_inputs
+        return {producer[t.inputs[name]].split("/")[1] for name in side}
+
+    assert waits_for("AfterResults") == {"WriteResults"} and waits_for("DropChunks") == {"WriteFailed"}
