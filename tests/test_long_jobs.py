@@ -225,14 +225,20 @@ def test_engine_deadline_is_checked_between_rounds(models):
 
 # -- 5: output safety -------------------------------------------------------------------------
 
-def test_existing_output_stops_the_job_unless_overwrite(tmp_path, saved_pairs, capsys):
-    target, _ = saved_pairs["llama"]
+def _earlier_run(tmp_path: Path, shard: str) -> tuple[Path, Path]:
+    """An input of one prompt, and an output prefix where an earlier run left a chunk and the shard `shard`."""
     src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello world!"}])
     out = tmp_path / "run" / "gens"
     out.parent.mkdir()
+    for name in (f"gens-chunk-{1:032x}-00000.parquet", shard):
+        pq.write_table(pa.table({"id": ["old"], "generation": ["x"]}), out.parent / name)
+    return src, out
+
+
+def test_existing_output_stops_the_job_unless_overwrite(tmp_path, saved_pairs, capsys):
+    target, _ = saved_pairs["llama"]
     # what a killed earlier run left: one chunk, and a stale shard of another shard count
-    pq.write_table(pa.table({"id": ["old"], "generation": ["x"]}), out.parent / f"gens-chunk-{1:032x}-00000.parquet")
-    pq.write_table(pa.table({"id": ["old"], "generation": ["x"]}), out.parent / "gens-00001-of-00002.parquet")
+    src, out = _earlier_run(tmp_path, "gens-00001-of-00002.parquet")
     (out.parent / "gens-notes.txt").write_text("not ours")
     capsys.readouterr()
     assert main(_args(src, out, target, None)) == 2
@@ -250,14 +256,8 @@ def test_overwrite_by_a_launcher_that_does_not_wait_deletes_the_earlier_files_be
                                                                                                  monkeypatch):
     """A Flex Template launcher returns once the job is submitted and cannot put files back: the earlier run's files
     go first, or a job that dies would leave its chunks beside them, read as one run."""
-    import apache_beam as beam
-
     target, _ = saved_pairs["llama"]
-    src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello world!"}])
-    out = tmp_path / "run" / "gens"
-    out.parent.mkdir()
-    pq.write_table(pa.table({"id": ["old"], "generation": ["x"]}), out.parent / f"gens-chunk-{1:032x}-00000.parquet")
-    pq.write_table(pa.table({"id": ["old"], "generation": ["x"]}), out.parent / "gens-00000-of-00001.parquet")
+    src, out = _earlier_run(tmp_path, "gens-00000-of-00001.parquet")
     submitted = []
     monkeypatch.setattr(beam.Pipeline, "run", lambda self, *a, **k: submitted.append(_files(out)))
     assert main(_args(src, out, target, None, "--overwrite"), wait=False) == 0
