@@ -7,6 +7,7 @@ import apache_beam as beam
 import pytest
 
 from pipeline.run import main
+from tests.test_cross_tokenizer import cross_pair, toks  # noqa: F401  (fixtures)
 from tests.test_long_jobs import _args, _one_line_error
 from tests.test_pipeline import write_prompts
 
@@ -135,9 +136,6 @@ def test_a_dry_run_does_not_refuse_an_output_that_holds_files(tmp_path, saved_pa
     with pytest.raises(JobConfigError, match="already holds 1 output files"):
         preflight(SpecDecOptions(argv))
     preflight(SpecDecOptions([*argv, "--dry_run=True"]))
-
-
-from tests.test_cross_tokenizer import cross_pair, toks  # noqa: E402, F401  (fixtures)
 
 
 def test_a_cross_tokenizer_drafts_layers_do_not_refuse_a_batch(tmp_path, cross_pair, src):  # noqa: F811
