@@ -170,6 +170,7 @@ def test_an_encoder_decoder_prompt_is_held_to_its_encoders_positions(tmp_path):
     gen = TextGenerator.load(GeneratorSpec(str(led), drafter="none", max_new_tokens=30))
     with pytest.raises(PromptTooLong, match="max_new_tokens=30 exceeds the decoder's 24-position context"):
         gen.generate("word")
+    assert TextGenerator.load(GeneratorSpec(str(led), drafter="none", max_new_tokens=24)).encode("word")  # all 24
 
 
 def test_draft_with_another_vocabulary_drafts_across_tokenizers(saved_pairs, tmp_path):
