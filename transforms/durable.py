@@ -131,6 +131,11 @@ def put_back(aside: str, files: list[str]) -> None:
     delete_dirs([aside])
 
 
+def _partial(name: str, uid: str) -> str:
+    """The hidden file `write_parquet_file` writes before renaming it to `name`."""
+    return f".{name}.{uid}.tmp"
+
+
 def write_parquet_file(path: str, table: pa.Table) -> None:
     """Write a complete Parquet file under `path`, never a partial one.
 
@@ -143,7 +148,7 @@ def write_parquet_file(path: str, table: pa.Table) -> None:
     if isinstance(FileSystems.get_filesystem(path), LocalFileSystem):
         directory, name = os.path.split(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
+        tmp = os.path.join(directory, _partial(name, uuid.uuid4().hex))
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -267,11 +272,10 @@ def delete_chunks(prefix: str) -> int:
     the hidden partial chunks (`write_parquet_file`'s) of a worker killed between write and rename."""
     paths = match(chunk_patterns(prefix))
     if isinstance(FileSystems.get_filesystem(prefix), LocalFileSystem):
-        folder, base = os.path.split(absolute(prefix))
-        partial = [os.path.join(glob.escape(folder), f".{glob.escape(base)}{kind}-{CHUNK}.{'[0-9a-f]' * 32}.tmp")
-                   for kind in ("-chunk", "-failed-chunk")]
-        for path in (p for pattern in partial for p in glob.glob(pattern)):
-            os.remove(path)
+        for pattern in chunk_patterns(prefix):
+            folder, name = os.path.split(absolute(pattern))
+            for path in glob.glob(os.path.join(folder, _partial(name, "[0-9a-f]" * 32))):
+                os.remove(path)
     if paths:
         FileSystems.delete(paths)
     return len(paths)
