@@ -61,6 +61,26 @@ def parquet_schemas(flag: str, files: list[str]) -> list[pa.Schema]:
     return each_file(read, files)
 
 
+def damaged_inputs(opts: SpecDecOptions) -> list[str]:
+    """Each input file whose data the job cannot read, with where and why, read as Beam's Parquet
+    source reads it (row group by row group): preflight reads footers only, and a file damaged
+    inside fails the job's read step with an error that names no file."""
+    def read(path: str) -> str | None:
+        where = "its footer"
+        try:
+            with FileSystems.open(path) as f:
+                parquet = pq.ParquetFile(f)
+                for i in range(parquet.num_row_groups):
+                    where = f"row group {i} of {parquet.num_row_groups}"
+                    parquet.read_row_group(i, columns=columns)
+        except Exception as e:
+            return f"{path} ({where}: {type(e).__name__}: {' '.join(str(e).split())})"
+        return None
+
+    columns = list(dict.fromkeys(column for _, column in _columns_read(opts)))
+    return [found for found in each_file(read, match([opts.input])) if found]
+
+
 def _columns_read(opts: SpecDecOptions) -> list[tuple[str, str]]:
     """(flag, column) of every input column the job reads."""
     return [("--prompt_column", opts.prompt_column), ("--id_column", opts.id_column)] + [

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+import traceback
 
 import apache_beam as beam
 import pyarrow as pa
@@ -14,7 +16,7 @@ from apache_beam.options.pipeline_options import StandardOptions
 from pipeline.flags import FlagError, check_pipeline_flags
 from pipeline.logs import setup_logging
 from pipeline.options import SpecDecOptions
-from pipeline.preflight import JobConfigError, is_dry_run, preflight
+from pipeline.preflight import JobConfigError, damaged_inputs, is_dry_run, preflight
 from pipeline.provenance import placement_record, run_record, with_provenance
 from specdec_core.loading import ModelRefused
 from transforms.durable import (
@@ -90,8 +92,19 @@ def parse_options(argv: list[str]) -> SpecDecOptions:
     return opts
 
 
+def _damaged_inputs(opts: SpecDecOptions, e: Exception) -> list[str]:
+    """The input files damaged past their footers, where the job failed in Beam's Parquet source,
+    whose error names no file (a remote runner's error holds its workers' traceback as text). Rows
+    are grouped by id before any is decoded, so every input was read before any work."""
+    if not re.search(r'parquetio\.py", line \d+, in read_records', "".join(traceback.format_exception(e))):
+        return []
+    log.info("the job failed reading its input (%s): reading every input file to find which", type(e).__name__)
+    return damaged_inputs(opts)
+
+
 def main(argv: list[str] | None = None, wait: bool = True) -> int:
-    """Run the job; 0 on success, 2 (with one line on stderr) for a bad job setting.
+    """Run the job; 0 on success, 2 (with one line on stderr) for a bad job setting, 1 (one line) for
+    input files damaged past their footers, which only reading them finds.
 
     wait=False returns as soon as the job is submitted (Flex Template launchers must).
     """
@@ -125,7 +138,15 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
         result = p.run()
         if wait:
             result.wait_until_finish()
-    except ModelRefused as e:  # a worker's load refused the pair: no row was decoded
+    except Exception as e:  # no row was decoded: a worker's load refused the pair, or an input could not be read
+        if isinstance(e, ModelRefused):
+            line, status = str(e).split(" [while running")[0], 2
+        elif damaged := _damaged_inputs(opts, e):
+            line, status = (f"--input: {len(damaged)} of its files cannot be read past their footers: "
+                            f"{'; '.join(damaged[:3])}{' ...' if len(damaged) > 3 else ''}: write them again, "
+                            "or leave them out of --input"), 1
+        else:
+            raise
         if aside:  # the earlier run's files as they were (rows failed before the load: not kept)
             try:
                 FileSystems.delete(output_files(opts.output))
@@ -138,8 +159,8 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
             delete_dirs(beam_temp_dirs(opts.output))
         except Exception as cleanup:  # (the refusal is what the user must read)
             log.warning("could not delete the unused staging folders beside %s: %s", opts.output, cleanup)
-        print(f"error: {str(e).split(' [while running')[0]}", file=sys.stderr)
-        return 2
+        print(f"error: {line}", file=sys.stderr)
+        return status
     finally:
         if aside:
             log.info("--overwrite: deleting the %d earlier output files in %s", len(old), aside)

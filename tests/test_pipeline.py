@@ -601,6 +601,31 @@ def test_input_files_that_cannot_make_one_output_stop_before_any_work(tmp_path, 
                               "none"]))
 
 
+def test_an_input_file_damaged_inside_is_named_in_one_line(tmp_path, saved_pairs, capsys):
+    """Preflight reads footers only; a file whose data pages are damaged (a bad copy, a disk) failed the
+    job with Beam's traceback, which names no file. The job ends in one line naming it, not the whole one."""
+    target, _ = saved_pairs["llama"]
+    write_prompts(tmp_path / "a.parquet", [{"id": f"a{i}", "prompt": GOOD[0]} for i in range(3)])
+    pq.write_table(pa.Table.from_pylist([{"id": f"b{i}", "prompt": f"{GOOD[2]} {i}"} for i in range(300)]),
+                   tmp_path / "b.parquet", row_group_size=100)
+    data = bytearray((tmp_path / "b.parquet").read_bytes())
+    page = pq.ParquetFile(tmp_path / "b.parquet").metadata.row_group(1).column(1).data_page_offset
+    data[page:page + 32] = bytes(b ^ 0xA5 for b in data[page:page + 32])  # (the footer as it was)
+    (tmp_path / "b.parquet").write_bytes(bytes(data))
+    earlier = tmp_path / "out" / "gens-00000-of-00001.parquet"  # an earlier run's, put back: no row was decoded
+    earlier.parent.mkdir()
+    write_prompts(earlier, [{"id": "old", "generation": "kept"}])
+    capsys.readouterr()
+    assert main(["--input", str(tmp_path / "*.parquet"), "--output", str(tmp_path / "out/gens"), "--target_model",
+                 str(target), "--drafter", "none", "--max_new_tokens", "2", "--overwrite"]) == 1
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error: --input: 1 of its files cannot be read") and "Traceback" not in err, err
+    assert f"{tmp_path / 'b.parquet'} (row group 1 of 3: " in line and "a.parquet" not in line
+    assert sorted(p.name for p in earlier.parent.iterdir()) == [earlier.name]
+    assert pq.read_table(earlier).to_pylist() == [{"id": "old", "generation": "kept"}]
+
+
 def test_a_gs_model_that_cannot_be_reached_stops_the_job_in_one_line(tmp_path, monkeypatch, capsys):
     """No credentials, no network or no bucket: the storage client's error (here raised at once; for real after its
     retries) becomes one line naming the flag, before any other check reads the model directory."""
