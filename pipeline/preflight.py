@@ -61,11 +61,12 @@ def parquet_schemas(flag: str, files: list[str]) -> list[pa.Schema]:
     return each_file(read, files)
 
 
-def damaged_inputs(opts: SpecDecOptions) -> list[str]:
-    """Each input file whose data the job cannot read, with where and why, read as Beam's Parquet
-    source reads it (row group by row group): preflight reads footers only, and a file damaged
-    inside fails the job's read step with an error that names no file."""
-    def read(path: str) -> str | None:
+def damaged_files(opts: SpecDecOptions) -> tuple[str, list[str]]:
+    """(flag, each of its files whose data the job cannot read, with where and why), read as Beam's
+    Parquet source reads them (row group by row group, the job's columns): preflight reads footers
+    only, and a file damaged inside fails the job's read step with an error that names no file.
+    The input first, then the --resume_from prefixes' results (their ids)."""
+    def damaged(path: str, columns: list[str]) -> str | None:
         where = "its footer"
         try:
             with FileSystems.open(path) as f:
@@ -77,8 +78,12 @@ def damaged_inputs(opts: SpecDecOptions) -> list[str]:
             return f"{path} ({where}: {type(e).__name__}: {' '.join(str(e).split())})"
         return None
 
-    columns = list(dict.fromkeys(column for _, column in _columns_read(opts)))
-    return [found for found in each_file(read, match([opts.input])) if found]
+    reads = [("--input", [opts.input], list(dict.fromkeys(column for _, column in _columns_read(opts))))]
+    reads += [("--resume_from", result_patterns(prefix), ["id"]) for prefix in opts.resume_prefixes()]
+    for flag, patterns, columns in reads:
+        if found := [f for f in each_file(lambda path, c=columns: damaged(path, c), match(patterns)) if f]:
+            return flag, found
+    return "", []
 
 
 def _columns_read(opts: SpecDecOptions) -> list[tuple[str, str]]:

@@ -16,16 +16,19 @@ from apache_beam.options.pipeline_options import StandardOptions
 from pipeline.flags import FlagError, check_pipeline_flags
 from pipeline.logs import setup_logging
 from pipeline.options import SpecDecOptions
-from pipeline.preflight import JobConfigError, damaged_inputs, is_dry_run, preflight
+from pipeline.preflight import JobConfigError, damaged_files, is_dry_run, preflight
 from pipeline.provenance import placement_record, run_record, with_provenance
 from specdec_core.loading import ModelRefused
 from transforms.durable import (
     ASIDE,
+    DISK_FULL,
     CommitChunks,
     CommitRows,
     absolute,
     beam_temp_dirs,
+    chunk_patterns,
     delete_dirs,
+    match,
     output_files,
     put_back,
     set_aside,
@@ -92,19 +95,69 @@ def parse_options(argv: list[str]) -> SpecDecOptions:
     return opts
 
 
-def _damaged_inputs(opts: SpecDecOptions, e: Exception) -> list[str]:
-    """The input files damaged past their footers, where the job failed in Beam's Parquet source,
+def _in_chain(e: BaseException, kind: type | tuple[type, ...]) -> BaseException | None:
+    """The first exception of that kind in e's chain (Beam re-raises a worker's error as another)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, kind):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _damaged_files(opts: SpecDecOptions, e: BaseException) -> tuple[str, list[str]]:
+    """(flag, its files damaged past their footers), where the job failed in Beam's Parquet source,
     whose error names no file (a remote runner's error holds its workers' traceback as text). Rows
-    are grouped by id before any is decoded, so every input was read before any work."""
+    are grouped by id before any is decoded, so every file was read before any work."""
     if not re.search(r'parquetio\.py", line \d+, in read_records', "".join(traceback.format_exception(e))):
-        return []
-    log.info("the job failed reading its input (%s): reading every input file to find which", type(e).__name__)
-    return damaged_inputs(opts)
+        return "", []
+    log.info("the job failed reading a Parquet file (%s): reading each file it reads to find which", type(e).__name__)
+    return damaged_files(opts)
+
+
+def _how_to_continue(opts: SpecDecOptions) -> str:
+    if chunks := match(chunk_patterns(opts.output)):
+        return (f"finished rows are committed in {len(chunks)} chunk file{'s' * (len(chunks) > 1)} under "
+                f"{opts.output}: continue with --resume_from {opts.output} and a new --output")
+    return "no row was committed"
+
+
+def _why_it_stopped(opts: SpecDecOptions, e: BaseException) -> tuple[str | None, int, bool]:
+    """(the one line to print, or None to raise e; exit status; whether rows may have been decoded)."""
+    if _in_chain(e, KeyboardInterrupt):
+        return f"interrupted: {_how_to_continue(opts)}", 130, True
+    if isinstance(e, ModelRefused):
+        return str(e).split(" [while running")[0], 2, False
+    if (full := _in_chain(e, OSError)) and full.errno in DISK_FULL:
+        return f"cannot write {full.filename or opts.output} ({full.strerror}): {_how_to_continue(opts)}", 1, True
+    flag, damaged = _damaged_files(opts, e)
+    if damaged:
+        return (f"{flag}: {len(damaged)} of its files cannot be read past their footers: "
+                f"{'; '.join(damaged[:3])}{' ...' if len(damaged) > 3 else ''}: write them again, or leave them "
+                f"out of {flag}"), 1, False
+    return None, 1, True
+
+
+def _restore(opts: SpecDecOptions, aside: str, old: list[str], decoded: bool) -> None:
+    """--overwrite's earlier files after a job that did not finish: put back, where the job kept no rows
+    of its own (with none decoded, what it wrote, failed rows, is deleted), else kept aside, said."""
+    try:
+        new = output_files(opts.output)
+        if new and decoded:
+            log.warning("--overwrite: the job did not finish: the earlier output files are kept in %s, beside its "
+                        "%d committed files under %s", aside, len(new), opts.output)
+            return
+        FileSystems.delete(new)
+        put_back(aside, old)
+        log.info("--overwrite: the job did not finish: the earlier output files are back under %s", opts.output)
+    except Exception as cleanup:  # (kept where they are, said)
+        log.warning("--overwrite: the earlier output files are in %s: could not put them back: %s", aside, cleanup)
 
 
 def main(argv: list[str] | None = None, wait: bool = True) -> int:
-    """Run the job; 0 on success, 2 (with one line on stderr) for a bad job setting, 1 (one line) for
-    input files damaged past their footers, which only reading them finds.
+    """Run the job; 0 on success, 2 (with one line on stderr) for a bad job setting; one line too, status 1,
+    for input files damaged past their footers (only reading them finds them) or a full disk, 130 for Ctrl-C.
 
     wait=False returns as soon as the job is submitted (Flex Template launchers must).
     """
@@ -133,38 +186,26 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
     try:
         if old and wait:
             aside = set_aside(old, opts.output)
-            log.info("--overwrite: moved %d earlier output files under %s to %s, deleted when the job ends",
+            log.info("--overwrite: moved %d earlier output files under %s to %s, deleted when the job has finished",
                      len(old), opts.output, aside)
         result = p.run()
         if wait:
             result.wait_until_finish()
-    except Exception as e:  # no row was decoded: a worker's load refused the pair, or an input could not be read
-        if isinstance(e, ModelRefused):
-            line, status = str(e).split(" [while running")[0], 2
-        elif damaged := _damaged_inputs(opts, e):
-            line, status = (f"--input: {len(damaged)} of its files cannot be read past their footers: "
-                            f"{'; '.join(damaged[:3])}{' ...' if len(damaged) > 3 else ''}: write them again, "
-                            "or leave them out of --input"), 1
-        else:
+    except BaseException as e:  # (Ctrl-C too: the earlier files are not deleted for a job that did not finish)
+        line, status, decoded = _why_it_stopped(opts, e)
+        if aside:
+            _restore(opts, aside, old, decoded)
+        if line is None:
             raise
-        if aside:  # the earlier run's files as they were (rows failed before the load: not kept)
-            try:
-                FileSystems.delete(output_files(opts.output))
-                put_back(aside, old)
-            except Exception as cleanup:  # (kept where they are, said)
-                log.warning("--overwrite: the earlier output files are in %s: could not put them back: %s",
-                            aside, cleanup)
-            aside = None
-        try:  # (the sinks' staging folders, empty: not left behind)
+        try:  # (the sinks' staging folders: not left behind)
             delete_dirs(beam_temp_dirs(opts.output))
-        except Exception as cleanup:  # (the refusal is what the user must read)
-            log.warning("could not delete the unused staging folders beside %s: %s", opts.output, cleanup)
+        except Exception as cleanup:  # (the line below is what the user must read)
+            log.warning("could not delete the staging folders beside %s: %s", opts.output, cleanup)
         print(f"error: {line}", file=sys.stderr)
         return status
-    finally:
-        if aside:
-            log.info("--overwrite: deleting the %d earlier output files in %s", len(old), aside)
-            delete_dirs([aside])
+    if aside:
+        log.info("--overwrite: deleting the %d earlier output files in %s", len(old), aside)
+        delete_dirs([aside])
     if wait:
         log.info("done: results in %s-*-of-*.parquet, failed rows in %s-failed-*-of-*.parquet",
                      opts.output, opts.output)

@@ -285,6 +285,49 @@ def test_rows_of_a_commit_that_failed_are_committed_by_the_next(tmp_path, monkey
     assert sorted(i for f in glob.glob(f"{prefix}-*.parquet") for i in pq.read_table(f)["id"].to_pylist()) == ["a", "b"]
 
 
+def test_a_bundle_that_never_finished_commits_its_finished_rows_at_teardown(tmp_path):
+    """Ctrl-C or a failed bundle never reaches finish_bundle: the rows it had finished (buffered for the
+    timer's next commit) were lost, and a resume decoded them again."""
+    prefix = str(tmp_path / "gens-chunk")
+    fn = CommitChunks(prefix, SCHEMA, every_s=60)
+    fn.setup()
+    fn.start_bundle()
+    for i in "abc":
+        list(fn.process({"id": i, "generation": i.upper()}))
+    assert not glob.glob(f"{prefix}-*.parquet")
+    fn.teardown()
+    ids = [i for f in glob.glob(f"{prefix}-*.parquet") for i in pq.read_table(f)["id"].to_pylist()]
+    assert sorted(ids) == list("abc")
+
+
+def test_a_full_disk_fails_the_next_row_instead_of_decoding_what_cannot_be_kept(tmp_path, monkeypatch):
+    """A commit that fails for want of room (or a read-only or over-quota disk) is not retried every second while
+    the job decodes its whole input and fails only at the end: the next row fails the bundle with it."""
+    import errno
+
+    from transforms import durable
+
+    def full(path, table):
+        raise OSError(errno.ENOSPC, "No space left on device", path)
+
+    monkeypatch.setattr(durable, "write_parquet_file", full)
+    fn = CommitChunks(str(tmp_path / "gens-chunk"), SCHEMA, every_s=0.01)
+    fn.setup()
+    fn.start_bundle()
+    list(fn.process({"id": "a", "generation": "A"}))
+    _wait_until(lambda: fn._full is not None)
+    with pytest.raises(OSError, match="No space left"):
+        list(fn.process({"id": "b", "generation": "B"}))
+    fn._stop.set()
+
+
+def _wait_until(done, timeout=30.0):
+    end = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
 def test_a_failed_call_of_several_rows_fails_each_row():
     """A batched RunInference call that raises is one dead letter of all its rows: each becomes a failed row."""
     import traceback

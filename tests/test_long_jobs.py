@@ -264,6 +264,63 @@ def test_overwrite_by_a_launcher_that_does_not_wait_deletes_the_earlier_files_be
     assert submitted == [[]] and _files(out) == []
 
 
+@pytest.mark.parametrize("committed", [0, 2])
+def test_ctrl_c_keeps_the_earlier_files_and_says_how_to_continue(tmp_path, saved_pairs, capsys, monkeypatch,
+                                                                committed):
+    """Ctrl-C (or any failure) under --overwrite deleted the earlier run's files with the job unfinished. They are
+    put back where the job committed nothing, and kept aside beside its chunks otherwise (read as one run they
+    would mix); the screen shows one line saying how to continue, not Beam's traceback, status 130."""
+    from specdec_core.text import TextGenerator
+
+    target, _ = saved_pairs["llama"]
+    src, out = _earlier_run(tmp_path, "gens-00000-of-00001.parquet")
+    write_prompts(src, [{"id": f"r{i}", "prompt": GOOD[i]} for i in range(4)])
+    earlier = {p.name: p.read_bytes() for p in out.parent.glob("gens-*.parquet")}
+    generate, calls = TextGenerator.generate, []
+
+    def interrupted(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > committed:
+            raise KeyboardInterrupt
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(TextGenerator, "generate", interrupted)
+    capsys.readouterr()
+    assert main(_args(src, out, target, None, "--overwrite", "--commit_every_s", "0")) == 130
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
+    assert "Traceback" not in err, err
+    if committed:
+        assert line == (f"error: interrupted: finished rows are committed in {committed} chunk files under {out}: "
+                        f"continue with --resume_from {out} and a new --output")
+        assert len(read_outputs(str(out))[0]) == committed
+        [aside] = out.parent.glob(".overwritten-gens-*")
+        assert {p.name: p.read_bytes() for p in aside.iterdir()} == earlier
+    else:
+        assert line == "error: interrupted: no row was committed"
+        assert {p.name: p.read_bytes() for p in out.parent.glob("gens-*.parquet")} == earlier
+        assert not list(out.parent.glob(".*"))
+    assert not list(out.parent.glob("beam-temp-*"))
+
+
+def test_a_load_that_fails_otherwise_than_refused_leaves_the_earlier_files(tmp_path, saved_pairs, monkeypatch):
+    """Weights deleted between the launch checks and a worker's load: the job fails with its error, as before,
+    and --overwrite's earlier files are back where they were."""
+    from transforms.model_handler import SpecDecModelHandler
+
+    target, _ = saved_pairs["llama"]
+    src, out = _earlier_run(tmp_path, "gens-00000-of-00001.parquet")
+    earlier = {p.name: p.read_bytes() for p in out.parent.glob("gens-*.parquet")}
+
+    def gone(self):
+        raise OSError(f"no file named model.safetensors in {target}")
+
+    monkeypatch.setattr(SpecDecModelHandler, "load_model", gone)
+    with pytest.raises(Exception, match="no file named model.safetensors"):
+        main(_args(src, out, target, None, "--overwrite"))
+    assert {p.name: p.read_bytes() for p in out.parent.glob("gens-*.parquet")} == earlier
+
+
 @pytest.mark.parametrize("other", ["gens-v2", "gens-chunk-1"])
 def test_an_output_prefix_that_would_delete_another_prefixs_files_stops_the_job(tmp_path, saved_pairs, capsys, other):
     """Beam's sink deletes every PREFIX-*-of-NNNNN.parquet once it has written: "gens" would take

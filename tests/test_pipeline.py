@@ -601,29 +601,47 @@ def test_input_files_that_cannot_make_one_output_stop_before_any_work(tmp_path, 
                               "none"]))
 
 
+def _damage(path, row_group: int, column: int) -> None:
+    """32 bytes of a data page of a column overwritten, the footer as it was."""
+    data = bytearray(path.read_bytes())
+    page = pq.ParquetFile(path).metadata.row_group(row_group).column(column).data_page_offset
+    data[page:page + 32] = bytes(b ^ 0xA5 for b in data[page:page + 32])
+    path.write_bytes(bytes(data))
+
+
 def test_an_input_file_damaged_inside_is_named_in_one_line(tmp_path, saved_pairs, capsys):
     """Preflight reads footers only; a file whose data pages are damaged (a bad copy, a disk) failed the
-    job with Beam's traceback, which names no file. The job ends in one line naming it, not the whole one."""
+    job with Beam's traceback, which names no file. The job ends in one line naming it, not the whole one;
+    an earlier run's file that --resume_from reads, too."""
     target, _ = saved_pairs["llama"]
     write_prompts(tmp_path / "a.parquet", [{"id": f"a{i}", "prompt": GOOD[0]} for i in range(3)])
     pq.write_table(pa.Table.from_pylist([{"id": f"b{i}", "prompt": f"{GOOD[2]} {i}"} for i in range(300)]),
                    tmp_path / "b.parquet", row_group_size=100)
-    data = bytearray((tmp_path / "b.parquet").read_bytes())
-    page = pq.ParquetFile(tmp_path / "b.parquet").metadata.row_group(1).column(1).data_page_offset
-    data[page:page + 32] = bytes(b ^ 0xA5 for b in data[page:page + 32])  # (the footer as it was)
-    (tmp_path / "b.parquet").write_bytes(bytes(data))
+    _damage(tmp_path / "b.parquet", 1, 1)  # (the prompts)
     earlier = tmp_path / "out" / "gens-00000-of-00001.parquet"  # an earlier run's, put back: no row was decoded
     earlier.parent.mkdir()
     write_prompts(earlier, [{"id": "old", "generation": "kept"}])
     capsys.readouterr()
-    assert main(["--input", str(tmp_path / "*.parquet"), "--output", str(tmp_path / "out/gens"), "--target_model",
-                 str(target), "--drafter", "none", "--max_new_tokens", "2", "--overwrite"]) == 1
+    args = ["--target_model", str(target), "--drafter", "none", "--max_new_tokens", "2"]
+    assert main(["--input", str(tmp_path / "*.parquet"), "--output", str(tmp_path / "out/gens"), *args,
+                 "--overwrite"]) == 1
     err = capsys.readouterr().err
     line = err.strip().splitlines()[-1]
     assert line.startswith("error: --input: 1 of its files cannot be read") and "Traceback" not in err, err
     assert f"{tmp_path / 'b.parquet'} (row group 1 of 3: " in line and "a.parquet" not in line
     assert sorted(p.name for p in earlier.parent.iterdir()) == [earlier.name]
     assert pq.read_table(earlier).to_pylist() == [{"id": "old", "generation": "kept"}]
+
+    done = tmp_path / "done" / "gens-00000-of-00001.parquet"
+    done.parent.mkdir()
+    pq.write_table(pa.Table.from_pylist([{"id": f"a{i}", "generation": "x"} for i in range(300)]), done,
+                   row_group_size=100)
+    _damage(done, 2, 0)  # (the ids, which a resumed run reads)
+    assert main(["--input", str(tmp_path / "a.parquet"), "--output", str(tmp_path / "resumed/gens"), *args,
+                 "--resume_from", str(done.parent / "gens")]) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith(f"error: --resume_from: 1 of its files cannot be read past their footers: {done} "
+                           "(row group 2 of 3: "), line
 
 
 def test_a_gs_model_that_cannot_be_reached_stops_the_job_in_one_line(tmp_path, monkeypatch, capsys):

@@ -16,6 +16,7 @@ input row of a duplicated id is its own failed row, kept once per distinct promp
 
 from __future__ import annotations
 
+import errno
 import glob
 import io
 import logging
@@ -164,6 +165,9 @@ def write_parquet_file(path: str, table: pa.Table) -> None:
         f.close()  # only a completed upload creates the object; on an error above, nothing appears
 
 
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}  # a write that no retry would make
+
+
 class CommitChunks(beam.DoFn):
     """Passes rows through unchanged, and commits them to chunk files as it goes.
 
@@ -184,6 +188,7 @@ class CommitChunks(beam.DoFn):
         self._lock = threading.Lock()
         self._buffer: list[dict] = []
         self._uncounted = (0, 0)  # (rows, chunks) the timer committed: Beam counts a metric on a bundle's thread only
+        self._full: OSError | None = None
 
     def start_bundle(self) -> None:
         self._stop = threading.Event()
@@ -196,6 +201,11 @@ class CommitChunks(beam.DoFn):
         while not self._stop.wait(min(self.every_s, threading.TIMEOUT_MAX)):  # (inf: at bundle ends only)
             try:
                 self._flush()
+            except OSError as e:
+                if e.errno in DISK_FULL:  # the next row fails the bundle: no more work that cannot be kept
+                    self._full = e
+                    return
+                _LOG.warning("committing a chunk of finished rows failed; will retry", exc_info=True)
             except Exception:  # the bundle's own final flush retries, and fails the bundle if it must
                 _LOG.warning("committing a chunk of finished rows failed; will retry", exc_info=True)
 
@@ -223,6 +233,8 @@ class CommitChunks(beam.DoFn):
             self.chunks_committed.inc(chunks)
 
     def process(self, row: dict) -> Iterator[dict]:
+        if self._full is not None:
+            raise self._full
         with self._lock:
             self._buffer.append(row)
         if self.every_s <= 0:
@@ -240,6 +252,11 @@ class CommitChunks(beam.DoFn):
     def teardown(self) -> None:
         if getattr(self, "_stop", None) is not None:
             self._stop.set()  # a failed bundle never reached finish_bundle: stop its timer
+        if getattr(self, "_buffer", None):  # a failed or interrupted bundle's finished rows: kept if they can be
+            try:
+                self._flush()
+            except Exception:
+                _LOG.warning("committing the last finished rows failed", exc_info=True)
 
 
 class CommitRows(beam.PTransform):
