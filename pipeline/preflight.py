@@ -25,7 +25,15 @@ from pipeline.model_checks import (
     said,
     target_tokenizer,
 )
-from transforms.durable import each_file, match, output_files, plain_type, result_patterns, sink_deletes
+from transforms.durable import (
+    each_file,
+    match,
+    one_line,
+    output_files,
+    plain_type,
+    result_patterns,
+    sink_deletes,
+)
 from transforms.schema import result_schema
 
 if TYPE_CHECKING:  # (the options import torch; `writable_file` serves tools that need none)
@@ -56,7 +64,7 @@ def parquet_schemas(flag: str, files: list[str]) -> list[pa.Schema]:
             with FileSystems.open(path) as f:
                 return pq.read_schema(f)
         except Exception as e:
-            raise JobConfigError(f"{flag}: {path} is not a readable Parquet file ({e})") from e
+            raise JobConfigError(f"{flag}: {path} is not a readable Parquet file ({one_line(e)})") from e
 
     return each_file(read, files)
 
@@ -75,7 +83,7 @@ def damaged_files(opts: SpecDecOptions) -> tuple[str, list[str]]:
                     where = f"row group {i} of {parquet.num_row_groups}"
                     parquet.read_row_group(i, columns=columns)
         except Exception as e:
-            return f"{path} ({where}: {type(e).__name__}: {' '.join(str(e).split())})"
+            return f"{path} ({where}: {type(e).__name__}: {one_line(e)})"
         return None
 
     reads = [("--input", [opts.input], list(dict.fromkeys(column for _, column in _columns_read(opts))))]

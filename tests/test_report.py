@@ -173,6 +173,11 @@ def test_missing_files_or_reference_column_stop_in_one_line(tmp_path, capsys):
     cut = _write(tmp_path / "cut" / "gens", result_table(RUN))  # and a chunk cut short (an interrupted copy)
     chunk = tmp_path / "cut" / f"gens-chunk-{1:032x}-00000.parquet"
     chunk.write_bytes((tmp_path / "cut" / "gens-00000-of-00001.parquet").read_bytes()[:200])
+    damaged = _write(tmp_path / "damaged" / "gens", result_table(RUN))  # a page header overwritten (pyarrow's
+    shard = tmp_path / "damaged" / "gens-00000-of-00001.parquet"       # error then holds line breaks)
+    data, page = bytearray(shard.read_bytes()), pq.ParquetFile(shard).metadata.row_group(0).column(0).data_page_offset
+    data[page:page + 32] = bytes(b ^ 0xA5 for b in data[page:page + 32])
+    shard.write_bytes(bytes(data))
     for args, needle in [([prompts], "its files hold no generations (no 'new_tokens' column)"),
                          ([prefix, "--baseline", prompts], "its files hold no generations"),
                          ([scored, "--references", "score"], "--references 'score' is int64, not text"),
@@ -184,6 +189,7 @@ def test_missing_files_or_reference_column_stop_in_one_line(tmp_path, capsys):
                          ([prefix, "--html", "-"], "--html '-': this writes a file, not standard output"),
                          ([f"{tmp_path}/run/g*"], "a prefix cannot hold *, ?, ["),
                          ([cut], f"{cut}-chunk-{1:032x}-00000.parquet is not a readable Parquet file"),
+                         ([damaged], f"{shard} is not a readable Parquet file (Couldn't deserialize thrift"),
                          ([prefix, "--baseline", f"{tmp_path}/run/g?ns"], "--baseline"),
                          ([prefix, "--metric", "chrf"], "--metric chrf scores against --references COLUMN"),
                          ]:

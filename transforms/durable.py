@@ -298,6 +298,11 @@ def delete_chunks(prefix: str) -> int:
     return len(paths)
 
 
+def one_line(e: BaseException) -> str:
+    """An error's text on one line (pyarrow's thrift errors hold line breaks)."""
+    return " ".join(str(e).split())
+
+
 class UnreadableFile(ValueError):
     """A file under a prefix that is not whole Parquet (an interrupted copy of a run's files): named, to be removed."""
 
@@ -312,7 +317,7 @@ def _read(paths: list[str], skip: Collection[str] = ()) -> pa.Table | None:
                 columns = [n for n in parquet.schema_arrow.names if n not in skip]
                 return _plain(parquet.read(columns=columns).replace_schema_metadata(None))
         except (OSError, pa.ArrowInvalid) as e:
-            raise UnreadableFile(f"{path} is not a readable Parquet file ({e})") from e
+            raise UnreadableFile(f"{path} is not a readable Parquet file ({one_line(e)})") from e
 
     tables = each_file(read, paths)
     return pa.concat_tables(tables, promote_options="permissive") if tables else None
