@@ -183,6 +183,7 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
     log.info("placement on each worker: %s", placement_record(opts))
     p = beam.Pipeline(options=opts)
     build_pipeline(p, opts, schema)
+    result = None
     try:
         if old and wait:
             aside = set_aside(old, opts.output)
@@ -192,6 +193,14 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
         if wait:
             result.wait_until_finish()
     except BaseException as e:  # (Ctrl-C too: the earlier files are not deleted for a job that did not finish)
+        if _in_chain(e, KeyboardInterrupt) and "dataflow" in str(opts.view_as(StandardOptions).runner).lower():
+            job = result.job_id() if result is not None else "it submitted"  # (its files are left as they are)
+            if aside:
+                log.warning("--overwrite: the earlier output files are in %s (the next --overwrite deletes them)",
+                            aside)
+            print(f"error: interrupted: the launcher stopped waiting, the Dataflow job goes on: to stop it, cancel "
+                  f"{job} (`gcloud dataflow jobs cancel`)", file=sys.stderr)
+            return 130
         line, status, decoded = _why_it_stopped(opts, e)
         if aside:
             _restore(opts, aside, old, decoded)

@@ -303,6 +303,40 @@ def test_ctrl_c_keeps_the_earlier_files_and_says_how_to_continue(tmp_path, saved
     assert not list(out.parent.glob("beam-temp-*"))
 
 
+def test_ctrl_c_of_a_dataflow_launcher_leaves_the_running_job_its_files(tmp_path, saved_pairs, capsys, monkeypatch):
+    """Ctrl-C stops a Dataflow launcher's wait, not the job: nothing under the prefix is touched (putting the earlier
+    files back, or deleting the staging folders, under a job still writing there would mix or break its output),
+    and the line says the job goes on and how to cancel it."""
+    from pipeline import run
+
+    target, _ = saved_pairs["llama"]
+    src, out = _earlier_run(tmp_path, "gens-00000-of-00001.parquet")
+    staging = out.parent / "beam-temp-gens-0123"
+
+    class Submitted:
+        def job_id(self):
+            return "2026-12-06_01_02_03-123"
+
+        def wait_until_finish(self):
+            staging.mkdir()
+            raise KeyboardInterrupt
+
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    monkeypatch.setattr(GoogleCloudOptions, "_warn_if_soft_delete_policy_enabled", lambda self, name: None)  # (GCS)
+    monkeypatch.setattr(run, "preflight", lambda opts: pa.schema([("id", pa.string()), ("prompt", pa.string())]))
+    monkeypatch.setattr(beam.Pipeline, "run", lambda self, *a, **k: Submitted())
+    capsys.readouterr()
+    dataflow = ["--runner=DataflowRunner", "--project=acme-prod", "--region=us-central1",
+                "--temp_location=gs://acme-b/t", "--staging_location=gs://acme-b/s"]
+    assert main(_args(src, out, target, None, "--overwrite", *dataflow)) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: interrupted: the launcher stopped waiting, the Dataflow job goes on: to stop it, cancel "
+        "2026-12-06_01_02_03-123 (`gcloud dataflow jobs cancel`)")
+    [aside] = out.parent.glob(".overwritten-gens-*")
+    assert len(list(aside.iterdir())) == 2 and _files(out) == [] and staging.exists()
+
+
 def test_a_load_that_fails_otherwise_than_refused_leaves_the_earlier_files(tmp_path, saved_pairs, monkeypatch):
     """Weights deleted between the launch checks and a worker's load: the job fails with its error, as before,
     and --overwrite's earlier files are back where they were."""
