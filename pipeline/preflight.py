@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
+import re
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -53,7 +55,26 @@ def input_schemas(pattern: str) -> list[tuple[str, pa.Schema]]:
         raise JobConfigError(f"--input {pattern!r}: cannot list files ({e})") from e
     if not files:
         raise JobConfigError(f"--input {pattern!r} matches no files")
+    _check_whole_shard_sets(pattern, files)
     return list(zip(files, parquet_schemas("--input", files), strict=True))
+
+
+def _check_whole_shard_sets(pattern: str, files: list[str]) -> None:
+    """Shards named NAME-SSSSS-of-NNNNN.parquet (prepare's, Beam's, the hub's datasets') come in whole
+    sets: a shard the pattern would match that is not there (a write or copy interrupted after some
+    shards) stops the job, which would decode part of the data without a word. A pattern that names
+    some shards of a set (`prompts-0000[0-2]-of-00008.parquet`) is taken as it is."""
+    sets: dict[tuple[str, str], set[int]] = {}
+    for path in files:
+        if found := re.fullmatch(r"(.+)-(\d{5,})-of-(\d{5,})\.parquet", path):
+            sets.setdefault((found[1], found[3]), set()).add(int(found[2]))
+    for (name, total), present in sets.items():
+        missing = [shard for i in range(int(total)) if i not in present
+                   and fnmatch.fnmatchcase(shard := f"{name}-{i:0{len(total)}d}-of-{total}.parquet", pattern)]
+        if missing:
+            raise JobConfigError(f"--input {pattern!r}: {len(missing)} of the {int(total)} shards of "
+                                 f"{name}-*-of-{total}.parquet are missing (e.g. {missing[0]}): an interrupted "
+                                 "write or copy? Write them, or name the shards to read")
 
 
 def parquet_schemas(flag: str, files: list[str]) -> list[pa.Schema]:

@@ -309,3 +309,23 @@ def test_a_passed_through_column_missing_or_doubled_stops_the_job(tmp_path, save
                     wait=False) == 2
         assert needle in _one_line_error(capsys)
     assert not no_work
+
+
+def test_an_incomplete_set_of_shards_stops_the_job_unless_the_pattern_names_some(tmp_path, saved_pairs, capsys,
+                                                                                   no_work):
+    """prepare (or a copy) interrupted after 2 of 4 shards: `prompts-*.parquet` decoded half the data without a
+    word. A pattern naming some shards, and a whole set, run."""
+    target, _ = saved_pairs["llama"]
+    for i in (0, 1):
+        write_prompts(tmp_path / f"prompts-{i:05d}-of-00004.parquet", [{"id": f"a{i}", "prompt": "Hello world!"}])
+    capsys.readouterr()
+    assert main(_args(tmp_path / "prompts-*.parquet", tmp_path / "run" / "gens", target, None), wait=False) == 2
+    assert (f"2 of the 4 shards of {tmp_path}/prompts-*-of-00004.parquet are missing (e.g. {tmp_path}/"
+            "prompts-00002-of-00004.parquet)") in _one_line_error(capsys)
+    assert not no_work
+    assert main(_args(tmp_path / "prompts-0000[01]-of-00004.parquet", tmp_path / "some" / "gens", target, None),
+                wait=False) == 0
+    for i in (2, 3):
+        write_prompts(tmp_path / f"prompts-{i:05d}-of-00004.parquet", [{"id": f"a{i}", "prompt": "Hello world!"}])
+    assert main(_args(tmp_path / "prompts-*.parquet", tmp_path / "all" / "gens", target, None), wait=False) == 0
+    assert len(no_work) == 2
