@@ -119,7 +119,8 @@ def _damaged_files(opts: SpecDecOptions, e: BaseException) -> tuple[str, list[st
 def _how_to_continue(opts: SpecDecOptions) -> str:
     if chunks := match(chunk_patterns(opts.output)):
         return (f"finished rows are committed in {len(chunks)} chunk file{'s' * (len(chunks) > 1)} under "
-                f"{opts.output}: continue with --resume_from {opts.output} and a new --output")
+                f"{opts.output}: continue with --resume_from {','.join([*opts.resume_prefixes(), opts.output])} "
+                "and a new --output")
     return "no row was committed"
 
 
@@ -193,17 +194,23 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
         if wait:
             result.wait_until_finish()
     except BaseException as e:  # (Ctrl-C too: the earlier files are not deleted for a job that did not finish)
-        if _in_chain(e, KeyboardInterrupt) and "dataflow" in str(opts.view_as(StandardOptions).runner).lower():
-            job = result.job_id() if result is not None else "it submitted"  # (its files are left as they are)
+        if (result is not None and "dataflow" in str(opts.view_as(StandardOptions).runner).lower()
+                and type(e).__name__ != "DataflowRuntimeException"):  # (raised once the job has ended)
+            # the launcher stopped waiting (Ctrl-C, a poll that failed), not the job: it may still write there
             if aside:
                 log.warning("--overwrite: the earlier output files are in %s (the next --overwrite deletes them)",
                             aside)
+            if not _in_chain(e, KeyboardInterrupt):
+                raise
             print(f"error: interrupted: the launcher stopped waiting, the Dataflow job goes on: to stop it, cancel "
-                  f"{job} (`gcloud dataflow jobs cancel`)", file=sys.stderr)
+                  f"{result.job_id()} (`gcloud dataflow jobs cancel`)", file=sys.stderr)
             return 130
-        line, status, decoded = _why_it_stopped(opts, e)
-        if aside:
-            _restore(opts, aside, old, decoded)
+        line, status, decoded = None, 1, True
+        try:  # (a diagnosis that fails, or a second Ctrl-C during it, still restores)
+            line, status, decoded = _why_it_stopped(opts, e)
+        finally:
+            if aside:
+                _restore(opts, aside, old, decoded)
         if line is None:
             raise
         try:  # (the sinks' staging folders: not left behind)

@@ -321,6 +321,35 @@ def test_a_full_disk_fails_the_next_row_instead_of_decoding_what_cannot_be_kept(
     fn._stop.set()
 
 
+def test_a_full_disk_that_has_room_again_fails_no_later_bundle(tmp_path, monkeypatch):
+    """One DoFn serves many bundles: a timer's commit that found the disk full, then a bundle-end commit that found
+    room, must not fail the next bundle's first row with the old error."""
+    import errno
+
+    from transforms import durable
+
+    write, calls = durable.write_parquet_file, []
+
+    def full_once(path, table):
+        calls.append(path)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        write(path, table)
+
+    monkeypatch.setattr(durable, "write_parquet_file", full_once)
+    fn = CommitChunks(str(tmp_path / "gens-chunk"), SCHEMA, every_s=0.01)
+    fn.setup()
+    fn.start_bundle()
+    list(fn.process({"id": "a", "generation": "A"}))
+    _wait_until(lambda: fn._full is not None)
+    fn.finish_bundle()
+    fn.start_bundle()
+    list(fn.process({"id": "b", "generation": "B"}))
+    fn.finish_bundle()
+    ids = [i for f in glob.glob(str(tmp_path / "gens-chunk-*.parquet")) for i in pq.read_table(f)["id"].to_pylist()]
+    assert sorted(ids) == ["a", "b"]
+
+
 def _wait_until(done, timeout=30.0):
     end = time.monotonic() + timeout
     while not done():

@@ -303,38 +303,122 @@ def test_ctrl_c_keeps_the_earlier_files_and_says_how_to_continue(tmp_path, saved
     assert not list(out.parent.glob("beam-temp-*"))
 
 
-def test_ctrl_c_of_a_dataflow_launcher_leaves_the_running_job_its_files(tmp_path, saved_pairs, capsys, monkeypatch):
-    """Ctrl-C stops a Dataflow launcher's wait, not the job: nothing under the prefix is touched (putting the earlier
-    files back, or deleting the staging folders, under a job still writing there would mix or break its output),
-    and the line says the job goes on and how to cancel it."""
+def test_beams_traceback_of_an_interrupted_bundle_is_not_logged_above_the_line(caplog):
+    """Beam logs a failed bundle's traceback at ERROR (28 lines over Ctrl-C's one); other failures' stay."""
+    import logging
+
+    from pipeline.logs import setup_logging
+
+    setup_logging()
+    beam_log = logging.getLogger("apache_beam.runners.common")
+    for error in (KeyboardInterrupt(), ValueError("a real failure")):
+        try:
+            raise error
+        except BaseException:
+            beam_log.error("%r [while running 'Generate']", error, exc_info=True)
+    assert [r.getMessage() for r in caplog.records] == ["ValueError('a real failure') [while running 'Generate']"]
+
+
+DATAFLOW = ["--runner=DataflowRunner", "--project=acme-prod", "--region=us-central1", "--temp_location=gs://acme-b/t",
+            "--staging_location=gs://acme-b/s"]
+
+
+def _on_dataflow(monkeypatch, run) -> None:
+    """Jobs "submitted" to Dataflow by `run` (beam.Pipeline.run), past preflight and GCS."""
+    from apache_beam.options.pipeline_options import GoogleCloudOptions
+
+    from pipeline import run as launcher
+
+    monkeypatch.setattr(GoogleCloudOptions, "_warn_if_soft_delete_policy_enabled", lambda self, name: None)  # (GCS)
+    monkeypatch.setattr(launcher, "preflight", lambda opts: pa.schema([("id", pa.string()), ("prompt", pa.string())]))
+    monkeypatch.setattr(beam.Pipeline, "run", run)
+
+
+class _Submitted:
+    """A Dataflow job still running when its launcher's wait ends with `error`."""
+
+    def __init__(self, error: BaseException, staging: Path):
+        self.error, self.staging = error, staging
+
+    def job_id(self) -> str:
+        return "2026-12-06_01_02_03-123"
+
+    def wait_until_finish(self):
+        self.staging.mkdir()
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), AssertionError("Job did not reach to a terminal state")])
+def test_a_dataflow_launcher_that_stops_waiting_leaves_the_running_job_its_files(tmp_path, saved_pairs, capsys,
+                                                                                 monkeypatch, error):
+    """Ctrl-C, or a status poll that failed, stops a Dataflow launcher's wait, not the job: nothing under the prefix
+    is touched (putting the earlier files back, or deleting the staging folders, under a job still writing there
+    would mix or break its output). Ctrl-C's line says the job goes on and how to cancel it; another error is
+    raised as it is."""
+    target, _ = saved_pairs["llama"]
+    src, out = _earlier_run(tmp_path, "gens-00000-of-00001.parquet")
+    staging = out.parent / "beam-temp-gens-0123"
+    _on_dataflow(monkeypatch, lambda self, *a, **k: _Submitted(error, staging))
+    capsys.readouterr()
+    if isinstance(error, KeyboardInterrupt):
+        assert main(_args(src, out, target, None, "--overwrite", *DATAFLOW)) == 130
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            "error: interrupted: the launcher stopped waiting, the Dataflow job goes on: to stop it, cancel "
+            "2026-12-06_01_02_03-123 (`gcloud dataflow jobs cancel`)")
+    else:
+        with pytest.raises(AssertionError, match="terminal state"):
+            main(_args(src, out, target, None, "--overwrite", *DATAFLOW))
+    [aside] = out.parent.glob(".overwritten-gens-*")
+    assert len(list(aside.iterdir())) == 2 and _files(out) == [] and staging.exists()
+
+
+def test_ctrl_c_while_a_dataflow_job_is_submitted_puts_the_earlier_files_back(tmp_path, saved_pairs, capsys,
+                                                                                monkeypatch):
+    """Before p.run() returns there is no job (staging takes minutes): as locally, nothing was committed."""
+    target, _ = saved_pairs["llama"]
+    src, out = _earlier_run(tmp_path, "gens-00000-of-00001.parquet")
+
+    def staging(self, *a, **k):
+        raise KeyboardInterrupt
+
+    _on_dataflow(monkeypatch, staging)
+    capsys.readouterr()
+    assert main(_args(src, out, target, None, "--overwrite", *DATAFLOW)) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: interrupted: no row was committed"
+    assert len(_files(out)) == 2
+
+
+def test_the_earlier_files_are_put_back_when_looking_for_a_damaged_file_is_interrupted(tmp_path, saved_pairs,
+                                                                                       monkeypatch):
+    """Re-reading every input (minutes on a large gs:// input) may be stopped by a second Ctrl-C, or fail."""
     from pipeline import run
 
     target, _ = saved_pairs["llama"]
     src, out = _earlier_run(tmp_path, "gens-00000-of-00001.parquet")
-    staging = out.parent / "beam-temp-gens-0123"
 
-    class Submitted:
-        def job_id(self):
-            return "2026-12-06_01_02_03-123"
+    def failed_read(self, *a, **k):
+        raise RuntimeError('File "/x/apache_beam/io/parquetio.py", line 1, in read_records')
 
-        def wait_until_finish(self):
-            staging.mkdir()
-            raise KeyboardInterrupt
+    def reread(opts, e):
+        raise KeyboardInterrupt
 
-    from apache_beam.options.pipeline_options import GoogleCloudOptions
+    monkeypatch.setattr(beam.Pipeline, "run", failed_read)
+    monkeypatch.setattr(run, "_damaged_files", reread)
+    with pytest.raises(KeyboardInterrupt):
+        main(_args(src, out, target, None, "--overwrite"))
+    assert len(_files(out)) == 2
 
-    monkeypatch.setattr(GoogleCloudOptions, "_warn_if_soft_delete_policy_enabled", lambda self, name: None)  # (GCS)
-    monkeypatch.setattr(run, "preflight", lambda opts: pa.schema([("id", pa.string()), ("prompt", pa.string())]))
-    monkeypatch.setattr(beam.Pipeline, "run", lambda self, *a, **k: Submitted())
-    capsys.readouterr()
-    dataflow = ["--runner=DataflowRunner", "--project=acme-prod", "--region=us-central1",
-                "--temp_location=gs://acme-b/t", "--staging_location=gs://acme-b/s"]
-    assert main(_args(src, out, target, None, "--overwrite", *dataflow)) == 130
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "error: interrupted: the launcher stopped waiting, the Dataflow job goes on: to stop it, cancel "
-        "2026-12-06_01_02_03-123 (`gcloud dataflow jobs cancel`)")
-    [aside] = out.parent.glob(".overwritten-gens-*")
-    assert len(list(aside.iterdir())) == 2 and _files(out) == [] and staging.exists()
+
+def test_the_line_after_ctrl_c_of_a_resumed_run_names_every_prefix_to_resume_from(tmp_path):
+    """Resuming from this run's prefix alone would decode again every row the earlier prefixes hold."""
+    from pipeline.run import _how_to_continue, parse_options
+
+    out = tmp_path / "run2" / "gens"
+    out.parent.mkdir()
+    pq.write_table(pa.table({"id": ["x"]}), out.parent / f"gens-chunk-{1:032x}-00000.parquet")
+    opts = parse_options(["--input", "x.parquet", "--output", str(out), "--target_model", "t", "--resume_from",
+                          str(tmp_path / "run1" / "gens")])
+    assert _how_to_continue(opts).endswith(f"continue with --resume_from {tmp_path}/run1/gens,{out} and a new --output")
 
 
 def test_a_load_that_fails_otherwise_than_refused_leaves_the_earlier_files(tmp_path, saved_pairs, monkeypatch):

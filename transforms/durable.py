@@ -191,6 +191,7 @@ class CommitChunks(beam.DoFn):
         self._full: OSError | None = None
 
     def start_bundle(self) -> None:
+        self._full = None  # (one DoFn serves many bundles: a disk that was full may have room again)
         self._stop = threading.Event()
         self._timer = None
         if self.every_s > 0:
@@ -255,8 +256,8 @@ class CommitChunks(beam.DoFn):
         if getattr(self, "_buffer", None):  # a failed or interrupted bundle's finished rows: kept if they can be
             try:
                 self._flush()
-            except Exception:
-                _LOG.warning("committing the last finished rows failed", exc_info=True)
+            except Exception as e:
+                _LOG.warning("committing the last finished rows failed: %s", one_line(e))
 
 
 class CommitRows(beam.PTransform):
