@@ -117,8 +117,8 @@ ASIDE = ".overwritten-"  # + BASENAME-<hex>: `set_aside`'s folders
 def set_aside(files: list[str], prefix: str) -> str:
     """Move a prefix's earlier output files (`--overwrite`) into a hidden folder beside it,
     `.overwritten-BASENAME-<hex>`, where no reader or sink of the prefix looks; returns the folder.
-    The launcher deletes it when the job ends, or puts the files back (`put_back`) when a local
-    job's load refuses it: a refused job deletes nothing."""
+    The launcher deletes it when the job has finished; a job that did not finish puts the files
+    back (`put_back`) where it committed nothing, and keeps the folder otherwise."""
     folder, base = FileSystems.split(prefix)
     aside = FileSystems.join(folder, f"{ASIDE}{base}-{uuid.uuid4().hex}")
     FileSystems.mkdirs(aside)  # (object stores have no folders: nothing to make)
