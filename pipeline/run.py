@@ -25,6 +25,7 @@ from transforms.durable import (
     CommitChunks,
     CommitRows,
     absolute,
+    aside_folder,
     beam_temp_dirs,
     chunk_patterns,
     delete_dirs,
@@ -116,22 +117,23 @@ def _damaged_files(opts: SpecDecOptions, e: BaseException) -> tuple[str, list[st
     return damaged_files(opts)
 
 
-def _how_to_continue(opts: SpecDecOptions) -> str:
-    if chunks := match(chunk_patterns(opts.output)):
+def _how_to_continue(opts: SpecDecOptions, old: list[str]) -> str:
+    """(old: --overwrite's earlier files, of which a stopped move may have left some under the prefix)"""
+    if chunks := sorted(set(match(chunk_patterns(opts.output))) - set(old)):
         return (f"finished rows are committed in {len(chunks)} chunk file{'s' * (len(chunks) > 1)} under "
                 f"{opts.output}: continue with --resume_from {','.join([*opts.resume_prefixes(), opts.output])} "
                 "and a new --output")
     return "no row was committed"
 
 
-def _why_it_stopped(opts: SpecDecOptions, e: BaseException) -> tuple[str | None, int, bool]:
+def _why_it_stopped(opts: SpecDecOptions, e: BaseException, old: list[str]) -> tuple[str | None, int, bool]:
     """(the one line to print, or None to raise e; exit status; whether rows may have been decoded)."""
     if _in_chain(e, KeyboardInterrupt):
-        return f"interrupted: {_how_to_continue(opts)}", 130, True
+        return f"interrupted: {_how_to_continue(opts, old)}", 130, True
     if isinstance(e, ModelRefused):
         return str(e).split(" [while running")[0], 2, False
     if (full := _in_chain(e, OSError)) and full.errno in DISK_FULL:
-        return f"cannot write {full.filename or opts.output} ({full.strerror}): {_how_to_continue(opts)}", 1, True
+        return f"cannot write {full.filename or opts.output} ({full.strerror}): {_how_to_continue(opts, old)}", 1, True
     flag, damaged = _damaged_files(opts, e)
     if damaged:
         return (f"{flag}: {len(damaged)} of its files cannot be read past their footers: "
@@ -144,7 +146,7 @@ def _restore(opts: SpecDecOptions, aside: str, old: list[str], decoded: bool) ->
     """--overwrite's earlier files after a job that did not finish: put back, where the job kept no rows
     of its own (with none decoded, what it wrote, failed rows, is deleted), else kept aside, said."""
     try:
-        new = output_files(opts.output)
+        new = sorted(set(output_files(opts.output)) - set(old))  # (earlier files a stopped move left)
         if new and decoded:
             log.warning("--overwrite: the job did not finish: the earlier output files are kept in %s, beside its "
                         "%d committed files under %s", aside, len(new), opts.output)
@@ -187,7 +189,8 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
     result = None
     try:
         if old and wait:
-            aside = set_aside(old, opts.output)
+            aside = aside_folder(opts.output)  # (known before the move, which Ctrl-C may stop midway)
+            set_aside(old, aside)
             log.info("--overwrite: moved %d earlier output files under %s to %s, deleted when the job has finished",
                      len(old), opts.output, aside)
         result = p.run()
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
             return 130
         line, status, decoded = None, 1, True
         try:  # (a diagnosis that fails, or a second Ctrl-C during it, still restores)
-            line, status, decoded = _why_it_stopped(opts, e)
+            line, status, decoded = _why_it_stopped(opts, e, old)
         finally:
             if aside:
                 _restore(opts, aside, old, decoded)

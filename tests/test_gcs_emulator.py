@@ -187,9 +187,10 @@ def test_chunks_resume_and_output_safety_on_gcs(gcs, saved_pairs, tmp_path, monk
     assert err.startswith(f"error: --output '{out}' already holds 2 output files") and "\n" not in err
 
     # --overwrite's earlier files set aside on gs:// (copied, deleted) and put back, as a refused load does
-    from transforms.durable import put_back, set_aside
+    from transforms.durable import aside_folder, put_back, set_aside
     earlier = output_files(out)
-    aside = set_aside(earlier, out)
+    aside = aside_folder(out)
+    set_aside(earlier, aside)
     assert output_files(out) == [] and len(gcs.list(aside)) == 2
     put_back(aside, earlier)
     assert output_files(out) == earlier and not gcs.list(aside)

@@ -418,7 +418,34 @@ def test_the_line_after_ctrl_c_of_a_resumed_run_names_every_prefix_to_resume_fro
     pq.write_table(pa.table({"id": ["x"]}), out.parent / f"gens-chunk-{1:032x}-00000.parquet")
     opts = parse_options(["--input", "x.parquet", "--output", str(out), "--target_model", "t", "--resume_from",
                           str(tmp_path / "run1" / "gens")])
-    assert _how_to_continue(opts).endswith(f"continue with --resume_from {tmp_path}/run1/gens,{out} and a new --output")
+    line = _how_to_continue(opts, [])
+    assert line.endswith(f"continue with --resume_from {tmp_path}/run1/gens,{out} and a new --output")
+
+
+def test_ctrl_c_while_the_earlier_files_are_set_aside_puts_back_those_moved(tmp_path, saved_pairs, capsys,
+                                                                           monkeypatch):
+    """Moving thousands of chunks aside takes a while on gs://: a Ctrl-C midway left some files in the hidden folder,
+    unsaid, and the rest under the prefix."""
+    from apache_beam.io.filesystems import FileSystems
+
+    target, _ = saved_pairs["llama"]
+    src, out = _earlier_run(tmp_path, "gens-00000-of-00001.parquet")
+    earlier = {p.name: p.read_bytes() for p in out.parent.glob("gens-*.parquet")}
+    rename, calls = FileSystems.rename, []
+
+    def stopped_midway(sources, destinations):
+        calls.append(sources)
+        rename(sources[:1], destinations[:1])
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        rename(sources[1:], destinations[1:])
+
+    monkeypatch.setattr(FileSystems, "rename", staticmethod(stopped_midway))
+    capsys.readouterr()
+    assert main(_args(src, out, target, None, "--overwrite")) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: interrupted: no row was committed"
+    assert {p.name: p.read_bytes() for p in out.parent.glob("gens-*.parquet")} == earlier
+    assert not list(out.parent.glob(".*")) and len(calls) == 2
 
 
 def test_a_load_that_fails_otherwise_than_refused_leaves_the_earlier_files(tmp_path, saved_pairs, monkeypatch):

@@ -114,21 +114,28 @@ def delete_dirs(dirs: list[str]) -> None:
 ASIDE = ".overwritten-"  # + BASENAME-<hex>: `set_aside`'s folders
 
 
-def set_aside(files: list[str], prefix: str) -> str:
-    """Move a prefix's earlier output files (`--overwrite`) into a hidden folder beside it,
-    `.overwritten-BASENAME-<hex>`, where no reader or sink of the prefix looks; returns the folder.
-    The launcher deletes it when the job has finished; a job that did not finish puts the files
-    back (`put_back`) where it committed nothing, and keeps the folder otherwise."""
+def aside_folder(prefix: str) -> str:
+    """Where `--overwrite` moves a prefix's earlier output files: `.overwritten-BASENAME-<hex>` beside
+    it, where no reader or sink of the prefix looks."""
     folder, base = FileSystems.split(prefix)
-    aside = FileSystems.join(folder, f"{ASIDE}{base}-{uuid.uuid4().hex}")
+    return FileSystems.join(folder, f"{ASIDE}{base}-{uuid.uuid4().hex}")
+
+
+def set_aside(files: list[str], aside: str) -> None:
+    """Move the files into the folder. The launcher deletes it when the job has finished; a job that
+    did not finish puts the files back (`put_back`) where it committed nothing, and keeps the folder
+    otherwise."""
     FileSystems.mkdirs(aside)  # (object stores have no folders: nothing to make)
     FileSystems.rename(files, [FileSystems.join(aside, FileSystems.split(f)[1]) for f in files])
-    return aside
 
 
 def put_back(aside: str, files: list[str]) -> None:
-    """The files `set_aside` moved, back under their names."""
-    FileSystems.rename([FileSystems.join(aside, FileSystems.split(f)[1]) for f in files], files)
+    """The files `set_aside` moved back under their names: all, or those it had moved when it was
+    stopped (moving thousands of chunks on gs:// takes a while)."""
+    moved = set(match([FileSystems.join(aside, "*")]))
+    back = [(src, f) for f in files if (src := FileSystems.join(aside, FileSystems.split(f)[1])) in moved]
+    if back:
+        FileSystems.rename([src for src, _ in back], [f for _, f in back])
     delete_dirs([aside])
 
 
