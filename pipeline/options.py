@@ -105,6 +105,10 @@ class SpecDecOptions(PipelineOptions):
     def passthrough(self) -> list[str]:
         return [c.strip() for c in (self.passthrough_columns or "").split(",") if c.strip()]
 
+    def input_columns(self) -> list[str]:
+        """The input columns the job reads, each once."""
+        return list(dict.fromkeys([self.id_column, self.prompt_column, *self.passthrough()]))
+
     def generator_spec(self) -> GeneratorSpec:
         return GeneratorSpec(
             target_model=self.target_model,

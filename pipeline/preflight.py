@@ -107,7 +107,7 @@ def damaged_files(opts: SpecDecOptions) -> tuple[str, list[str]]:
             return f"{path} ({where}: {type(e).__name__}: {one_line(e)})"
         return None
 
-    reads = [("--input", [opts.input], list(dict.fromkeys(column for _, column in _columns_read(opts))))]
+    reads = [("--input", [opts.input], opts.input_columns())]
     reads += [("--resume_from", result_patterns(prefix), ["id"]) for prefix in opts.resume_prefixes()]
     for flag, patterns, columns in reads:
         if found := [f for f in each_file(lambda path, c=columns: damaged(path, c), match(patterns)) if f]:

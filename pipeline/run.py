@@ -52,8 +52,7 @@ def build_pipeline(p: beam.Pipeline, opts: SpecDecOptions, schema: pa.Schema) ->
     """The job graph. Touches neither the input nor the models: those are read by workers."""
     passthrough = opts.passthrough()
     handler = SpecDecModelHandler(opts.generator_spec(), opts.prompt_column, large_model=opts.large_model)
-    columns = list(dict.fromkeys([opts.id_column, opts.prompt_column, *passthrough]))
-    rows = p | "ReadPrompts" >> ReadPrompts(opts.input, columns, opts.prompt_column)
+    rows = p | "ReadPrompts" >> ReadPrompts(opts.input, opts.input_columns(), opts.prompt_column)
     rows, early = rows | "SelectIds" >> SelectRows(opts.id_column, opts.prompt_column, opts.resume_prefixes())
     results, *failed = rows | "Generate" >> GenerateRows(
         handler,

@@ -300,15 +300,19 @@ def test_a_bundle_that_never_finished_commits_its_finished_rows_at_teardown(tmp_
     assert sorted(ids) == list("abc")
 
 
-def test_a_full_disk_fails_the_next_row_instead_of_decoding_what_cannot_be_kept(tmp_path, monkeypatch):
-    """A commit that fails for want of room (or a read-only or over-quota disk) is not retried every second while
-    the job decodes its whole input and fails only at the end: the next row fails the bundle with it."""
+def _chunks_on_a_full_disk(tmp_path, monkeypatch, full_writes: float) -> CommitChunks:
+    """A bundle's CommitChunks whose timer found the disk full (its first `full_writes` writes fail so)."""
     import errno
 
     from transforms import durable
 
+    write, calls = durable.write_parquet_file, []
+
     def full(path, table):
-        raise OSError(errno.ENOSPC, "No space left on device", path)
+        calls.append(path)
+        if len(calls) <= full_writes:
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        write(path, table)
 
     monkeypatch.setattr(durable, "write_parquet_file", full)
     fn = CommitChunks(str(tmp_path / "gens-chunk"), SCHEMA, every_s=0.01)
@@ -316,6 +320,13 @@ def test_a_full_disk_fails_the_next_row_instead_of_decoding_what_cannot_be_kept(
     fn.start_bundle()
     list(fn.process({"id": "a", "generation": "A"}))
     _wait_until(lambda: fn._full is not None)
+    return fn
+
+
+def test_a_full_disk_fails_the_next_row_instead_of_decoding_what_cannot_be_kept(tmp_path, monkeypatch):
+    """A commit that fails for want of room (or a read-only or over-quota disk) is not retried every second while
+    the job decodes its whole input and fails only at the end: the next row fails the bundle with it."""
+    fn = _chunks_on_a_full_disk(tmp_path, monkeypatch, float("inf"))
     with pytest.raises(OSError, match="No space left"):
         list(fn.process({"id": "b", "generation": "B"}))
     fn._stop.set()
@@ -324,24 +335,7 @@ def test_a_full_disk_fails_the_next_row_instead_of_decoding_what_cannot_be_kept(
 def test_a_full_disk_that_has_room_again_fails_no_later_bundle(tmp_path, monkeypatch):
     """One DoFn serves many bundles: a timer's commit that found the disk full, then a bundle-end commit that found
     room, must not fail the next bundle's first row with the old error."""
-    import errno
-
-    from transforms import durable
-
-    write, calls = durable.write_parquet_file, []
-
-    def full_once(path, table):
-        calls.append(path)
-        if len(calls) == 1:
-            raise OSError(errno.ENOSPC, "No space left on device", path)
-        write(path, table)
-
-    monkeypatch.setattr(durable, "write_parquet_file", full_once)
-    fn = CommitChunks(str(tmp_path / "gens-chunk"), SCHEMA, every_s=0.01)
-    fn.setup()
-    fn.start_bundle()
-    list(fn.process({"id": "a", "generation": "A"}))
-    _wait_until(lambda: fn._full is not None)
+    fn = _chunks_on_a_full_disk(tmp_path, monkeypatch, 1)
     fn.finish_bundle()
     fn.start_bundle()
     list(fn.process({"id": "b", "generation": "B"}))

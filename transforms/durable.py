@@ -209,12 +209,10 @@ class CommitChunks(beam.DoFn):
         while not self._stop.wait(min(self.every_s, threading.TIMEOUT_MAX)):  # (inf: at bundle ends only)
             try:
                 self._flush()
-            except OSError as e:
-                if e.errno in DISK_FULL:  # the next row fails the bundle: no more work that cannot be kept
-                    self._full = e
+            except Exception as e:  # the bundle's own final flush retries, and fails the bundle if it must
+                if isinstance(e, OSError) and e.errno in DISK_FULL:  # the next row fails the bundle instead: no
+                    self._full = e                                     # more work that cannot be kept
                     return
-                _LOG.warning("committing a chunk of finished rows failed; will retry", exc_info=True)
-            except Exception:  # the bundle's own final flush retries, and fails the bundle if it must
                 _LOG.warning("committing a chunk of finished rows failed; will retry", exc_info=True)
 
     def _flush(self) -> None:
