@@ -300,6 +300,37 @@ def test_a_bundle_that_never_finished_commits_its_finished_rows_at_teardown(tmp_
     assert sorted(ids) == list("abc")
 
 
+def test_a_timer_commit_that_fails_during_teardown_leaves_its_rows_to_teardown(tmp_path, monkeypatch):
+    """Teardown found the buffer empty while the timer was writing its rows, and returned: when that write failed,
+    its rows went back into a buffer nothing flushed again. Teardown now waits for the timer's commit."""
+    import threading
+
+    from transforms import durable
+
+    prefix = str(tmp_path / "gens-chunk")
+    write, writing, release = durable.write_parquet_file, threading.Event(), threading.Event()
+
+    def first_fails(path, table):
+        if not release.is_set():
+            writing.set()
+            release.wait()
+            raise OSError("transient")
+        write(path, table)
+
+    monkeypatch.setattr(durable, "write_parquet_file", first_fails)
+    fn = CommitChunks(prefix, SCHEMA, every_s=0.01)
+    fn.setup()
+    fn.start_bundle()
+    list(fn.process({"id": "a", "generation": "A"}))
+    assert writing.wait(60)  # the timer has taken the row and is writing it
+    teardown = threading.Thread(target=fn.teardown)
+    teardown.start()
+    release.set()
+    teardown.join(60)
+    fn._timer.join(60)
+    assert [i for f in glob.glob(f"{prefix}-*.parquet") for i in pq.read_table(f)["id"].to_pylist()] == ["a"]
+
+
 def _chunks_on_a_full_disk(tmp_path, monkeypatch, full_writes: float) -> CommitChunks:
     """A bundle's CommitChunks whose timer found the disk full (its first `full_writes` writes fail so)."""
     import errno

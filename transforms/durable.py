@@ -257,7 +257,9 @@ class CommitChunks(beam.DoFn):
 
     def teardown(self) -> None:
         if getattr(self, "_stop", None) is not None:
-            self._stop.set()  # a failed bundle never reached finish_bundle: stop its timer
+            self._stop.set()  # a failed bundle never reached finish_bundle: stop its timer,
+            if self._timer is not None:  # and let a commit it has in flight end (if that fails, its rows are
+                self._timer.join()       # back in the buffer for the flush below)
         if getattr(self, "_buffer", None):  # a failed or interrupted bundle's finished rows: kept if they can be
             try:
                 self._flush()
