@@ -116,6 +116,17 @@ def _damaged_files(opts: SpecDecOptions, e: BaseException) -> tuple[str, list[st
     return damaged_files(opts)
 
 
+def _disk_full(e: BaseException) -> tuple[str | None, str] | None:
+    """(the path, if said, and the reason) where a write failed for want of room, or on a read-only or
+    over-quota disk; a multi-process or remote runner's error holds its worker's OSError as text only."""
+    if (full := _in_chain(e, OSError)) and full.errno in DISK_FULL:
+        return full.filename, full.strerror
+    for m in re.finditer(r"\[Errno (\d+)\] ([^:'\[\n\\]+)(?:: '([^'\n\\]+)')?", "".join(traceback.format_exception(e))):
+        if int(m[1]) in DISK_FULL:
+            return m[3], m[2].strip()
+    return None
+
+
 def _how_to_continue(opts: SpecDecOptions, old: list[str]) -> str:
     """(old: --overwrite's earlier files, of which a stopped move may have left some under the prefix)"""
     if chunks := sorted(set(match(chunk_patterns(opts.output))) - set(old)):
@@ -131,8 +142,8 @@ def _why_it_stopped(opts: SpecDecOptions, e: BaseException, old: list[str]) -> t
         return f"interrupted: {_how_to_continue(opts, old)}", 130, True
     if isinstance(e, ModelRefused):
         return str(e).split(" [while running")[0], 2, False
-    if (full := _in_chain(e, OSError)) and full.errno in DISK_FULL:
-        return f"cannot write {full.filename or opts.output} ({full.strerror}): {_how_to_continue(opts, old)}", 1, True
+    if full := _disk_full(e):
+        return f"cannot write {full[0] or opts.output} ({full[1]}): {_how_to_continue(opts, old)}", 1, True
     flag, damaged = _damaged_files(opts, e)
     if damaged:
         return (f"{flag}: {len(damaged)} of its files cannot be read past their footers: "

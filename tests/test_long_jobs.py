@@ -225,6 +225,32 @@ def test_engine_deadline_is_checked_between_rounds(models):
 
 # -- 5: output safety -------------------------------------------------------------------------
 
+def test_a_full_disk_is_one_line_whether_the_error_is_an_oserror_or_a_workers_text(tmp_path):
+    """In process the error is the OSError itself; a multi-process or remote runner's holds the worker's traceback
+    as text (`RuntimeError: OSError: [Errno 28] ...`), which showed Beam's traceback with no line of ours."""
+    import errno
+
+    from pipeline.options import SpecDecOptions
+    from pipeline.run import _why_it_stopped
+
+    out = tmp_path / "gens"
+    opts = SpecDecOptions(["--input", str(tmp_path / "p.parquet"), "--output", str(out), "--target_model", "t"])
+    (tmp_path / f"gens-chunk-{'a' * 32}-00000.parquet").write_bytes(b"")
+    went_on = (f"finished rows are committed in 1 chunk file under {out}: continue with --resume_from {out} and a "
+               "new --output")
+    chunk = str(tmp_path / f"gens-chunk-{'a' * 32}-00001.parquet.tmp")
+    for error, line in (
+            (OSError(errno.ENOSPC, "No space left on device", chunk),
+             f"cannot write {chunk} (No space left on device)"),
+            (RuntimeError("Traceback (most recent call last):\n  File \"durable.py\", line 163, in write_parquet_file\n"
+                          "OSError: [Errno 28] No space left on device [while running 'Commit/Results']"),
+             f"cannot write {out} (No space left on device)"),
+            (RuntimeError(f"OSError: [Errno {errno.EROFS}] Read-only file system: '{chunk}' [while running 'Commit']"),
+             f"cannot write {chunk} (Read-only file system)")):
+        assert _why_it_stopped(opts, error, []) == (f"{line}: {went_on}", 1, True)
+    assert _why_it_stopped(opts, RuntimeError("OSError: [Errno 2] No such file or directory: 'x'"), [])[0] is None
+
+
 def _earlier_run(tmp_path: Path, shard: str) -> tuple[Path, Path]:
     """An input of one prompt, and an output prefix where an earlier run left a chunk and the shard `shard`."""
     src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "Hello world!"}])
