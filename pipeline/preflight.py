@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from apache_beam.io.filesystem import FileSystem
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.localfilesystem import LocalFileSystem
 from apache_beam.options.pipeline_options import TestOptions
@@ -121,11 +122,13 @@ def _columns_read(opts: SpecDecOptions) -> list[tuple[str, str]]:
         ("--passthrough_columns", c) for c in opts.passthrough()]
 
 
-def _check_columns(opts: SpecDecOptions, schema: pa.Schema) -> None:
+def _check_columns(opts: SpecDecOptions, path: str, schema: pa.Schema) -> None:
+    """path, schema: the input's first file's."""
     names = schema.names
     for flag, col in _columns_read(opts):
         if col not in names:
-            raise JobConfigError(f"{flag} {col!r} is not a column of the input (columns: {', '.join(names)})")
+            raise JobConfigError(f"{flag} {col!r} is not a column of the input (columns of {path}: "
+                                 f"{', '.join(names)})")
     twice = [c for i, c in enumerate(opts.passthrough()) if c in opts.passthrough()[:i]]
     if twice:
         raise JobConfigError(f"--passthrough_columns names {twice[0]!r} twice")
@@ -321,6 +324,18 @@ def writable_file(flag: str, path: str) -> str:
     return path
 
 
+def _check_not_in_input(opts: SpecDecOptions) -> None:
+    """Output files that --input's pattern matches: the run goes well (it reads its input before it writes), but every
+    later run of that --input reads them as prompt files, and stops on their columns."""
+    pattern = re.compile(FileSystem.translate_pattern(opts.input))
+    names = [f"{opts.output}-00000-of-00001.parquet", f"{opts.output}-failed-00000-of-00001.parquet",
+             f"{opts.output}-chunk-{'0' * 32}-00000.parquet"]
+    if matched := next((n for n in names if pattern.match(n)), None):
+        raise JobConfigError(f"--output {opts.output!r}: --input {opts.input!r} matches its files (such as "
+                             f"{os.path.basename(matched)}): a later run of that --input would read them as prompts; "
+                             "write the output outside the input's pattern")
+
+
 def _check_output(opts: SpecDecOptions, inputs: list[str]) -> None:
     check_prefix("--output", opts.output)
     if is_dry_run(opts):
@@ -334,6 +349,7 @@ def _check_output(opts: SpecDecOptions, inputs: list[str]) -> None:
     if clash := sorted({one_spelling(f) for f in existing + doomed} & {one_spelling(f) for f in inputs}):
         raise JobConfigError(f"--output {opts.output!r}: the input file {clash[0]} is named as this prefix's "
                              "output, which the job deletes (Beam's writer, or --overwrite): use another prefix")
+    _check_not_in_input(opts)
     foreign = sorted(set(doomed) - set(existing))
     if foreign:  # --overwrite or not: it deletes this prefix's files, never another's
         raise JobConfigError(f"--output {opts.output!r}: Beam's writer deletes every "
@@ -490,7 +506,7 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     if not opts.commit_every_s >= 0:
         raise JobConfigError(f"--commit_every_s must be >= 0, got {opts.commit_every_s}")
     shards = input_schemas(opts.input)
-    _check_columns(opts, shards[0][1])
+    _check_columns(opts, *shards[0])
     schema = _check_shards(opts, shards)
     _check_id_type(opts, schema)
     trust = opts.trust_remote_code

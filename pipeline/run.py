@@ -95,6 +95,15 @@ def parse_options(argv: list[str]) -> SpecDecOptions:
     return opts
 
 
+def _pipeline(opts: SpecDecOptions) -> beam.Pipeline:
+    """The job's Pipeline, whose making runs Beam's own checks of its options (the runner's name, Dataflow's
+    required options): their error is a bad job setting, said in one line before any model is read."""
+    try:
+        return beam.Pipeline(options=opts)
+    except ValueError as e:
+        raise JobConfigError(" ".join(str(e).split())) from e
+
+
 def _in_chain(e: BaseException, kind: type | tuple[type, ...]) -> BaseException | None:
     """The first exception of that kind in e's chain (Beam re-raises a worker's error as another)."""
     seen = set()
@@ -179,6 +188,7 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
     try:
         check_pipeline_flags(argv)
         opts = parse_options(argv)
+        p = _pipeline(opts)
         schema = preflight(opts)
     except (FlagError, JobConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -186,23 +196,19 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
     old, aside = [], None
     if opts.overwrite and not is_dry_run(opts):
         old = output_files(opts.output)
-        if old and not wait:  # (a launcher that returns at once cannot put them back)
-            log.info("--overwrite: deleting %d earlier output files under %s", len(old), opts.output)
-            FileSystems.delete(old)
         # a killed run's shards, never renamed, and earlier files a killed launcher had set aside
         if staged := beam_temp_dirs(opts.output) + beam_temp_dirs(opts.output, ASIDE):
             log.info("--overwrite: deleting %d folders of unfinished writes: %s", len(staged), ", ".join(staged))
             delete_dirs(staged)
     log.info("placement on each worker: %s", placement_record(opts))
-    p = beam.Pipeline(options=opts)
     build_pipeline(p, opts, schema)
     result = None
     try:
-        if old and wait:
+        if old:
             aside = aside_folder(opts.output)  # (known before the move, which Ctrl-C may stop midway)
             set_aside(old, aside)
-            log.info("--overwrite: moved %d earlier output files under %s to %s, deleted when the job has finished",
-                     len(old), opts.output, aside)
+            log.info("--overwrite: moved %d earlier output files under %s to %s, deleted when the job has %s",
+                     len(old), opts.output, aside, "finished" if wait else "been submitted")
         result = p.run()
         if wait:
             result.wait_until_finish()

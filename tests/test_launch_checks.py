@@ -37,6 +37,48 @@ def test_numeric_settings_out_of_range_stop_the_job(tmp_path, saved_pairs, capsy
     assert not no_work and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(("runner", "needle"), [
+    (["--runner", "DirectRuner"], "Unexpected pipeline runner: DirectRuner. Valid values are "),
+    (["--runner", "DataflowRunner"], "Pipeline has validations errors: Missing GCS path option: temp_location."),
+])
+def test_beams_own_option_errors_stop_the_job_in_one_line_before_the_models_are_read(tmp_path, saved_pairs, capsys,
+                                                                                      no_work, src, monkeypatch,
+                                                                                      runner, needle):
+    """Beam checks its options as the Pipeline is made: a mistyped runner, or Dataflow without its project, region
+    and buckets, ended the job after both models were read, in a traceback of 17 lines and status 1."""
+    from pipeline import run as launcher
+
+    read = []
+    monkeypatch.setattr(launcher, "preflight", lambda opts: read.append(opts))
+    target, _ = saved_pairs["llama"]
+    capsys.readouterr()
+    assert main(_args(src, tmp_path / "run" / "gens", target, None, *runner), wait=False) == 2
+    assert needle in _one_line_error(capsys)
+    assert not read and not no_work
+
+
+def test_an_output_the_input_pattern_matches_stops_the_job(tmp_path, saved_pairs, capsys, no_work):
+    """`--input 'data/*.parquet' --output data/gens` ran, and every later run of that input read its result files
+    as prompt files: it stopped on their columns, naming none of them."""
+    target, _ = saved_pairs["llama"]
+    data = tmp_path / "data"
+    data.mkdir()
+    write_prompts(data / "prompts.parquet", [{"id": "a", "prompt": "Hello world!"}])
+    capsys.readouterr()
+    assert main(_args(str(data / "*.parquet"), data / "gens", target, None), wait=False) == 2
+    assert _one_line_error(capsys).endswith(
+        f"--output '{data}/gens': --input '{data}/*.parquet' matches its files (such as gens-00000-of-00001.parquet): "
+        "a later run of that --input would read them as prompts; write the output outside the input's pattern")
+    assert main(_args(str(data / "prompts*.parquet"), data / "gens", target, None), wait=False) == 0
+    assert main(_args(str(data / "*.parquet"), tmp_path / "out" / "gens", target, None), wait=False) == 0
+    assert len(no_work) == 2
+    # an earlier run's output already there (written before this check): the refusal names the file it read
+    write_prompts(data / "gens-00000-of-00001.parquet", [{"id": "a", "generation": "x", "new_tokens": 1}])
+    (data / "prompts.parquet").unlink()
+    assert main(_args(str(data / "*.parquet"), tmp_path / "out2" / "gens", target, None), wait=False) == 2
+    assert f"(columns of {data}/gens-00000-of-00001.parquet: id, generation, new_tokens)" in _one_line_error(capsys)
+
+
 def test_a_passed_through_column_named_as_an_output_column_stops_the_job(tmp_path, saved_pairs, capsys, no_work):
     target, _ = saved_pairs["llama"]
     src = write_prompts(tmp_path / "p.parquet", [{"id": "a", "prompt": "hi", "generation": "theirs"}])

@@ -278,16 +278,30 @@ def test_existing_output_stops_the_job_unless_overwrite(tmp_path, saved_pairs, c
     assert (out.parent / "gens-notes.txt").exists()
 
 
-def test_overwrite_by_a_launcher_that_does_not_wait_deletes_the_earlier_files_before_it_submits(tmp_path, saved_pairs,
-                                                                                                 monkeypatch):
+@pytest.mark.parametrize("accepted", [True, False])
+def test_overwrite_by_a_launcher_that_does_not_wait_deletes_the_earlier_files_once_it_has_submitted(
+        tmp_path, saved_pairs, monkeypatch, accepted):
     """A Flex Template launcher returns once the job is submitted and cannot put files back: the earlier run's files
-    go first, or a job that dies would leave its chunks beside them, read as one run."""
+    are out of the prefix before it submits (or a job that dies would leave its chunks beside them, read as one run),
+    and deleted once the job is accepted; a submission that fails (permissions, quota) puts them back, where they
+    were deleted before it."""
     target, _ = saved_pairs["llama"]
     src, out = _earlier_run(tmp_path, "gens-00000-of-00001.parquet")
-    submitted = []
-    monkeypatch.setattr(beam.Pipeline, "run", lambda self, *a, **k: submitted.append(_files(out)))
-    assert main(_args(src, out, target, None, "--overwrite"), wait=False) == 0
-    assert submitted == [[]] and _files(out) == []
+    earlier, submitted = _files(out), []
+
+    def submit(self, *args, **kwargs):
+        submitted.append(_files(out))
+        if not accepted:
+            raise RuntimeError("the service refused the job (a stand-in)")
+
+    monkeypatch.setattr(beam.Pipeline, "run", submit)
+    if accepted:
+        assert main(_args(src, out, target, None, "--overwrite"), wait=False) == 0
+    else:
+        with pytest.raises(RuntimeError, match="refused"):
+            main(_args(src, out, target, None, "--overwrite"), wait=False)
+    assert submitted == [[]] and _files(out) == ([] if accepted else earlier)
+    assert not list(out.parent.glob(".overwritten-*"))
 
 
 @pytest.mark.parametrize("committed", [0, 2])
