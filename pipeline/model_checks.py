@@ -167,6 +167,8 @@ def check_tokenizer_path(path: str, trust: bool) -> None:
         if not holds_any(path, TOKENIZER_FILES):
             raise JobConfigError(f"--tokenizer {path!r}: no tokenizer files there ({', '.join(TOKENIZER_FILES)})")
     elif os.path.exists(path) or path.startswith((".", "/", "~")):
+        if os.path.isfile(path):
+            raise JobConfigError(f"--tokenizer {path!r}: a file: pass the folder that holds the tokenizer's files")
         if not os.path.isdir(path):
             raise JobConfigError(f"--tokenizer {path!r}: no such directory")
     else:
@@ -185,8 +187,10 @@ def target_tokenizer(opts: SpecDecOptions):
     except Exception as e:
         flag, path = ("--tokenizer", opts.tokenizer) if opts.tokenizer else ("--target_model", opts.target_model)
         if os.path.isdir(path) and not holds_any(path, TOKENIZER_FILES):
-            raise JobConfigError(f"{flag} {path!r}: no tokenizer there ({', '.join(TOKENIZER_FILES)}): pass "
-                                 "--tokenizer DIR, a folder that has one") from e
+            advice = "pass --tokenizer DIR, a folder that has one" if flag == "--target_model" else \
+                "pass a folder that has one"
+            raise JobConfigError(f"{flag} {path!r}: no tokenizer there ({', '.join(TOKENIZER_FILES)}): "
+                                 f"{advice}") from e
         raise JobConfigError(f"{flag} {path!r}: cannot load a tokenizer ({said(e)})") from e
 
 

@@ -239,15 +239,21 @@ def prepare(dataset, template: str | None, id_field: str | None, keep: list[str]
     return table
 
 
-def write_shards(table: pa.Table, prefix: str, num_shards: int, overwrite: bool = False) -> list[str]:
-    """PREFIX-SSSSS-of-NNNNN.parquet, local or gs:// (through Beam's filesystems), rows spread as
-    evenly as they go. Shards already under the prefix (of any count) stop it unless `overwrite`:
-    a job reading PREFIX-* would read the old and the new rows together."""
+def earlier_shards(prefix: str, overwrite: bool) -> list[str]:
+    """The shards already under the prefix (of any count), which stop the run unless `overwrite`: checked before the
+    dataset loads (a hub dataset downloads first), and again as the shards are written."""
     old = match([f"{prefix}-{SHARD}.parquet"])
     if old and not overwrite:
         raise FileExistsError(f"--output {prefix!r} already holds {len(old)} shards (e.g. {old[0]}): "
                               "use a new prefix, or pass --overwrite to delete them")
-    if old:
+    return old
+
+
+def write_shards(table: pa.Table, prefix: str, num_shards: int, overwrite: bool = False) -> list[str]:
+    """PREFIX-SSSSS-of-NNNNN.parquet, local or gs:// (through Beam's filesystems), rows spread as
+    evenly as they go. Shards already under the prefix (of any count) stop it unless `overwrite`:
+    a job reading PREFIX-* would read the old and the new rows together."""
+    if old := earlier_shards(prefix, overwrite):
         FileSystems.delete(old)
     paths = []
     n = table.num_rows
@@ -289,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--output {args.output!r}: a prefix names files, not a folder: say {args.output}prompts")
         check_templates(args.template, args.user_template, args.system_template)  # before loading anything
         check_fields(args.id_field, keep)
+        earlier_shards(args.output, args.overwrite)
         try:
             dataset = load(args.dataset, args.config, args.split)
         except (FileNotFoundError, DatasetError):

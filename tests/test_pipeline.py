@@ -509,6 +509,12 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         "--tokenizer 'nosuch_tok': no local directory of that name, and no hub tokenizer of that id loads": base + [
             "--drafter", "ngram", "--tokenizer", "nosuch_tok"],
         "--tokenizer 'my_tok': no local directory": base + ["--draft_model", str(draft), "--tokenizer", "my_tok"],
+        # (said "no such directory" of a file that is there; and to pass --tokenizer DIR to one who had)
+        f"--tokenizer '{target}/tokenizer.json': a file: pass the folder that holds the tokenizer's files": base + [
+            "--drafter", "none", "--tokenizer", f"{target}/tokenizer.json"],
+        f"--tokenizer '{no_tokenizer}': no tokenizer there (tokenizer.json, tokenizer_config.json, vocab.json, "
+        "tokenizer.model, spiece.model, sentencepiece.bpe.model): pass a folder that has one": base + [
+            "--drafter", "none", "--tokenizer", str(no_tokenizer)],
         "--target_model 'no/such-model': no local directory of that name, and no hub model": base[:4] + [
             "--target_model", "no/such-model", "--drafter", "none"],
         f"--draft_model '{t5_draft}': decoder start tokens differ: target 2, draft 0": base[:4] + [

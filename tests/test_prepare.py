@@ -138,6 +138,9 @@ def test_settings_that_would_lose_or_mix_rows_are_one_line_errors(tmp_path, caps
     assert prepare.main(["--dataset", str(src), "--template", "{t}", "--num_shards", "2", "--output", out]) == 0
     assert prepare.main(["--dataset", str(src), "--template", "{t}", "--output", out]) == 2
     assert "already holds 2 shards" in capsys.readouterr().err
+    # before the dataset loads (a hub dataset downloads first): a missing one is not what is said
+    assert prepare.main(["--dataset", str(tmp_path / "none.csv"), "--template", "{t}", "--output", out]) == 2
+    assert "already holds 2 shards" in capsys.readouterr().err
     assert prepare.main(["--dataset", str(src), "--template", "{t}", "--output", out, "--overwrite"]) == 0
     assert sorted(p.name for p in tmp_path.glob("o-*")) == ["o-00000-of-00001.parquet"]
 

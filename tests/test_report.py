@@ -179,7 +179,9 @@ def test_missing_files_or_reference_column_stop_in_one_line(tmp_path, capsys):
     data[page:page + 32] = bytes(b ^ 0xA5 for b in data[page:page + 32])
     shard.write_bytes(bytes(data))
     for args, needle in [([prompts], "its files hold no generations (no 'new_tokens' column)"),
-                         ([prefix, "--baseline", prompts], "its files hold no generations"),
+                         ([prefix, "--baseline", prompts], f"--baseline '{prompts}': its files hold no generations"),
+                         ([prefix, "--baseline", str(tmp_path / "nothing")], f"--baseline '{tmp_path}/nothing': no "
+                          f"result files {tmp_path}/nothing-SSSSS-of-NNNNN.parquet"),
                          ([scored, "--references", "score"], "--references 'score' is int64, not text"),
                          ([prefix, "--references", "new_tokens"], "'new_tokens' is an output column"),
                          ([prefix, "--html", str(tmp_path)], f"--html '{tmp_path}': a folder, not a file"),

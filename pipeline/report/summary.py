@@ -60,11 +60,12 @@ def read_results(prefix: str, flag: str = "PREFIX", texts: bool = True) -> tuple
     results, failed = read_outputs(parts, skip=() if texts else ("generation",))
     if results is None and failed is not None:  # a killed job that had only failed rows so far
         results = result_schema(failed.schema, "id", []).empty_table()
+    said = "" if flag == "PREFIX" else f"{flag} {prefix!r}: "  # (which of the two prefixes)
     if results is None:
-        raise FileNotFoundError(f"no result files {prefix}-SSSSS-of-NNNNN.parquet or {prefix}-chunk-*.parquet")
+        raise FileNotFoundError(f"{said}no result files {prefix}-SSSSS-of-NNNNN.parquet or {prefix}-chunk-*.parquet")
     if "new_tokens" not in results.schema.names:  # (prompt shards of the same name)
-        raise FileNotFoundError(f"{prefix}: its files hold no generations (no 'new_tokens' column): not a run's "
-                                "--output prefix")
+        raise FileNotFoundError(f"{said or prefix + ': '}its files hold no generations (no 'new_tokens' column): not "
+                                "a run's --output prefix")
     return results, failed
 
 
