@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import sys
 import traceback
 
@@ -102,6 +103,8 @@ def _pipeline(opts: SpecDecOptions) -> beam.Pipeline:
         return beam.Pipeline(options=opts)
     except ValueError as e:
         raise JobConfigError(" ".join(str(e).split())) from e
+    except (ImportError, AttributeError) as e:  # (a runner named by its module path)
+        raise JobConfigError(f"--runner {opts.view_as(StandardOptions).runner!r}: {e}") from e
 
 
 def _in_chain(e: BaseException, kind: type | tuple[type, ...]) -> BaseException | None:
@@ -127,12 +130,16 @@ def _damaged_files(opts: SpecDecOptions, e: BaseException) -> tuple[str, list[st
 
 def _disk_full(e: BaseException) -> tuple[str | None, str] | None:
     """(the path, if said, and the reason) where a write failed for want of room, or on a read-only or
-    over-quota disk; a multi-process or remote runner's error holds its worker's OSError as text only."""
+    over-quota disk. A multi-process or remote runner's error holds its worker's OSError as text only: taken where
+    it names its file, or failed in the output's commit (another full disk of a worker, as weights download, is
+    not the output's, and keeps its traceback)."""
     if (full := _in_chain(e, OSError)) and full.errno in DISK_FULL:
         return full.filename, full.strerror
-    for m in re.finditer(r"\[Errno (\d+)\] ([^:'\[\n\\]+)(?:: '([^'\n\\]+)')?", "".join(traceback.format_exception(e))):
-        if int(m[1]) in DISK_FULL:
-            return m[3], m[2].strip()
+    text = "".join(traceback.format_exception(e))
+    ours = "in write_parquet_file" in text
+    for m in re.finditer(r"\[Errno (\d+)\] [^\n]*?(?:: '([^'\n\\]+)')?(?: \[while running|$)", text, re.M):
+        if int(m[1]) in DISK_FULL and (m[2] or ours):
+            return m[2], os.strerror(int(m[1]))
     return None
 
 
@@ -185,12 +192,15 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
     """
     setup_logging()
     argv = sys.argv[1:] if argv is None else argv
+    p = None
     try:
         check_pipeline_flags(argv)
         opts = parse_options(argv)
         p = _pipeline(opts)
         schema = preflight(opts)
     except (FlagError, JobConfigError) as e:
+        if p is not None:  # (the folder a Pipeline makes, which only its run removes)
+            shutil.rmtree(p.local_tempdir, ignore_errors=True)
         print(f"error: {e}", file=sys.stderr)
         return 2
     old, aside = [], None
@@ -208,7 +218,7 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
             aside = aside_folder(opts.output)  # (known before the move, which Ctrl-C may stop midway)
             set_aside(old, aside)
             log.info("--overwrite: moved %d earlier output files under %s to %s, deleted when the job has %s",
-                     len(old), opts.output, aside, "finished" if wait else "been submitted")
+                     len(old), opts.output, aside, "finished" if wait else "been submitted (or its job file written)")
         result = p.run()
         if wait:
             result.wait_until_finish()
@@ -240,7 +250,10 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
         return status
     if aside:
         log.info("--overwrite: deleting the %d earlier output files in %s", len(old), aside)
-        delete_dirs([aside])
+        try:
+            delete_dirs([aside])
+        except Exception as cleanup:  # (the job ran, or was submitted: not a failure of it)
+            log.warning("--overwrite: could not delete %s (the next --overwrite deletes it): %s", aside, cleanup)
     if wait:
         log.info("done: results in %s-*-of-*.parquet, failed rows in %s-failed-*-of-*.parquet",
                      opts.output, opts.output)

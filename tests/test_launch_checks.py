@@ -6,6 +6,7 @@ from __future__ import annotations
 import apache_beam as beam
 import pytest
 
+from pipeline.errors import JobConfigError
 from pipeline.run import main
 from tests.test_cross_tokenizer import cross_pair, toks  # noqa: F401  (fixtures)
 from tests.test_long_jobs import _args, _one_line_error
@@ -40,6 +41,7 @@ def test_numeric_settings_out_of_range_stop_the_job(tmp_path, saved_pairs, capsy
 @pytest.mark.parametrize(("runner", "needle"), [
     (["--runner", "DirectRuner"], "Unexpected pipeline runner: DirectRuner. Valid values are "),
     (["--runner", "DataflowRunner"], "Pipeline has validations errors: Missing GCS path option: temp_location."),
+    (["--runner", "acme.runners.FastRunner"], "--runner 'acme.runners.FastRunner': No module named 'acme'"),
 ])
 def test_beams_own_option_errors_stop_the_job_in_one_line_before_the_models_are_read(tmp_path, saved_pairs, capsys,
                                                                                       no_work, src, monkeypatch,
@@ -52,9 +54,14 @@ def test_beams_own_option_errors_stop_the_job_in_one_line_before_the_models_are_
     monkeypatch.setattr(launcher, "preflight", lambda opts: read.append(opts))
     target, _ = saved_pairs["llama"]
     capsys.readouterr()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # (the folder a Pipeline makes: removed)
+    (tmp_path / "tmp").mkdir()
     assert main(_args(src, tmp_path / "run" / "gens", target, None, *runner), wait=False) == 2
     assert needle in _one_line_error(capsys)
     assert not read and not no_work
+    monkeypatch.setattr(launcher, "preflight", lambda opts: (_ for _ in ()).throw(JobConfigError("a stand-in")))
+    assert main(_args(src, tmp_path / "run" / "gens", target, None), wait=False) == 2
+    assert not list((tmp_path / "tmp").iterdir())
 
 
 def test_an_output_the_input_pattern_matches_stops_the_job(tmp_path, saved_pairs, capsys, no_work):

@@ -249,6 +249,15 @@ def test_a_full_disk_is_one_line_whether_the_error_is_an_oserror_or_a_workers_te
              f"cannot write {chunk} (Read-only file system)")):
         assert _why_it_stopped(opts, error, []) == (f"{line}: {went_on}", 1, True)
     assert _why_it_stopped(opts, RuntimeError("OSError: [Errno 2] No such file or directory: 'x'"), [])[0] is None
+    # pyarrow's own wording, in the commit: its reason is the errno's
+    arrow = ('  File "durable.py", line 163, in write_parquet_file\nOSError: [Errno 28] Error writing bytes to file. '
+             'Detail: [errno 28] No space left on device')
+    said = _why_it_stopped(opts, RuntimeError(arrow), [])[0]
+    assert said == f"cannot write {out} (No space left on device): {went_on}"
+    # a worker's disk full elsewhere (weights downloading): not the output's, so not said to be
+    download = ('  File "huggingface_hub/file_download.py", line 420, in http_get\n    temp_file.write(chunk)\n'
+                'OSError: [Errno 28] No space left on device')
+    assert _why_it_stopped(opts, RuntimeError(download), [])[0] is None
 
 
 def _earlier_run(tmp_path: Path, shard: str) -> tuple[Path, Path]:
