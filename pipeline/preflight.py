@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystem import FileSystem
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.localfilesystem import LocalFileSystem
-from apache_beam.options.pipeline_options import TestOptions
+from apache_beam.options.pipeline_options import DirectOptions, TestOptions
 
 from pipeline.errors import JobConfigError
 from pipeline.model_checks import (
@@ -505,6 +505,8 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
             raise JobConfigError(f"{flag} must be >= 1, got {value}")
     if not opts.commit_every_s >= 0:
         raise JobConfigError(f"--commit_every_s must be >= 0, got {opts.commit_every_s}")
+    if (workers := opts.view_as(DirectOptions).direct_num_workers) < 0:  # (Beam's local runner: an IndexError)
+        raise JobConfigError(f"--direct_num_workers must be >= 0 (0: one per CPU), got {workers}")
     shards = input_schemas(opts.input)
     _check_columns(opts, *shards[0])
     schema = _check_shards(opts, shards)

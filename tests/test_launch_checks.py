@@ -29,6 +29,7 @@ def src(tmp_path):
 @pytest.mark.parametrize(("extra", "needle"), [
     (["--num_speculative_tokens", "0"], "--num_speculative_tokens must be >= 1, got 0"),
     (["--commit_every_s", "nan"], "--commit_every_s must be >= 0, got nan"),
+    (["--direct_num_workers", "-1"], "--direct_num_workers must be >= 0 (0: one per CPU), got -1"),  # (IndexError)
 ])
 def test_numeric_settings_out_of_range_stop_the_job(tmp_path, saved_pairs, capsys, no_work, src, extra, needle):
     target, draft = saved_pairs["llama"]
