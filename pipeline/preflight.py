@@ -327,9 +327,14 @@ def writable_file(flag: str, path: str) -> str:
 def _check_not_in_input(opts: SpecDecOptions) -> None:
     """Output files that --input's pattern matches: the run goes well (it reads its input before it writes), but every
     later run of that --input reads them as prompt files, and stops on their columns."""
-    pattern = re.compile(FileSystem.translate_pattern(opts.input))
-    names = [f"{opts.output}-00000-of-00001.parquet", f"{opts.output}-failed-00000-of-00001.parquet",
-             f"{opts.output}-chunk-{'0' * 32}-00000.parquet"]
+    def spelled(path: str, fixed: str) -> str:  # (one spelling of the folder the pattern or prefix starts in)
+        return one_spelling(fixed) + path[len(fixed):] if fixed else path
+
+    pattern = re.compile(FileSystem.translate_pattern(spelled(opts.input, os.path.dirname(
+        re.split(r"[*?\[]", opts.input)[0]))))
+    output = spelled(opts.output, os.path.dirname(opts.output))
+    names = [f"{output}-00000-of-00001.parquet", f"{output}-failed-00000-of-00001.parquet",
+             f"{output}-chunk-{'0' * 32}-00000.parquet"]
     if matched := next((n for n in names if pattern.match(n)), None):
         raise JobConfigError(f"--output {opts.output!r}: --input {opts.input!r} matches its files (such as "
                              f"{os.path.basename(matched)}): a later run of that --input would read them as prompts; "

@@ -77,6 +77,9 @@ def test_an_output_the_input_pattern_matches_stops_the_job(tmp_path, saved_pairs
     assert _one_line_error(capsys).endswith(
         f"--output '{data}/gens': --input '{data}/*.parquet' matches its files (such as gens-00000-of-00001.parquet): "
         "a later run of that --input would read them as prompts; write the output outside the input's pattern")
+    (tmp_path / "link").symlink_to(data)  # (the same folder by another path)
+    assert main(_args(str(tmp_path / "link" / "*.parquet"), data / "gens", target, None), wait=False) == 2
+    assert "a later run of that --input would read them as prompts" in _one_line_error(capsys)
     assert main(_args(str(data / "prompts*.parquet"), data / "gens", target, None), wait=False) == 0
     assert main(_args(str(data / "*.parquet"), tmp_path / "out" / "gens", target, None), wait=False) == 0
     assert len(no_work) == 2
