@@ -203,6 +203,10 @@ def test_a_smoke_run_or_a_typo_leaves_the_committed_report_alone(capsys):
     with pytest.raises(SystemExit):
         bench.parse(["--quick", "--pairs", "synthtic"])
     assert "--pairs: unknown pair 'synthtic' (choose from synthetic, bad_draft)" in capsys.readouterr().err
+    for flag in ("--prompts", "--gamma", "--threads"):  # (0 prompts ran 3, --gamma 0 failed once the pair loaded)
+        with pytest.raises(SystemExit):
+            bench.parse(["--quick", flag, "0"])
+        assert f"argument {flag}: must be an integer >= 1, got '0'" in capsys.readouterr().err
     assert bench.parse(["--quick"]).out == "bench-quick/BENCHMARKS.md"
     assert bench.parse(["--tiny"]).out == "bench-quick/BENCHMARKS.md"
     assert bench.parse([]).out == "BENCHMARKS.md"

@@ -61,7 +61,7 @@ from pipeline.bench.pairs import (  # noqa: F401 (re-exported: other modules imp
     synthetic_prompts,
 )
 from pipeline.bench.report import machine, replace_section, summarize, write_report  # noqa: F401 (machine: re-exported)
-from pipeline.flags import ArgumentParser
+from pipeline.flags import ArgumentParser, positive_int
 from pipeline.threads import keeps_torch_threads, recommended_threads
 from specdec_core.cpu_speed import packed_threshold, prepare_for_cpu
 from specdec_core.drafters import ModelDrafter
@@ -147,12 +147,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    "so that a smoke test leaves the committed report and raw rows alone)")
     p.add_argument("--csv", default=None, help="raw rows (default: benchmarks/results.csv beside --out)")
     p.add_argument("--cache_dir", default="benchmarks/.cache", help="where the synthetic pairs are saved")
-    p.add_argument("--prompts", type=int, default=None)
-    p.add_argument("--prompt_tokens", type=int, default=None)
-    p.add_argument("--max_new_tokens", type=int, default=None)
-    p.add_argument("--gamma", type=int, default=4)
-    p.add_argument("--max_gamma", type=int, default=None, help="cap for the adaptive policy and the v(k) table")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores available)")
+    p.add_argument("--prompts", type=positive_int, default=None)
+    p.add_argument("--prompt_tokens", type=positive_int, default=None)
+    p.add_argument("--max_new_tokens", type=positive_int, default=None)
+    p.add_argument("--gamma", type=positive_int, default=4)
+    p.add_argument("--max_gamma", type=positive_int, default=None,
+                   help="cap for the adaptive policy and the v(k) table")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores available)")
     p.add_argument("--pairs", default=",".join(PAIRS), help=f"comma-separated subset of {', '.join(PAIRS)}")
     p.add_argument("--skip_beam", action="store_true")
     p.add_argument("--skip_kernels", action="store_true")

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import torch
 
 from pipeline.bench.report import replace_section
-from pipeline.flags import ArgumentParser
+from pipeline.flags import ArgumentParser, positive_int
 from pipeline.threads import keeps_torch_threads, recommended_threads
 from specdec_core.batch_engine import WARM_WAVES
 from specdec_core.cpu_speed import prepare_for_cpu
@@ -241,9 +241,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         "demo: pipeline.demo's trained pair and its prompts (--size and --prompt_tokens unused)")
     p.add_argument("--cache_dir", default="benchmarks/.cache", help="where the synthetic pair is (built if missing)")
     p.add_argument("--out", default="BENCHMARKS.md", help="report whose Throughput section is replaced")
-    p.add_argument("--prompts", type=int, default=32)
-    p.add_argument("--prompt_tokens", type=int, default=128)
-    p.add_argument("--max_new_tokens", type=int, default=48)
+    p.add_argument("--prompts", type=positive_int, default=32)
+    p.add_argument("--prompt_tokens", type=positive_int, default=128)
+    p.add_argument("--max_new_tokens", type=positive_int, default=48)
     p.add_argument("--gammas", default="2,4",
                    help="comma-separated gammas for our engine: fixed numbers, or adaptive (--gamma_policy adaptive)")
     p.add_argument("--adaptive_max", type=int, default=ADAPTIVE_MAX,
@@ -252,12 +252,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hf_cache", default="dynamic,static",
                    help="caches for plain HF: dynamic (generate's default), static (preallocated, written in "
                         "place: the faster at large B) or both")
-    p.add_argument("--reps", type=int, default=2, help="runs of every config, order alternating")
+    p.add_argument("--reps", type=positive_int, default=2, help="runs of every config, order alternating")
     p.add_argument("--batches", default="1,4,8,16", help="comma-separated batch sizes")
     p.add_argument("--drafters", default="model,none",
                    help="comma-separated: model, ngram, none, bad (the llama pair's random draft, which never "
                         "agrees: what speculation costs where it cannot pay)")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=positive_int, default=None)
     p.add_argument("--note", default="", help="free text added to the report (e.g. that the machine was shared)")
     a = p.parse_args(argv)
     # Checked here, in one line, rather than after the models load.
@@ -275,6 +275,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a.gammas = [g if g == "adaptive" else int(g) for g in gammas]
     if a.adaptive_max < 1:
         p.error(f"--adaptive_max: {a.adaptive_max} is not a gamma >= 1")
+    batches = [b.strip() for b in a.batches.split(",")]
+    if bad := [b for b in batches if not (b.isdigit() and int(b) >= 1)]:
+        p.error(f"--batches: {', '.join(bad)} is not a batch size >= 1")
+    a.batches = [int(b) for b in batches]
     if "bad" in a.drafters and a.pair != "llama":
         p.error(f"--drafters bad: only the llama pair has a draft that never agrees, not --pair {a.pair}")
     return a
@@ -308,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         described = describe(spec)[0].upper() + describe(spec)[1:]
     prompts = ([r["prompt"] for r in demo_prompt_rows()[: a.prompts]] if a.pair == "demo"
                else [text for _, text in synthetic_prompts(spec, a.prompts, a.prompt_tokens)])
-    batches = [int(b) for b in a.batches.split(",")]
+    batches = a.batches
     shown = [x for i, x in enumerate(argv) if x != "--note" and (i == 0 or argv[i - 1] != "--note")]
     t0 = time.perf_counter()
     rows = run(dirs["target"], dirs["draft"], prompts, batches, a.gammas,

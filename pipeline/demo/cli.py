@@ -33,7 +33,7 @@ import torch
 
 from pipeline import run
 from pipeline.demo.assets import ASSETS, DemoSetupError, demo_prompt_rows, verify_assets
-from pipeline.flags import ArgumentParser
+from pipeline.flags import ArgumentParser, positive_int
 from pipeline.logs import setup_logging
 from pipeline.quality import chrf, exact_match
 from pipeline.report.stats import format_rows, summarize
@@ -49,17 +49,6 @@ JOBS = {  # name -> extra flags; the last one is the baseline every speed-up is 
 }
 
 
-def _positive(text: str) -> int:
-    """An int >= 1 (0 or -3 prompts ran the default 40, or 37; 0 threads raised in torch)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return value
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = ArgumentParser(prog="python -m pipeline.demo", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -67,12 +56,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"where prompts and outputs go (default ./{DEFAULT_WORKDIR})")
     p.add_argument("--pair", default=str(ASSETS), help="the demo pair's directory (default: the committed one)")
     p.add_argument("--tiny", action="store_true", help="4 prompts, 24 new tokens: a smoke test in seconds")
-    p.add_argument("--prompts", type=_positive, default=None, help="number of prompts (default 40, at most the pair's)")
-    p.add_argument("--max_new_tokens", type=_positive, default=None,
+    p.add_argument("--prompts", type=positive_int, default=None,
+                   help="number of prompts (default 40, at most the pair's)")
+    p.add_argument("--max_new_tokens", type=positive_int, default=None,
                    help="default 160 (24 with --tiny); translations end at their end token before")
-    p.add_argument("--threads", type=_positive, default=1,
+    p.add_argument("--threads", type=positive_int, default=1,
                    help="torch threads (default 1: these small models are bound by per-op overhead)")
-    p.add_argument("--num_speculative_tokens", type=_positive, default=None,
+    p.add_argument("--num_speculative_tokens", type=positive_int, default=None,
                    help="gamma (default: the one the pair was measured at, in its manifest)")
     return p.parse_args(argv)
 
