@@ -114,6 +114,11 @@ def test_comparison_joins_on_id_and_finds_where_speculation_did_not_help():
     assert c.c == pytest.approx((0.036 / 36) / base_step) and c.v == pytest.approx((0.3 / 15) / base_step)
     c2 = compare(run, result_table(BASE[:2] + [dict(BASE[0], id="z")]))
     assert (c2.matched, c2.only_run, c2.only_baseline) == (2, 2, 1)
+    # c and v from the matched rows only (they took every row of each, other prompts' included), none without any
+    base_step2 = (0.01 * 10 + 0.01 * 8) / 18
+    assert c2.c == pytest.approx((0.020 / 20) / base_step2) and c2.v == pytest.approx((0.14 / 7) / base_step2)
+    apart = compare(run, result_table([dict(BASE[0], id="z")]))
+    assert apart.matched == 0 and apart.c is apart.v is apart.baseline_step_s is None
     # The null id is an id like any other (a hash join never matches it), in the run's order.
     nulled = compare(result_table([dict(RUN[0], id=None)] + RUN[1:]), result_table([dict(BASE[0], id=None)] + BASE[1:]))
     assert (nulled.matched, nulled.only_run, nulled.only_baseline) == (4, 0, 0)

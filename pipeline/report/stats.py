@@ -258,7 +258,8 @@ def compare(results: pa.Table, baseline: pa.Table, target_alone: bool = True) ->
     Raises ValueError when the baseline's ids cannot take the run's type."""
     left = results.select(["id", "generation", "latency_s"]).append_column(
         "run_row", pa.array(np.arange(results.num_rows, dtype=np.int64)))
-    right = baseline.select(["id", "generation", "latency_s"])
+    right = baseline.select(["id", "generation", "latency_s"]).append_column(
+        "base_row", pa.array(np.arange(baseline.num_rows, dtype=np.int64)))
     id_type = left.schema.field("id").type
     theirs = right.schema.field("id").type
     if theirs != id_type:  # e.g. int32 and int64 ids from inputs written apart: cast within one kind only
@@ -273,7 +274,8 @@ def compare(results: pa.Table, baseline: pa.Table, target_alone: bool = True) ->
     run_null, base_null = (t.filter(pc.is_null(t["id"])) for t in (left, right))
     if run_null.num_rows and base_null.num_rows:
         pair = {**{c: run_null[c] for c in left.column_names},
-                "generation_base": base_null["generation"], "latency_s_base": base_null["latency_s"]}
+                "generation_base": base_null["generation"], "latency_s_base": base_null["latency_s"],
+                "base_row": base_null["base_row"]}
         joined = pa.concat_tables([joined, pa.table({c: pair[c] for c in joined.column_names})])
     joined = joined.sort_by("run_row")
     run_lat, base_lat = column(joined, "latency_s"), column(joined, "latency_s_base")
@@ -282,8 +284,9 @@ def compare(results: pa.Table, baseline: pa.Table, target_alone: bool = True) ->
     same = pc.fill_null(pc.equal(joined["generation"], joined["generation_base"]), False)
     ids = joined["id"].to_pylist()
     differ = joined.filter(pc.invert(same))["id"].to_pylist()
-    draft_step, verify_pass = _step_costs(results)
-    base_step = _step_costs(baseline)[1] if target_alone else None
+    # (the matched rows only: steps of other prompts, of other lengths, are not this run's costs against them)
+    draft_step, verify_pass = _step_costs(results.take(joined["run_row"]))
+    base_step = _step_costs(baseline.take(joined["base_row"]))[1] if target_alone else None
     matched = joined.num_rows
     return Comparison(
         matched=matched,
