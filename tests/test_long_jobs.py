@@ -864,7 +864,7 @@ def test_mistyped_flags_stop_every_entry_point_in_one_line(tmp_path, saved_pairs
         (demo.main, ["--tiny", "--max_new_token", "3"],
          "unknown flag --max_new_token (did you mean --max_new_tokens?)"),
         (bench.parse, ["--quick", "--gama", "3"], "unknown flag --gama (did you mean --gamma?)"),
-        (bench.parse, ["--gamma", "three"], "argument --gamma: invalid int value: 'three'"),
+        (bench.parse, ["--gamma", "three"], "argument --gamma: must be an integer >= 1, got 'three'"),
         (throughput.parse, ["--siz", "tiny"], "unknown flag --siz (did you mean --size?)"),
         (cross.main, ["--quik"], "unknown flag --quik (did you mean --quick?)"),
         (models.main, ["--retrai"], "unknown flag --retrai (did you mean --retrain?)"),
