@@ -327,12 +327,12 @@ def writable_file(flag: str, path: str) -> str:
 def _check_not_in_input(opts: SpecDecOptions) -> None:
     """Output files that --input's pattern matches: the run goes well (it reads its input before it writes), but every
     later run of that --input reads them as prompt files, and stops on their columns."""
-    def spelled(path: str, fixed: str) -> str:  # (one spelling of the folder the pattern or prefix starts in)
-        return one_spelling(fixed) + path[len(fixed):] if fixed else path
+    def real(path: str, folder: str) -> str:  # (a local folder's symbolic links resolved, as the matched files are)
+        return path if FileSystems.get_scheme(path) else os.path.realpath(folder) + path[len(folder):]
 
-    pattern = re.compile(FileSystem.translate_pattern(spelled(opts.input, os.path.dirname(
-        re.split(r"[*?\[]", opts.input)[0]))))
-    output = spelled(opts.output, os.path.dirname(opts.output))
+    fixed = os.path.dirname(re.split(r"[*?\[]", opts.input)[0])  # (the folder before the pattern's first wildcard)
+    pattern = re.compile(FileSystem.translate_pattern(real(opts.input, fixed)))
+    output = real(opts.output, os.path.dirname(opts.output))
     names = [f"{output}-00000-of-00001.parquet", f"{output}-failed-00000-of-00001.parquet",
              f"{output}-chunk-{'0' * 32}-00000.parquet"]
     if matched := next((n for n in names if pattern.match(n)), None):
