@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.flags import ArgumentParser
+from pipeline.flags import ArgumentParser, positive_int
 from transforms.durable import SHARD, match
 
 _BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".txt": "text"}
@@ -281,16 +281,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --user_template: a system message first (fields allowed, like the other templates)")
     p.add_argument("--id_field", default=None, help="field holding a row id (default: SPLIT-INDEX)")
     p.add_argument("--keep_fields", default="", help="comma-separated fields copied next to the prompt")
-    p.add_argument("--limit", type=int, default=None, help="take only the first N rows")
-    p.add_argument("--num_shards", type=int, default=1)
+    p.add_argument("--limit", type=positive_int, default=None, help="take only the first N rows")
+    p.add_argument("--num_shards", type=positive_int, default=1)
     p.add_argument("--output", required=True, help="output prefix, local or gs://")
     p.add_argument("--overwrite", action="store_true", help="delete the shards already under --output first")
     args = p.parse_args(argv)
     keep = [f.strip() for f in args.keep_fields.split(",") if f.strip()]
     try:
-        for flag, value in (("--limit", args.limit), ("--num_shards", args.num_shards)):
-            if value is not None and value < 1:
-                raise ValueError(f"{flag} must be >= 1, got {value}")
         if args.output.endswith("/"):  # (it wrote FOLDER/-00000-of-00001.parquet)
             raise ValueError(f"--output {args.output!r}: a prefix names files, not a folder: say {args.output}prompts")
         check_templates(args.template, args.user_template, args.system_template)  # before loading anything
