@@ -40,7 +40,7 @@ import torch  # noqa: E402
 from pipeline.bench.measure import ForwardMeter  # noqa: E402
 from pipeline.byte_bpe import train_byte_level_bpe  # noqa: E402
 from pipeline.demo import data as demo_data  # noqa: E402
-from pipeline.flags import ArgumentParser  # noqa: E402
+from pipeline.flags import ArgumentParser, positive_int  # noqa: E402
 from pipeline.threads import keeps_torch_threads
 
 _LOG = logging.getLogger("pipeline.bench.cross")
@@ -242,11 +242,11 @@ def table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="python -m pipeline.bench.cross", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="4 prompts x 48 tokens instead of 12 x 96")
-    p.add_argument("--gamma", type=int, default=4)
-    p.add_argument("--prompts", type=int, default=None)
-    p.add_argument("--max_new_tokens", type=int, default=None)
+    p.add_argument("--gamma", type=positive_int, default=4)
+    p.add_argument("--prompts", type=positive_int, default=None)
+    p.add_argument("--max_new_tokens", type=positive_int, default=None)
     p.add_argument("--batch_sizes", default="", help="comma-separated B > 1: also decode the prompts B rows at a time")
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--repeats", type=positive_int, default=1,
                    help="batched: each B's engines run ABC CBA this many times (a noisy machine needs several)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--cache_dir", default=str(Path.home() / ".cache" / "specdec-beam" / "bench_cross"))
@@ -254,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.prompts = args.prompts or (4 if args.quick else 12)
     args.max_new_tokens = args.max_new_tokens or (48 if args.quick else 96)
-    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+    sizes = [b.strip() for b in args.batch_sizes.split(",") if b.strip()]
+    if not all(b.isdigit() and int(b) > 1 for b in sizes):
+        p.error(f"--batch_sizes {args.batch_sizes!r}: expected comma-separated integers > 1 (batch 1 always runs)")
+    args.batch_sizes = [int(b) for b in sizes]
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
