@@ -186,8 +186,7 @@ class BatchKV:
         if not self.encdec:
             return self.model(input_ids=ids, cache=self.cache, use_cache=True, **kwargs)
         # (its encoder outputs are read once, by the first pass, which writes the cross-attention cache)
-        encoded = self.encoded or {"encoder_outputs": self._no_encoder_outputs(),
-                                   "attention_mask": self.enc_mask}
+        encoded = self.encoded or {"encoder_outputs": self._no_encoder_outputs(), "attention_mask": self.enc_mask}
         with hooked(self.model, {}, self._forwards):  # not while another thread's hooks change its decoder
             return self.model(decoder_input_ids=ids, cache=EncoderDecoderCache(self.cache, self.cross),
                               use_cache=True, **encoded, **kwargs)

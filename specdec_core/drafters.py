@@ -159,8 +159,7 @@ class ModelDrafter(Drafter):
             prompt_ids = prompt_ids[: limit - 1] + prompt_ids[-1:]
         return prompt_ids if rows is None else [min(t, rows - 1) for t in prompt_ids]
 
-    def open(self, prompt_ids: list[int], held: contextlib.ExitStack,
-             encoded: dict | None = None) -> SlotKV | BatchKV:
+    def open(self, prompt_ids: list[int], held: contextlib.ExitStack, encoded: dict | None = None) -> SlotKV | BatchKV:
         """The draft's decoder for one item, prompt encoded and decoder empty: its static slot when free, else a
         growing one-row cache. `encoded`: the target's encoder outputs, when the draft shares the target's encoder."""
         return open_row(self.model, self.static, prompt_ids if encoded is not None else self.encoder_prompt(prompt_ids),

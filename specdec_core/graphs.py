@@ -130,8 +130,7 @@ class PassGraphs:
 
     # -- graphs ------------------------------------------------------------------------------------
 
-    def run(self, key: int | tuple, inp: torch.Tensor, run, what: str, graphed: bool,
-            fallback=None) -> torch.Tensor:
+    def run(self, key: int | tuple, inp: torch.Tensor, run, what: str, graphed: bool, fallback=None) -> torch.Tensor:
         """`run(inputs on the device)`: replayed through `key`'s graph (captured if new) when graphs are on and the pass
         is `graphed`, else eagerly. A prompt's pass (`PROMPT_KINDS`) that cannot be captured (a long prompt out of
         memory, a host read) turns off only that kind's graphs, even if `strict`, and runs `fallback` (or `run`)."""
@@ -145,8 +144,7 @@ class PassGraphs:
             # Counted as a capture (dynamo's count is per process, but an engine runs one item at a time).
             if counters["stats"]["unique_graphs"] != compiled:
                 self.capture_s += time.perf_counter() - t0
-                log.info("%s: %s compiled (%.2f s with captures and compiles so far)", self.name, what,
-                         self.capture_s)
+                log.info("%s: %s compiled (%.2f s with captures and compiles so far)", self.name, what, self.capture_s)
             return out
         prompt = isinstance(key, tuple) and key[0] in PROMPT_KINDS
         # A graph is captured and replayed on its model's own GPU.

@@ -108,7 +108,12 @@ def load_split(model: nn.Module, devices: list[str], first_extra: int = 0) -> di
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False, **kwargs) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **kwargs)
+    """Refused from a folder without its files, of which transformers builds an empty one (T5, BART) from the config."""
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **kwargs)
+    names = {*TOKENIZER_FILES, *getattr(tokenizer, "vocab_files_names", {}).values()}
+    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, name)) for name in names):
+        raise OSError(f"{path!r} holds no tokenizer's files ({', '.join(sorted(names))})")
+    return tokenizer
 
 
 def draft_tokenizer_for(draft_path: str, target_tokenizer: PreTrainedTokenizerBase,

@@ -200,8 +200,7 @@ def _kv_width(config: PretrainedConfig) -> int:
         heads = next((v for a in ("num_attention_heads", "n_head", "num_heads", "decoder_attention_heads")
                       if isinstance(v := getattr(c, a, None), int)), 1)
         kv_heads = getattr(c, "num_key_value_heads", None) or heads
-        hidden = next((v for a in ("hidden_size", "n_embd", "d_model") if isinstance(v := getattr(c, a, None), int)),
-                      0)
+        hidden = next((v for a in ("hidden_size", "n_embd", "d_model") if isinstance(v := getattr(c, a, None), int)), 0)
         return 2 * kv_heads * (getattr(c, "head_dim", None) or getattr(c, "d_kv", None) or hidden // max(heads, 1))
     return sum(width(each[i]) for i in layers) if each is not None else len(layers) * width(text)
 

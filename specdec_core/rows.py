@@ -119,8 +119,7 @@ class Row:
         return cls(index=index, prompt=list(prompt_ids), seq=seq,
                    start=time.perf_counter(), transform=LogitsTransform(procs),
                    generator=torch.Generator(device=device).manual_seed(seed), gamma_state=gamma_state,
-                   stats=ItemStats(prompt_tokens=len(prompt_ids)), finish_check=finish_check,
-                   vocab=output_rows(target))
+                   stats=ItemStats(prompt_tokens=len(prompt_ids)), finish_check=finish_check, vocab=output_rows(target))
 
     def picker(self, greedy: bool) -> Picker:
         """The row's draft picks: its processors (over the target's rows, the draft's missing ones -inf: a processor

@@ -455,6 +455,12 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
                                                      "model_type": "llamazzz"}))  # a transformers too old for it
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (no_tokenizer / name).unlink()
+    # A config alone, from which transformers builds an empty tokenizer (T5's, BART's): it ran, every output empty.
+    bare = {family: tmp_path / f"{family}-no-tokenizer" for family in ("t5", "bart")}
+    for family, folder in bare.items():
+        shutil.copytree(saved_pairs[family][0], folder)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (folder / name).unlink()
     list_ids = tmp_path / "list-ids.parquet"  # ran, then no report or resume could group its output
     pq.write_table(pa.table({"id": [[1], [2]], "prompt": ["a", "b"]}), list_ids)
     bart_target, t5_draft = saved_pairs["bart"][0], saved_pairs["t5"][1]  # one tokenizer, other start tokens
@@ -474,6 +480,8 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
             "--target_model", str(list_json), "--drafter", "none"],
         f"--target_model '{no_tokenizer}': no tokenizer there (tokenizer.json, ": base[:4] + [
             "--target_model", str(no_tokenizer), "--drafter", "ngram"],
+        **{f"--target_model '{folder}': no tokenizer there (tokenizer.json, ": base[:4] + [
+            "--target_model", str(folder), "--drafter", "none"] for folder in bare.values()},
         "--id_column 'id' is list<element: int64>, which cannot key rows": ["--input", str(list_ids)] + base[2:] + [
             "--drafter", "none"],
         "--prompt_column 'text'": base + ["--draft_model", str(draft), "--prompt_column", "text"],
