@@ -87,8 +87,8 @@ class SpecDecOptions(PipelineOptions):
           help="stop string (repeatable): generation ends at its first occurrence in the output, which it is "
           "cut from; finish_reason is stop")
         a("--accelerator", default=None,
-          help="accelerator resource hint for the generate step only, "
-          "e.g. type:nvidia-l4;count:1;install-nvidia-driver")
+          help="Dataflow right fitting: the accelerator resource hint of the generate step only, e.g. "
+          "type:nvidia-l4;count:1;machine_type:g2-standard-4;install-nvidia-driver (not with worker_accelerator)")
         a("--commit_every_s", type=float, default=60.0,
           help="seconds between durable commits of finished rows per worker (PREFIX-chunk-*.parquet); "
           "a crash loses at most this much finished work per worker")

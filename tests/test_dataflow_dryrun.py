@@ -46,8 +46,10 @@ GPU_JOB = [
     "--device=cuda",
     "--dtype=bfloat16",
     "--large_model",
-    f"--accelerator={GPU}",
 ]
+# Right fitting instead: the generate step's accelerator hint (machine type in it), never with worker_accelerator.
+HINT = "type:nvidia-l4;count:1;machine_type:g2-standard-4;install-nvidia-driver"
+RIGHT_FIT_JOB = [a for a in GPU_JOB if not a.startswith("--dataflow_service_options")] + [f"--accelerator={HINT}"]
 SCHEMA = pa.schema([("id", pa.string()), ("prompt", pa.string()), ("source", pa.string())])
 
 
@@ -98,7 +100,7 @@ def _generate_transforms(proto):
 
 
 def test_gpu_job_graph_offline(offline):
-    opts, result = _dry_run(GPU_JOB)
+    opts, result = _dry_run(RIGHT_FIT_JOB)
     assert str(result.state) == "DONE"
     assert offline == []
     proto = result.job.proto_pipeline
@@ -110,7 +112,7 @@ def test_gpu_job_graph_offline(offline):
     assert inference, sorted(generate)
     for name, env_id in inference.items():
         hints = envs[env_id].resource_hints
-        assert hints.get(ACCELERATOR_URN) == GPU.encode(), (name, dict(hints))
+        assert hints.get(ACCELERATOR_URN) == HINT.encode(), (name, dict(hints))
     # only the generate step asks for the accelerator: reading and writing run in plain environments
     read_envs = {t.environment_id for t in proto.components.transforms.values()
                  if t.unique_name.startswith(("ReadPrompts/", "Write/")) and t.environment_id}
@@ -161,7 +163,7 @@ def test_large_model_is_what_shares_the_pair(offline):
 
 
 def test_no_accelerator_hint_without_the_option(offline):
-    _, result = _dry_run([a for a in GPU_JOB if not a.startswith("--accelerator")])
+    _, result = _dry_run(GPU_JOB)
     proto = result.job.proto_pipeline
     envs = proto.components.environments
     assert all(ACCELERATOR_URN not in envs[e].resource_hints for e in _generate_transforms(proto).values())
@@ -193,7 +195,7 @@ def test_flex_template_entry_point_submits_without_waiting(saved_pairs, tmp_path
 def test_durable_commits_share_the_models_environment_and_resume_builds_offline(offline):
     """Chunks are committed in the generate step's environment: a step in another environment
     is not fused with it, and on Dataflow batch it would run only after all generation."""
-    _, result = _dry_run(GPU_JOB + [f"--resume_from=gs://{BUCKET}/runs/r0/gens", "--commit_every_s=30"])
+    _, result = _dry_run(RIGHT_FIT_JOB + [f"--resume_from=gs://{BUCKET}/runs/r0/gens", "--commit_every_s=30"])
     assert offline == []
     proto = result.job.proto_pipeline
     envs = proto.components.environments
@@ -202,6 +204,17 @@ def test_durable_commits_share_the_models_environment_and_resume_builds_offline(
     inference = {e for n, e in pardos.items() if "BeamML_RunInference" in n}
     commits = {e for n, e in pardos.items() if n.startswith("Commit/")}
     assert len(inference) == 1 and commits == inference
-    assert envs[inference.pop()].resource_hints.get(ACCELERATOR_URN) == GPU.encode()
+    assert envs[inference.pop()].resource_hints.get(ACCELERATOR_URN) == HINT.encode()
     assert any(n.startswith("SelectIds/ReadDoneIds/") for n in pardos)
     assert {"SelectIds", "Commit", "Write"} <= _top_level_names(proto)
+
+
+def test_the_accelerator_hint_with_worker_accelerator_is_refused_before_any_work(offline):
+    """Google's right-fitting guide: with the accelerator hint, don't use the worker_accelerator service option."""
+    from pipeline.errors import JobConfigError
+    from pipeline.preflight import preflight
+
+    with pytest.raises(JobConfigError, match=r"^--accelerator with --dataflow_service_options worker_accelerator=type:"
+                                             r"nvidia-l4;count:1;install-nvidia-driver: Dataflow's right fitting"):
+        preflight(SpecDecOptions(GPU_JOB + [f"--accelerator={HINT}"]))
+    assert offline == []

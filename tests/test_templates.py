@@ -152,6 +152,7 @@ def test_regexes_reject_bad_values(name, value):
     ("device", "cuda:1"),
     ("passthrough_columns", "source,category"),
     ("accelerator", "type:nvidia-l4;count:1;install-nvidia-driver"),
+    ("accelerator", "type:nvidia-l4;count:1;machine_type:g2-standard-8;install-nvidia-driver"),  # (with a machine)
     ("max_item_seconds", "0.5"),
     ("max_item_seconds", "30"),
     ("system_prompt", ""),  # (an empty system message: how a template's default one is suppressed)
