@@ -115,8 +115,8 @@ class BatchSpeculativeGenerator(RoundEngine):
         longest = self.max_new_tokens + self.gamma + (0 if self.encdec else max(len(ids) for ids, _ in items))
         for model in (self.target, self.draft_model):
             note = model is not None and window_note(model, longest)
-            if note and (note, id(model)) not in self._noted:
-                self._noted.add((note, id(model)))
+            if note and (key := (note.split(" (rows")[0], id(model))) not in self._noted:  # its outcome, once
+                self._noted.add(key)
                 log.info(note)
         waiting = deque((i, (ids, seed, check)) for i, ((ids, seed), check)
                         in enumerate(zip(items, checks, strict=True)))

@@ -291,7 +291,11 @@ def test_a_window_no_row_reaches_is_logged_and_masks_stay_plain(pairs, prompts, 
                                        max_new_tokens=16)
     with caplog.at_level(logging.INFO, logger="specdec_core.batch_engine"):
         engine.generate_many([(p, 0) for p in prompts])
-    assert "can be reached" in caplog.text and built
+        shortest = min(prompts, key=len)  # rows of another length, the same outcome: not logged again
+        assert len(shortest) < max(map(len, prompts))
+        engine.generate_many([(shortest, 0)])
+    assert caplog.text.count("can be reached") == 2 and built  # (the target's and the draft's)
+    assert len(engine._noted) == 2  # (a line per length a worker met, kept: its log and memory grew)
 
 
 def test_layers_that_are_not_attention_are_still_refused(pairs):
