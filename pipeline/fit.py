@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import GoogleCloudOptions, StandardOptions
+from apache_beam.options.pipeline_options import DebugOptions, GoogleCloudOptions, StandardOptions
 
 from pipeline.options import SpecDecOptions
 from specdec_core import placement
@@ -68,12 +68,18 @@ def parse_accelerator(spec: str) -> tuple[str, int] | None:
     return fields["type"], int(count)
 
 
+def worker_accelerators(opts: SpecDecOptions) -> list[str]:
+    """The `worker_accelerator=` settings of the job: a Dataflow service option, or an experiment (the older way, and
+    what `gcloud dataflow flex-template run --additional-experiments` passes)."""
+    cloud, debug = opts.view_as(GoogleCloudOptions), opts.view_as(DebugOptions)
+    return [s for s in [*(cloud.dataflow_service_options or []), *(debug.experiments or [])]
+            if s.startswith("worker_accelerator=")]
+
+
 def worker_gpus(opts: SpecDecOptions) -> WorkerGpus | None:
     """The GPUs of one worker: from the job's accelerator settings, or this machine's for a local
     job; None when not known (the fit check is then skipped)."""
-    specs = [("worker_accelerator", s.split("=", 1)[1])
-             for s in opts.view_as(GoogleCloudOptions).dataflow_service_options or []
-             if s.startswith("worker_accelerator=")]
+    specs = [("worker_accelerator", s.split("=", 1)[1]) for s in worker_accelerators(opts)]
     for flag, spec in [*specs, *([("--accelerator", opts.accelerator)] if opts.accelerator else [])]:
         try:
             parsed = parse_accelerator(spec)
@@ -284,8 +290,7 @@ _PLANS: dict[tuple, tuple[WorkerGpus | None, list[Copy]]] = {}
 
 
 def _key(opts: SpecDecOptions) -> tuple:
-    cloud = opts.view_as(GoogleCloudOptions)
-    return (opts.device, opts.device_map, opts.accelerator, tuple(cloud.dataflow_service_options or ()),
+    return (opts.device, opts.device_map, opts.accelerator, tuple(worker_accelerators(opts)),
             opts.target_model, opts.draft_model, opts.drafter, opts.dtype, opts.draft_dtype)
 
 

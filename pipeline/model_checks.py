@@ -161,12 +161,9 @@ def check_hub_id(flag: str, path: str, what: str, load: Callable[..., object]) -
 def check_tokenizer_path(path: str, trust: bool) -> None:
     """`--tokenizer`: a directory here, a gs:// directory with a tokenizer's files, or a hub id that
     loads (the workers would fail on every row otherwise, whatever the drafter)."""
-    from specdec_core.loading import TOKENIZER_FILES
-
     if path.startswith("gs://"):
-        if not holds_any(path, TOKENIZER_FILES):
-            raise JobConfigError(f"--tokenizer {path!r}: no tokenizer files there ({', '.join(TOKENIZER_FILES)})")
-    elif os.path.exists(path) or path.startswith((".", "/", "~")):
+        return  # (its files are looked for by `target_tokenizer`)
+    if os.path.exists(path) or path.startswith((".", "/", "~")):
         if os.path.isfile(path):
             raise JobConfigError(f"--tokenizer {path!r}: a file: pass the folder that holds the tokenizer's files")
         if not os.path.isdir(path):
@@ -178,19 +175,23 @@ def check_tokenizer_path(path: str, trust: bool) -> None:
 
 
 def target_tokenizer(opts: SpecDecOptions):
-    """The job's tokenizer (--tokenizer, else the target's), or the one line saying which flag's cannot load."""
+    """The job's tokenizer (--tokenizer, else the target's), or the one line saying which flag's cannot load; None for
+    one on gs://, which the workers load (its folder is looked in for a tokenizer's files here)."""
     from specdec_core.loading import TOKENIZER_FILES, load_tokenizer
 
+    flag, path = ("--tokenizer", opts.tokenizer) if opts.tokenizer else ("--target_model", opts.target_model)
+    advice = "pass --tokenizer DIR, a folder that has one" if flag == "--target_model" else "pass a folder that has one"
+    none_there = JobConfigError(f"{flag} {path!r}: no tokenizer there ({', '.join(TOKENIZER_FILES)}): {advice}")
+    if path.startswith("gs://"):
+        if not holds_any(path, TOKENIZER_FILES):
+            raise none_there
+        return None
     try:
         with quiet_transformers():
-            return load_tokenizer(opts.tokenizer or opts.target_model, opts.trust_remote_code)
+            return load_tokenizer(path, opts.trust_remote_code)
     except Exception as e:
-        flag, path = ("--tokenizer", opts.tokenizer) if opts.tokenizer else ("--target_model", opts.target_model)
         if os.path.isdir(path) and not holds_any(path, TOKENIZER_FILES):
-            advice = "pass --tokenizer DIR, a folder that has one" if flag == "--target_model" else \
-                "pass a folder that has one"
-            raise JobConfigError(f"{flag} {path!r}: no tokenizer there ({', '.join(TOKENIZER_FILES)}): "
-                                 f"{advice}") from e
+            raise none_there from e
         raise JobConfigError(f"{flag} {path!r}: cannot load a tokenizer ({said(e)})") from e
 
 

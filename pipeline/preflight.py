@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystem import FileSystem
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.localfilesystem import LocalFileSystem
-from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions, TestOptions
+from apache_beam.options.pipeline_options import DirectOptions, TestOptions
 
 from pipeline.errors import JobConfigError
 from pipeline.model_checks import (
@@ -512,11 +512,12 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
         raise JobConfigError(f"--commit_every_s must be >= 0, got {opts.commit_every_s}")
     if (workers := opts.view_as(DirectOptions).direct_num_workers) < 0:  # (Beam's local runner: an IndexError)
         raise JobConfigError(f"--direct_num_workers must be >= 0 (0: one per CPU), got {workers}")
-    service = [s for s in opts.view_as(GoogleCloudOptions).dataflow_service_options or []
-               if s.startswith("worker_accelerator=")]
-    if opts.accelerator and service:  # (Google's right-fitting guide: "don't use the worker_accelerator" option)
-        raise JobConfigError(f"--accelerator with --dataflow_service_options {service[0]}: Dataflow's right fitting "
-                             "(the --accelerator hint) is not to be combined with worker_accelerator: give one")
+    from pipeline.fit import worker_accelerators
+
+    if opts.accelerator and (given := worker_accelerators(opts)):  # (Google's right-fitting guide: "don't use the
+        # worker_accelerator service option")
+        raise JobConfigError(f"--accelerator with {given[0]}: Dataflow's right fitting (the --accelerator hint) is "
+                             "not to be combined with worker_accelerator: give one")
     shards = input_schemas(opts.input)
     _check_columns(opts, *shards[0])
     schema = _check_shards(opts, shards)
@@ -534,8 +535,7 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
         check_tokenizer_path(opts.tokenizer, trust)
     if opts.drafter == "model":
         check_model_path("--draft_model", opts.draft_model, trust)
-    # loaded here for the checks below (gs:// ones are checked on load)
-    tokenizer = None if (opts.tokenizer or opts.target_model).startswith("gs://") else target_tokenizer(opts)
+    tokenizer = target_tokenizer(opts)  # loaded here for the checks below (None on gs://: the workers load it)
     configs = list(local_model_configs(opts))  # (flag, path, config) of the local models, read once
     pair = _check_pair(opts, tokenizer, configs) if opts.drafter == "model" else None
     _check_chat(opts, schema, tokenizer)

@@ -108,11 +108,12 @@ def load_split(model: nn.Module, devices: list[str], first_extra: int = 0) -> di
 
 
 def load_tokenizer(path: str, trust_remote_code: bool = False, **kwargs) -> PreTrainedTokenizerBase:
-    """Refused from a folder without its files, of which transformers builds an empty one (T5, BART) from the config."""
+    """Refused from a folder without the vocabulary its class reads: transformers builds one of special tokens alone
+    (T5's 104, BART's 5), a tokenizer_config.json there or not, and every prompt becomes unknowns."""
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **kwargs)
-    names = {*TOKENIZER_FILES, *getattr(tokenizer, "vocab_files_names", {}).values()}
-    if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, name)) for name in names):
-        raise OSError(f"{path!r} holds no tokenizer's files ({', '.join(sorted(names))})")
+    own = set(getattr(tokenizer, "vocab_files_names", {}).values())  # (none: a class that reads no file, ByT5's)
+    if own and os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, n)) for n in {*own, "tokenizer.json"}):
+        raise ModelRefused(f"{path!r} holds none of its tokenizer's vocabulary files ({', '.join(sorted(own))})")
     return tokenizer
 
 

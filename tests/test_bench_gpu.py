@@ -78,6 +78,9 @@ def test_a_bad_setting_stops_in_one_line(capsys):
     with pytest.raises(SystemExit):  # a batch of 128 rows out of 64 prompts ran 64 rows together
         gpu.parse_args(["--batch_prompts", "64", "--batch_sizes", "32,128"])
     assert "--batch_sizes 128: more rows than --batch_prompts 64" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # (a ValueError traceback)
+        gpu.parse_args(["--batch_sizes", "8,x"])
+    assert "--batch_sizes '8,x': expected comma-separated integers >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         gpu.parse_args(["--report", "/nonexistent/gpu.json"])
     assert "--report /nonexistent/gpu.json: no such file" in capsys.readouterr().err

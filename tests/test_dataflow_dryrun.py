@@ -214,7 +214,10 @@ def test_the_accelerator_hint_with_worker_accelerator_is_refused_before_any_work
     from pipeline.errors import JobConfigError
     from pipeline.preflight import preflight
 
-    with pytest.raises(JobConfigError, match=r"^--accelerator with --dataflow_service_options worker_accelerator=type:"
-                                             r"nvidia-l4;count:1;install-nvidia-driver: Dataflow's right fitting"):
-        preflight(SpecDecOptions(GPU_JOB + [f"--accelerator={HINT}"]))
+    as_experiment = [a for a in GPU_JOB if not a.startswith("--dataflow_service_options")] + [
+        f"--experiments=worker_accelerator={GPU}"]  # (the older way; gcloud's --additional-experiments)
+    for job in (GPU_JOB, as_experiment):
+        with pytest.raises(JobConfigError, match=r"^--accelerator with worker_accelerator=type:nvidia-l4;count:1;"
+                                                 r"install-nvidia-driver: Dataflow's right fitting"):
+            preflight(SpecDecOptions(job + [f"--accelerator={HINT}"]))
     assert offline == []

@@ -130,6 +130,23 @@ def test_a_gcs_model_without_weights_stops_before_any_work(gcs, saved_pairs, tmp
     assert err.startswith(f"error: --target_model 'gs://{BUCKET}/noweights/target': no weights there"), err
 
 
+def test_a_gcs_model_without_a_tokenizer_stops_before_any_work(gcs, saved_pairs, tmp_path, capsys):
+    """A gs:// target of no tokenizer's files (an upload of the weights and configs alone) failed every worker's load
+    (a T5's or BART's, before that load refused it: empty generations), as does such a --tokenizer."""
+    target, _ = saved_pairs["t5"]
+    gcs.upload_file(_prompts(tmp_path / "prompts.parquet"), f"gs://{BUCKET}/notok/in/prompts.parquet")
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        gcs.upload_file(target / name, f"gs://{BUCKET}/notok/target/{name}")
+    base = [f"--input=gs://{BUCKET}/notok/in/*.parquet", f"--output=gs://{BUCKET}/notok/out/gens", "--drafter=none"]
+    for flags, needle in [([f"--target_model=gs://{BUCKET}/notok/target"], f"--target_model 'gs://{BUCKET}/notok/"
+                           "target': no tokenizer there (tokenizer.json, "),
+                          ([f"--target_model={target}", f"--tokenizer=gs://{BUCKET}/notok/target"],
+                           f"--tokenizer 'gs://{BUCKET}/notok/target': no tokenizer there (")]:
+        assert main(base + flags) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: {needle}") and "\n" not in err, err
+
+
 def test_a_gcs_model_whose_generation_config_is_cut_short_stops_before_any_work(gcs, saved_pairs, tmp_path, capsys):
     """transformers skips a generation_config.json it cannot parse, and the job would decode past the model's end
     tokens: a gs:// model's JSON configs are read at launch as a local one's are."""

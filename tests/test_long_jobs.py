@@ -869,6 +869,7 @@ def test_mistyped_flags_stop_every_entry_point_in_one_line(tmp_path, saved_pairs
         (cross.main, ["--quik"], "unknown flag --quik (did you mean --quick?)"),
         (cross.main, ["--prompts", "0"], "argument --prompts: must be an integer >= 1, got '0'"),
         (cross.main, ["--batch_sizes", "4,1"], "--batch_sizes '4,1': expected comma-separated integers > 1"),
+        (cross.main, ["--batch_sizes", "4,²"], "--batch_sizes '4,²': expected comma-separated integers > 1"),
         (models.main, ["--retrai"], "unknown flag --retrai (did you mean --retrain?)"),
     ]:
         with pytest.raises(SystemExit) as exit_info:

@@ -461,6 +461,10 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         shutil.copytree(saved_pairs[family][0], folder)
         for name in ("tokenizer.json", "tokenizer_config.json"):
             (folder / name).unlink()
+    config_only = tmp_path / "t5-tokenizer-config-only"  # (a copy that took *.json: its spiece.model left behind)
+    shutil.copytree(saved_pairs["t5"][0], config_only)
+    (config_only / "tokenizer.json").unlink()
+    (config_only / "tokenizer_config.json").write_text('{"tokenizer_class": "T5Tokenizer", "eos_token": "</s>"}')
     list_ids = tmp_path / "list-ids.parquet"  # ran, then no report or resume could group its output
     pq.write_table(pa.table({"id": [[1], [2]], "prompt": ["a", "b"]}), list_ids)
     bart_target, t5_draft = saved_pairs["bart"][0], saved_pairs["t5"][1]  # one tokenizer, other start tokens
@@ -482,6 +486,11 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
             "--target_model", str(no_tokenizer), "--drafter", "ngram"],
         **{f"--target_model '{folder}': no tokenizer there (tokenizer.json, ": base[:4] + [
             "--target_model", str(folder), "--drafter", "none"] for folder in bare.values()},
+        f"--target_model '{config_only}': cannot load a tokenizer (ModelRefused: '{config_only}' holds none of its "
+        "tokenizer's vocabulary files (spiece.model, tokenizer.json))": base[:4] + [
+            "--target_model", str(config_only), "--drafter", "none"],
+        f"--draft_model '{config_only}': cannot load its tokenizer (ModelRefused: ": base[:4] + [
+            "--target_model", str(saved_pairs["t5"][0]), "--draft_model", str(config_only)],
         "--id_column 'id' is list<element: int64>, which cannot key rows": ["--input", str(list_ids)] + base[2:] + [
             "--drafter", "none"],
         "--prompt_column 'text'": base + ["--draft_model", str(draft), "--prompt_column", "text"],

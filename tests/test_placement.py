@@ -176,6 +176,10 @@ def test_worker_gpus_from_the_accelerator_settings():
         [*base, "--dataflow_service_options=worker_accelerator=type:nvidia-l4;count:4;install-nvidia-driver"]))
     assert worker.gpus == gpus(4) and worker.source == "4 x nvidia-l4 (22.5 GiB each)"
     assert worker_gpus(SpecDecOptions([*base, "--accelerator=type:nvidia-tesla-a100;count:8"])).gpus == gpus(8, A100)
+    assert worker_gpus(SpecDecOptions(  # (an experiment: the older way, and gcloud's --additional-experiments)
+        [*base, "--experiments=worker_accelerator=type:nvidia-l4;count:2"])).gpus == gpus(2)
+    assert worker_gpus(SpecDecOptions(  # (right fitting's hint, its machine type in it)
+        [*base, "--accelerator=type:nvidia-l4;count:1;machine_type:g2-standard-8"])).gpus == gpus(1)
     assert worker_gpus(SpecDecOptions(base)) is None  # a Dataflow job that names no accelerator
     assert worker_gpus(SpecDecOptions([*base, "--accelerator=type:nvidia-new;count:2"])) is None
 

@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     args.prompts = args.prompts or (4 if args.quick else 12)
     args.max_new_tokens = args.max_new_tokens or (48 if args.quick else 96)
     sizes = [b.strip() for b in args.batch_sizes.split(",") if b.strip()]
-    if not all(b.isdigit() and int(b) > 1 for b in sizes):
+    if not all(b.isdecimal() and int(b) > 1 for b in sizes):
         p.error(f"--batch_sizes {args.batch_sizes!r}: expected comma-separated integers > 1 (batch 1 always runs)")
     args.batch_sizes = [int(b) for b in sizes]
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -513,7 +513,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save", default=None, metavar="DIR",
                    help="instead of measuring: save the pair and --batch_prompts prompts under DIR for pipeline.run")
     args = p.parse_args(argv)
-    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+    sizes = [b.strip() for b in args.batch_sizes.split(",") if b.strip()]
+    if not all(b.isdecimal() and int(b) >= 1 for b in sizes):
+        p.error(f"--batch_sizes {args.batch_sizes!r}: expected comma-separated integers >= 1")
+    args.batch_sizes = [int(b) for b in sizes]
     args.sections = [s for s in args.sections.split(",") if s]
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:
