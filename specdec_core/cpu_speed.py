@@ -155,8 +155,7 @@ class Bf16Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, weights=bf16 (oneDNN)"
 
 
-# Smaller linears are faster in fp32, casts included (docs/performance.md).
-BF16_MIN_WEIGHT = 1_000_000
+BF16_MIN_WEIGHT = 1_000_000  # smaller linears are faster in fp32, casts included (docs/performance.md)
 
 
 def bf16_linears(model: nn.Module, min_weight: int = BF16_MIN_WEIGHT) -> int:

@@ -29,16 +29,18 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def decoder_start(config, generation_config) -> int | None:
+    """generate()'s first decoder token: the generation config's start token, else its bos token; then the config's."""
+    tried = [getattr(generation_config, name, None) for name in ("decoder_start_token_id", "bos_token_id")]
+    start = next((s for s in [*tried, getattr(config, "decoder_start_token_id", None)] if s is not None), None)
+    return start[0] if isinstance(start, list) else start
+
+
 def initial_decoder_ids(model: PreTrainedModel, prompt_ids: list[int]) -> list[int]:
     """The token sequence the decoder starts from: the prompt, or the decoder start token."""
     if not model.config.is_encoder_decoder:
         return list(prompt_ids)
-    start = model.generation_config.decoder_start_token_id
-    if start is None:
-        start = model.config.decoder_start_token_id
-    if isinstance(start, list):
-        start = start[0]
-    if start is None:
+    if (start := decoder_start(model.config, model.generation_config)) is None:
         raise ValueError(f"{type(model).__name__} has no decoder_start_token_id in its config")
     return [int(start)]
 

@@ -66,8 +66,7 @@ class FixedGamma(GammaPolicy):
 
 fixed_gamma = FixedGamma()
 
-# c of a drafter without a model (prompt lookup): microseconds against a model pass.
-LOOKUP_DRAFT_COST = 0.001
+LOOKUP_DRAFT_COST = 0.001  # c of a drafter without a model (prompt lookup): microseconds against a model pass
 
 
 def expected_tokens(a: float, g: int) -> float:

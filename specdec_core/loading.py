@@ -19,6 +19,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from specdec_core.decoder import decoder_start
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model",
                    "sentencepiece.bpe.model")
 log = logging.getLogger(__name__)
@@ -143,8 +145,7 @@ def check_compatible(target_config: PretrainedConfig, draft_config: PretrainedCo
     if all(isinstance(n, int) for n in rows):
         _check_rows(mode, rows, (target_tokenizer, draft_tokenizer))
     if mode == SAME_TOKENIZER and target_config.is_encoder_decoder:
-        starts = [getattr(g, "decoder_start_token_id", None) or c.decoder_start_token_id
-                  for c, g in zip((target_config, draft_config), generation_configs, strict=True)]
+        starts = [decoder_start(c, g) for c, g in zip((target_config, draft_config), generation_configs, strict=True)]
         if starts[0] != starts[1]:
             raise IncompatiblePairError(f"decoder start tokens differ: target {starts[0]}, draft {starts[1]}")
     return mode

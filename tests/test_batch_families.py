@@ -384,3 +384,28 @@ def test_rows_up_to_the_end_of_the_decoders_position_table(family):
     gens = engine.generate_many([(p, 0) for p in prompts])
     assert [g.tokens for g in gens] == refs
     assert sum(g.stats.accepted_tokens for g in gens) > 0
+
+
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_the_decoder_starts_where_generate_starts_it(pairs, prompts, family):
+    """generate() starts the decoder from the generation config's start token, else its bos token, never from the
+    model config's; a generation_config.json without the start token decoded from the config's (BART: 2, not its
+    bos 0), every output other than generate()'s. A config with neither (T5's has no bos) starts from the model
+    config's, where generate() stops."""
+    import copy
+
+    target, draft = (copy.deepcopy(m) for m in pairs[family])
+    gc = copy.deepcopy(target.generation_config)
+    gc.decoder_start_token_id = None
+    target.generation_config = draft.generation_config = gc
+    start = [gc.bos_token_id] if gc.bos_token_id is not None else [target.config.decoder_start_token_id]
+    assert initial_decoder_ids(target, prompts[0]) == start
+    if family == "bart":
+        assert start != [target.config.decoder_start_token_id]
+        n = new_tokens(family)
+        reference = [hf_greedy(target, p, n) for p in prompts[:3]]
+        alone = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=GAMMA, max_new_tokens=n)
+        assert [alone.generate(p).tokens for p in prompts[:3]] == reference
+        batch = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=2, num_speculative_tokens=GAMMA,
+                                          max_new_tokens=n)
+        assert [o.tokens for o in batch.generate_many([(p, 0) for p in prompts[:3]])] == reference
