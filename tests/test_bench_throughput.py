@@ -76,6 +76,8 @@ def test_plain_batching_with_hf_static_cache_is_a_baseline(tmp_path):
                                                # (a traceback, or a division by zero once every config was measured)
                                                ("--batches", "1,0", "is not a batch size >= 1"),
                                                ("--batches", "1,x", "is not a batch size >= 1"),
+                                               ("--batches", "1,²", "is not a batch size >= 1"),  # (isdigit)
+                                               ("--gammas", "2,²", "is neither a gamma >= 1 nor adaptive"),
                                                ("--prompts", "0", "must be an integer >= 1, got '0'"),
                                                ("--reps", "0", "must be an integer >= 1, got '0'")])
 def test_a_mistyped_setting_stops_before_any_work(tmp_path, capsys, flag, value, says):

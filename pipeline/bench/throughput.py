@@ -269,14 +269,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
             p.error(f"--{flag}: {', '.join(bad)} is not one of {', '.join(allowed)}")
         setattr(a, flag, values)
     gammas = [g.strip() for g in a.gammas.split(",")]
-    bad = [g for g in gammas if g != "adaptive" and not (g.isdigit() and int(g) >= 1)]
+    bad = [g for g in gammas if g != "adaptive" and not (g.isdecimal() and int(g) >= 1)]
     if bad:
         p.error(f"--gammas: {', '.join(bad)} is neither a gamma >= 1 nor adaptive")
     a.gammas = [g if g == "adaptive" else int(g) for g in gammas]
     if a.adaptive_max < 1:
         p.error(f"--adaptive_max: {a.adaptive_max} is not a gamma >= 1")
     batches = [b.strip() for b in a.batches.split(",")]
-    if bad := [b for b in batches if not (b.isdigit() and int(b) >= 1)]:
+    if bad := [b for b in batches if not (b.isdecimal() and int(b) >= 1)]:
         p.error(f"--batches: {', '.join(bad)} is not a batch size >= 1")
     a.batches = [int(b) for b in batches]
     if "bad" in a.drafters and a.pair != "llama":
