@@ -397,13 +397,21 @@ def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
 def _check_same_generation(opts: SpecDecOptions, prefix: str, schema: pa.Schema) -> None:
     """A resumed run's rows and this job's are read as one output: rows of other generation flags
     (another length, greedy beside sampled) would mix in it unseen."""
-    from pipeline.provenance import GENERATION_FLAGS, NGRAM_FLAGS, SAMPLING_FLAGS, generation_differences, record_in
+    from pipeline.provenance import (
+        GENERATION_FLAGS,
+        NGRAM_FLAGS,
+        SAMPLING_FLAGS,
+        generation_differences,
+        placement_record,
+        record_in,
+    )
 
     record = record_in(schema.metadata)
     if record is None:  # (files written before runs carried their flags)
         return
     now = {k: json.loads(json.dumps(getattr(opts, k), default=str))
            for k in GENERATION_FLAGS + SAMPLING_FLAGS + NGRAM_FLAGS + ("device",)}
+    now["placement"] = placement_record(opts)  # (where --device auto will run, as the run record says it)
     for key, theirs, ours in generation_differences(record, now)[:1]:
         raise JobConfigError(f"--resume_from {prefix!r}: its run had --{key} {theirs!r}, this job {ours!r}; resume "
                              "with the generation flags of the run it continues")

@@ -101,15 +101,21 @@ NGRAM_FLAGS = ("ngram_min_size", "ngram_max_size")
 
 def _generation(flags: dict) -> dict:
     """A run's flags as they decide its text: stop strings in any order, `auto` gamma and draft dtype as
-    sampling runs them (fixed, the draft's own), `auto` dtype as it runs on a named --device."""
+    sampling runs them (fixed, the draft's own), `auto` dtype as it runs on a named --device, or under
+    --device auto on the one kind of device its recorded placement names."""
     out = {k: flags[k] for k in GENERATION_FLAGS + SAMPLING_FLAGS + NGRAM_FLAGS if k in flags}
-    if out.get("dtype") == "auto" and flags.get("device", "auto") != "auto":
+    device = flags.get("device", "auto")
+    if device == "auto":
+        copies = (flags.get("placement") or {}).get("copies")
+        kinds = {str(d).split(":")[0] for c in copies for d in c} if isinstance(copies, list) else set()
+        device = kinds.pop() if len(kinds) == 1 else device
+    if out.get("dtype") == "auto" and device != "auto":
         import torch
 
         from specdec_core.loading import resolve_dtype
 
         try:
-            out["dtype"] = str(resolve_dtype("auto", torch.device(flags["device"]))).removeprefix("torch.")
+            out["dtype"] = str(resolve_dtype("auto", torch.device(device))).removeprefix("torch.")
         except RuntimeError:  # (a device name torch does not know: compared as given)
             pass
     if isinstance(out.get("stop"), list):

@@ -146,12 +146,12 @@ class Row:
         s.draft_tokens += len(drafts)
         s.drafts.append(len(drafts))
         self.gamma_state.update(len(drafts), n)
-        s.rejections += n < len(drafts)
         if confidences is not None:
             self.gamma_state.record_confidences(confidences, n)
         kept = (drafts[:n] + [token])[: 1 if probe else None]
         emitted, self.finish = cut_at_end(kept, budget - len(self.new), eos, self.finish_check)
         s.accepted_tokens += min(n, len(emitted))
+        s.rejections += n < len(drafts) and len(emitted) > n  # (one past a row's end is not: a's counts are its text's)
         if not self.new:
             s.ttft_s = time.perf_counter() - self.start
         self.new += emitted

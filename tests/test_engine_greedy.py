@@ -315,3 +315,25 @@ def test_the_drafts_prompt_pass_is_counted_as_prefill(models, tokenizer, monkeyp
     never = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=3, max_new_tokens=12,
                                  gamma_policy=_NoDrafts()).generate(ids)
     assert never.tokens == out.tokens and passes == [] and never.stats.draft_steps == 0
+
+
+def test_a_rejection_past_a_rows_end_is_not_counted(models):
+    """`rejections` (the report's a = accepted / (accepted + rejections)) counts a round's rejected draft only
+    where the row's text reaches it: a round cut at an end inside its accepted drafts counts their kept
+    ones and no rejection, as `accepted_tokens` counts only the kept."""
+    from specdec_core.gamma import fixed_gamma
+    from specdec_core.processing import SamplingSettings
+    from specdec_core.rows import Row
+
+    target, _ = models["llama"]
+
+    def commit(n: int, token: int, budget: int, eos: set[int]) -> tuple[int, int, list[int]]:
+        row = Row.begin(target, [3, 4], 0, SamplingSettings(), budget, fixed_gamma.start(3))
+        row.commit([5, 6, 7], n, token, None, budget, eos)
+        return row.stats.accepted_tokens, row.stats.rejections, row.new
+
+    assert commit(2, 9, 10, set()) == (2, 1, [5, 6, 9])  # the correction emitted: the rejection is in the text
+    assert commit(2, 9, 10, {9}) == (2, 1, [5, 6, 9])  # ... ending the row there too
+    assert commit(2, 9, 10, {5}) == (1, 0, [5])  # an EOS among the accepted drafts: the rejection lies past it
+    assert commit(2, 9, 2, set()) == (2, 0, [5, 6])  # the budget ends at the accepted drafts
+    assert commit(3, 9, 10, set()) == (3, 0, [5, 6, 7, 9])  # all accepted: no rejection

@@ -613,7 +613,7 @@ def test_resuming_with_other_generation_flags_stops_before_any_work(tmp_path, sa
     for extra, needle in [(["--max_new_tokens", "9"], "its run had --max_new_tokens 8, this job 9"),
                           (["--temperature", "0.7"], "its run had --temperature 0.0, this job 0.7"),
                           (["--stop", "x"], "its run had --stop None, this job ['x']"),
-                          (["--dtype", "bfloat16"], "its run had --dtype 'auto', this job 'bfloat16'")]:
+                          (["--dtype", "bfloat16"], "its run had --dtype 'float32', this job 'bfloat16'")]:
         assert main(_args(src, tmp_path / "next" / "gens", target, None, "--resume_from", str(first), *extra)) == 2
         assert needle in _one_line_error(capsys), extra
     # greedy: top_k and the seed change nothing; a model draft changes no text
@@ -650,6 +650,16 @@ def test_dtype_auto_counts_as_the_dtype_it_runs_in_on_a_named_device():
     assert differs(("auto", "cpu"), ("auto", "cuda")) == [("dtype", "float32", "bfloat16")]
     assert differs(("auto", "auto"), ("float32", "cpu")) == [("dtype", "auto", "float32")]
     assert differs(("auto", "auto"), ("auto", "cpu")) == [("dtype", "auto", "float32")]
+    # under --device auto, the one kind of device the run record's placement names
+    on = {"cpu": {"gpus": "none", "copies": [["cpu"]]}, "gpus": {"gpus": "2 x L4", "copies": [["cuda:0"], ["cuda:1"]]},
+          "unknown": {"gpus": "unknown at launch", "copies": "one per GPU of each worker"}}
+    assert generation_differences({"dtype": "auto", "device": "auto", "placement": on["cpu"]},
+                                  {"dtype": "float32", "device": "cpu"}) == []
+    assert generation_differences({"dtype": "auto", "device": "auto", "placement": on["gpus"]},
+                                  {"dtype": "auto", "device": "auto", "placement": on["cpu"]}) == [
+        ("dtype", "bfloat16", "float32")]
+    assert generation_differences({"dtype": "auto", "device": "auto", "placement": on["unknown"]},
+                                  {"dtype": "auto", "device": "auto", "placement": on["unknown"]}) == []
 
 def test_a_resume_is_compared_by_what_decides_its_rows_not_by_how_it_was_written(tmp_path, saved_pairs):
     """Ids of another string layout (the run's input written by pandas 3 or Polars: large_string) match as values;

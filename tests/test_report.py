@@ -420,8 +420,15 @@ def test_a_baseline_that_drafted_or_ran_another_target_is_said(two_runs, tmp_pat
     assert report.main([p["spec"], "--baseline", str(other / "gens")]) == 0
     note = capsys.readouterr().err.strip().splitlines()[-1]
     assert note == (f"note: --baseline {other / 'gens'} ran other generation flags: --max_new_tokens 16 (this run 10), "
-                    "--stop ['.'] (this run None), --dtype 'bfloat16' (this run 'auto'); its generations differ for "
-                    "that reason, and its speed-up compares other work"), note
+                    "--stop ['.'] (this run None), --dtype 'bfloat16' (this run 'float32'); its generations differ "
+                    "for that reason, and its speed-up compares other work"), note
+    # ... but a baseline that named the dtype this run's `auto` ran in (float32 on its CPU) ran no other flags
+    for f in Path(p["base"]).parent.glob("gens-0*.parquet"):
+        table = pq.read_table(f)
+        record = {**json.loads(table.schema.metadata[b"specdec_run"]), "dtype": "float32"}
+        pq.write_table(table.replace_schema_metadata({"specdec_run": json.dumps(record)}), other / f.name)
+    assert report.main([p["spec"], "--baseline", str(other / "gens")]) == 0
+    assert "other generation flags" not in capsys.readouterr().err
 
 
 def test_a_baseline_of_other_prompts_is_said(two_runs, tmp_path, capsys):
