@@ -37,7 +37,7 @@ from transforms.durable import (
     result_patterns,
     sink_deletes,
 )
-from transforms.schema import result_schema
+from transforms.schema import id_type_problem, result_schema
 
 if TYPE_CHECKING:  # (the options import torch; `writable_file` serves tools that need none)
     from transformers import PreTrainedTokenizerBase
@@ -143,13 +143,8 @@ def _check_columns(opts: SpecDecOptions, path: str, schema: pa.Schema) -> None:
 
 def _check_id_type(opts: SpecDecOptions, schema: pa.Schema) -> None:
     """schema: the input's, each column of the first file's type with values (`_check_shards`)."""
-    id_type = plain_type(schema.field(opts.id_column).type)
-    if pa.types.is_temporal(id_type) or pa.types.is_decimal(id_type):
-        raise JobConfigError(f"--id_column {opts.id_column!r} is {id_type}, which Beam cannot encode "
-                             "deterministically to find duplicate ids: cast it to text or integers")
-    if pa.types.is_nested(id_type):  # (Arrow cannot group an output by such ids: no report, no resume)
-        raise JobConfigError(f"--id_column {opts.id_column!r} is {id_type}, which cannot key rows: "
-                             "use a column of text or integers")
+    if problem := id_type_problem(schema.field(opts.id_column).type):
+        raise JobConfigError(f"--id_column {opts.id_column!r} {problem}")
 
 
 def _writable_as(later: pa.DataType, first: pa.DataType) -> bool:

@@ -26,6 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser, positive_int
 from transforms.durable import SHARD, match
+from transforms.schema import id_type_problem
 
 _BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".csv": "csv", ".txt": "text"}
 _COMPRESSED = (".gz", ".bz2", ".xz", ".zst")  # (datasets reads these by their suffix)
@@ -109,6 +110,8 @@ def load(dataset: str, config: str | None, split: str):
     else:
         return datasets.load_dataset(dataset, config, split=split)
     builder = _one_builder(dataset, files)
+    if folder:
+        _check_splits_cover(dataset, files)
     if all("://" not in f and os.path.getsize(f) == 0 for f in files):
         raise DatasetError(f"--dataset {dataset!r}: its data files are empty")
     path, data_files = (dataset, None) if folder else (builder, dataset)  # (a folder: datasets' folder reading)
@@ -119,6 +122,20 @@ def load(dataset: str, config: str | None, split: str):
     headers = [_csv_start(dataset, f) for f in files]  # (each file's first row checked)
     features = datasets.Features({c: datasets.Value("string") for c in headers[0]})
     return datasets.load_dataset(path, data_files=data_files, split=split, features=features, keep_default_na=False)
+
+
+def _check_splits_cover(folder: str, files: list[str]) -> None:
+    """`datasets` splits a folder by its file names and reads no file that matches none of its splits' patterns
+    (`extra.jsonl` beside `train.jsonl`): its rows would be left out of every split without a word."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    splits = DataFilesDict.from_patterns(get_data_patterns(folder), base_path=folder)
+    read = {os.path.realpath(f) for found in splits.values() for f in found}
+    if left := [f for f in files if os.path.realpath(f) not in read]:
+        made = ", ".join(map(str, splits))
+        raise DatasetError(f"--dataset {folder!r}: {os.path.relpath(left[0], folder)} (of {len(left)} such files) is "
+                           f"in none of the splits its file names make ({made}): name the data files with a glob, as "
+                           "'DIR/*.jsonl'")
 
 
 def _csv_start(dataset: str, path: str) -> list[str]:
@@ -186,13 +203,13 @@ def _prompt(row: dict, fields: set[str], template: str | None, system_template: 
 
 def _check_column(flag: str, name: str, column: pa.Array, nested: bool) -> None:
     """A column of values of several types (read from JSON as JSON text), or a nested id, would
-    reach pipeline.run as something else than the data held, or not key rows at all."""
+    reach pipeline.run as something else than the data held, or not key rows at all (a date or a decimal id)."""
     if isinstance(column.type, pa.BaseExtensionType):  # (datasets reads such a JSON field as JSON text)
         seen = list(dict.fromkeys(v for v in column.storage.to_pylist() if v is not None))[:2]
         raise ValueError(f"{flag} {name!r} holds values of several types (such as {' and '.join(seen)}): "
                          "make them one type in the data")
-    if not nested and pa.types.is_nested(column.type):
-        raise ValueError(f"{flag} {name!r} is {column.type}, which cannot key rows: ids are text, numbers or the like")
+    if not nested and (problem := id_type_problem(column.type)):  # (as pipeline.run would refuse it)
+        raise ValueError(f"{flag} {name!r} {problem}")
 
 
 def prepare(dataset, template: str | None, id_field: str | None, keep: list[str], split: str, limit: int | None,

@@ -1,7 +1,9 @@
 """Dataset -> prompt shards -> a job that reads them."""
 
+import datetime
 import json
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import prepare
@@ -104,6 +106,11 @@ def test_settings_that_would_lose_or_mix_rows_are_one_line_errors(tmp_path, caps
     # as '"two"'), and an object as an id
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text('{"doc": 1, "t": "x", "k": 1, "o": {"a": 1}}\n{"doc": "b", "t": "y", "k": "two", "o": {"a": 2}}\n')
+    dated = tmp_path / "dated.parquet"  # (an id pipeline.run refuses: refused before any shard is written)
+    pq.write_table(pa.table({"d": [datetime.date(2020, 1, 1)], "t": ["x"]}), dated)
+    (split := tmp_path / "split").mkdir()  # (datasets reads train.jsonl alone: extra.jsonl's rows were left out)
+    for name in ("train.jsonl", "extra.jsonl"):
+        (split / name).write_text('{"t": "x"}\n')
     out = str(tmp_path / "o")
     cases = {
         "--id_field 'doc' is not unique: 'a' is the id of 2 rows": ["--id_field", "doc"],
@@ -126,6 +133,10 @@ def test_settings_that_would_lose_or_mix_rows_are_one_line_errors(tmp_path, caps
             "--dataset", str(mixed), "--id_field", "doc"],
         "--keep_fields 'k' holds values of several types": ["--dataset", str(mixed), "--keep_fields", "k"],
         "--id_field 'o' is struct<a: int64>, which cannot key rows": ["--dataset", str(mixed), "--id_field", "o"],
+        "extra.jsonl (of 1 such files) is in none of the splits its file names make (train)": [
+            "--dataset", str(split)],
+        "--id_field 'd' is date32[day], which Beam cannot encode deterministically": [
+            "--dataset", str(dated), "--id_field", "d"],
     }
     for needle, extra in cases.items():
         flags = {"--dataset": str(src), "--template": "{t}", "--output": out}

@@ -39,3 +39,17 @@ def result_schema(input_schema: pa.Schema, id_column: str, passthrough: list[str
 
 def failed_schema(input_schema: pa.Schema, id_column: str) -> pa.Schema:
     return pa.schema([pa.field("id", input_schema.field(id_column).type)] + [pa.field(n, t) for n, t in FAILED])
+
+
+def id_type_problem(typ: pa.DataType) -> str | None:
+    """Why ids of this type cannot key rows (said after the column's name), or None: Beam encodes dates, times
+    and decimals nondeterministically, so duplicates go unfound; Arrow cannot group an output by nested ids
+    (no report, no resume). Dictionary-encoded ids are read as their values."""
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    if pa.types.is_temporal(typ) or pa.types.is_decimal(typ):
+        return (f"is {typ}, which Beam cannot encode deterministically to find duplicate ids: cast it to text or "
+                "integers")
+    if pa.types.is_nested(typ):
+        return f"is {typ}, which cannot key rows: use a column of text or integers"
+    return None
