@@ -85,8 +85,8 @@ def worker_gpus(opts: SpecDecOptions) -> WorkerGpus | None:
             parsed = parse_accelerator(spec)
         except ValueError as e:
             raise ValueError(f"{flag}: {e}") from e
-        if parsed is None:
-            continue
+        if parsed is None:  # (Dataflow would refuse it after the launch; the fit check was skipped)
+            raise ValueError(f"{flag} {spec!r}: names no GPU type (type:GPU_TYPE;count:N;install-nvidia-driver)")
         kind, count = parsed
         if kind not in GPU_MIB:
             log.info("fit check skipped: GPU type %s has no known memory size", kind)

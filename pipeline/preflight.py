@@ -271,16 +271,20 @@ def _same_prefix(a: str, b: str) -> bool:
     return one_spelling(a) == one_spelling(b)
 
 
-def check_prefix(flag: str, prefix: str) -> None:
+def check_prefix(flag: str, prefix: str, example: str = "gens") -> None:
     """A prefix names files by globbing (`PREFIX-*`): glob characters would match other files, and
     one ending in `-failed` would take another run's failed files for its results; a comma would split it where
-    several prefixes are read (`--resume_from`, `pipeline.report`); one ending in / names no files."""
+    several prefixes are read (`--resume_from`, `pipeline.report`); one that names a folder (ending in /, `.`, an
+    existing local folder) or nothing would write beside the folder, as its name's files."""
+    if not prefix.strip():
+        raise JobConfigError(f"{flag} {prefix!r}: names no files: say DIR/{example} for the files DIR/{example}-*")
     if any(c in prefix for c in "*?[,"):
         raise JobConfigError(f"{flag} {prefix!r}: a prefix cannot hold *, ?, [ or , (its files are found by "
                              "pattern, and several prefixes are written joined by commas)")
-    if prefix.endswith("/"):
+    if prefix.endswith("/") or ("://" not in prefix and os.path.isdir(os.path.expanduser(prefix))):
+        folder = prefix if prefix.endswith("/") else f"{prefix}/"
         raise JobConfigError(f"{flag} {prefix!r}: a prefix names files (PREFIX-00000-of-00001.parquet), not a "
-                             f"folder: say {prefix}gens for the files {prefix}gens-*")
+                             f"folder: say {folder}{example} for the files {folder}{example}-*")
     if os.path.basename(prefix.rstrip("/")).endswith(("-failed", "-chunk")):
         raise JobConfigError(f"{flag} {prefix!r}: a prefix cannot end in -failed or -chunk (PREFIX-failed-* and "
                              "PREFIX-chunk-* name a run's failed rows and chunks)")

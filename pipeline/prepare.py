@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser, positive_int
+from pipeline.preflight import check_prefix
 from transforms.durable import SHARD, match
 from transforms.schema import id_type_problem
 
@@ -305,8 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     keep = [f.strip() for f in args.keep_fields.split(",") if f.strip()]
     try:
-        if args.output.endswith("/"):  # (it wrote FOLDER/-00000-of-00001.parquet)
-            raise ValueError(f"--output {args.output!r}: a prefix names files, not a folder: say {args.output}prompts")
+        check_prefix("--output", args.output, "prompts")  # (a folder's: it wrote FOLDER/-00000-of-00001.parquet)
         check_templates(args.template, args.user_template, args.system_template)  # before loading anything
         check_fields(args.id_field, keep)
         earlier_shards(args.output, args.overwrite)

@@ -83,10 +83,10 @@ def parse_options(argv: list[str]) -> SpecDecOptions:
     opts = SpecDecOptions(argv)
     if opts.view_as(StandardOptions).runner is None:
         opts.view_as(StandardOptions).runner = LOCAL_RUNNER
-    # Local paths as absolute ones for every step of the job (Beam matches no bare `gens-*`); an --output ending in / is
-    # left as given, for preflight to refuse (a local one made absolute would write beside the folder it names).
+    # Local paths as absolute ones for every step of the job (Beam matches no bare `gens-*`); an --output that names a
+    # folder or nothing is left as given, for preflight to refuse (made absolute, it would write beside the folder).
     opts.input = absolute(opts.input)
-    if not opts.output.endswith("/"):
+    if opts.output.strip() and not opts.output.endswith("/") and not os.path.isdir(opts.output):
         opts.output = absolute(opts.output)
     if opts.resume_from:
         opts.resume_from = [absolute(p) for p in opts.resume_prefixes()]

@@ -62,6 +62,14 @@ def test_unwritable_workdir_is_a_one_line_error(tmp_path, capsys):
     assert err[-1].startswith("error: ") and str(blocker) in err[-1]
 
 
+def test_an_empty_workdir_is_a_one_line_error(capsys):
+    """`--workdir ''` wrote prompts.parquet and out/ into the working folder."""
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--tiny", "--workdir", ""])
+    assert e.value.code == 2
+    assert "error: --workdir '': names no folder" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag, value", [("--prompts", "-3"), ("--prompts", "0"), ("--max_new_tokens", "0"),
                                          ("--num_speculative_tokens", "0"), ("--threads", "0")])
 def test_a_count_below_one_is_a_one_line_error(tmp_path, capsys, flag, value):

@@ -881,6 +881,9 @@ def test_mistyped_flags_stop_every_entry_point_in_one_line(tmp_path, saved_pairs
         (cross.main, ["--batch_sizes", "4,1"], "--batch_sizes '4,1': expected comma-separated integers > 1"),
         (cross.main, ["--batch_sizes", "4,²"], "--batch_sizes '4,²': expected comma-separated integers > 1"),
         (models.main, ["--retrai"], "unknown flag --retrai (did you mean --retrain?)"),
+        # (a traceback in torch.set_num_threads; 0 ran torch's default)
+        (cross.main, ["--threads", "-1"], "argument --threads: must be an integer >= 1, got '-1'"),
+        (models.main, ["--threads", "0"], "argument --threads: must be an integer >= 1, got '0'"),
     ]:
         with pytest.raises(SystemExit) as exit_info:
             entry(argv)

@@ -545,6 +545,14 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         # (it wrote out/run1-*.parquet, beside the folder)
         f"--output '{tmp_path / 'out/run1'}/': a prefix names files": base[:2] + [
             "--output", str(tmp_path / "out/run1") + "/"] + base[4:] + ["--drafter", "none"],
+        # (the fit check was skipped and the job ran; Dataflow refuses such a hint)
+        "--accelerator 'bogus': names no GPU type": base + ["--drafter", "none", "--accelerator", "bogus"],
+        "--accelerator: count:0 in 'type:nvidia-l4;count:0': expected a whole number of GPUs": base + [
+            "--drafter", "none", "--accelerator", "type:nvidia-l4;count:0"],
+        # (both wrote beside the folder they name: '' as the working folder's, a folder as its name's files)
+        "--output '': names no files: say DIR/gens": base[:2] + ["--output", ""] + base[4:] + ["--drafter", "none"],
+        f"--output '{tmp_path}': a prefix names files (PREFIX-00000-of-00001.parquet), not a folder: say "
+        f"{tmp_path}/gens for": base[:2] + ["--output", str(tmp_path)] + base[4:] + ["--drafter", "none"],
         # (it ran, then every row's write failed in a traceback: "Not a directory")
         f"--output '{src}/run/gens': {src} is a file, where the output's folder must be": base[:2] + [
             "--output", f"{src}/run/gens"] + base[4:] + ["--drafter", "none"],

@@ -121,7 +121,10 @@ def test_settings_that_would_lose_or_mix_rows_are_one_line_errors(tmp_path, caps
         "--keep_fields 'id': the output's own column": ["--keep_fields", "id"],
         "argument --num_shards: must be an integer >= 1, got '0'": ["--num_shards", "0"],
         "argument --limit: must be an integer >= 1, got '0'": ["--limit", "0"],  # (it wrote one empty shard)
-        f"--output '{tmp_path}/': a prefix names files, not a folder": ["--output", f"{tmp_path}/"],
+        f"--output '{tmp_path}/': a prefix names files (PREFIX-00000-of-00001.parquet), not a folder": [
+            "--output", f"{tmp_path}/"],
+        f"--output '{tmp_path}': a prefix names files": ["--output", str(tmp_path)],  # (it wrote beside the folder)
+        "--output '': names no files: say DIR/prompts": ["--output", ""],  # (it wrote ./-00000-of-00001.parquet)
         f"--dataset '{tmp_path}/empty.jsonl': its data files are empty": ["--dataset", str(tmp_path / "empty.jsonl")],
         # (datasets' cause, which says where, was left out)
         "cannot load it (DatasetGenerationError: An error occurred while generating the dataset; ArrowInvalid: JSON "

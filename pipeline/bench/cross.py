@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch_sizes", default="", help="comma-separated B > 1: also decode the prompts B rows at a time")
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="batched: each B's engines run ABC CBA this many times (a noisy machine needs several)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--cache_dir", default=str(Path.home() / ".cache" / "specdec-beam" / "bench_cross"))
     p.add_argument("--json", default=None, help="also write the raw results here")
     args = p.parse_args(argv)

@@ -64,7 +64,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="torch threads (default 1: these small models are bound by per-op overhead)")
     p.add_argument("--num_speculative_tokens", type=positive_int, default=None,
                    help="gamma (default: the one the pair was measured at, in its manifest)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.workdir.strip():  # (it wrote prompts.parquet and out/ into the working folder)
+        p.error("--workdir '': names no folder: say --workdir DIR (default ./" + DEFAULT_WORKDIR + ")")
+    return args
 
 
 def _write_prompts(workdir: Path, rows: list[dict]) -> Path:

@@ -46,7 +46,7 @@ from pipeline.demo.assets import (  # noqa: E402
     verify_assets,
 )
 from pipeline.demo.recipes import COMMITTED, FULL, RECIPES, ModelSpec, QualityGate, Recipe, TrainSpec  # noqa: E402
-from pipeline.flags import ArgumentParser  # noqa: E402
+from pipeline.flags import ArgumentParser, positive_int  # noqa: E402
 from pipeline.threads import keeps_torch_threads
 
 logger = logging.getLogger(__name__)
@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep the target of a pair this recipe made (DIR.rejected too); cut and measure the draft")
     ap.add_argument("--init_from", default=None, metavar="DIR",
                     help="the pair (DIR.rejected too) a recipe with a first stage starts from")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.threads:

@@ -72,6 +72,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.target_model, args.draft_model = os.path.expanduser(args.target_model), [  # (`--x=~/m`: no shell expands it)
         os.path.expanduser(d) for d in args.draft_model]
     args.tokenizer = args.tokenizer and os.path.expanduser(args.tokenizer)
+    if any(not d.strip() for d in args.draft_model):  # (an empty one was measured as no draft, then failed)
+        p.error("--draft_model '': names no draft")
     if len(set(args.draft_model)) != len(args.draft_model):
         p.error("--draft_model: the same draft is given twice")
     return args
