@@ -410,7 +410,10 @@ def _check_same_generation(opts: SpecDecOptions, prefix: str, schema: pa.Schema)
         return
     now = {k: json.loads(json.dumps(getattr(opts, k), default=str))
            for k in GENERATION_FLAGS + SAMPLING_FLAGS + NGRAM_FLAGS + ("device",)}
-    now["placement"] = placement_record(opts)  # (where --device auto will run, as the run record says it)
+    try:
+        now["placement"] = placement_record(opts)  # (where --device auto will run, as the run record says it)
+    except ValueError as e:  # (an --accelerator of no GPU type: the fit check's line, said here first)
+        raise JobConfigError(str(e)) from e
     for key, theirs, ours in generation_differences(record, now)[:1]:
         raise JobConfigError(f"--resume_from {prefix!r}: its run had --{key} {theirs!r}, this job {ours!r}; resume "
                              "with the generation flags of the run it continues")

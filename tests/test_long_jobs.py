@@ -613,12 +613,14 @@ def test_resuming_with_other_generation_flags_stops_before_any_work(tmp_path, sa
     for extra, needle in [(["--max_new_tokens", "9"], "its run had --max_new_tokens 8, this job 9"),
                           (["--temperature", "0.7"], "its run had --temperature 0.0, this job 0.7"),
                           (["--stop", "x"], "its run had --stop None, this job ['x']"),
-                          (["--dtype", "bfloat16"], "its run had --dtype 'float32', this job 'bfloat16'")]:
+                          (["--dtype", "bfloat16"], "its run had --dtype 'float32', this job 'bfloat16'"),
+                          # (the GPUs where `auto` would run are unknown: its own line, not a dtype's)
+                          (["--accelerator", "bogus"], "--accelerator 'bogus': names no GPU type")]:
         assert main(_args(src, tmp_path / "next" / "gens", target, None, "--resume_from", str(first), *extra)) == 2
         assert needle in _one_line_error(capsys), extra
-    # greedy: top_k and the seed change nothing; a model draft changes no text
+    # greedy: top_k and the seed change nothing; a model draft changes no text; `auto` runs as float32 here
     assert main(_args(src, tmp_path / "next" / "gens", target, draft, "--resume_from", str(first),
-                      "--seed", "3")) == 0
+                      "--seed", "3", "--dtype", "float32")) == 0
     # sampled: the seed's sample depends on the drafts it was drawn against; stop strings in any order
     sampled = tmp_path / "sampled" / "gens"
     assert main(_args(src, sampled, target, None, "--temperature", "1", "--stop", "xyz", "--stop", "qq")) == 0
