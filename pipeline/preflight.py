@@ -271,6 +271,23 @@ def _same_prefix(a: str, b: str) -> bool:
     return one_spelling(a) == one_spelling(b)
 
 
+_GS = re.compile(r"gs://([a-z0-9][a-z0-9._-]{1,220}[a-z0-9])(/.*)?")
+
+
+def check_gs_path(flag: str, path: str, names_object: bool = True) -> None:
+    """A gs:// path of Cloud Storage's form (a bucket of 3 or more lowercase letters, digits, -, _ and ., and an
+    object where a file or prefix is named): Beam and the storage client met a malformed one only after their
+    credential retries, in tracebacks or after two minutes."""
+    if not path.startswith("gs://"):
+        return
+    m = _GS.fullmatch(path)
+    if m is None:
+        raise JobConfigError(f"{flag} {path!r}: not a Cloud Storage path (gs://BUCKET/OBJECT, the bucket of 3 or more "
+                             "lowercase letters, digits, -, _ and .)")
+    if names_object and not (m.group(2) or "/").strip("/"):
+        raise JobConfigError(f"{flag} {path!r}: names a bucket, not files in it: say {path.rstrip('/')}/run1/gens")
+
+
 def check_prefix(flag: str, prefix: str, example: str = "gens") -> None:
     """A prefix names files by globbing (`PREFIX-*`): glob characters would match other files, and
     one ending in `-failed` would take another run's failed files for its results; a comma would split it where
@@ -278,6 +295,7 @@ def check_prefix(flag: str, prefix: str, example: str = "gens") -> None:
     existing local folder) or nothing would write beside the folder, as its name's files."""
     if not prefix.strip():
         raise JobConfigError(f"{flag} {prefix!r}: names no files: say DIR/{example} for the files DIR/{example}-*")
+    check_gs_path(flag, prefix)
     if any(c in prefix for c in "*?[,"):
         raise JobConfigError(f"{flag} {prefix!r}: a prefix cannot hold *, ?, [ or , (its files are found by "
                              "pattern, and several prefixes are written joined by commas)")
@@ -315,6 +333,7 @@ def writable_file(flag: str, path: str) -> str:
     if path.lower().endswith(".parquet"):
         raise JobConfigError(f"{flag} {path!r}: a Parquet file's name (this writes {flag[2:]} there, in its place)")
     if "://" in path:
+        check_gs_path(flag, path)
         return path
     path = os.path.expanduser(path)
     if os.path.isdir(path):
@@ -528,6 +547,10 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
         # worker_accelerator service option")
         raise JobConfigError(f"--accelerator with {given[0]}: Dataflow's right fitting (the --accelerator hint) is "
                              "not to be combined with worker_accelerator: give one")
+    for flag, path, names_object in [("--input", opts.input, True), ("--target_model", opts.target_model, False),
+                                     ("--draft_model", opts.draft_model or "", False),
+                                     ("--tokenizer", opts.tokenizer or "", False)]:
+        check_gs_path(flag, path, names_object)
     shards = input_schemas(opts.input)
     _check_columns(opts, *shards[0])
     schema = _check_shards(opts, shards)

@@ -545,6 +545,13 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
         # (it wrote out/run1-*.parquet, beside the folder)
         f"--output '{tmp_path / 'out/run1'}/': a prefix names files": base[:2] + [
             "--output", str(tmp_path / "out/run1") + "/"] + base[4:] + ["--drafter", "none"],
+        # (malformed gs:// paths met Beam's and the storage client's credential retries: tracebacks, or two minutes)
+        "--output 'gs://bucket': names a bucket, not files in it": base[:2] + ["--output", "gs://bucket"] + base[4:] + [
+            "--drafter", "none"],
+        "--input 'gs:///x/*.parquet': not a Cloud Storage path (gs://BUCKET/OBJECT": [
+            "--input", "gs:///x/*.parquet"] + base[2:] + ["--drafter", "none"],
+        "--target_model 'gs://bu@cket/m': not a Cloud Storage path": base[:4] + [
+            "--target_model", "gs://bu@cket/m", "--drafter", "none"],
         # (the fit check was skipped and the job ran; Dataflow refuses such a hint)
         "--accelerator 'bogus': names no GPU type": base + ["--drafter", "none", "--accelerator", "bogus"],
         "--accelerator: count:0 in 'type:nvidia-l4;count:0': expected a whole number of GPUs": base + [

@@ -225,6 +225,7 @@ def test_encoder_decoder_targets_tune_batch_sizes_too(saved_pairs, tmp_path, cap
     (["--output_json", ""], "--output_json '': names no file"),
     (["--output_json", "-"], "--output_json '-': this writes a file, not standard output"),
     (["--draft_model", ""], "--draft_model '': names no draft"),  # (measured as no draft, then a traceback)
+    (["--output_json", "gs://"], "--output_json 'gs://': not a Cloud Storage path"),  # (a traceback after the work)
 ])
 def test_bad_settings_are_one_line_errors(tiny, capsys, extra, culprit):
     extra = [e.format(input=tiny["input"]) for e in extra]  # (a file: no directory can be made there)

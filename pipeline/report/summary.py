@@ -86,6 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.metric and not args.references:  # (it was ignored)
         print(f"error: --metric {args.metric} scores against --references COLUMN: pass it", file=sys.stderr)
         return 2
+    for flag in ("baseline", "references"):  # (an empty one was left out without a word)
+        if getattr(args, flag) is not None and not getattr(args, flag).strip():
+            print(f"error: --{flag} '': names nothing: drop it, or name one", file=sys.stderr)
+            return 2
+    spelled = [sorted(map(one_spelling, _parts(p))) for p in (args.baseline or "", args.prefix)]
+    if args.baseline and spelled[0] == spelled[1]:  # (compared with itself: "speed-up 1.00x")
+        print(f"error: --baseline {args.baseline!r} is the run itself: name the --drafter none run of its prompts",
+              file=sys.stderr)
+        return 2
     args.metric = args.metric or "rouge"
     try:
         if args.html is not None:  # (before the reading and plotting)
