@@ -110,6 +110,9 @@ def load(dataset: str, config: str | None, split: str):
             raise FileNotFoundError(f"--dataset {dataset!r} matches no files")
     else:
         return datasets.load_dataset(dataset, config, split=split)
+    if config is not None:  # (it was left out without a word)
+        raise DatasetError(f"--config {config!r}: a configuration of a hub dataset (or of a folder whose README names "
+                           f"its configs); {dataset!r} is data files, which have none")
     builder = _one_builder(dataset, files)
     if folder:
         _check_splits_cover(dataset, files)
@@ -166,6 +169,8 @@ def check_templates(template: str | None, user_template: str | None, system_temp
         raise ValueError("--system_template needs --user_template")
     for flag, text in (("--template", template), ("--user_template", user_template),
                        ("--system_template", system_template)):
+        if text is not None and not text.strip() and flag != "--system_template":  # (every row then failed)
+            raise ValueError(f"{flag} {text!r}: writes no text: every prompt would be empty")
         try:
             fields = template_fields(text) if text is not None else []
         except ValueError as e:

@@ -382,3 +382,19 @@ def test_an_incomplete_set_of_shards_stops_the_job_unless_the_pattern_names_some
         write_prompts(tmp_path / f"prompts-{i:05d}-of-00004.parquet", [{"id": f"a{i}", "prompt": "Hello world!"}])
     assert main(_args(tmp_path / "prompts-*.parquet", tmp_path / "all" / "gens", target, None), wait=False) == 0
     assert len(no_work) == 2
+
+
+def test_a_setting_of_another_drafter_is_said_to_do_nothing(tmp_path, saved_pairs, no_work, src, caplog):
+    """`--ngram_min_size 0` with the model drafter, `--draft_dtype int8` with none: ran without a word (the
+    job runs: its setting changes nothing, as the sampling settings under greedy decoding)."""
+    target, draft = saved_pairs["llama"]
+    for drafter, extra, said in [("model", ["--ngram_min_size", "0"], "--ngram_min_size 0: a setting of --drafter "
+                                  "ngram, and this job runs --drafter model: no effect"),
+                                 ("none", ["--draft_dtype", "int8"], "--draft_dtype int8: a setting of --drafter "
+                                  "model, and this job runs --drafter none: no effect")]:
+        caplog.clear()
+        argv = _args(src, tmp_path / drafter / "gens", target, draft if drafter == "model" else None,
+                     "--drafter", drafter, *extra)
+        assert main(argv, wait=False) == 0
+        assert said in caplog.text
+    assert len(no_work) == 2

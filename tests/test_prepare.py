@@ -136,6 +136,8 @@ def test_settings_that_would_lose_or_mix_rows_are_one_line_errors(tmp_path, caps
             "--dataset", str(mixed), "--id_field", "doc"],
         "--keep_fields 'k' holds values of several types": ["--dataset", str(mixed), "--keep_fields", "k"],
         "--id_field 'o' is struct<a: int64>, which cannot key rows": ["--dataset", str(mixed), "--id_field", "o"],
+        "--template '': writes no text: every prompt would be empty": ["--template", ""],  # (every row failed)
+        "--config 'x': a configuration of a hub dataset": ["--config", "x"],  # (left out without a word)
         "extra.jsonl (of 1 such files) is in none of the splits its file names make (train)": [
             "--dataset", str(split)],
         "--id_field 'd' is date32[day], which Beam cannot encode deterministically": [
