@@ -427,3 +427,15 @@ def test_the_target_alone_on_one_prompt_is_said_plainly(tiny, capsys, monkeypatc
     printed = capsys.readouterr().out
     assert "target v(k) = not measured (no drafter to verify)" in printed
     assert json.loads(out.read_text())["batching"] == "a sample of one prompt batches nothing"
+
+
+def test_an_int8_draft_is_measured_and_recommended_at_batch_size_1_only(tiny, capsys):
+    """pipeline.run refuses `--draft_dtype int8` with `--batch_size` above 1 for a draft of the target's tokenizer:
+    tune measured it batched, and could recommend a command the job refuses."""
+    out = tiny["root"] / "int8.json"
+    assert tune.main(_args(tiny, "--draft_model", str(tiny["draft"]), "--no_ngram", "--draft_dtype", "int8",
+                           "--output_json", str(out))) == 0
+    res = json.loads(out.read_text())
+    assert {r["batch_size"] for r in res["throughput"]} == {1} and res["recommended"]["batch_size"] == 1
+    assert res["batching"] == ("the draft is int8 (--draft_dtype int8: dynamic quantization scales a pass's rows "
+                               "together): pipeline.run decodes it at --batch_size 1 only")

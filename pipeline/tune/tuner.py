@@ -425,7 +425,10 @@ class Tuner:
         if chosen is not None and chosen.candidate.drafter == "model":
             drafter = self.drafters[chosen.candidate.name]
             # (a draft with another tokenizer drafts row by row, its model never in a padded batch)
-            why = None if isinstance(drafter, CrossTokenizerDrafter) else batch_refusal(drafter.model, self.pad_id)
+            # (pipeline.run refuses an int8 draft batched by its flag; the self-check would by its logits, mostly)
+            why = None if isinstance(drafter, CrossTokenizerDrafter) else (
+                "is int8 (--draft_dtype int8: dynamic quantization scales a pass's rows together)"
+                if self.args.draft_dtype == "int8" else batch_refusal(drafter.model, self.pad_id))
             if why and self.batches:
                 why += ": pipeline.run decodes it at --batch_size 1 only"
                 self.why_no_batch = f"the draft {why}"
