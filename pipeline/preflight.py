@@ -296,6 +296,9 @@ def check_prefix(flag: str, prefix: str, example: str = "gens") -> None:
     if not prefix.strip():
         raise JobConfigError(f"{flag} {prefix!r}: names no files: say DIR/{example} for the files DIR/{example}-*")
     check_gs_path(flag, prefix)
+    if prefix.lower().endswith(".parquet"):  # (it wrote p.parquet-00000-of-00001.parquet)
+        raise JobConfigError(f"{flag} {prefix!r}: a prefix, not a file's name (its files are "
+                             f"PREFIX-00000-of-00001.parquet): say {prefix[:-8]}")
     if any(c in prefix for c in "*?[,"):
         raise JobConfigError(f"{flag} {prefix!r}: a prefix cannot hold *, ?, [ or , (its files are found by "
                              "pattern, and several prefixes are written joined by commas)")

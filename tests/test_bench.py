@@ -211,3 +211,17 @@ def test_a_smoke_run_or_a_typo_leaves_the_committed_report_alone(capsys):
     assert bench.parse(["--tiny"]).out == "bench-quick/BENCHMARKS.md"
     assert bench.parse([]).out == "BENCHMARKS.md"
     assert bench.parse(["--quick", "--out", "x.md"]).out == "x.md"
+
+
+def test_the_speedup_plot_refuses_a_missing_or_foreign_table_in_one_line(tmp_path, capsys):
+    """`pipeline.bench.report` raised tracebacks: a missing --csv, a Parquet file as --csv, --out '' (after the
+    plotting)."""
+    foreign = tmp_path / "x.parquet"
+    foreign.write_bytes(b"PAR1\xbc\xff\x00PAR1")
+    for argv, said in ((["--csv", str(tmp_path / "none.csv")], "no such file"),
+                       (["--csv", str(foreign)], "not a table of speed-up points (UnicodeDecodeError"),
+                       (["--out", ""], "--out '': names no file")):
+        with pytest.raises(SystemExit):
+            bench_report.main([*argv, "--out", str(tmp_path / "plot.png")] if argv[0] == "--csv" else argv)
+        assert said in capsys.readouterr().err
+    assert not (tmp_path / "plot.png").exists()

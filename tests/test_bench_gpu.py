@@ -84,6 +84,14 @@ def test_a_bad_setting_stops_in_one_line(capsys):
     with pytest.raises(SystemExit):
         gpu.parse_args(["--report", "/nonexistent/gpu.json"])
     assert "--report /nonexistent/gpu.json: no such file" in capsys.readouterr().err
+    # (each failed in a traceback once the pair was built; --prompts 0 after writing its result file)
+    for argv, said in ((["--prompts", "0"], "--prompts must be >= 1, got 0"),
+                       (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+                       (["--gamma", "0"], "--gamma must be >= 1, got 0"),
+                       (["--device", "bogus"], "--device 'bogus': "), (["--include", "("], "--include '(': ")):
+        with pytest.raises(SystemExit):
+            gpu.parse_args(argv)
+        assert said in capsys.readouterr().err
 
 
 def test_figures_are_saved_as_they_are_made(tmp_path):

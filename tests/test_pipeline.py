@@ -552,6 +552,9 @@ def test_bad_settings_stop_before_any_work_in_one_line(tmp_path, saved_pairs, ca
             "--input", "gs:///x/*.parquet"] + base[2:] + ["--drafter", "none"],
         "--target_model 'gs://bu@cket/m': not a Cloud Storage path": base[:4] + [
             "--target_model", "gs://bu@cket/m", "--drafter", "none"],
+        # (it wrote out/p.parquet-00000-of-00001.parquet)
+        f"--output '{tmp_path}/out/p.parquet': a prefix, not a file's name": base[:2] + [
+            "--output", f"{tmp_path}/out/p.parquet"] + base[4:] + ["--drafter", "none"],
         # (the fit check was skipped and the job ran; Dataflow refuses such a hint)
         "--accelerator 'bogus': names no GPU type": base + ["--drafter", "none", "--accelerator", "bogus"],
         "--accelerator: count:0 in 'type:nvidia-l4;count:0': expected a whole number of GPUs": base + [

@@ -517,6 +517,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not all(b.isdecimal() and int(b) >= 1 for b in sizes):
         p.error(f"--batch_sizes {args.batch_sizes!r}: expected comma-separated integers >= 1")
     args.batch_sizes = [int(b) for b in sizes]
+    for flag, low in (("prompts", 1), ("warmup", 0), ("batch_prompts", 1), ("max_new_tokens", 1), ("gamma", 1),
+                      ("batch_max_new_tokens", 1)):  # (each failed in a traceback once the pair was built)
+        if (value := getattr(args, flag)) is not None and value < low:
+            p.error(f"--{flag} must be >= {low}, got {value}")
+    for flag, check, errors in (("device", torch.device, RuntimeError), ("include", re.compile, re.error)):
+        try:
+            check(getattr(args, flag))
+        except errors as e:
+            p.error(f"--{flag} {getattr(args, flag)!r}: {e}")
     args.sections = [s for s in args.sections.split(",") if s]
     unknown = set(args.sections) - set(SECTIONS)
     if unknown:

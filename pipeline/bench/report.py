@@ -508,7 +508,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu_results", default=str(GPU_RESULTS), help="pipeline.bench.gpu's JSON files")
     p.add_argument("--out", default=str(PLOT_PNG), help="the PNG to write")
     a = p.parse_args(argv)
-    points = speedup_points(Path(a.csv), Path(a.gpu_results))
+    from pipeline.preflight import JobConfigError, writable_file
+
+    try:  # (each was a traceback, --out '' after the plotting)
+        a.out = writable_file("--out", a.out)
+        if not Path(a.csv).is_file():
+            raise JobConfigError(f"--csv {a.csv!r}: no such file")
+        points = speedup_points(Path(a.csv), Path(a.gpu_results))
+    except (JobConfigError, UnicodeDecodeError, ValueError, KeyError) as e:
+        p.error(f"--csv {a.csv!r}: not a table of speed-up points ({type(e).__name__}: {e})"
+                if not isinstance(e, JobConfigError) else str(e))
     write_plot(points, Path(a.out))
     for q in points:
         print(f"{q['kind']} {q['device']} | {q['pair']} | {q['new_tokens']} new | B={q['batch']} | "
