@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.flags import ArgumentParser, positive_int
-from pipeline.preflight import check_prefix
+from pipeline.paths import check_prefix
 from transforms.durable import SHARD, match
 from transforms.schema import id_type_problem
 

@@ -508,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu_results", default=str(GPU_RESULTS), help="pipeline.bench.gpu's JSON files")
     p.add_argument("--out", default=str(PLOT_PNG), help="the PNG to write")
     a = p.parse_args(argv)
-    from pipeline.preflight import JobConfigError, writable_file
+    from pipeline.errors import JobConfigError
+    from pipeline.paths import writable_file
 
     try:  # (each was a traceback, --out '' after the plotting)
         a.out = writable_file("--out", a.out)

@@ -16,8 +16,9 @@ import sys
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline.errors import JobConfigError
 from pipeline.flags import ArgumentParser
-from pipeline.preflight import JobConfigError, check_prefix, one_spelling, writable_file
+from pipeline.paths import check_prefix, one_spelling, writable_file
 from pipeline.provenance import generation_differences, read_record
 from pipeline.quality import METRICS, rouge_unread_share
 from pipeline.report.stats import (

@@ -119,7 +119,8 @@ def run_argv(args: argparse.Namespace, drafter: str, draft_model: str | None, ga
 def check_settings(args: argparse.Namespace) -> None:
     """pipeline.run's own checks (preflight) on the job each candidate would run, so a setting
     the job would refuse stops tune too, with the same line."""
-    from pipeline.preflight import JobConfigError, preflight, writable_file
+    from pipeline.paths import writable_file
+    from pipeline.preflight import JobConfigError, preflight
     from pipeline.run import parse_options
 
     candidates = [("model" if draft else "none", draft) for draft in args.draft_model or [None]]
