@@ -119,6 +119,8 @@ def load(dataset: str, config: str | None, split: str):
     if all("://" not in f and os.path.getsize(f) == 0 for f in files):
         raise DatasetError(f"--dataset {dataset!r}: its data files are empty")
     path, data_files = (dataset, None) if folder else (builder, dataset)  # (a folder: datasets' folder reading)
+    if builder == "text":  # (a byte order mark, which Windows editors write, was the first prompt's first character)
+        return datasets.load_dataset(path, data_files=data_files, split=split, encoding="utf-8-sig")
     if builder != "csv":
         return datasets.load_dataset(path, data_files=data_files, split=split)
     # CSV has no types: every column read as the text in the file, so that ids keep their digits
