@@ -3,6 +3,7 @@ prefixes (`PREFIX-*`) and the single files tools write, each refused in one line
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 
@@ -43,11 +44,12 @@ def check_gs_path(flag: str, path: str, names_object: bool = True) -> None:
         raise JobConfigError(f"{flag} {path!r}: names a bucket, not files in it: say {path.rstrip('/')}/run1/gens")
 
 
-def check_prefix(flag: str, prefix: str, example: str = "gens") -> None:
+def check_prefix(flag: str, prefix: str, example: str = "gens", written: bool = True) -> None:
     """A prefix names files by globbing (`PREFIX-*`): glob characters would match other files, and
     one ending in `-failed` would take another run's failed files for its results; a comma would split it where
-    several prefixes are read (`--resume_from`, `pipeline.report`); one that names a folder (ending in /, `.`, an
-    existing local folder) or nothing would write beside the folder, as its name's files."""
+    several prefixes are read (`--resume_from`, `pipeline.report`); one that names a folder (ending in /, or
+    `written`, an existing local folder with no `PREFIX-*` files: `.`, '') or nothing would write beside the
+    folder, as its name's files."""
     if not prefix.strip():
         raise JobConfigError(f"{flag} {prefix!r}: names no files: say DIR/{example} for the files DIR/{example}-*")
     check_gs_path(flag, prefix)
@@ -57,7 +59,9 @@ def check_prefix(flag: str, prefix: str, example: str = "gens") -> None:
     if any(c in prefix for c in "*?[,"):
         raise JobConfigError(f"{flag} {prefix!r}: a prefix cannot hold *, ?, [ or , (its files are found by "
                              "pattern, and several prefixes are written joined by commas)")
-    if prefix.endswith("/") or ("://" not in prefix and os.path.isdir(os.path.expanduser(prefix))):
+    local = os.path.expanduser(prefix)
+    if prefix.endswith("/") or (written and "://" not in prefix and os.path.isdir(local)
+                                and not glob.glob(f"{glob.escape(local)}-*")):
         folder = prefix if prefix.endswith("/") else f"{prefix}/"
         raise JobConfigError(f"{flag} {prefix!r}: a prefix names files (PREFIX-00000-of-00001.parquet), not a "
                              f"folder: say {folder}{example} for the files {folder}{example}-*")

@@ -304,7 +304,7 @@ def _check_resume(opts: SpecDecOptions, schema: pa.Schema) -> None:
     type is the input's (otherwise no id would ever match)."""
     id_type = schema.field(opts.id_column).type
     for prefix in opts.resume_prefixes():
-        check_prefix("--resume_from", prefix)
+        check_prefix("--resume_from", prefix, written=False)
         if same_prefix(prefix, opts.output):
             raise JobConfigError(f"--resume_from {prefix!r} is the --output prefix: resume into a new prefix")
         try:
@@ -345,13 +345,12 @@ def _check_same_generation(opts: SpecDecOptions, prefix: str, schema: pa.Schema)
         return
     now = {k: json.loads(json.dumps(getattr(opts, k), default=str))
            for k in GENERATION_FLAGS + SAMPLING_FLAGS + NGRAM_FLAGS + ("device",)}
-    try:
-        now["placement"] = placement_record(opts)  # (where --device auto will run, as the run record says it)
-    except ValueError as e:  # (an --accelerator of no GPU type: the fit check's line, said here first)
-        raise JobConfigError(str(e)) from e
+    now["placement"] = placement_record(opts)  # (where --device auto runs, as the run record will say: after the fit)
     for key, theirs, ours in generation_differences(record, now)[:1]:
-        raise JobConfigError(f"--resume_from {prefix!r}: its run had --{key} {theirs!r}, this job {ours!r}; resume "
-                             "with the generation flags of the run it continues")
+        auto = " (--dtype auto is the device's dtype: name the run's)" if key == "dtype" and "auto" in (
+            record.get("dtype"), opts.dtype) and theirs != "auto" else ""
+        raise JobConfigError(f"--resume_from {prefix!r}: its run had --{key} {theirs!r}, this job {ours!r}{auto}; "
+                             "resume with the generation flags of the run it continues")
 
 
 def _check_batching(opts: SpecDecOptions, configs: list, per_row_draft: bool) -> None:
@@ -463,9 +462,11 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
         # worker_accelerator service option")
         raise JobConfigError(f"--accelerator with {given[0]}: Dataflow's right fitting (the --accelerator hint) is "
                              "not to be combined with worker_accelerator: give one")
-    for flag, path, names_object in [("--input", opts.input, True), ("--target_model", opts.target_model, False),
+    for flag, path, names_object in [("--input", opts.input, True), ("--output", opts.output, True),
+                                     *(("--resume_from", p, True) for p in opts.resume_prefixes()),
+                                     ("--target_model", opts.target_model, False),
                                      ("--draft_model", opts.draft_model or "", False),
-                                     ("--tokenizer", opts.tokenizer or "", False)]:
+                                     ("--tokenizer", opts.tokenizer or "", False)]:  # (before any storage call)
         check_gs_path(flag, path, names_object)
     shards = input_schemas(opts.input)
     _check_columns(opts, *shards[0])
@@ -489,11 +490,11 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     pair = _check_pair(opts, tokenizer, configs) if opts.drafter == "model" else None
     _check_chat(opts, schema, tokenizer)
     _check_output(opts, [path for path, _ in shards])
-    _check_resume(opts, schema)
     _check_batching(opts, configs, per_row_draft=pair is not None and pair[0])
     _check_context(opts, schema, tokenizer, configs)
     _check_cuda_graphs(opts, configs)
     _check_fit(opts)
+    _check_resume(opts, schema)  # (after the fit, whose plan says where --device auto runs)
     if pair:  # (logged once every check passed: a refused job prints its one line only)
         log.info("--draft_model %s: %s", opts.draft_model, pair[1])
     if opts.drafter == "model" and one_spelling(opts.draft_model) == one_spelling(opts.target_model):

@@ -220,8 +220,10 @@ def test_the_speedup_plot_refuses_a_missing_or_foreign_table_in_one_line(tmp_pat
     foreign.write_bytes(b"PAR1\xbc\xff\x00PAR1")
     for argv, said in ((["--csv", str(tmp_path / "none.csv")], "no such file"),
                        (["--csv", str(foreign)], "not a table of speed-up points (UnicodeDecodeError"),
-                       (["--out", ""], "--out '': names no file")):
+                       (["--out", ""], "--out '': names no file"),
+                       (["--gpu_results", str(tmp_path)], f"--gpu_results '{tmp_path}': a file there is no")):
+        (tmp_path / "gpu-x.json").write_text("{bad")
         with pytest.raises(SystemExit):
-            bench_report.main([*argv, "--out", str(tmp_path / "plot.png")] if argv[0] == "--csv" else argv)
+            bench_report.main([*argv, "--out", str(tmp_path / "plot.png")] if argv[0] != "--out" else argv)
         assert said in capsys.readouterr().err
     assert not (tmp_path / "plot.png").exists()

@@ -693,6 +693,24 @@ def test_a_resume_is_compared_by_what_decides_its_rows_not_by_how_it_was_written
         _check_resume(SpecDecOptions(_args(src, tmp_path / "next" / "gens", target, None, "--device", "cpu",
                                            "--resume_from", str(first))), pa.schema([("id", pa.int64())]))
 
+    # a run on two GPUs (--device auto, its plan from the fit check) resumed with its flags, as preflight orders the
+    # checks: the fit's plan first; the same run resumed on this CPU is told which dtype to name
+    from pipeline.fit import check_fit
+
+    gpus = ["--accelerator", "type:nvidia-l4;count:2;install-nvidia-driver", "--device_map", "auto"]
+    opts = SpecDecOptions(_args(src, first, target, None, *gpus))
+    check_fit(opts)
+    schema = with_provenance(schema.remove_metadata(), run_record(opts))
+    assert json.loads(schema.metadata[b"specdec_run"])["placement"]["copies"] == [["cuda:0"], ["cuda:1"]]
+    pq.write_table(pa.table({"id": pa.array(["a"], pa.large_string()), "generation": ["x"]}, schema=schema),
+                   f"{first}-00000-of-00001.parquet")
+    opts = SpecDecOptions(_args(src, tmp_path / "next" / "gens", target, None, "--resume_from", str(first), *gpus))
+    check_fit(opts)
+    _check_resume(opts, given)
+    with pytest.raises(JobConfigError, match=r"its run had --dtype 'bfloat16', this job 'float32' \(--dtype auto is "
+                                             r"the device's dtype: name the run's\)"):
+        resume("--device", "cpu")
+
 
 SLOW_RUN = textwrap.dedent("""
     import sys, time

@@ -571,3 +571,17 @@ def test_the_report_reads_results_without_torch():
     code = "import sys, pipeline.report.summary; print(sorted({'torch', 'transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", (out.stdout, out.stderr[-2000:])
+
+
+def test_a_prefix_beside_a_folder_of_its_name_is_read(tmp_path, capsys):
+    """A run's prefix `r/a` and a later run's `r/a/b` (which made the folder `r/a`): `r/a` still names the first
+    run's files to read; only an output prefix naming a folder with none of its files is refused."""
+    from pipeline.errors import JobConfigError
+    from pipeline.paths import check_prefix
+
+    first = _write(tmp_path / "r" / "a", result_table(RUN))
+    (tmp_path / "r" / "a").mkdir()
+    assert report.main([first]) == 0 and "prompts" in capsys.readouterr().out
+    check_prefix("--output", first)  # (its files are there: an --overwrite of it is no folder's)
+    with pytest.raises(JobConfigError, match="a prefix names files"):
+        check_prefix("--output", str(tmp_path / "r"))

@@ -247,6 +247,10 @@ def test_the_recommended_command_keeps_the_sampling_flags_as_given():
     argv = run_argv(args, "none", None, 1, "auto", 1)
     got = {flag: argv[argv.index(flag) + 1] for flag in ("--temperature", "--top_p", "--top_k")}
     assert got == {"--temperature": "0.123456789", "--top_p": "0.9999999", "--top_k": "40"}
+    # a draft's dtype goes with a model draft only (the job warns of it with another drafter: no effect)
+    args = parse(["--input", "p.parquet", "--target_model", "t", "--draft_model", "d", "--draft_dtype", "int8"])
+    drafters = (("model", "d"), ("ngram", None), ("none", None))
+    assert [("--draft_dtype" in run_argv(args, d, m, 3, "fixed", 1)) for d, m in drafters] == [True, False, False]
 
 
 def test_bad_input_is_a_one_line_error(tiny, tmp_path, capsys):

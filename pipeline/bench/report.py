@@ -462,10 +462,19 @@ def table_points(csv_path: Path) -> list[dict]:
 
 
 def speedup_points(csv_path: Path = SPEEDUP_CSV, results_dir: Path = GPU_RESULTS) -> list[dict]:
-    """Both sources; a GPU width present in the JSON replaces the CSV's row for it."""
-    gpu = gpu_points(results_dir) if results_dir.is_dir() else []
+    """Both sources; a GPU width present in the JSON replaces the CSV's row for it. A source that does not read
+    raises ValueError naming its flag and file."""
+    try:
+        gpu = gpu_points(results_dir) if results_dir.is_dir() else []
+    except (UnicodeDecodeError, ValueError, KeyError) as e:  # (json's JSONDecodeError is a ValueError)
+        raise ValueError(f"--gpu_results {str(results_dir)!r}: a file there is no pipeline.bench.gpu result "
+                         f"({type(e).__name__}: {e})") from e
+    try:
+        table = table_points(csv_path)
+    except (UnicodeDecodeError, ValueError, KeyError) as e:
+        raise ValueError(f"--csv {str(csv_path)!r}: not a table of speed-up points ({type(e).__name__}: {e})") from e
     seen = {(p["device"], p["pair"], p["new_tokens"], p["batch"]) for p in gpu}
-    rows = [p for p in table_points(csv_path) if (p["device"], p["pair"], p["new_tokens"], p["batch"]) not in seen]
+    rows = [p for p in table if (p["device"], p["pair"], p["new_tokens"], p["batch"]) not in seen]
     return sorted(rows + gpu, key=lambda p: (p["kind"] != "GPU", p["device"], p["pair"], p["new_tokens"], p["batch"]))
 
 
@@ -516,9 +525,8 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(a.csv).is_file():
             raise JobConfigError(f"--csv {a.csv!r}: no such file")
         points = speedup_points(Path(a.csv), Path(a.gpu_results))
-    except (JobConfigError, UnicodeDecodeError, ValueError, KeyError) as e:
-        p.error(f"--csv {a.csv!r}: not a table of speed-up points ({type(e).__name__}: {e})"
-                if not isinstance(e, JobConfigError) else str(e))
+    except ValueError as e:  # (JobConfigError's too)
+        p.error(str(e))
     write_plot(points, Path(a.out))
     for q in points:
         print(f"{q['kind']} {q['device']} | {q['pair']} | {q['new_tokens']} new | B={q['batch']} | "

@@ -54,7 +54,7 @@ def read_results(prefix: str, flag: str = "PREFIX", texts: bool = True) -> tuple
     baseline or references reads)."""
     parts = _parts(prefix)
     for part in parts:  # (a glob's * would match another run's files: j* takes j1-failed-* for results)
-        check_prefix(flag, part)
+        check_prefix(flag, part, written=False)
     for part in parts if len(parts) > 1 else ():  # (a typo would leave its rows out unseen)
         if not output_files(part):
             raise FileNotFoundError(f"{part}: no output files there ({prefix})")

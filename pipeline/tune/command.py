@@ -106,7 +106,7 @@ def run_argv(args: argparse.Namespace, drafter: str, draft_model: str | None, ga
         argv += ["--system_prompt", args.system_prompt]
     for flag, value, default in (("--device", args.device, "auto"), ("--dtype", args.dtype, "auto"),
                                  ("--cpu_kernels", args.cpu_kernels, "prepacked"),
-                                 ("--draft_dtype", args.draft_dtype, "auto"),
+                                 ("--draft_dtype", args.draft_dtype if drafter == "model" else "auto", "auto"),
                                  ("--cuda_graphs", args.cuda_graphs, "auto"),
                                  ("--torch_compile", args.torch_compile, "auto")):
         if value != default:
