@@ -83,10 +83,10 @@ def parse_options(argv: list[str]) -> SpecDecOptions:
     opts = SpecDecOptions(argv)
     if opts.view_as(StandardOptions).runner is None:
         opts.view_as(StandardOptions).runner = LOCAL_RUNNER
-    # Local paths as absolute ones for every step of the job (Beam matches no bare `gens-*`); an --output that names a
-    # folder or nothing is left as given, for preflight to refuse (made absolute, it would write beside the folder).
+    # Local paths as absolute ones for every step of the job (Beam matches no bare `gens-*`); an --output that is empty
+    # or ends in / is left as given, for preflight to refuse (made absolute, it would write beside the folder).
     opts.input = absolute(opts.input)
-    if opts.output.strip() and not opts.output.endswith("/") and not os.path.isdir(opts.output):
+    if opts.output.strip() and not opts.output.endswith("/"):
         opts.output = absolute(opts.output)
     if opts.resume_from:
         opts.resume_from = [absolute(p) for p in opts.resume_prefixes()]
