@@ -34,11 +34,10 @@ from transforms.durable import (
     match,
     one_line,
     output_files,
-    plain_type,
     result_patterns,
     sink_deletes,
 )
-from transforms.schema import id_type_problem, result_schema
+from transforms.schema import id_type_problem, plain_type, result_schema
 
 if TYPE_CHECKING:  # (the options import torch)
     from transformers import PreTrainedTokenizerBase

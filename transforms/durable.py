@@ -37,6 +37,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.localfilesystem import LocalFileSystem
 from apache_beam.metrics import Metrics
 
+from transforms.schema import plain_type
+
 _LOG = logging.getLogger(__name__)
 NAMESPACE = "specdec"
 
@@ -335,18 +337,6 @@ def each_file(read: Callable[[str], T], paths: list[str]) -> list[T]:
     """`read(path)` of every path, in order, 16 files at a time: on gs:// each file is a round trip."""
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(paths)))) as pool:
         return list(pool.map(read, paths))
-
-
-def plain_type(typ: pa.DataType) -> pa.DataType:
-    """A type as Python values see it: dictionary-encoded as its values, large and view layouts as
-    the plain one (pandas 3 and Polars write large_string where pyarrow writes string)."""
-    if pa.types.is_dictionary(typ):
-        typ = typ.value_type
-    if pa.types.is_large_string(typ) or pa.types.is_string_view(typ):
-        return pa.string()
-    if pa.types.is_large_binary(typ) or pa.types.is_binary_view(typ):
-        return pa.binary()
-    return typ
 
 
 def _plain(table: pa.Table) -> pa.Table:

@@ -41,12 +41,23 @@ def failed_schema(input_schema: pa.Schema, id_column: str) -> pa.Schema:
     return pa.schema([pa.field("id", input_schema.field(id_column).type)] + [pa.field(n, t) for n, t in FAILED])
 
 
+def plain_type(typ: pa.DataType) -> pa.DataType:
+    """A type as Python values see it: dictionary-encoded as its values, large and view layouts as
+    the plain one (pandas 3 and Polars write large_string where pyarrow writes string)."""
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    if pa.types.is_large_string(typ) or pa.types.is_string_view(typ):
+        return pa.string()
+    if pa.types.is_large_binary(typ) or pa.types.is_binary_view(typ):
+        return pa.binary()
+    return typ
+
+
 def id_type_problem(typ: pa.DataType) -> str | None:
     """Why ids of this type cannot key rows (said after the column's name), or None: Beam encodes dates, times
     and decimals nondeterministically, so duplicates go unfound; Arrow cannot group an output by nested ids
-    (no report, no resume). Dictionary-encoded ids are read as their values."""
-    if pa.types.is_dictionary(typ):
-        typ = typ.value_type
+    (no report, no resume). Ids are read as their `plain_type`."""
+    typ = plain_type(typ)
     if pa.types.is_temporal(typ) or pa.types.is_decimal(typ):
         return (f"is {typ}, which Beam cannot encode deterministically to find duplicate ids: cast it to text or "
                 "integers")

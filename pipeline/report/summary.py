@@ -91,8 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, flag) is not None and not getattr(args, flag).strip():
             print(f"error: --{flag} '': names nothing: drop it, or name one", file=sys.stderr)
             return 2
-    spelled = [sorted(map(one_spelling, _parts(p))) for p in (args.baseline or "", args.prefix)]
-    if args.baseline and spelled[0] == spelled[1]:  # (compared with itself: "speed-up 1.00x")
+    def spelled(prefix: str) -> list[str]:
+        return sorted(map(one_spelling, _parts(prefix)))
+
+    if args.baseline and spelled(args.baseline) == spelled(args.prefix):  # (compared with itself: "speed-up 1.00x")
         print(f"error: --baseline {args.baseline!r} is the run itself: name the --drafter none run of its prompts",
               file=sys.stderr)
         return 2
