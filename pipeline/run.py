@@ -23,6 +23,7 @@ from specdec_core.loading import ModelRefused
 from transforms.durable import (
     ASIDE,
     DISK_FULL,
+    NAMESPACE,
     CommitChunks,
     CommitRows,
     absolute,
@@ -39,7 +40,7 @@ from transforms.generate import GenerateRows
 from transforms.ids import SelectRows
 from transforms.model_handler import SpecDecModelHandler
 from transforms.prompts import ReadPrompts
-from transforms.results import WriteResults
+from transforms.results import WRITTEN, WriteResults
 from transforms.schema import failed_schema, result_schema
 
 log = logging.getLogger(__name__)  # (the root logger stays at WARNING: `setup_logging`)
@@ -255,9 +256,28 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
         except Exception as cleanup:  # (the job ran, or was submitted: not a failure of it)
             log.warning("--overwrite: could not delete %s (the next --overwrite deletes it): %s", aside, cleanup)
     if wait:
-        log.info("done: results in %s-*-of-*.parquet, failed rows in %s-failed-*-of-*.parquet",
-                     opts.output, opts.output)
+        log.info("done: %sresults in %s-*-of-*.parquet, failed rows in %s-failed-*-of-*.parquet", _counts(result),
+                 opts.output, opts.output)
     return 0
+
+
+def _counts(result: beam.runners.runner.PipelineResult) -> str:
+    """'N result rows, M failed rows (K skipped rows: done in --resume_from); ' from the job's counters, summed over their
+    steps ('' where the runner cannot say)."""
+    from apache_beam.metrics import MetricsFilter
+
+    words = dict(zip((*WRITTEN, "rows_skipped_done"), ("result", "failed", "skipped"), strict=True))
+    try:
+        found = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
+    except Exception as e:  # (a summary only: the job has finished)
+        log.debug("no counters: %s", e)
+        return ""
+    n = dict.fromkeys(words, 0)
+    for c in found:
+        if c.key.metric.name in n:
+            n[c.key.metric.name] += c.committed if c.committed is not None else c.attempted
+    said = [f"{n[k]} {word} row{'' if n[k] == 1 else 's'}" for k, word in words.items()]
+    return f"{said[0]}, {said[1]}{f' ({said[2]}: done in --resume_from)' if n['rows_skipped_done'] else ''}; "
 
 
 if __name__ == "__main__":

@@ -726,7 +726,7 @@ SLOW_RUN = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_killed_job_resumes_into_one_clean_run(tmp_path, saved_pairs):
+def test_killed_job_resumes_into_one_clean_run(tmp_path, saved_pairs, caplog):
     target, draft = saved_pairs["llama"]
     words = "the quick brown fox jumps over lazy dog and then some more words".split()
     rows = [{"id": f"p{i:02d}", "prompt": " ".join(words[i % 7: i % 7 + 3 + i % 4]), "topic": f"t{i}"}
@@ -771,6 +771,8 @@ def test_killed_job_resumes_into_one_clean_run(tmp_path, saved_pairs):
     all_ids = {r["id"] for r in rows}
     assert set(res2["id"].to_pylist()) | set(failed2["id"].to_pylist()) == all_ids - done_ids
     assert failed2["id"].to_pylist() == ["empty"]  # only-failed ids are tried again
+    assert (f"done: {res2.num_rows} result rows, 1 failed row ({len(done_ids)} skipped rows: done in --resume_from); "
+            "results in") in caplog.text
 
     # the union of the two runs is one clean run, row for row, no id twice
     clean = tmp_path / "clean" / "gens"

@@ -51,7 +51,8 @@ def greedy_reference(target_dir, prompt, n):
     return tok.decode(new, skip_special_tokens=True)
 
 
-def test_every_row_ends_as_one_result_or_one_failed_row(tmp_path, saved_pairs):
+def test_every_row_ends_as_one_result_or_one_failed_row(tmp_path, saved_pairs, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline.run")
     target, draft = saved_pairs["llama"]
     rows = [{"id": f"g{i}", "prompt": p, "topic": "t"} for i, p in enumerate(GOOD)]
     rows += [{"id": name, "prompt": value, "topic": "t"} for name, value in BAD.items()]
@@ -79,6 +80,10 @@ def test_every_row_ends_as_one_result_or_one_failed_row(tmp_path, saved_pairs):
     assert all(r["rejections"] <= min(r["verify_steps"], r["draft_tokens"] - r["accepted_tokens"]) for r in rows)
     assert sum(r["rejections"] for r in rows) > 0
     assert results["topic"].to_pylist() == ["t"] * len(GOOD)
+    # the last line counts them; the files are compressed
+    assert f"done: {len(GOOD)} result rows, 6 failed rows; results in" in caplog.text
+    for f in glob.glob(str(tmp_path / "run" / "gens-*.parquet")):
+        assert pq.ParquetFile(f).metadata.row_group(0).column(0).compression == "SNAPPY", f
 
 
 @pytest.mark.parametrize("batch_size", ["1", "2"])
@@ -754,7 +759,7 @@ def test_the_job_says_what_it_deletes_and_where_its_results_are(tmp_path, saved_
     assert child.returncode == 0, child.stderr
     for said in ("--overwrite: moved 1 earlier output files", "--overwrite: deleting 3 folders of unfinished "
                  "writes", "placement on each worker", "--overwrite: deleting the 1 earlier output files in",
-                 "done: results in"):
+                 "done: 1 result row, 0 failed rows; results in"):
         assert said in child.stderr, said
     assert [p.name for p in tmp_path.glob(".overwritten-*")] == [f".overwritten-gens-v2-{hexes}"]  # (this run's: gone)
     assert not any(k.exists() for k in killed) and other.is_dir()

@@ -9,11 +9,15 @@ from typing import Any
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam.io.parquetio import WriteToParquet
+from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import PredictionResult
 
 from specdec_core.text import NotUtf8
-from transforms.durable import delete_chunks
+from transforms.durable import NAMESPACE, delete_chunks
 from transforms.schema import STATS
+
+WRITTEN = ("result_rows", "failed_rows")  # counters of the rows that reach the output files
+CODEC = "snappy"  # (WriteToParquet's default is none; the chunk files are pyarrow's snappy too)
 
 
 def result_row(pred: PredictionResult, id_column: str, passthrough: list[str]) -> dict[str, Any]:
@@ -65,6 +69,11 @@ def marked_failed_row(pred: PredictionResult, id_column: str, prompt_column: str
     }
 
 
+def _counted(row: dict, counter: str) -> dict:
+    Metrics.counter(NAMESPACE, counter).inc()
+    return row
+
+
 class WriteResults(beam.PTransform):
     """Writes PREFIX-SSSSS-of-NNNNN.parquet, then PREFIX-failed-SSSSS-of-NNNNN.parquet, then
     deletes the chunks that CommitRows wrote while the job ran: the final files hold their rows.
@@ -80,11 +89,16 @@ class WriteResults(beam.PTransform):
 
     def expand(self, pcolls: tuple[beam.PCollection, beam.PCollection]) -> beam.PCollection:
         results, failed = pcolls
-        written = results | "WriteResults" >> WriteToParquet(self.prefix, self.schema, file_name_suffix=".parquet")
+        written = (results
+                   | "CountResults" >> beam.Map(_counted, WRITTEN[0])
+                   | "WriteResults" >> WriteToParquet(self.prefix, self.schema, codec=CODEC,
+                                                      file_name_suffix=".parquet"))
         written_failed = (
             failed
             | "AfterResults" >> beam.Map(lambda row, _: row, beam.pvalue.AsList(written))
-            | "WriteFailed" >> WriteToParquet(f"{self.prefix}-failed", self.failed, file_name_suffix=".parquet")
+            | "CountFailed" >> beam.Map(_counted, WRITTEN[1])
+            | "WriteFailed" >> WriteToParquet(f"{self.prefix}-failed", self.failed, codec=CODEC,
+                                              file_name_suffix=".parquet")
         )
         _ = (
             results.pipeline
