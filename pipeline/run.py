@@ -262,8 +262,8 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
 
 
 def _counts(result: beam.runners.runner.PipelineResult) -> str:
-    """'N result rows, M failed rows (K skipped rows: done in --resume_from); ' from the job's counters, summed over their
-    steps ('' where the runner cannot say)."""
+    """'N result rows, M failed rows (K skipped rows: done in --resume_from); ' from the job's counters, summed
+    over their steps ('' where the runner cannot say)."""
     from apache_beam.metrics import MetricsFilter
 
     words = dict(zip((*WRITTEN, "rows_skipped_done"), ("result", "failed", "skipped"), strict=True))

@@ -137,29 +137,30 @@ def test_gpu_job_environment(offline):
     assert pool.autoscaling_settings.max_num_workers == 4
     assert {c.container_image for c in pool.sdk_harness_container_images} == {IMAGE}
     # process layout: Dataflow's default (one SDK process per vCPU) is kept, and the pair is shared
-    # across those processes by RunInference's large_model instead (see docs/dataflow.md).
+    # across those processes by --large_model instead (see docs/dataflow.md).
     assert "use_multiple_sdk_containers" in list(env.experiments)
     assert "no_use_multiple_sdk_containers" not in list(env.experiments)
     assert opts.large_model
 
 
 def test_large_model_is_what_shares_the_pair(offline):
-    """The handler that goes into the graph shares one model per machine iff --large_model is set."""
+    """The handler that goes into the graph shares one copy per machine iff --large_model is set: its own
+    copies (transforms/copies.py), never RunInference's sharing, which would host the pair in an SDK process."""
     from apache_beam.ml.inference.base import RunInference
 
     seen = {}
     real_init = RunInference.__init__
 
     def spy(self, model_handler, *args, **kwargs):
-        seen["share"] = model_handler.share_model_across_processes()
+        seen.update(large=model_handler.large_model, share=model_handler.share_model_across_processes())
         return real_init(self, model_handler, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(RunInference, "__init__", spy)
         _dry_run(GPU_JOB)
-        assert seen["share"] is True
+        assert seen == {"large": True, "share": False}
         _dry_run([a for a in GPU_JOB if a != "--large_model"])
-        assert seen["share"] is False
+        assert seen == {"large": False, "share": False}
 
 
 def test_no_accelerator_hint_without_the_option(offline):

@@ -136,3 +136,32 @@ def test_two_copies_in_their_own_processes_serve_every_call(saved_pairs, tmp_pat
         assert all(n > 0 for n in router.served), router.served
     finally:
         stop_copies(copies, tag)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_copy_whose_process_went_after_serving_is_started_again(saved_pairs, tmp_path, monkeypatch):
+    """A spawned copy ends with the SDK process that started it (Beam's pact), or with its lost GPU: a router
+    whose calls it had served starts it again itself and the call is answered as before (where every other
+    process's rows would fail with PairGone)."""
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # MultiProcessShared's address files
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    from apache_beam.utils.multi_process_shared import MultiProcessShared
+
+    from transforms.copies import copy_tag, start_copies, stop_copies
+
+    target, draft = saved_pairs["llama"]
+    copies, tag = [Copy(("cpu",))], f"test-restart-{tmp_path.name}"
+    try:
+        router = start_copies(_spec(target, draft), copies, tag)
+        first, handle = router.generate(PROMPTS[0], 1), router.copies[0]
+        try:  # the copy's process ends as on its parent's end: its address removed, then os._exit
+            MultiProcessShared(dict, tag=copy_tag(tag, 0, copies[0]), always_proxy=True).unsafe_hard_delete()
+        except (ConnectionError, EOFError):
+            pass
+        assert router.generate(PROMPTS[0], 1)["token_ids"] == first["token_ids"]
+        assert router.copies[0] is not handle and not router.dead
+    finally:
+        stop_copies(copies, tag)

@@ -3,7 +3,9 @@ per machine with --large_model) and the outputs equal a one-worker run, prompt b
 
 FnApiRunner multi_processing starts real `sdk_worker_main` subprocesses; the number of model loads
 is read back from RunInference's `load_model_latency_milli_secs` distribution (one update per load),
-which the workers report to the runner.
+which the workers report to the runner. With --large_model each process's load is a router over
+the machine's copy, which loads in a process of its own, once: its log line (on the inherited
+stderr) is counted.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _run(argv: list[str]) -> tuple[list[dict], int, int]:
 
 
 @pytest.mark.timeout(300)
-def test_two_worker_processes_equal_one(saved_pairs, tmp_path, monkeypatch):
+def test_two_worker_processes_equal_one(saved_pairs, tmp_path, monkeypatch, capfd):
     # MultiProcessShared (large_model) leaves <tag>.address/.lock files in the temp dir: keep them here
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     target, draft = saved_pairs["gpt2"]
@@ -65,11 +67,13 @@ def test_two_worker_processes_equal_one(saved_pairs, tmp_path, monkeypatch):
 
     one, one_loads, one_n = _run(argv("one"))
     two, two_loads, two_n = _run(argv("two", *multi))
+    capfd.readouterr()
     shared, shared_loads, shared_n = _run(argv("shared", *multi, "--large_model"))
 
     assert len(one) == N_PROMPTS and one_n == two_n == shared_n == N_PROMPTS
     assert one_loads == 1
     assert two_loads == 2  # once per worker process (Beam's Shared within a process)
-    assert shared_loads == 1  # once per machine: the other process calls it through a proxy
+    assert shared_loads == 2  # a router per worker process ...
+    assert capfd.readouterr().err.count("copy 0 of 1 of the pair loaded on cpu") == 1  # ... over one copy
     assert two == one
     assert shared == one

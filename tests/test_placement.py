@@ -368,8 +368,11 @@ def test_the_handler_starts_one_copy_per_gpu(monkeypatch):
     assert handler.share_model_across_processes() is False  # the copies are shared by transforms/copies.py
     assert handler.load_model() == "router"
     assert len(started["copies"]) == 4 and started["tag"] == handler.job_tag
+    # --large_model on one GPU: one copy in a process of its own, as each of several (not Beam's sharing, whose
+    # host is an SDK process: its end would fail every other process's rows)
     one = SpecDecModelHandler(GeneratorSpec("t", drafter="none", device="cuda:1"), large_model=True)
-    assert one.copies() == [Copy(("cuda:1",))] and one.share_model_across_processes() is True
+    assert one.copies() == [Copy(("cuda:1",))] and one.share_model_across_processes() is False
+    assert one.load_model() == "router" and started["copies"] == [Copy(("cuda:1",))]
     # a worker plans its own copies: the launcher's plan, pickled with the handler, is another process's
     handler._copies = (-1, [Copy(("cuda:0",))])
     assert len(handler.copies()) == 4
@@ -444,6 +447,48 @@ def test_the_router_stops_sending_calls_to_a_copy_whose_process_is_gone():
     for _ in range(2):
         with pytest.raises(PairGone, match=r"every copy of the pair is gone \(1 of 1\)"):
             alone.generate("p")
+
+
+def test_the_router_starts_again_a_copy_that_served_and_then_went():
+    """A copy's process ends with the SDK process that spawned it (or its lost GPU): a copy that had
+    served is started again (by this process) and the call goes to it; one that went before serving
+    any, or whose new start fails, is left out."""
+    class Once:  # serves, then its process is gone
+        calls = 0
+
+        def generate(self, prompt, seed=0):
+            Once.calls += 1
+            if Once.calls > 1:
+                raise EOFError
+            return {"copy": "first", "prompt": prompt}
+
+    started = []
+
+    def restart(k):
+        started.append(k)
+        return _Slow(f"again{len(started)}")
+
+    router = PairRouter([Once()], ["cuda:0"], restart=restart)
+    assert [router.generate(f"p{i}")["copy"] for i in range(3)] == ["first", "again1", "again1"]
+    assert started == [0] and not router.dead and router._busy == [0]
+
+    class Gone:
+        def generate(self, prompt, seed=0):
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    started.clear()
+    router = PairRouter([Gone(), _Slow(1)], ["cuda:0", "cuda:1"], restart=restart)  # never served: not again
+    assert router.generate("p")["copy"] == 1 and router.dead == {0} and started == []
+
+    def fails(k):
+        raise RuntimeError("Shared Server Process died unexpectedly with exit code 1")
+
+    Once.calls = 0
+    router = PairRouter([Once()], ["cuda:0"], restart=fails)
+    assert router.generate("p")["copy"] == "first"
+    with pytest.raises(PairGone):
+        router.generate("p")
+    assert router.dead == {0}
 
 
 def test_static_caches_are_counted_in_their_allocation_steps(tmp_path, tokenizer, saved_pairs):

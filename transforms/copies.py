@@ -1,10 +1,11 @@
-"""Several copies of the pair on one worker machine, one per GPU (or per group of GPUs for a split
-pair), each in a process of its own, shared by every SDK process of the machine.
+"""The copies of the pair on one worker machine, one per GPU (or per group of GPUs for a split
+pair; one with `--large_model` on one GPU), each in a process of its own, shared by every SDK
+process of the machine.
 
 Each copy is a `MultiProcessShared` object keyed by the job and the copy (so by GPU), created with
 `spawn_process=True`: the first SDK process that asks starts a dedicated process that loads the
 pair on that copy's devices, and every SDK process reaches it through a proxy (methods only,
-plain data in and out, as with `--large_model`). Why not RunInference's `model_copies`: Beam
+plain data in and out). Why not RunInference's `model_copies`: Beam
 builds those copies in whichever SDK process sets up first, all in that one process (so their
 Python decoding loops share one GIL), and its loader is not told which copy it builds, so it
 could not pick a GPU. A `PairRouter` in each SDK process sends each call to the copy with the
@@ -39,6 +40,9 @@ class LoadCopy:
 
     def __call__(self) -> Served:
         from transforms.model_cache import localize
+
+        # A spawned process has no log handler of its own (Beam sets the level only): its lines to stderr.
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
         local = {f: localize(getattr(self.spec, f)) for f in ("target_model", "draft_model", "tokenizer")
                  if getattr(self.spec, f)}
@@ -76,19 +80,26 @@ class PairGone(ConnectionError):
 
 class PairRouter:
     """The copies of one machine, seen from one SDK process: `generate` and `generate_batch` as
-    on a TextGenerator, each call served by one copy."""
+    on a TextGenerator, each call served by one copy. A copy whose process is gone (its GPU lost,
+    or the SDK process that started it ended: a spawned copy ends with its parent) is started
+    again through `restart` if it had served a call since it started; one lost before serving any
+    is left out, and the call goes to another copy."""
 
-    def __init__(self, copies: Sequence[object], devices: Sequence[str], first: int = 0):
+    def __init__(self, copies: Sequence[object], devices: Sequence[str], first: int = 0,
+                 restart: Callable[[int], object] | None = None):
         self.copies = list(copies)
         self.devices = list(devices)
+        self.restart = restart
         self._busy = [0] * len(self.copies)
         self._next = first % max(1, len(self.copies))
         self._lock = threading.Lock()
+        self._restarting = threading.Lock()  # (one restart at a time; the calls that lost that copy wait for it)
         self.served = [0] * len(self.copies)  # calls per copy, from this process
+        self._proven = [False] * len(self.copies)  # served a call since it (re)started
         self.dead: set[int] = set()  # copies whose process is gone (a dead copy answers at once, so
         # least-busy routing would send it most calls)
 
-    def _take(self) -> int:
+    def _take(self) -> tuple[int, object]:
         with self._lock:
             n = len(self.copies)
             order = [(self._next + i) % n for i in range(n) if (self._next + i) % n not in self.dead]
@@ -98,22 +109,39 @@ class PairRouter:
             self._next = (k + 1) % n
             self._busy[k] += 1
             self.served[k] += 1
-            return k
+            return k, self.copies[k]
 
     def _call(self, method: str, *args: object) -> object:
         while True:
-            k = self._take()
+            k, copy = self._take()
             try:
-                return getattr(self.copies[k], method)(*args)
-            except (ConnectionError, EOFError) as e:  # the copy's process is gone: the call goes to another
-                with self._lock:
-                    self.dead.add(k)
-                    alive = len(self.copies) - len(self.dead)
-                log.warning("copy %d of the pair (%s) is gone (%s: %s); %d left", k, self.devices[k],
-                            type(e).__name__, e, alive)  # (none left: the next `_take` raises PairGone)
+                out = getattr(copy, method)(*args)
+                self._proven[k] = True
+                return out
+            except (ConnectionError, EOFError) as e:  # the copy's process is gone: the call goes again
+                self._lost(k, copy, e)
             finally:
                 with self._lock:
                     self._busy[k] -= 1
+
+    def _lost(self, k: int, copy: object, e: BaseException) -> None:
+        """Copy k (this handle of it) is gone: started again, or left out."""
+        with self._restarting:
+            if self.copies[k] is not copy or k in self.dead:  # another call of this process saw it first
+                return
+            if self.restart is not None and self._proven[k]:
+                log.warning("copy %d of the pair (%s) is gone (%s: %s): starting it again", k, self.devices[k],
+                            type(e).__name__, e)
+                try:
+                    self.copies[k], self._proven[k] = self.restart(k), False
+                    return
+                except Exception as again:  # (a GPU that is really gone: its load fails)
+                    e = again
+            with self._lock:
+                self.dead.add(k)
+                alive = len(self.copies) - len(self.dead)
+            log.warning("copy %d of the pair (%s) is gone (%s: %s); %d left", k, self.devices[k],
+                        type(e).__name__, e, alive)  # (none left: the next `_take` raises PairGone)
 
     def generate(self, prompt: object, seed: int = 0) -> dict:
         return self._call("generate", prompt, seed)  # type: ignore[return-value]
@@ -130,12 +158,14 @@ def copy_tag(job_tag: str, index: int, copy: Copy) -> str:
 def start_copies(spec: GeneratorSpec, copies: Sequence[Copy], job_tag: str) -> PairRouter:
     """A router over the machine's copies, each started (by the first process that asks) in a
     process of its own."""
-    handles = []
-    for i, copy in enumerate(copies):
-        loader = LoadCopy(dataclasses.replace(spec, devices=copy.devices), i, len(copies))
-        shared = MultiProcessShared(loader, tag=copy_tag(job_tag, i, copy), always_proxy=True, spawn_process=True)
-        handles.append(shared.acquire())
-    return PairRouter(handles, [c.describe() for c in copies], first=os.getpid())
+
+    def acquire(i: int) -> object:  # (a copy whose process is gone is started again by the process that asks)
+        loader = LoadCopy(dataclasses.replace(spec, devices=copies[i].devices), i, len(copies))
+        return MultiProcessShared(loader, tag=copy_tag(job_tag, i, copies[i]), always_proxy=True,
+                                  spawn_process=True).acquire()
+
+    return PairRouter([acquire(i) for i in range(len(copies))], [c.describe() for c in copies], first=os.getpid(),
+                      restart=acquire)
 
 
 def stop_copies(copies: Sequence[Copy], job_tag: str) -> None:

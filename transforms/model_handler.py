@@ -1,12 +1,13 @@
 """A RunInference ModelHandler that holds the draft/target pair for one worker process.
 
 RunInference loads the pair once per process (Beam's `Shared`) and every thread of the
-process uses it, or once per machine with `large_model=True`, where other processes reach
-it through a proxy that exposes methods only: so all work goes through
-`TextGenerator.generate`, which takes and returns plain data. On a machine whose placement
+process uses it. With `large_model=True`, or on a machine whose placement
 (specdec_core/placement.py) gives several copies (one per GPU, or per group of GPUs for a
 split pair), each process gets a `PairRouter` over copies that live in processes of their own
-(transforms/copies.py) instead.
+(transforms/copies.py), reached through proxies that expose methods only: so all work goes
+through `TextGenerator.generate`, which takes and returns plain data. Not RunInference's own
+`large_model` sharing: it hosts the pair, and its model status that every batch asks, in the
+SDK process that set up first, so that process's end would fail every other process's rows.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class SpecDecModelHandler(ModelHandler[tuple[dict, int], PredictionResult, TextG
         # takes far longer, so min is what it uses: min = max pins the list size (a bundle's
         # last list may be shorter).
         rows = 1 if spec.batch_size == 1 else LIST_FACTOR * spec.batch_size
-        super().__init__(min_batch_size=rows, max_batch_size=rows, large_model=large_model)
+        super().__init__(min_batch_size=rows, max_batch_size=rows)  # (large_model: our copies, not Beam's sharing)
         self.spec = spec
         self.prompt_column = prompt_column
         self.large_model = large_model
@@ -120,20 +121,13 @@ class SpecDecModelHandler(ModelHandler[tuple[dict, int], PredictionResult, TextG
         return placement.footprint(target, draft, dtype, rows=0, prompt_tokens=0, new_tokens=0,
                                    trust_remote_code=trust)
 
-    def share_model_across_processes(self) -> bool:
-        # Several copies are shared across processes by transforms/copies.py, not by RunInference.
-        try:
-            return self.large_model and len(self.copies()) == 1
-        except ValueError:  # no GPU here (a launcher): on a worker, load_model says why
-            return self.large_model
-
     def load_model(self) -> TextGenerator:
         from transforms.copies import start_copies
         from transforms.model_cache import localize
 
         copies = self.copies()
         _LOG.info("specdec: %s", placement.describe_plan(copies))
-        if len(copies) > 1:
+        if len(copies) > 1 or self.large_model:
             return start_copies(self.spec, copies, self.job_tag)  # type: ignore[return-value]
         local = {f: localize(getattr(self.spec, f)) for f in ("target_model", "draft_model", "tokenizer")
                  if getattr(self.spec, f)}
