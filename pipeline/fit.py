@@ -76,11 +76,19 @@ def worker_accelerators(opts: SpecDecOptions) -> list[str]:
             if s.startswith("worker_accelerator=")]
 
 
+def accelerator_hints(opts: SpecDecOptions) -> list[tuple[str, str]]:
+    """(flag, spec) of the right-fitting accelerator hints: Beam's `--resource_hints accelerator=...` first (it
+    overrides a step's own), then --accelerator (the generate step's)."""
+    hints = [("--resource_hints accelerator", h.split("=", 1)[1])
+             for h in opts.view_as(StandardOptions).resource_hints or [] if h.startswith("accelerator=")]
+    return hints + ([("--accelerator", opts.accelerator)] if opts.accelerator else [])
+
+
 def worker_gpus(opts: SpecDecOptions) -> WorkerGpus | None:
     """The GPUs of one worker: from the job's accelerator settings, or this machine's for a local
     job; None when not known (the fit check is then skipped)."""
     specs = [("worker_accelerator", s.split("=", 1)[1]) for s in worker_accelerators(opts)]
-    for flag, spec in [*specs, *([("--accelerator", opts.accelerator)] if opts.accelerator else [])]:
+    for flag, spec in [*specs, *accelerator_hints(opts)]:
         try:
             parsed = parse_accelerator(spec)
         except ValueError as e:

@@ -455,11 +455,11 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
         raise JobConfigError(f"--commit_every_s must be >= 0, got {opts.commit_every_s}")
     if (workers := opts.view_as(DirectOptions).direct_num_workers) < 0:  # (Beam's local runner: an IndexError)
         raise JobConfigError(f"--direct_num_workers must be >= 0 (0: one per CPU), got {workers}")
-    from pipeline.fit import worker_accelerators
+    from pipeline.fit import accelerator_hints, worker_accelerators
 
-    if opts.accelerator and (given := worker_accelerators(opts)):  # (Google's right-fitting guide: "don't use the
-        # worker_accelerator service option")
-        raise JobConfigError(f"--accelerator with {given[0]}: Dataflow's right fitting (the --accelerator hint) is "
+    if (hints := accelerator_hints(opts)) and (given := worker_accelerators(opts)):  # (Google's right-fitting
+        # guide: "don't use the worker_accelerator service option")
+        raise JobConfigError(f"{hints[0][0]} with {given[0]}: Dataflow's right fitting (the accelerator hint) is "
                              "not to be combined with worker_accelerator: give one")
     for flag, path, names_object in [("--input", opts.input, True), ("--output", opts.output, True),
                                      *(("--resume_from", p, True) for p in opts.resume_prefixes()),

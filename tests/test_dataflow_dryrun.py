@@ -221,4 +221,6 @@ def test_the_accelerator_hint_with_worker_accelerator_is_refused_before_any_work
         with pytest.raises(JobConfigError, match=r"^--accelerator with worker_accelerator=type:nvidia-l4;count:1;"
                                                  r"install-nvidia-driver: Dataflow's right fitting"):
             preflight(SpecDecOptions(job + [f"--accelerator={HINT}"]))
+    with pytest.raises(JobConfigError, match=r"^--resource_hints accelerator with worker_accelerator="):
+        preflight(SpecDecOptions(GPU_JOB + [f"--resource_hints=accelerator={HINT}"]))  # (Beam's own flag for it)
     assert offline == []
