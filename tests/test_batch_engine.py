@@ -152,6 +152,7 @@ def test_greedy_rows_equal_batch_one_and_target_generate(models, prompts, kind, 
         assert b.stats.finish_reason == a.stats.finish_reason
         assert b.stats.verify_steps == a.stats.verify_steps  # same rounds: same gammas, same accepts
         assert b.stats.accepted_tokens == a.stats.accepted_tokens
+        assert (b.stats.draft_steps, b.stats.draft_tokens) == (a.stats.draft_steps, a.stats.draft_tokens)  # each row's
         assert b.stats.new_tokens == len(b.tokens)
     reasons = {b.stats.finish_reason for b in batched}
     assert reasons == {"eos", "length"}, reasons
@@ -172,6 +173,23 @@ def test_greedy_rows_equal_batch_one_and_target_generate(models, prompts, kind, 
         engine.admitted[1] - passes)
     assert all((a.stats.admitted_with, a.stats.admit_passes) == (1, 1) and 0 < a.stats.admit_s <= a.stats.prefill_s
                for a in alone)
+
+
+def test_chained_rows_count_their_own_draft_steps_as_at_batch_one(models, prompts):
+    """A chain runs the round's longest row's steps for every row; each row counts its own (the report's c), as at
+    batch 1: rows cut short by their budgets draft fewer in their last rounds."""
+    target, draft = models["llama"]
+    settings = dict(num_speculative_tokens=3, max_new_tokens=12, cuda_graphs="on")
+    single = SpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="on", chain=True), **settings)
+    engine = BatchSpeculativeGenerator(target, ModelDrafter(draft, cuda_graphs="on", chain=True), batch_size=3,
+                                       **settings)
+    rows = prompts[:3]
+    alone = [single.generate(p).stats for p in rows]
+    batched = [o.stats for o in engine.generate_many([(p, 0) for p in rows])]
+    assert len({tuple(s.gammas) for s in alone}) > 1  # rows whose last rounds draft differently
+    assert [(s.draft_steps, s.draft_tokens, s.gammas) for s in batched] == \
+        [(s.draft_steps, s.draft_tokens, s.gammas) for s in alone]
+    assert all(s.draft_steps == sum(s.gammas) for s in alone)  # (a chain runs all its row's steps)
 
 
 def test_freed_slots_wait_to_admit_rows_together(models, prompts):
@@ -708,10 +726,12 @@ def test_rows_that_time_out_mid_batch_leave_and_the_rest_stay_exact(models, prom
     assert [o.tokens for o in out[2:]] == [hf_greedy(target, p, n) for p in prompts[2:]]
 
 
+@pytest.mark.parametrize("chain", [False, True], ids=["steps", "chained"])
 @pytest.mark.parametrize("kind", ["llama", "t5"])
-def test_drafts_end_at_an_end_token(models, prompts, kind):
+def test_drafts_end_at_an_end_token(models, prompts, kind, chain):
     """A draft that proposes an end token proposes nothing after it (nothing after an end is ever
-    kept), at batch 1 and in a batch; the outputs stay the target's."""
+    kept), at batch 1 and in a batch; the outputs stay the target's. Chained steps (static caches)
+    run the round's 6 passes, but their drafts are cut at the end token too."""
     import copy
 
     target, _ = models[kind]
@@ -719,13 +739,18 @@ def test_drafts_end_at_an_end_token(models, prompts, kind):
     model = copy.deepcopy(target)  # the draft is the target itself, so every draft is accepted ...
     model.generation_config.eos_token_id = plain[2]  # ... and its third token now ends the text
     expected = plain[:3]
-    single = SpeculativeGenerator(model, ModelDrafter(model), num_speculative_tokens=6, max_new_tokens=8)
+    draft = copy.deepcopy(model)  # (another object: a batch's static slots are the model's, one call's at a time)
+    graphs = "on" if chain else "off"
+    single = SpeculativeGenerator(model, ModelDrafter(draft, cuda_graphs=graphs, chain=chain), num_speculative_tokens=6,
+                                  max_new_tokens=8, cuda_graphs=graphs)
     out = single.generate(prompts[0])
-    assert out.tokens == expected and out.stats.draft_tokens == 3 and out.stats.draft_steps == 3
-    engine = BatchSpeculativeGenerator(model, ModelDrafter(model), batch_size=2, num_speculative_tokens=6,
-                                       max_new_tokens=8)
+    steps = 6 if chain else 3  # (a chain runs all the round's steps)
+    assert out.tokens == expected and out.stats.draft_tokens == 3 and out.stats.draft_steps == steps
+    assert out.stats.acceptance_rate == 1.0
+    engine = BatchSpeculativeGenerator(model, ModelDrafter(draft, cuda_graphs=graphs, chain=chain), batch_size=2,
+                                       num_speculative_tokens=6, max_new_tokens=8, cuda_graphs=graphs)
     [row, _] = engine.generate_many([(prompts[0], 0), (prompts[1], 0)])
-    assert row.tokens == expected and row.stats.draft_tokens == 3
+    assert row.tokens == expected and row.stats.draft_tokens == 3 and row.stats.draft_steps == steps
 
 
 def test_greedy_picks_are_read_back_once_per_pass(models, prompts, monkeypatch):

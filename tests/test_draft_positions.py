@@ -90,3 +90,14 @@ def test_rows_ending_on_the_targets_last_position_draft_nothing_past_it(family):
     batched = BatchSpeculativeGenerator(target, ModelDrafter(draft), batch_size=2, num_speculative_tokens=4,
                                         max_new_tokens=new)
     assert [o.tokens for o in batched.generate_many([(p, 0) for p in prompts])] == want
+
+
+def test_an_encoder_decoder_drafts_encoder_reads_a_long_prompt_cut_with_its_end_token_kept():
+    """Cut to the draft encoder's positions, a prompt keeps its last token (the end token the encoder was trained to
+    read last), not its first `limit` tokens."""
+    drafter = ModelDrafter(family_model("bart", seed=1, max_position_embeddings=SHORT))
+    limit = drafter.encoder_limit
+    assert limit == SHORT
+    long = list(range(3, 3 + 2 * limit)) + [2]
+    assert drafter.encoder_prompt(long) == long[: limit - 1] + [2]
+    assert drafter.encoder_prompt(long[:limit]) == long[:limit]  # (a prompt that fits is read whole)

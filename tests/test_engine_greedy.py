@@ -161,6 +161,24 @@ def test_a_minimum_length_in_the_generation_config_holds_the_end_back(kind, fiel
         setattr(gc, field, saved[1])
 
 
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_the_generation_configs_suppressed_tokens_are_never_emitted(kind, models, tokenizer):
+    """A generation config's suppress_tokens (Whisper's, a padded vocabulary's extra rows) holding the token greedy
+    emits first: `generate()` picks another, and so do the engines, at batch 1 and batched, with every drafter."""
+    target, draft = models[kind]
+    ids = tokenizer(PROMPTS[0]).input_ids
+    first = reference(target, ids, 1)[0]
+    gc = target.generation_config
+    saved = gc.suppress_tokens
+    gc.suppress_tokens = [first]
+    try:
+        expected = reference(target, ids, 20)
+        assert first not in expected
+        _assert_engines_give(expected, target, draft, ids)
+    finally:
+        gc.suppress_tokens = saved
+
+
 def test_min_new_tokens_replaces_min_length_as_in_generate(models, tokenizer):
     """With both set, `generate()` takes min_new_tokens and drops min_length (it sets min_length
     to min_new_tokens plus the prompt): a summarizer's min_length must not hold the end back then."""

@@ -168,6 +168,36 @@ def test_sampling_stays_exact_when_the_target_has_more_output_rows(monkeypatch):
     assert rejected_some(outs)  # residuals drawn
 
 
+def test_the_warpers_are_generates_in_its_order():
+    """Temperature, then top-k, then top-p, as `generate()` chains them: the order changes the distribution where
+    both cut (top-k 2 then top-p 0.5 of [.4, .3, .2, .1] keeps one token; top-p first would keep two)."""
+    from transformers import GenerationConfig
+
+    target = tiny("llama", 0, 0.8)
+    for temperature in (0.7, 1.0):
+        ours = build_processors(SamplingSettings(temperature=temperature, top_k=2, top_p=0.5),
+                                target.generation_config, len(PROMPT), N_NEW, "cpu")
+        config = GenerationConfig(do_sample=True, temperature=temperature, top_k=2, top_p=0.5)
+        hf = target._get_logits_processor(config, input_ids_seq_length=len(PROMPT), device="cpu")
+        assert [type(p) for p in ours] == [type(p) for p in hf]
+    logits = torch.tensor([[0.4, 0.3, 0.2, 0.1]]).log()
+    probs = LogitsTransform(ours)(PROMPT, logits).softmax(-1)
+    assert probs.tolist() == [[1.0, 0.0, 0.0, 0.0]]
+
+
+def test_the_target_drafting_for_itself_has_every_sampled_draft_accepted():
+    """Drafts sampled from q = p are kept with probability min(1, p/q) = 1: the check must use the distribution each
+    draft was drawn from (one-hot q keeps a draft only with probability p(x)), at batch 1 and batched."""
+    target = tiny("llama", 0, 0.8)
+    settings = dict(num_speculative_tokens=3, max_new_tokens=12, sampling=SamplingSettings(temperature=1.0))
+    one = SpeculativeGenerator(target, ModelDrafter(target), **settings)
+    batched = BatchSpeculativeGenerator(target, ModelDrafter(target), batch_size=4, **settings)
+    rows = [(PROMPT[: 2 + s % 4], s) for s in range(4)]
+    for stats in ([one.generate(p, s).stats for p, s in rows], [o.stats for o in batched.generate_many(rows)]):
+        assert [(s.acceptance_rate, s.rejections) for s in stats] == [(1.0, 0)] * len(rows)
+        assert min(s.accepted_tokens for s in stats) > 0
+
+
 def test_same_seed_same_sample_different_seed_differs():
     target, draft = tiny("llama", 0, 0.8), tiny("llama", 1, 0.8)
     gen = SpeculativeGenerator(target, ModelDrafter(draft), num_speculative_tokens=2, max_new_tokens=12,

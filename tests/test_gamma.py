@@ -95,6 +95,9 @@ def test_costs_interpolate_and_extrapolate():
     costs = Costs(c=0.1, v={2: 1.2, 5: 1.8})
     assert costs.verify(1) == 1.0 and costs.verify(2) == 1.2
     assert costs.verify(3) == pytest.approx(1.4) and costs.verify(7) > 1.8
+    # Between the two nearest measured sizes, not the smallest and a larger one.
+    three = Costs(c=0.1, v={2: 1.2, 5: 2.0, 8: 3.0})
+    assert three.verify(6) == pytest.approx(2.0 + 1 / 3) and three.verify(7) == pytest.approx(2.0 + 2 / 3)
 
 
 def test_costs_measure_takes_median_ratios_and_the_step_seconds():
@@ -137,6 +140,22 @@ def test_a_draft_no_acceptance_pays_for_is_never_probed():
     st = AdaptiveGamma(costs, max_gamma=4, share_across_items=False, prior_acceptance=0.9).start(4)
     assert [st.next() for _ in range(100)] == [0] * 100
     assert batch_gamma(costs, [1.0] * 8, 4) == 0 and batch_gamma(Costs(c=0.1, v=costs.v), [1.0] * 8, 4) > 0
+
+
+def test_an_items_acceptance_forgets_old_rounds():
+    """Acceptance is a decayed average: after a long run of fully accepted rounds, a run of misses
+    brings it and the item's gamma down within a few rounds, not after as many rounds again."""
+    costs = Costs(c=0.1, v={k: 1.0 + 0.05 * k for k in range(2, 10)})
+    st = AdaptiveGamma(costs, max_gamma=8, share_across_items=False, early_stop=False).start(8)
+    for _ in range(100):
+        k = st.next()
+        st.update(k, k)
+    assert st.acceptance > 0.99 and st.next() == 8
+    ks = []
+    for _ in range(8):
+        ks.append(st.next())
+        st.update(ks[-1], 0)
+    assert st.acceptance < 0.8 and min(ks) < 8
 
 
 def test_shared_prior_starts_new_items_backed_off():
@@ -276,9 +295,13 @@ class _StopAfterTwo(GammaState):
         self.stops_early = stops_early
         self.asked: list[int] = []
         self.recorded: list[tuple[int, int]] = []
+        self.updated: list[tuple[int, int]] = []
 
     def next(self) -> int:
         return 4
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.updated.append((drafted, accepted))
 
     def keep_drafting(self, i: int, confidence: float) -> bool:
         assert 0.0 <= confidence <= 1.0
@@ -307,11 +330,15 @@ def test_engine_uses_the_early_stop_hooks_only_when_greedy(models, tokenizer, te
                                sampling=SamplingSettings(temperature=temperature), gamma_policy=policy)
     ids = tokenizer(PROMPTS[0]).input_ids
     out = gen.generate(ids, seed=1)
-    st = policy.states[0]
+    st, s = policy.states[0], out.stats
+    # Each round the state is told what it drafted and kept, as the stats count them (some rounds rejected one).
+    assert [d for d, _ in st.updated] == s.drafts
+    assert sum(acc for _, acc in st.updated) == s.accepted_tokens
+    assert sum(acc < d for d, acc in st.updated) == s.rejections > 0
     if temperature == 0.0:
         assert out.tokens == reference(target, ids, 12)
         assert max(out.stats.drafts) == 2 and st.asked and set(st.asked) <= {0, 1, 2}
-        assert st.recorded and all(n <= 2 and 0 <= acc <= n for n, acc in st.recorded)
+        assert st.recorded == st.updated  # a confidence for each draft, calibrated by the round's accepted count
     else:  # sampling: stopping on the draft's confidence would bias the proposals, so never asked
         assert not st.asked and not st.recorded and max(out.stats.drafts) == 4
 

@@ -39,14 +39,15 @@ def test_appends_write_into_spare_columns_without_copying():
     assert layer._kbuf.data_ptr() == buffer
 
 
-def test_rows_replaced_from_outside_are_adopted():
+@pytest.mark.parametrize(("held", "added"), [(6, 2), (1, 1), (1, 3)])
+def test_rows_replaced_from_outside_are_adopted(held, added):
     """Batch row selection (and BatchKV.merge) assign keys/values; the next update must start
-    from them, not from the stale buffer."""
+    from them, not from the stale buffer: a single held column too."""
     ours, ref = growing_cache(), DynamicCache()
     for cache in (ours, ref):
-        cache.update(*_kv(3, 6, 0), layer_idx=0)
+        cache.update(*_kv(3, held, 0), layer_idx=0)
         cache.batch_select_indices(torch.tensor([2, 0]))
-    got, want = ours.update(*_kv(2, 2, 1), layer_idx=0), ref.update(*_kv(2, 2, 1), layer_idx=0)
+    got, want = ours.update(*_kv(2, added, 1), layer_idx=0), ref.update(*_kv(2, added, 1), layer_idx=0)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 

@@ -326,6 +326,28 @@ def test_a_chained_round_leaves_rows_that_feed_nothing_intact(models, prompts, g
     kv.release()
 
 
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("kind", ["llama", "t5"])
+def test_a_chained_draft_picks_what_single_steps_pick(models, prompts, kind, graphs, fake_graphs):
+    """Batch 1: `draft_greedy`'s k chained steps, each fed the last pick one position on, pick what k one-token
+    passes and an argmax each pick, and what `generate()` picks: T5 too, whose positions have no limit to clamp to."""
+    from specdec_core.decoder import initial_decoder_ids
+
+    target, _ = models[kind]
+    prompt, k = prompts[0], 5
+    chained, stepwise = SlotKV(target, 1, graphs=graphs), SlotKV(target, 1, graphs=False)
+    for kv in (chained, stepwise):
+        assert kv.acquire()
+        kv.start(prompt)
+    seq = initial_decoder_ids(target, prompt)
+    picks = chained.draft_greedy([seq], k)[0]
+    for _ in range(k):
+        seq.append(int(stepwise.forward([seq[stepwise.length(0):]], last=True)[0, -1].argmax()))
+    assert picks == seq[-k:] == hf_greedy(target, prompt, k)
+    chained.release()
+    stepwise.release()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("family", "graphs"), [(f, True) for f in WINDOW_FAMILIES] + [
     (f, False) for f in ("gemma3n", "gemma4")])  # (eagerly, rows enter through a padded prefill's copy)

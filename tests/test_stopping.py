@@ -172,6 +172,7 @@ def test_a_stop_right_after_a_four_byte_character_in_byte_fallback_pieces():
 
 def test_the_text_is_cut_at_the_earliest_stop():
     assert cut_at_stop("xab", ["ab", "b"]) == cut_at_stop("xab", ["b", "ab"]) == ("x", True)
+    assert cut_at_stop("\nrest", ["\n"]) == ("", True)  # a stop at the very start leaves no text
 
 
 def test_a_stop_after_an_end_token_in_the_same_round_is_not_checked():
