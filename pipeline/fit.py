@@ -77,11 +77,11 @@ def worker_accelerators(opts: SpecDecOptions) -> list[str]:
 
 
 def accelerator_hints(opts: SpecDecOptions) -> list[tuple[str, str]]:
-    """(flag, spec) of the right-fitting accelerator hints: Beam's `--resource_hints accelerator=...` first (it
-    overrides a step's own), then --accelerator (the generate step's)."""
+    """(flag, spec) of the right-fitting accelerator hints, the generate step's first: --accelerator (its own, which
+    Beam keeps over an outer hint), then the last `--resource_hints accelerator=...` (every step's, the last given)."""
     hints = [("--resource_hints accelerator", h.split("=", 1)[1])
              for h in opts.view_as(StandardOptions).resource_hints or [] if h.startswith("accelerator=")]
-    return hints + ([("--accelerator", opts.accelerator)] if opts.accelerator else [])
+    return ([("--accelerator", opts.accelerator)] if opts.accelerator else []) + hints[-1:]
 
 
 def worker_gpus(opts: SpecDecOptions) -> WorkerGpus | None:

@@ -276,6 +276,8 @@ def _counts(result: beam.runners.runner.PipelineResult) -> str:
     for c in found:
         if c.key.metric.name in n:
             n[c.key.metric.name] += c.committed if c.committed is not None else c.attempted
+    if not {c.key.metric.name for c in found} & set(WRITTEN):  # (no row written, or counters not reported)
+        return ""
     said = [f"{n[k]} {word} row{'' if n[k] == 1 else 's'}" for k, word in words.items()]
     return f"{said[0]}, {said[1]}{f' ({said[2]}: done in --resume_from)' if n['rows_skipped_done'] else ''}; "
 

@@ -6,6 +6,7 @@ spawned copies."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 
 import pytest
@@ -119,7 +120,7 @@ def test_two_copies_in_their_own_processes_serve_every_call(saved_pairs, tmp_pat
     target, draft = saved_pairs["llama"]
     spec = _spec(target, draft)
     copies = [Copy(("cpu",)), Copy(("cpu",))]
-    tag = f"test-copies-{tmp_path.name}"
+    tag = f"test-copies-{os.getpid()}"  # (one per session: Beam keeps its files in the temp folder of its import)
     try:
         router = start_copies(spec, copies, tag)
         alone = TextGenerator.load(dataclasses.replace(spec, devices=("cpu",)))
@@ -153,7 +154,7 @@ def test_a_copy_whose_process_went_after_serving_is_started_again(saved_pairs, t
     from transforms.copies import copy_tag, start_copies, stop_copies
 
     target, draft = saved_pairs["llama"]
-    copies, tag = [Copy(("cpu",))], f"test-restart-{tmp_path.name}"
+    copies, tag = [Copy(("cpu",))], f"test-restart-{os.getpid()}"
     try:
         router = start_copies(_spec(target, draft), copies, tag)
         first, handle = router.generate(PROMPTS[0], 1), router.copies[0]

@@ -853,6 +853,23 @@ def test_progress_is_reported_as_beam_metrics(tmp_path, saved_pairs):
     assert 0 <= counters["accepted_tokens"] <= counters["draft_tokens"]
 
 
+def test_the_last_line_counts_rows_only_as_the_runner_reports_them():
+    """Counters summed over steps (committed, else attempted); none reported: no counts, rather than zeros."""
+    from types import SimpleNamespace as NS
+
+    from pipeline.run import _counts
+
+    def result(*counters):
+        found = [NS(key=NS(metric=NS(name=n)), committed=c, attempted=a) for n, c, a in counters]
+        return NS(metrics=lambda: NS(query=lambda _: {"counters": found}))
+
+    assert _counts(result()) == _counts(result(("prompts_generated", 3, 3))) == ""
+    assert _counts(result(("result_rows", 2, 2), ("result_rows", None, 1), ("failed_rows", 1, 1))) == \
+        "3 result rows, 1 failed row; "
+    assert _counts(result(("failed_rows", 0, 0), ("rows_skipped_done", 4, 4))) == \
+        "0 result rows, 0 failed rows (4 skipped rows: done in --resume_from); "
+
+
 def test_progress_log_says_its_rate_is_per_prompt(caplog):
     """The progress line's rate is each prompt's own (summed latencies): batched prompts decode
     side by side, so it is not the job's throughput, and the line says so."""

@@ -180,9 +180,10 @@ def test_worker_gpus_from_the_accelerator_settings():
         [*base, "--experiments=worker_accelerator=type:nvidia-l4;count:2"])).gpus == gpus(2)
     assert worker_gpus(SpecDecOptions(  # (right fitting's hint, its machine type in it)
         [*base, "--accelerator=type:nvidia-l4;count:1;machine_type:g2-standard-8"])).gpus == gpus(1)
-    assert worker_gpus(SpecDecOptions(  # (Beam's own hint for every step, which overrides --accelerator's)
-        [*base, "--resource_hints=accelerator=type:nvidia-l4;count:2", "--accelerator=type:nvidia-l4;count:1"]
-    )).gpus == gpus(2)
+    hint = "--resource_hints=accelerator=type:nvidia-l4;count:"  # (Beam's own hint for every step: the last one)
+    assert worker_gpus(SpecDecOptions([*base, f"{hint}1", f"{hint}2"])).gpus == gpus(2)
+    assert worker_gpus(SpecDecOptions(  # (the generate step keeps its own, --accelerator's: Beam keeps the inner)
+        [*base, f"{hint}2", "--accelerator=type:nvidia-l4;count:1"])).gpus == gpus(1)
     assert worker_gpus(SpecDecOptions(base)) is None  # a Dataflow job that names no accelerator
     assert worker_gpus(SpecDecOptions([*base, "--accelerator=type:nvidia-new;count:2"])) is None
 
