@@ -13,6 +13,8 @@ from specdec_core.text import (
     GeneratorSpec,
     InvalidCharacters,
     InvalidPromptType,
+    InvalidUtf8,
+    NotUtf8,
     NullPrompt,
     PromptError,
     PromptTooLong,
@@ -26,7 +28,8 @@ from tests.tiny_models import build_tokenizer, make_model
     ("value", "error"),
     [(None, NullPrompt), (3, InvalidPromptType), (b"bytes", InvalidPromptType), ("", EmptyPrompt),
      ("  \n\t", EmptyPrompt), ("a\x00b", InvalidCharacters), ("bell\x07", InvalidCharacters),
-     ("a\ud800b", InvalidCharacters)],  # (a lone surrogate: the tokenizer would raise a TypeError)
+     ("a\ud800b", InvalidCharacters),  # (a lone surrogate: the tokenizer would raise a TypeError)
+     (NotUtf8(("prompt",), "caf\ufffd"), InvalidUtf8)],  # (the pipeline fails these rows first; the API too)
 )
 def test_bad_prompts_raise_a_named_error(value, error):
     with pytest.raises(error):
@@ -347,6 +350,9 @@ def test_spec_validation():
         GeneratorSpec("t", "d", draft_dtype="fp8")
     with pytest.raises(ValueError, match="int8 is dynamic quantization, CPU only"):
         GeneratorSpec("t", "d", draft_dtype="int8", device="cuda")
+    with pytest.raises(ValueError, match="need 1 <= --ngram_min_size <= --ngram_max_size"):
+        GeneratorSpec("t", drafter="ngram", ngram_min_size=3, ngram_max_size=2)
+    GeneratorSpec("t", drafter="ngram", ngram_min_size=2, ngram_max_size=2)  # (one size: allowed)
 
 
 @pytest.mark.parametrize("draft_dtype", ["int8", "bfloat16"])
@@ -386,6 +392,13 @@ def test_bad_conversations_raise_a_named_error(value, error, needle):
         text.check_conversation(value)
 
 
+def test_a_conversation_with_an_empty_message_among_others_passes():
+    from specdec_core.text import check_conversation
+
+    messages = [{"role": "system", "content": ""}, {"role": "user", "content": "Hi"}]
+    assert check_conversation(messages) == messages
+
+
 def test_chat_prompt_ids_are_apply_chat_template_s(tmp_path):
     """Text prompts with the flag, conversations without it; the system prompt goes first unless the
     conversation brings its own; the saved list of end tokens survives loading."""
@@ -404,6 +417,9 @@ def test_chat_prompt_ids_are_apply_chat_template_s(tmp_path):
     assert gen.encode("Hello") == hf([system, {"role": "user", "content": "Hello"}])
     own = [{"role": "system", "content": "Be long."}, {"role": "user", "content": "Hi"}]
     assert gen.encode(own) == hf(own)
+    empty = TextGenerator.load(GeneratorSpec(str(target), str(draft), max_new_tokens=8, chat_template=True,
+                                             system_prompt=""))  # an empty system message, put first all the same
+    assert empty.encode("Hello") == hf([{"role": "system", "content": ""}, {"role": "user", "content": "Hello"}])
     plain = TextGenerator.load(GeneratorSpec(str(target), str(draft), max_new_tokens=8))
     assert plain.encode("Hello") == tok("Hello").input_ids  # raw text without the flag
     assert plain.encode([{"role": "user", "content": "Hi"}]) == hf([{"role": "user", "content": "Hi"}])
