@@ -117,6 +117,8 @@ def test_comparison_joins_on_id_and_finds_where_speculation_did_not_help():
     # c and v from the matched rows only (they took every row of each, other prompts' included), none without any
     base_step2 = (0.01 * 10 + 0.01 * 8) / 18
     assert c2.c == pytest.approx((0.020 / 20) / base_step2) and c2.v == pytest.approx((0.14 / 7) / base_step2)
+    odd = compare(result_table(RUN + [dict(RUN[0], id="run only", draft_s=5.0, verify_s=5.0)]), base)
+    assert (odd.c, odd.v) == (pytest.approx(c.c), pytest.approx(c.v))  # (a row the baseline lacks: not counted)
     apart = compare(run, result_table([dict(BASE[0], id="z")]))
     assert apart.matched == 0 and apart.c is apart.v is apart.baseline_step_s is None
     # The null id is an id like any other (a hash join never matches it), in the run's order.
@@ -131,6 +133,21 @@ def test_comparison_joins_on_id_and_finds_where_speculation_did_not_help():
     assert compare(as32, ints).matched == 1
     with pytest.raises(ValueError, match="the baseline's ids are string, the run's int32: they cannot be matched"):
         compare(as32, ints.set_column(0, "id", pa.array(["1"])))  # ("1" is not the id 1)
+
+
+def test_a_sampled_baseline_that_drafted_nothing_is_no_other_generation(tmp_path, capsys):
+    """A sampled run against its --drafter none baseline: the drafter (and gamma) decide which sample a seed gives, so
+    the texts may differ, but neither is another generation setting."""
+    from pipeline.provenance import with_provenance
+
+    for name, rows, drafter in (("run", RUN, "model"), ("base", BASE, "none")):
+        t = result_table(rows)
+        (tmp_path / name).mkdir()
+        record = {"drafter": drafter, "temperature": 0.7, "max_new_tokens": 8}
+        pq.write_table(t.replace_schema_metadata(with_provenance(t.schema, record).metadata),
+                       tmp_path / name / "gens-00000-of-00001.parquet")
+    report.main([str(tmp_path / "run" / "gens"), "--baseline", str(tmp_path / "base" / "gens")])
+    assert "other generation flags" not in capsys.readouterr().err
 
 
 def test_a_run_without_drafts_or_baseline_or_failures_says_so_instead_of_empty_plots():
