@@ -46,6 +46,9 @@ def test_reader_counts_each_id_once_and_results_win_over_failed(tmp_path):
                                    {"id": None, "generation": "N"}]
     assert sorted(failed["id"].to_pylist()) == ["c", "d"]
     assert len(output_files(prefix)) == 5
+    # the null id is an id like any other: its result row wins over its failed row too
+    _write(f"{prefix}-failed-chunk-{4:032x}-00000.parquet", [_failed(None)], FAILED)
+    assert sorted(read_outputs(prefix)[1]["id"].to_pylist()) == ["c", "d"]
     # several prefixes read as one run
     _write(str(tmp_path / f"more-chunk-{5:032x}-00000.parquet"), [{"id": "e", "generation": "E"}], SCHEMA)
     both, _ = read_outputs([prefix, str(tmp_path / "more")])
@@ -54,6 +57,25 @@ def test_reader_counts_each_id_once_and_results_win_over_failed(tmp_path):
     stats, failed = read_outputs(prefix, skip=("generation",))
     assert stats.to_pylist() == [{"id": "a"}, {"id": "b"}, {"id": None}]
     assert sorted(failed["id"].to_pylist()) == ["c", "d"]
+
+
+def test_the_final_shards_row_of_an_id_wins_over_a_chunks_and_the_first_prefixs_over_a_later_ones(tmp_path):
+    """A retried bundle's chunk copy of an id, with other statistics, must not replace the final
+    shard's row; of two prefixes (a resumed run's), the first one's row stands."""
+    stats = pa.schema([("id", pa.string()), ("latency_s", pa.float64())])
+    first, later = str(tmp_path / "first"), str(tmp_path / "later")
+    # the chunk's name sorts before the final shard's: only the reader's order puts the shard first
+    _write(f"{first}-chunk-{1:032x}-00000.parquet", [{"id": "a", "latency_s": 9.0}, {"id": "c", "latency_s": 3.0}],
+           stats)
+    _write(f"{first}-00000-of-00001.parquet", [{"id": "b", "latency_s": 2.0}, {"id": "a", "latency_s": 1.0}], stats)
+    _write(f"{later}-00000-of-00001.parquet", [{"id": "b", "latency_s": 8.0}, {"id": "d", "latency_s": 4.0}], stats)
+    results, _ = read_outputs(first)
+    assert results.to_pylist() == [{"id": "b", "latency_s": 2.0}, {"id": "a", "latency_s": 1.0},
+                                   {"id": "c", "latency_s": 3.0}]
+    # every prefix's final shards, in the prefixes' order, then their chunks
+    both, _ = read_outputs([first, later])
+    assert both.to_pylist() == [{"id": "b", "latency_s": 2.0}, {"id": "a", "latency_s": 1.0},
+                                {"id": "d", "latency_s": 4.0}, {"id": "c", "latency_s": 3.0}]
 
 
 def test_numbered_duplicate_id_rows_stand_for_an_older_runs_unnumbered_ones(tmp_path):
@@ -412,6 +434,43 @@ def test_a_failed_rows_message_is_the_exceptions_even_with_notes():
         trace = traceback.format_exception(error)
         [row] = failed_rows(([({"id": "a", "prompt": "p"}, 7)], (type(error), repr(error), trace)), "id", "prompt")
         assert (row["error_type"], row["error_message"]) == (type(error).__name__, "CUDA out of memory")
+
+
+def test_a_failed_rows_message_is_the_raised_exceptions_whole_message():
+    """Not the message of the exception it was raised from (of the same type: its line comes first
+    in the traceback), cut at no ": " inside it, and not a note after a module-named type's line."""
+    import traceback
+
+    from specdec_core.text import PromptTooLong
+    from transforms.results import failed_rows
+
+    def message(error):
+        trace = traceback.format_exception(error)
+        [row] = failed_rows(([({"id": "a", "prompt": "p"}, 0)], (type(error), repr(error), trace)), "id", "prompt")
+        return row["error_type"], row["error_message"]
+
+    try:
+        try:
+            raise RuntimeError("inner cause")
+        except RuntimeError as cause:
+            raise RuntimeError("outer error") from cause
+    except RuntimeError as error:
+        chained = error
+    assert message(chained) == ("RuntimeError", "outer error")
+    assert message(ValueError("chat template: roles must alternate")) == ("ValueError",
+                                                                           "chat template: roles must alternate")
+    # the traceback names this type with its module: "specdec_core.text.PromptTooLong: ..."
+    too_long = PromptTooLong("prompt has 300 tokens")
+    too_long.add_note("while decoding row 7")
+    assert message(too_long) == ("PromptTooLong", "prompt has 300 tokens")
+
+
+def test_a_failed_rows_prompt_is_a_conversations_readable_json_and_an_empty_prompt_is_kept():
+    from transforms.results import prompt_text
+
+    assert prompt_text([{"role": "user", "content": "café 日本"}]) == '[{"role": "user", "content": "café 日本"}]'
+    # an empty prompt (EmptyPrompt's rows) is the prompt, not a missing one
+    assert prompt_text("") == ""
 
 
 def test_the_failed_rows_are_written_after_the_results_and_the_chunks_deleted_after_both(tmp_path):

@@ -109,7 +109,8 @@ def test_a_duplicated_ids_rows_are_numbered_alike_in_any_order_and_a_done_id_is_
 
 
 def test_every_resume_prefix_is_read(tmp_path):
-    """Ids done under any of the --resume_from prefixes (a job resumed twice) are not generated again."""
+    """Ids done under any of the --resume_from prefixes (a job resumed twice), in final shards or
+    chunks, are not generated again."""
     from apache_beam.options.pipeline_options import PipelineOptions
     from apache_beam.testing.util import assert_that, equal_to
 
@@ -120,12 +121,17 @@ def test_every_resume_prefix_is_read(tmp_path):
         (tmp_path / name).mkdir()
         pq.write_table(pa.table({"id": ids, "generation": ids}), tmp_path / name / "gens-00000-of-00001.parquet")
         prefixes.append(str(tmp_path / name / "gens"))
+    # a killed run's prefix holds only its chunks: their ids are done too
+    (tmp_path / "killed").mkdir()
+    pq.write_table(pa.table({"id": ["c"], "generation": ["c"]}),
+                   tmp_path / "killed" / f"gens-chunk-{1:032x}-00000.parquet")
+    prefixes.append(str(tmp_path / "killed" / "gens"))
     # (the job's own required flags, which Beam parses for every options class imported: none is read here)
     with beam.Pipeline(options=PipelineOptions(["--input", "unread", "--output", "unread", "--target_model", "unread"])
                        ) as p:
-        rows, _ = (p | beam.Create([{"id": i, "prompt": i} for i in "abc"])
+        rows, _ = (p | beam.Create([{"id": i, "prompt": i} for i in "abcd"])
                    | SelectRows("id", "prompt", resume_from=prefixes))
-        assert_that(rows | beam.Map(lambda row: row["id"]), equal_to(["c"]))
+        assert_that(rows | beam.Map(lambda row: row["id"]), equal_to(["d"]))
 
 
 def test_rows_that_are_not_utf8_are_committed_before_any_generation(tmp_path, saved_pairs, monkeypatch):
@@ -662,6 +668,23 @@ def test_dtype_auto_counts_as_the_dtype_it_runs_in_on_a_named_device():
         ("dtype", "bfloat16", "float32")]
     assert generation_differences({"dtype": "auto", "device": "auto", "placement": on["unknown"]},
                                   {"dtype": "auto", "device": "auto", "placement": on["unknown"]}) == []
+
+
+def test_flags_that_leave_the_text_as_it_was_are_no_generation_difference():
+    """A resume is refused only for flags on which the two runs' texts differ: `auto` gamma and draft
+    dtype run fixed and the draft's own when sampling, stop strings match in any order, n-gram sizes
+    never change a greedy text; and where either run samples, its sampling flags count."""
+    from pipeline.provenance import generation_differences
+
+    sampled = {"temperature": 0.7}
+    assert generation_differences({**sampled, "gamma_policy": "fixed"}, {**sampled, "gamma_policy": "auto"}) == []
+    assert generation_differences({**sampled, "draft_dtype": "same"}, {**sampled, "draft_dtype": "auto"}) == []
+    assert generation_differences({"stop": ["a", "b"]}, {"stop": ["b", "a"]}) == []
+    assert generation_differences({"temperature": 0.0, "drafter": "ngram", "ngram_max_size": 3},
+                                  {"temperature": 0.0, "drafter": "ngram", "ngram_max_size": 4}) == []
+    assert generation_differences({"temperature": 0.0, "top_k": None}, {"temperature": 0.7, "top_k": 50}) == [
+        ("temperature", 0.0, 0.7), ("top_k", None, 50)]
+
 
 def test_a_resume_is_compared_by_what_decides_its_rows_not_by_how_it_was_written(tmp_path, saved_pairs):
     """Ids of another string layout (the run's input written by pandas 3 or Polars: large_string) match as values;
