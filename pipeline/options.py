@@ -18,6 +18,11 @@ def none_or(kind):
     return parse
 
 
+def spec_default(name: str):
+    """A generation setting's default as the engine's `GeneratorSpec` holds it, for the flags and checks naming it."""
+    return GeneratorSpec.__dataclass_fields__[name].default
+
+
 class SpecDecOptions(PipelineOptions):
     @classmethod
     def _add_argparse_args(cls, parser) -> None:
@@ -53,7 +58,7 @@ class SpecDecOptions(PipelineOptions):
           "kernels per pass; a minute to a few minutes of compiling per worker and batch width), the draft's steps "
           "chained (auto: wherever --cuda_graphs puts passes in graphs, on a GPU; on: also with --cuda_graphs on on a "
           "CPU; off)")
-        a("--draft_dtype", default="auto", choices=DRAFT_DTYPES,
+        a("--draft_dtype", default=spec_default("draft_dtype"), choices=DRAFT_DTYPES,
           help="the draft model's weights only (the target keeps --dtype, so outputs are unchanged): auto = "
           "--dtype, with the large linears of an fp32 CPU draft in bf16 where the CPU has native bf16; same = "
           "--dtype; int8 = dynamic int8 linears (CPU only): cheaper draft steps, see docs/performance.md")
@@ -72,8 +77,10 @@ class SpecDecOptions(PipelineOptions):
           "it, for a target larger than one GPU")
         a("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
           help="model dtype; auto is float32 on CPU, bfloat16 on CUDA")
-        a("--ngram_max_size", type=int, default=3, help="--drafter ngram: longest n-gram to match")
-        a("--ngram_min_size", type=int, default=1, help="--drafter ngram: shortest n-gram to match")
+        a("--ngram_max_size", type=int, default=spec_default("ngram_max_size"),
+          help="--drafter ngram: longest n-gram to match")
+        a("--ngram_min_size", type=int, default=spec_default("ngram_min_size"),
+          help="--drafter ngram: shortest n-gram to match")
         a("--large_model", action="store_true", default=False,
           help="load one copy of the pair per machine, shared by all SDK processes (GPU workers)")
         a("--chat_template", action="store_true", default=False,

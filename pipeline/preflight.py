@@ -502,9 +502,11 @@ def preflight(opts: SpecDecOptions) -> pa.Schema:
     unused = [f"--{n} {v}" for n, v in (("top_k", opts.top_k), ("top_p", opts.top_p)) if v is not None]
     if unused and opts.temperature == 0:  # (as generate() warns of them without do_sample)
         log.warning("%s: sampling settings, and --temperature 0 decodes greedily: no effect", ", ".join(unused))
-    others = [(f"--{n} {getattr(opts, n)}", drafter) for n, default, drafter in (
-        ("ngram_min_size", 1, "ngram"), ("ngram_max_size", 3, "ngram"), ("draft_dtype", "auto", "model"))
-        if getattr(opts, n) != default and opts.drafter != drafter]
+    from pipeline.options import spec_default
+
+    others = [(f"--{n} {getattr(opts, n)}", drafter) for n, drafter in (
+        ("ngram_min_size", "ngram"), ("ngram_max_size", "ngram"), ("draft_dtype", "model"))
+        if getattr(opts, n) != spec_default(n) and opts.drafter != drafter]
     for flag, drafter in others:  # (as the sampling settings under greedy)
         log.warning("%s: a setting of --drafter %s, and this job runs --drafter %s: no effect", flag, drafter,
                     opts.drafter)

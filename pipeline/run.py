@@ -12,6 +12,7 @@ import traceback
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import MetricsFilter
 from apache_beam.options.pipeline_options import StandardOptions
 
 from pipeline.flags import FlagError, check_pipeline_flags
@@ -264,8 +265,6 @@ def main(argv: list[str] | None = None, wait: bool = True) -> int:
 def _counts(result: beam.runners.runner.PipelineResult) -> str:
     """'N result rows, M failed rows (K skipped rows: done in --resume_from); ' from the job's counters, summed
     over their steps ('' where the runner cannot say)."""
-    from apache_beam.metrics import MetricsFilter
-
     words = dict(zip((*WRITTEN, "rows_skipped_done"), ("result", "failed", "skipped"), strict=True))
     try:
         found = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]

@@ -8,7 +8,7 @@ import os
 import tempfile
 
 from pipeline.flags import ArgumentParser, FlagError, check_pipeline_flags
-from pipeline.options import none_or
+from pipeline.options import none_or, spec_default
 from specdec_core.cpu_speed import DRAFT_DTYPES
 from specdec_core.plan import GRAPH_MODES
 from specdec_core.text import CPU_KERNELS
@@ -36,12 +36,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a("--top_p", type=none_or(float), default=None)
     a("--chat_template", action="store_true", default=False)
     a("--system_prompt", default=None)
-    a("--ngram_max_size", type=int, default=3)
-    a("--ngram_min_size", type=int, default=1)
+    a("--ngram_max_size", type=int, default=spec_default("ngram_max_size"))
+    a("--ngram_min_size", type=int, default=spec_default("ngram_min_size"))
     a("--device", default="auto")
     a("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
     a("--cpu_kernels", default="prepacked", choices=CPU_KERNELS)
-    a("--draft_dtype", default="auto", choices=DRAFT_DTYPES)
+    a("--draft_dtype", default=spec_default("draft_dtype"), choices=DRAFT_DTYPES)
     a("--cuda_graphs", default="auto", choices=GRAPH_MODES)
     a("--torch_compile", nargs="?", const="on", default="auto", choices=GRAPH_MODES)
     a("--trust_remote_code", action="store_true", default=False)
@@ -92,7 +92,7 @@ def run_argv(args: argparse.Namespace, drafter: str, draft_model: str | None, ga
         argv += ["--draft_model", draft_model]
     if drafter != "none":
         argv += ["--num_speculative_tokens", str(gamma), "--gamma_policy", policy]
-    if drafter == "ngram" and (args.ngram_max_size, args.ngram_min_size) != (3, 1):
+    if drafter == "ngram" and any(getattr(args, n) != spec_default(n) for n in ("ngram_max_size", "ngram_min_size")):
         argv += ["--ngram_max_size", str(args.ngram_max_size), "--ngram_min_size", str(args.ngram_min_size)]
     argv += ["--batch_size", str(batch_size), "--max_new_tokens", str(args.max_new_tokens)]
     if args.temperature:
